@@ -1,0 +1,51 @@
+"""The value every guard returns: what to do with one call, and why.
+
+Guards never raise and never do I/O; they return a `Decision`, which the pipeline turns into
+trace events and, for refusals, into an answer in the client's own protocol.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Action(enum.IntEnum):
+    """Ordered by strictness, so `max()` picks the decision that wins."""
+
+    ALLOW = 0
+    WARN = 1
+    BLOCK = 2
+    TERMINATE = 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    guard: str  # guardrail code, e.g. "loop_detection", "max_cost_usd", "circuit_breaker"
+    message: str = ""
+    threshold: Any = None
+    actual: Any = None
+    # loop findings only: which pattern, and what the LOOP_WARNING event carries
+    kind: str | None = None  # repetition / ping_pong / retry_no_progress / identical_step / cycle / per_tool / no_progress
+    pattern: str | None = None
+    repetitions: int | None = None
+    window_size: int | None = None
+    evidence: tuple[str, ...] = ()
+    # True the first time a streak fires, so one LOOP_WARNING is written per streak
+    new_finding: bool = True
+    retry_after: float | None = None  # circuit breaker: seconds left in the cooldown
+    tags: tuple[str, ...] = field(default=())  # session health tags this decision adds
+
+
+ALLOW = Decision(Action.ALLOW, guard="none")
+
+
+def strictest(decisions: list[Decision]) -> Decision:
+    """The decision that wins when several guards speak about one call (ties: the first)."""
+    best = ALLOW
+    for d in decisions:
+        if d.action > best.action:
+            best = d
+    return best
