@@ -1,0 +1,206 @@
+"""Prevention config in force per agent: static sources below, what the admin API set on top (SPEC §5.4).
+
+Two levels, as in LangSight: a project default for every agent, and whole-object agent overrides
+(no partial merge). Each level has a static value (CLI, env, YAML, built-in defaults, resolved by
+the caller) and may have an API value; the API value wins until it is deleted through the API.
+API values are persisted in `<data_dir>/prevention-config.json` (temp file + `os.replace`), so a
+restart keeps them. Reads are plain dict look-ups, cheap enough for every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import ValidationError
+
+from proxy.guards.config import GuardConfig
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "prevention-config.json"
+FORMAT_VERSION = 1
+
+Source = Literal["api", "static", "default"]
+
+
+class GuardStoreError(ValueError):
+    """The persisted file cannot be used; the message names the file and the field."""
+
+
+def validation_message(err: ValidationError) -> str:
+    """One line per bad field, `section.field: why`, for API answers and start-up errors."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e.get("loc", ())) or "(body)"
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+class GuardConfigStore:
+    """Project default and agent overrides, static and API-set; sync, thread-safe, tiny."""
+
+    def __init__(
+        self,
+        path: Path,
+        static_default: GuardConfig,
+        static_agents: dict[str, GuardConfig] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._static_default = static_default
+        self._static_agents: dict[str, GuardConfig] = dict(static_agents or {})
+        self._api_project: GuardConfig | None = None
+        self._api_agents: dict[str, GuardConfig] = {}
+        self._load()
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def effective(self, agent: str) -> tuple[GuardConfig, bool]:
+        """The config the agent's next call uses, and whether it is an agent override."""
+        override = self._api_agents.get(agent) or self._static_agents.get(agent)
+        if override is not None:
+            return override, True
+        return self.project(), False
+
+    def project(self) -> GuardConfig:
+        """The project default in force (API value, else the static one)."""
+        return self._api_project or self._static_default
+
+    def project_source(self) -> Source:
+        return "api" if self._api_project is not None else "static"
+
+    def agent_source(self, agent: str) -> Source:
+        """Where the agent's effective config comes from ("default" = the project default)."""
+        if agent in self._api_agents:
+            return "api"
+        if agent in self._static_agents:
+            return "static"
+        return "default"
+
+    def configured_agents(self) -> list[str]:
+        """Agents that have an override, static or API-set, sorted."""
+        return sorted(set(self._api_agents) | set(self._static_agents))
+
+    # --- writes (the admin API) --------------------------------------------------------------
+
+    def put_agent(self, agent: str, config: GuardConfig) -> None:
+        with self._lock:
+            self._api_agents[agent] = config
+            self._save()
+
+    def delete_agent(self, agent: str) -> bool:
+        """Drop the API override; a static override for the agent, if any, applies again."""
+        with self._lock:
+            if self._api_agents.pop(agent, None) is None:
+                return False
+            self._save()
+            return True
+
+    def put_project(self, config: GuardConfig) -> None:
+        with self._lock:
+            self._api_project = config
+            self._save()
+
+    def delete_project(self) -> bool:
+        """Return the project default to the static configuration."""
+        with self._lock:
+            if self._api_project is None:
+                return False
+            self._api_project = None
+            self._save()
+            return True
+
+    def set_static(self, default: GuardConfig, agents: dict[str, GuardConfig]) -> None:
+        """Replace the static layer (a config reload); API values keep winning."""
+        with self._lock:
+            self._static_default = default
+            self._static_agents = dict(agents)
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "project": None if self._api_project is None else self._api_project.model_dump(mode="json"),
+            "agents": {name: cfg.model_dump(mode="json") for name, cfg in sorted(self._api_agents.items())},
+        }
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = orjson.dumps(self._snapshot(), option=orjson.OPT_INDENT_2)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def _load(self) -> None:
+        """Read what the API set before a restart; a bad file refuses start rather than guess."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise GuardStoreError(f"{self.path}: not valid JSON ({e})") from e
+        if not isinstance(data, dict):
+            raise GuardStoreError(f"{self.path}: expected a JSON object")
+        try:
+            if data.get("project") is not None:
+                self._api_project = GuardConfig.model_validate(data["project"])
+        except ValidationError as e:
+            raise GuardStoreError(f"{self.path}: project.{validation_message(e)}") from e
+        agents = data.get("agents") or {}
+        if not isinstance(agents, dict):
+            raise GuardStoreError(f"{self.path}: agents: expected an object")
+        for name, body in agents.items():
+            try:
+                self._api_agents[str(name)] = GuardConfig.model_validate(body)
+            except ValidationError as e:
+                raise GuardStoreError(f"{self.path}: agents.{name}.{validation_message(e)}") from e
+        log.info(
+            "guard_store.loaded path=%s project=%s agents=%d",
+            self.path,
+            self._api_project is not None,
+            len(self._api_agents),
+        )
+
+
+# Keys of LangSight's GET answer that a client may send back unchanged in a PUT.
+_ECHO_KEYS = ("agent_name", "is_agent_override", "source")
+
+
+def config_from_body(body: Any) -> GuardConfig:
+    """A PUT body (LangSight's shape, our extra sections optional) -> GuardConfig.
+
+    Raises ValidationError naming the field; a non-object body is refused the same way.
+    """
+    if not isinstance(body, dict):
+        return GuardConfig.model_validate(body)  # raises: the model wants an object
+    clean = {k: v for k, v in body.items() if k not in _ECHO_KEYS}
+    return GuardConfig.model_validate(clean)
+
+
+def config_body(agent: str | None, config: GuardConfig, is_override: bool, source: Source) -> dict[str, Any]:
+    """The GET answer: LangSight's `agent_name`, `is_agent_override` and the sections."""
+    return {
+        "agent_name": agent,
+        "is_agent_override": is_override,
+        **config.model_dump(mode="json"),
+        "source": source,
+    }
