@@ -1,0 +1,134 @@
+"""Metrics: values land where the pipeline puts them, names follow Prometheus rules, labels stay bounded."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import Metrics, status_class
+
+NAME = re.compile(r"^tripwire_[a-z][a-z0-9_]*$")
+FORBIDDEN_LABELS = {"session", "session_id", "run_id", "prompt", "key", "api_key", "authorization"}
+
+
+def families(m: Metrics) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+
+
+def sample(m: Metrics, name: str, **labels: str) -> float | None:
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def exercise(m: Metrics) -> None:
+    m.observe_request("llm", "default", 200, 0.8, 0.002)
+    m.observe_request("llm", "default", 429, None, 0.0004)
+    m.observe_request("mcp", "files", None, 10.0, 0.001)
+    m.observe_ttfb("default", 0.3)
+    m.observe_llm("research", "gpt-4o", 1000, 200, 0.0045)
+    m.observe_tool("files", "ok", "read_file")
+    m.observe_tool("files", "blocked", "read_file")
+    m.observe_decision("loop_detection", "WARN")
+    m.set_open_circuits({"files": 2})
+    m.set_live_sessions(3)
+    m.set_store(7, 0)
+
+
+def test_values() -> None:
+    m = Metrics()
+    exercise(m)
+    assert sample(m, "tripwire_requests_total", kind="llm", upstream="default", status_class="2xx") == 1
+    assert sample(m, "tripwire_requests_total", kind="llm", status_class="4xx") == 1
+    assert sample(m, "tripwire_requests_total", kind="mcp", status_class="error") == 1
+    # the guard-answered 429 has no upstream latency: only two latency observations in total
+    assert sample(m, "tripwire_upstream_latency_seconds_count", kind="llm") == 1
+    assert sample(m, "tripwire_proxy_overhead_seconds_count", kind="llm") == 2
+    assert sample(m, "tripwire_stream_time_to_first_byte_seconds_count", upstream="default") == 1
+    assert sample(m, "tripwire_llm_tokens_total", agent="research", model="gpt-4o", type="prompt") == 1000
+    assert sample(m, "tripwire_llm_tokens_total", agent="research", model="gpt-4o", type="completion") == 200
+    assert abs(sample(m, "tripwire_llm_cost_usd_total", agent="research", model="gpt-4o") - 0.0045) < 1e-12
+    assert sample(m, "tripwire_tool_calls_total", server="files", tool="read_file", outcome="blocked") == 1
+    assert sample(m, "tripwire_guard_decisions_total", guard="loop_detection", action="warn") == 1
+    assert sample(m, "tripwire_circuits_open", upstream="files") == 2
+    assert sample(m, "tripwire_live_sessions") == 3
+    assert sample(m, "tripwire_event_store_queue_depth") == 7
+    assert sample(m, "tripwire_event_store_healthy") == 1
+
+
+def test_circuits_absent_upstream_reads_zero() -> None:
+    m = Metrics()
+    m.set_open_circuits({"a": 1, "b": 1})
+    m.set_open_circuits({"b": 1})
+    assert sample(m, "tripwire_circuits_open", upstream="a") == 0
+    assert sample(m, "tripwire_circuits_open", upstream="b") == 1
+
+
+def test_store_errors_mark_unhealthy_then_recover() -> None:
+    m = Metrics()
+    m.set_store(0, 3)
+    assert sample(m, "tripwire_event_store_write_errors_total") == 3
+    assert sample(m, "tripwire_event_store_healthy") == 0
+    m.set_store(0, 3)
+    assert sample(m, "tripwire_event_store_healthy") == 1
+    m.set_store(0, 4, healthy=True)
+    assert sample(m, "tripwire_event_store_healthy") == 1
+
+
+def test_naming_rules() -> None:
+    m = Metrics()
+    exercise(m)
+    fams = families(m)
+    assert len(fams) >= 14
+    for name, fam in fams.items():
+        assert NAME.match(name), name
+        assert fam.documentation, name
+        for s in fam.samples:
+            assert not FORBIDDEN_LABELS & set(s.labels), (name, s.labels)
+        if fam.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), name
+            assert not name.endswith("_total")  # the parser strips it; a family named *_total_total is wrong
+        if fam.type == "histogram":
+            assert name.endswith("_seconds"), name
+        if fam.type == "gauge":
+            assert not name.endswith("_total"), name
+
+
+def test_labels_fold_past_cap() -> None:
+    m = Metrics(model_cap=3, tool_cap=2)
+    for i in range(10):
+        m.observe_llm("a", f"model-{i}", 1, 1, 0.0)
+        m.observe_tool("srv", "ok", f"tool-{i}")
+    models = {
+        s.labels["model"] for s in families(m)["tripwire_llm_calls"].samples if s.name.endswith("_total")
+    }
+    assert models == {"model-0", "model-1", "model-2", "other"}
+    assert sample(m, "tripwire_llm_calls_total", model="other") == 7
+    tools = {
+        s.labels["tool"] for s in families(m)["tripwire_tool_calls"].samples if s.name.endswith("_total")
+    }
+    assert tools == {"tool-0", "tool-1", "other"}
+    # a known value keeps its own label after the cap is reached
+    m.observe_llm("a", "model-1", 1, 1, 0.0)
+    assert sample(m, "tripwire_llm_calls_total", model="model-1") == 2
+
+
+def test_private_registries_do_not_collide() -> None:
+    a, b = Metrics(), Metrics()
+    a.set_live_sessions(5)
+    assert sample(b, "tripwire_live_sessions") == 0
+
+
+def test_status_class() -> None:
+    assert [status_class(s) for s in (200, 302, 404, 503, None, 0, 999)] == [
+        "2xx",
+        "3xx",
+        "4xx",
+        "5xx",
+        "error",
+        "error",
+        "error",
+    ]
