@@ -1,0 +1,167 @@
+"""Types shared by every protocol dialect, and the small helpers they all use.
+
+A dialect turns one protocol's wire format into these plain dataclasses so guards, pricing and
+the recorder never look at raw JSON. The shapes are the seam described in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+# Characters per token for estimates (OpenAI's rule of thumb for English text; tokenizers are
+# not shipped, and an estimate only has to be in the right range for a budget reservation).
+CHARS_PER_TOKEN = 4
+# Per-message overhead the chat formats add (role markers, separators).
+TOKENS_PER_MESSAGE = 4
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: Any  # parsed JSON when it parses, else the raw string
+
+
+@dataclass
+class ToolResult:
+    """A tool result the agent sends back in a later request."""
+
+    tool_call_id: str
+    content: Any
+    is_error: bool = False
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0  # includes cached input (read and creation)
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0  # cache reads (OpenAI cached_tokens, Anthropic cache_read_input_tokens)
+    cache_creation_tokens: int = 0  # Anthropic cache_creation_input_tokens
+    estimated: bool = False
+
+
+@dataclass
+class LLMRequest:
+    dialect: str  # openai_chat | openai_responses | anthropic | embeddings | completions
+    model: str | None
+    stream: bool
+    messages: list[Any]  # the request's conversation as sent (for prompt recording)
+    temperature: float | None
+    max_tokens: int | None
+    tool_results: list[ToolResult]  # tool results carried by this request (whole history)
+    # one entry per assistant step in the history, oldest first; a step without tool calls is []
+    steps: list[list[ToolCall]]
+    turn_start: int  # index into steps where the current turn begins (last real user message)
+    previous_response_id: str | None = None
+    client_asked_usage: bool = False
+
+
+@dataclass
+class LLMResult:
+    model: str | None
+    text: str
+    tool_calls: list[ToolCall]
+    usage: Usage | None
+    stop_reason: str | None
+    response_id: str | None = None
+    error: dict | None = None  # {error_type, message, details}
+    complete: bool = True  # False when a stream broke before its clean end
+
+
+@dataclass
+class ToolCallBuilder:
+    """Pieces of one streamed tool call, stitched in arrival order."""
+
+    id: str = ""
+    name: str = ""
+    parts: list[str] = field(default_factory=list)
+
+    def build(self) -> ToolCall:
+        return ToolCall(id=self.id, name=self.name, arguments=parse_arguments("".join(self.parts)))
+
+
+def parse_arguments(raw: Any) -> Any:
+    """Tool arguments as JSON when they parse; the raw value otherwise (models emit broken JSON)."""
+    if not isinstance(raw, str | bytes):
+        return raw
+    if isinstance(raw, str) and raw == "":
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+
+
+def loads_or_none(body: bytes | str) -> Any:
+    """JSON value of a body, or None when it is not JSON (an HTML error page, a broken proxy)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def as_int(value: Any) -> int:
+    """A token count from an answer: ints only (None, strings and junk count as 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def error_dict(error_type: str, message: str, details: Any = None) -> dict:
+    return {"error_type": error_type, "message": message, "details": details}
+
+
+def http_error(status: int, data: Any, body: bytes) -> dict:
+    """The error of a non-2xx answer, read from the usual `{"error": {...}}` shapes."""
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        etype = err.get("type") or err.get("code") or f"http_{status}"
+        message = err.get("message") or ""
+        return error_dict(str(etype), str(message), {"status": status, "error": err})
+    if isinstance(err, str):
+        return error_dict(f"http_{status}", err, {"status": status})
+    text = body[:2000].decode("utf-8", "replace")
+    return error_dict(f"http_{status}", text, {"status": status})
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in a text by the chars/4 rule (never 0 for a non-empty text)."""
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def estimate_prompt_tokens(req: LLMRequest) -> int:
+    """A prompt-size estimate for budget reservations: chars/4 of the messages as JSON.
+
+    JSON punctuation makes it run a little high, which is the safe side for a reservation.
+    """
+    total = 0
+    for message in req.messages:
+        text = message if isinstance(message, str) else orjson.dumps(message, default=str).decode()
+        total += estimate_text_tokens(text) + TOKENS_PER_MESSAGE
+    return total
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def sse_frame(data: Any, event: str | None = None) -> bytes:
+    """One SSE event with a JSON (or literal string) data line."""
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + payload + b"\n\n"
+
+
+def stream_incomplete(terminator: str) -> dict:
+    return error_dict("stream_incomplete", f"upstream stream ended before {terminator}")

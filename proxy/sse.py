@@ -1,0 +1,154 @@
+"""Incremental Server-Sent Events decoder over raw bytes.
+
+Why our own: the proxy relays upstream bytes as they arrive and must be able to forward an event
+*unchanged* (or drop it, for the injected usage chunk), so every event keeps the exact bytes it
+was parsed from. The SSE libraries on PyPI do not fit: `httpx-sse` decodes an httpx response's
+text lines (no raw bytes, tied to httpx), `sse-starlette` and `aiohttp-sse` are servers, and
+`sseclient-py` wraps a blocking iterator. The parsing rules are the WHATWG "event stream
+interpretation" (https://html.spec.whatwg.org/multipage/server-sent-events.html):
+
+- lines end in CRLF, CR or LF; a CR at the end of one chunk and an LF at the start of the next
+  are one line ending (like httpx's `LineDecoder`);
+- a blank line ends the event; `:` lines are comments; `event`, `data` (several data lines are
+  joined with LF), `id` (ignored when it contains NUL) and `retry` (digits only);
+  other fields are ignored; one leading space after the colon is removed;
+- a UTF-8 BOM at the start of the stream is skipped.
+
+Unlike a browser we also hand out events that a browser would not dispatch (comment-only
+keep-alives, empty blocks), because a relaying filter has to forward their bytes too: the `raw`
+of all events, in order, concatenated with the `raw` of `flush()`, is exactly the input.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One event block. `event`/`data`/`id`/`retry` are None when the block had no such field."""
+
+    raw: bytes
+    event: str | None = None
+    data: str | None = None
+    id: str | None = None
+    retry: int | None = None
+    comments: tuple[str, ...] = ()
+    complete: bool = True  # False only for the unterminated tail returned by flush()
+
+    @property
+    def type(self) -> str:
+        """The dispatch type: the `event` field, else "message" (as EventSource does)."""
+        return self.event or "message"
+
+
+class SSEDecoder:
+    """Feed bytes as they arrive; get each event as soon as its blank line is seen."""
+
+    def __init__(self) -> None:
+        self._partial = bytearray()  # bytes of the current unterminated line
+        self._raw = bytearray()  # bytes of the current event's complete lines
+        self._skip_lf = False  # previous chunk ended in CR: a leading LF belongs to that line ending
+        self._start = True  # still at the start of the stream (BOM check)
+        self._reset_fields()
+
+    def _reset_fields(self) -> None:
+        self._event: str | None = None
+        self._data: list[str] | None = None
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._comments: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one chunk; returns the events it completes (possibly none)."""
+        if not chunk:
+            return []
+        pos = 0
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                self._raw += b"\n"
+                pos = 1
+        events: list[SSEEvent] = []
+        for match in _EOL.finditer(chunk, pos):
+            if self._partial:
+                self._partial += chunk[pos : match.start()]
+                line = bytes(self._partial)
+                self._partial.clear()
+            else:
+                line = chunk[pos : match.start()]
+            self._raw += line
+            self._raw += match.group()
+            if match.group() == b"\r" and match.end() == len(chunk):
+                self._skip_lf = True
+            pos = match.end()
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        if pos < len(chunk):
+            self._partial += chunk[pos:]
+        return events
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream: the unterminated tail (if any) as one event with `complete=False`.
+
+        A browser discards such a tail; it is returned so a caller can still account for it.
+        """
+        if self._partial:
+            line = bytes(self._partial)
+            self._partial.clear()
+            self._raw += line
+            self._line_fields(line)
+        if not self._raw:
+            return []
+        event = self._build(complete=False)
+        return [event]
+
+    def _line(self, line: bytes) -> SSEEvent | None:
+        if not line:
+            return self._build(complete=True)
+        self._line_fields(line)
+        return None
+
+    def _line_fields(self, line: bytes) -> None:
+        if self._start:
+            self._start = False
+            if line.startswith(_BOM):
+                line = line[len(_BOM) :]
+        text = line.decode("utf-8", "replace")
+        name, colon, value = text.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if not name and colon:
+            self._comments.append(value)
+        elif name == "data":
+            if self._data is None:
+                self._data = []
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\x00" not in value:
+                self._id = value
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self._retry = int(value)
+
+    def _build(self, complete: bool) -> SSEEvent:
+        self._start = False
+        event = SSEEvent(
+            raw=bytes(self._raw),
+            event=self._event,
+            data="\n".join(self._data) if self._data is not None else None,
+            id=self._id,
+            retry=self._retry,
+            comments=tuple(self._comments),
+            complete=complete,
+        )
+        self._raw.clear()
+        self._reset_fields()
+        return event
