@@ -1,0 +1,76 @@
+"""Canonical tool-call signatures (SPEC §5.1): the identity loop detection compares.
+
+A model can dodge an exact-match loop detector by nudging a float (`1.0`, `0.9999999`) or by
+reordering keys, and OpenAI sends arguments as a JSON *string* while MCP sends an object; so
+arguments are parsed, keys sorted and floats rounded to 6 decimals before they are compared.
+Integers, booleans, strings and null are left exactly as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import orjson
+
+FLOAT_DIGITS = 6
+
+
+def normalize_tool_name(name: str) -> str:
+    """The bare tool name: frameworks prefix MCP tools as `server__tool` (or `mcp__server__tool`).
+
+    The part after the last `__` is the tool the MCP server knows, so a call seen once as an MCP
+    `tools/call` of `search` and once in the LLM history as `docs__search` is one call.
+    """
+    head, sep, tail = name.rpartition("__")
+    if sep and head and tail:
+        return tail
+    return name
+
+
+def canonical_value(value: Any) -> Any:
+    """Recursively: dict keys as str, floats rounded, tuples as lists; everything else unchanged."""
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return repr(value)  # not JSON; keep it comparable
+        rounded = round(value, FLOAT_DIGITS)
+        return 0.0 if rounded == 0 else rounded  # -0.0 and 0.0 are the same argument
+    if isinstance(value, dict):
+        return {str(k): canonical_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [canonical_value(v) for v in value]
+    return str(value)
+
+
+def _parse_if_json(args: Any) -> Any:
+    if isinstance(args, bytes | bytearray):
+        args = args.decode("utf-8", "replace")
+    if isinstance(args, str):
+        text = args.strip()
+        if not text:
+            return {}
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return args  # a raw string argument: compared as it is
+    return args
+
+
+def canonical_args(args: Any) -> str:
+    """Canonical JSON of a call's arguments: `{}` for none, keys sorted, floats rounded."""
+    parsed = _parse_if_json(args)
+    if parsed is None:
+        parsed = {}
+    value = canonical_value(parsed)
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # ints beyond 64 bits: orjson refuses them, the stdlib does not
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def signature(tool: str, args: Any) -> str:
+    """`tool(<canonical args>)` with the tool name normalised: the unit every loop pattern counts."""
+    return f"{normalize_tool_name(tool)}({canonical_args(args)})"
