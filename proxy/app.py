@@ -1,0 +1,173 @@
+"""The two aiohttp apps (proxy listener and admin listener) and the serve loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from proxy.appkeys import ENGINE
+from proxy.engine import Engine
+from proxy.exchange import Exchange
+from proxy.forward import json_error
+from proxy.llm import LLMParseStage
+from proxy.mcp_stages import mcp_parse_stage
+from proxy.pipeline import Pipeline, Stage
+from proxy.routing import Route, RouteError, resolve
+from proxy.settings import Settings, split_host_port
+from proxy.stages import ForwardStage, RecordStage, SessionStage
+
+log = logging.getLogger("tripwire")
+
+PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
+
+
+def guard_stages(engine: Engine) -> list[Stage]:
+    """The guards, between parsing and forwarding (loop, limits and budgets, breaker)."""
+    return []
+
+
+def default_stages(engine: Engine, kind: str) -> list[Stage]:
+    """The pipeline, in the order it runs. The order is the spec."""
+    parse: Stage = mcp_parse_stage(engine) if kind == "mcp" else LLMParseStage(engine)
+    return [parse, SessionStage(engine), *guard_stages(engine), ForwardStage(engine), RecordStage(engine)]
+
+
+async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    started, started_wall = time.monotonic(), time.time()
+    if engine.draining:
+        answer = json_error(503, "Tripwire is shutting down", "tripwire_unavailable", "draining")
+        answer.headers["Retry-After"] = "5"
+        return answer.to_response()
+    route = resolve(
+        request.raw_path.split("?", 1)[0],
+        request.headers,
+        default_agent=engine.settings.agent,
+        llm_names=engine.upstream_names("llm"),
+        mcp_names=engine.upstream_names("mcp"),
+    )
+    if isinstance(route, RouteError):
+        body = {
+            "error": {
+                "message": route.message,
+                "type": "tripwire_route",
+                "code": "not_found",
+                "configured": list(route.known),
+            }
+        }
+        return web.Response(status=route.status, body=orjson.dumps(body), content_type="application/json")
+    streaming_handler = engine_stream_handler(engine, route)
+    if streaming_handler is not None:
+        return await streaming_handler(request, route)
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit = engine.settings.max_body_bytes
+        return json_error(
+            413,
+            f"request body larger than {limit} bytes (max_body_bytes)",
+            "tripwire_request_too_large",
+            "request_too_large",
+        ).to_response()
+    ex = Exchange(request=request, route=route, body=body, started=started, started_wall=started_wall)
+    engine.call_started()
+    try:
+        await request.app[PIPELINES][route.kind].run(ex)
+    finally:
+        engine.call_finished()
+    if ex.response is not None:
+        return ex.response
+    if ex.answer is not None:
+        return ex.answer.to_response()
+    return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
+
+
+def engine_stream_handler(
+    engine: Engine, route: Route
+) -> Callable[[web.Request, Route], Awaitable[web.StreamResponse]] | None:
+    """Long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline."""
+    hook = getattr(engine, "stream_handler", None)
+    return hook(route) if hook is not None else None
+
+
+def make_proxy_app(engine: Engine) -> web.Application:
+    app = web.Application(
+        client_max_size=engine.settings.max_body_bytes, handler_args={"max_field_size": 65536}
+    )
+    app[ENGINE] = engine
+    app[PIPELINES] = {kind: Pipeline(default_stages(engine, kind)) for kind in ("llm", "mcp")}
+    app.router.add_route("*", "/{tail:.*}", proxy_handler)
+    return app
+
+
+def make_admin_app(engine: Engine) -> web.Application:
+    from viewer.api import setup_admin
+
+    app = web.Application()
+    app[ENGINE] = engine
+    setup_admin(app, engine)
+    return app
+
+
+def startup_lines(settings: Settings, engine: Engine) -> str:
+    host, port = split_host_port(settings.listen)
+    ahost, aport = split_host_port(settings.admin_listen)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    ashown = "127.0.0.1" if ahost in ("0.0.0.0", "::", "") else ahost
+    base = f"http://{shown}:{port}"
+    lines = [
+        f"Tripwire proxy on {base} -> {settings.upstream.url}; traces in {engine.data_dir}",
+        f"  export OPENAI_BASE_URL={base}/v1"
+        + "".join(f"   {n}: {base}/llm/{n}" for n in engine.upstream_names("llm")),
+    ]
+    mcp = engine.upstream_names("mcp")
+    mcp_part = ("MCP: " + "  ".join(f"{n} -> {base}/mcp/{n}" for n in mcp) + "   ") if mcp else ""
+    lines.append(f"  {mcp_part}viewer: http://{ashown}:{aport}/")
+    return "\n".join(lines)
+
+
+async def serve(
+    settings: Settings, *, argv: list[str] | None = None, ready: Callable[[], None] | None = None
+) -> None:
+    """Run both listeners until SIGTERM/SIGINT, then drain and close open runs."""
+    engine = Engine(settings, argv=argv)
+    await engine.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    runners: list[web.AppRunner] = []
+    try:
+        starters = getattr(engine, "start_children", None)
+        if starters is not None:
+            await starters()
+        for app, listen in (
+            (make_proxy_app(engine), settings.listen),
+            (make_admin_app(engine), settings.admin_listen),
+        ):
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.drain_grace_s)
+            await runner.setup()
+            host, port = split_host_port(listen)
+            await web.TCPSite(runner, host, port).start()
+            runners.append(runner)
+        print(startup_lines(settings, engine), flush=True)
+        if ready is not None:
+            ready()
+        await stop.wait()
+        log.info("signal received: draining (grace %.0fs)", settings.drain_grace_s)
+        await engine.drain(settings.drain_grace_s)
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        stoppers = getattr(engine, "stop_children", None)
+        if stoppers is not None:
+            await stoppers()
+        await engine.close()

@@ -1,0 +1,205 @@
+"""`tripwire` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy import __version__
+from proxy.settings import ConfigError, Settings, is_loopback, load_settings, split_host_port
+
+EPILOG = """\
+Point your agent at the proxy with no code change:
+  export OPENAI_BASE_URL=http://127.0.0.1:8713/v1
+  export OPENAI_BASE_URL=http://127.0.0.1:8713/agents/research-agent/v1   (names the agent)
+MCP servers are reached at http://127.0.0.1:8713/mcp/NAME. The viewer is on the admin listener.
+Configuration precedence: flags > TRIPWIRE_* environment > --config or .tripwire/config.yaml
+> ~/.tripwire/config.yaml > defaults. See docs/configuration.md.
+"""
+
+
+def _name_value(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tripwire",
+        description="Tripwire: a local proxy between AI agents and their LLM APIs and MCP servers. "
+        "It records every call as an AgentDbg trace, detects loops, enforces budgets and runs circuit breakers.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tripwire {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy and the admin listener (viewer, API, /metrics)",
+        description="Run the proxy listener (agent traffic) and the admin listener (viewer, JSON API, "
+        "/metrics, /healthz, /readyz). Needs no database or other service.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a = serve.add_argument
+    a("--listen", metavar="HOST:PORT", help="proxy listener for agent traffic (default 127.0.0.1:8713)")
+    a(
+        "--admin-listen",
+        metavar="HOST:PORT",
+        help="admin listener: viewer, API, metrics (default 127.0.0.1:8714)",
+    )
+    a(
+        "--upstream",
+        metavar="URL",
+        help="default OpenAI-compatible upstream for /v1/... (default https://api.openai.com)",
+    )
+    a(
+        "--llm",
+        metavar="NAME=URL",
+        action="append",
+        type=_name_value,
+        default=[],
+        help="a named LLM upstream served at /llm/NAME/... (repeatable), e.g. anthropic=https://api.anthropic.com",
+    )
+    a(
+        "--mcp",
+        metavar="NAME=URL",
+        action="append",
+        type=_name_value,
+        default=[],
+        help="an MCP server (Streamable HTTP or legacy SSE URL) served at /mcp/NAME (repeatable)",
+    )
+    a(
+        "--mcp-stdio",
+        metavar='NAME="CMD ARGS"',
+        action="append",
+        type=_name_value,
+        default=[],
+        help="a stdio MCP server started as a child process and served at /mcp/NAME (repeatable)",
+    )
+    a("--agent", metavar="NAME", help="agent name when a request names none (default 'default')")
+    a("--data-dir", metavar="DIR", help="where runs are written (env TRIPWIRE_DATA_DIR, default ~/.tripwire)")
+    a("--config", metavar="FILE", type=Path, help="YAML config file (instead of .tripwire/config.yaml)")
+    a(
+        "--session-idle-timeout",
+        metavar="SECONDS",
+        type=float,
+        help="an automatic session ends after this long without traffic (default 300)",
+    )
+    a(
+        "--admin-token",
+        metavar="TOKEN",
+        help="bearer token required on the admin JSON API (env TRIPWIRE_ADMIN_TOKEN); mandatory off loopback",
+    )
+    a("--connect-timeout", metavar="SECONDS", type=float, help="upstream connect timeout (default 10)")
+    a(
+        "--ttfb-timeout",
+        metavar="SECONDS",
+        type=float,
+        help="upstream time to first byte, and longest silence inside a stream (default 600)",
+    )
+    a(
+        "--max-body-bytes",
+        metavar="BYTES",
+        type=int,
+        help="largest request body; larger gets 413 (default 32 MiB)",
+    )
+    a(
+        "--drain-grace",
+        metavar="SECONDS",
+        type=float,
+        help="on SIGTERM, how long in-flight calls and streams may finish (default 20)",
+    )
+    a("--fsync", choices=["never", "run_end", "always"], help="trace durability policy (default run_end)")
+    a(
+        "--no-record-content",
+        action="store_true",
+        default=None,
+        help="record metadata only (model, usage, cost, tool names, timings), no prompts or results",
+    )
+    a(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level (default INFO)",
+    )
+    return parser
+
+
+def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Only the flags given: they sit on top of the other sources, field by field."""
+    out: dict[str, Any] = {}
+    simple = {
+        "listen": "listen",
+        "admin_listen": "admin_listen",
+        "agent": "agent",
+        "data_dir": "data_dir",
+        "session_idle_timeout": "session_idle_timeout_s",
+        "admin_token": "admin_token",
+        "connect_timeout": "connect_timeout_s",
+        "ttfb_timeout": "ttfb_timeout_s",
+        "max_body_bytes": "max_body_bytes",
+        "drain_grace": "drain_grace_s",
+        "fsync": "fsync",
+    }
+    for flag, field in simple.items():
+        value = getattr(args, flag)
+        if value is not None:
+            out[field] = value
+    if args.upstream:
+        out["upstream"] = {"url": args.upstream}
+    if args.no_record_content:
+        out["record_content"] = False
+    if args.llm:
+        out["llm"] = {name: {"url": url} for name, url in args.llm}
+    if args.mcp:
+        out["mcp"] = {name: {"url": url} for name, url in args.mcp}
+    if args.mcp_stdio:
+        out["mcp_stdio"] = {name: {"command": cmd} for name, cmd in args.mcp_stdio}
+    return out
+
+
+def check_startup(settings: Settings) -> None:
+    host, _ = split_host_port(settings.admin_listen)
+    if not is_loopback(host) and not settings.admin_token:
+        raise ConfigError(
+            f"admin_listen {settings.admin_listen} is off loopback: set --admin-token or TRIPWIRE_ADMIN_TOKEN "
+            "(the admin API can rename, delete and terminate runs and change guards)"
+        )
+    overlap = set(settings.mcp) & set(settings.mcp_stdio)
+    if overlap:
+        raise ConfigError(f"mcp and mcp_stdio both name {sorted(overlap)}: names must be unique")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return 0 if args.command is None else 2
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = load_settings(cli_overrides(args), config_file=args.config)
+        check_startup(settings)
+    except ConfigError as e:
+        print(f"tripwire: {e}", file=sys.stderr)
+        return 2
+    from proxy.app import serve
+
+    try:
+        asyncio.run(serve(settings, argv=["tripwire", *argv]))
+    except OSError as e:  # e.g. the port is taken
+        print(f"tripwire: cannot start: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""The engine: everything one Tripwire process holds, shared by the proxy and admin apps.
+
+Settings, the trace recorder, sessions, guard config, circuit breakers, pricing, metrics and the
+upstream client live here, built once at start (no module-level singletons), so the mitmproxy
+addon and tests can build the same engine without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from typing import Any
+
+from proxy.exchange import Exchange
+from proxy.forward import Forwarder
+from proxy.guard_store import GuardConfigStore
+from proxy.guards.breaker import BreakerRegistry
+from proxy.guards.config import GuardConfig
+from proxy.metrics import Metrics
+from proxy.pricing import Pricing
+from proxy.recorder import TraceRecorder
+from proxy.redact import redact_argv
+from proxy.sessions import Refused, Session, SessionManager
+from proxy.settings import Settings, UpstreamConfig
+
+log = logging.getLogger("tripwire")
+
+
+class Engine:
+    def __init__(self, settings: Settings, *, argv: list[str] | None = None) -> None:
+        self.settings = settings
+        self.data_dir = settings.resolved_data_dir()
+        self.argv = redact_argv(list(argv if argv is not None else sys.argv))
+        self.recorder = TraceRecorder(
+            self.data_dir,
+            max_field_bytes=settings.max_field_bytes,
+            record_content=settings.record_content,
+            fsync=settings.fsync,
+        )
+        self.pricing = Pricing(dict(settings.pricing_table))
+        self.sessions = SessionManager(
+            idle_timeout_s=settings.session_idle_timeout_s,
+            terminated_ttl_s=settings.terminated_ttl_s,
+        )
+        self.guard_store = GuardConfigStore(
+            self.data_dir / "prevention-config.json", settings.guards, dict(settings.agents)
+        )
+        self.breakers = BreakerRegistry()
+        self.metrics = Metrics()
+        self.forwarder = Forwarder(
+            connect_timeout_s=settings.connect_timeout_s,
+            ttfb_timeout_s=settings.ttfb_timeout_s,
+            ca_bundle=str(settings.ca_bundle) if settings.ca_bundle else None,
+        )
+        self.admin_token = settings.admin_token
+        self.draining = False
+        self.inflight = 0
+        self._idle_drained = asyncio.Event()
+        self._sweeper: asyncio.Task[None] | None = None
+        # extra upstreams registered at run time (stdio MCP servers get a loopback URL)
+        self.extra_upstreams: dict[tuple[str, str], UpstreamConfig] = {}
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        closed = self.recorder.recover_interrupted()
+        if closed:
+            log.warning("closed %d run(s) left running by a previous process as interrupted", len(closed))
+        await self.recorder.start()
+        await self.forwarder.start()
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="tripwire-session-sweeper")
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: refuse new calls, give in-flight calls and streams `grace_s`, then close runs."""
+        self.draining = True
+        if self.inflight:
+            log.info("draining: waiting up to %.0fs for %d in-flight call(s)", grace_s, self.inflight)
+            self._idle_drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle_drained.wait(), grace_s)
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for session in self.sessions.live():
+            self.end_session(session, status="ok", reason="shutdown")
+        await self.recorder.close()
+        await self.forwarder.close()
+
+    def call_started(self) -> None:
+        self.inflight += 1
+
+    def call_finished(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle_drained.set()
+
+    async def _sweep_forever(self) -> None:
+        interval = min(5.0, max(0.05, self.settings.session_idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.sweep(time.monotonic())
+            except Exception:
+                log.exception("session sweep failed")
+
+    def sweep(self, now: float) -> None:
+        for session in self.sessions.idle_sessions(now):
+            self.end_session(session, status="ok", reason="idle_timeout")
+        self.metrics.set_live_sessions(len(self.sessions.live()))
+        health = self.recorder.health()
+        self.metrics.set_store(health.get("queue_depth", 0), health.get("write_errors", 0))
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def guard_config(self, agent: str) -> GuardConfig:
+        return self.guard_store.effective(agent)[0]
+
+    def open_session(self, agent: str, explicit_id: str | None) -> Session | Refused:
+        opened = self.sessions.lookup(agent, explicit_id, now=time.monotonic(), wall=time.time())
+        if isinstance(opened, Refused):
+            return opened
+        session, created = opened
+        if created:
+            config, is_override = self.guard_store.effective(agent)
+            self.recorder.start_run(
+                run_id=session.run_id,
+                run_name=f"{agent} {session.session_id}",
+                agent_name=agent,
+                session_id=session.session_id,
+                argv=self.argv,
+                extra={
+                    "guard_config": config.model_dump(mode="json"),
+                    "guard_config_source": "agent" if is_override else "project",
+                },
+                ts=session.started_wall,
+            )
+            self.metrics.set_live_sessions(len(self.sessions.live()))
+        return session
+
+    def end_session(self, session: Session, *, status: str, reason: str) -> None:
+        if session.ended:
+            return
+        session.ended = True
+        self.recorder.end_run(session.run_id, status=status, reason=reason)
+
+    def terminate_session(self, session: Session, *, reason: str) -> None:
+        """End the run with status error; every later call of the session is refused."""
+        self.sessions.terminate(session, time.monotonic())
+        self.recorder.add_tags(session.run_id, "terminated")
+        self.end_session(session, status="error", reason=reason)
+
+    async def terminate_run(self, run_id: str) -> bool:
+        """The kill switch (POST /api/runs/{run_id}/terminate)."""
+        session = self.sessions.by_run_id(run_id)
+        if session is None or session.ended:
+            return False
+        self.recorder.record(
+            run_id,
+            "ERROR",
+            "kill_switch",
+            {
+                "error_type": "kill_switch",
+                "message": "session terminated through the admin API",
+                "stack": None,
+                "guardrail": "kill_switch",
+                "threshold": None,
+                "actual": None,
+            },
+        )
+        self.metrics.observe_decision("kill_switch", "terminate")
+        self.terminate_session(session, reason="terminated")
+        return True
+
+    def guard_stats(self, run_id: str) -> dict[str, Any] | None:
+        session = self.sessions.by_run_id(run_id)
+        if session is None or session.guards is None:
+            return None
+        return session.guards.stats()
+
+    # --- upstreams ---------------------------------------------------------------------------
+
+    def upstream(self, kind: str, name: str) -> UpstreamConfig:
+        extra = self.extra_upstreams.get((kind, name))
+        if extra is not None:
+            return extra
+        if kind == "llm":
+            return self.settings.upstream if name == "default" else self.settings.llm[name]
+        return self.settings.mcp[name]
+
+    def upstream_names(self, kind: str) -> tuple[str, ...]:
+        names = set(self.settings.upstreams(kind)) | {n for k, n in self.extra_upstreams if k == kind}  # type: ignore[arg-type]
+        return tuple(sorted(names))
+
+    # --- health and metrics ------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        store = self.recorder.health()
+        return {"status": "ok", "draining": self.draining, "trace_store": store}
+
+    def observe_request(self, ex: Exchange) -> None:
+        latency = overhead = None
+        if ex.upstream_started is not None and ex.upstream_done is not None:
+            latency = ex.upstream_done - ex.upstream_started
+            overhead = max(0.0, (time.monotonic() - ex.started) - latency)
+            if ex.first_byte_at is not None:
+                self.metrics.observe_ttfb(ex.route.upstream, ex.first_byte_at - ex.upstream_started)
+        status = ex.upstream_status or (ex.answer.status if ex.answer is not None else None)
+        self.metrics.observe_request(ex.route.kind, ex.route.upstream, status, latency, overhead)

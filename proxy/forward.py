@@ -1,0 +1,206 @@
+"""Forwarding to the upstream and relaying its answer chunk by chunk.
+
+One `aiohttp.ClientSession` per app. The answer is relayed as it arrives: each chunk goes through
+the exchange's observer (which may drop an injected event, never hold a stream back) and straight
+to the client. A stream that breaks mid-way is closed cleanly towards the client and marked
+incomplete, so the call is still recorded (with status "error").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Iterable, Mapping
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.exchange import Answer, Exchange
+from proxy.routing import TRIPWIRE_HEADER_PREFIX
+from proxy.settings import UpstreamConfig
+
+log = logging.getLogger("tripwire.forward")
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus those the proxy recomputes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
+
+
+def request_headers(
+    incoming: Mapping[str, str],
+    upstream: UpstreamConfig,
+    *,
+    identity_encoding: bool,
+) -> CIMultiDict[str]:
+    """Headers to send upstream: the agent's, minus hop-by-hop, Host and X-Tripwire-*.
+
+    `identity_encoding` asks for an uncompressed answer when the proxy must read it.
+    """
+    out: CIMultiDict[str] = CIMultiDict()
+    named_in_connection = {h.strip().lower() for h in incoming.get("connection", "").split(",") if h.strip()}
+    for name, value in incoming.items():
+        low = name.lower()
+        if (
+            low in HOP_BY_HOP
+            or low in named_in_connection
+            or low in ("host", "content-length")
+            or low.startswith(TRIPWIRE_HEADER_PREFIX)
+        ):
+            continue
+        if identity_encoding and low == "accept-encoding":
+            continue
+        out.add(name, value)
+    key = upstream.api_key()
+    if key:
+        for h in AUTH_HEADERS:
+            out.popall(h, None)
+        if upstream.auth_header == "authorization":
+            out["Authorization"] = f"Bearer {key}"
+        else:
+            out[upstream.auth_header] = key
+    return out
+
+
+def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream_headers.items():
+        low = name.lower()
+        if low in HOP_BY_HOP or (drop_length and low == "content-length"):
+            continue
+        out.add(name, value)
+    return out
+
+
+def json_error(status: int, message: str, err_type: str, code: str, **extra: object) -> Answer:
+    body = {"error": {"message": message, "type": err_type, "code": code, **extra}}
+    return Answer(status, orjson.dumps(body))
+
+
+class Forwarder:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        ttfb_timeout_s: float,
+        ca_bundle: str | None = None,
+    ) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.ttfb_timeout_s = ttfb_timeout_s
+        self.ca_bundle = ca_bundle
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        ssl_ctx: ssl.SSLContext | bool = True
+        if self.ca_bundle:
+            ssl_ctx = ssl.create_default_context(cafile=self.ca_bundle)
+        self.session = aiohttp.ClientSession(
+            # no total timeout: streams of reasoning models run for minutes; sock_read bounds silence
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self.connect_timeout_s, sock_read=self.ttfb_timeout_s
+            ),
+            connector=aiohttp.TCPConnector(ssl=ssl_ctx, limit=0),
+            auto_decompress=False,  # relay bytes exactly as encoded; Content-Encoding passes through
+            trust_env=True,  # HTTPS_PROXY / NO_PROXY for the way out
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def forward(
+        self,
+        ex: Exchange,
+        url: str,
+        headers: CIMultiDict[str],
+        body: bytes,
+        *,
+        extra_response_headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        """Send the request upstream and relay the answer into `ex.response`.
+
+        Failures before any byte reached the client become `ex.answer` (502/504); a failure mid-stream
+        ends the client's stream cleanly. Either way `ex.upstream_error` says what happened.
+        """
+        assert self.session is not None, "Forwarder.start() not called"
+        request = ex.request
+        ex.upstream_started = time.monotonic()
+        response: web.StreamResponse | None = None
+        try:
+            async with self.session.request(
+                request.method, url, headers=headers, data=body or None, allow_redirects=False
+            ) as upstream:
+                ex.upstream_status = upstream.status
+                ex.first_byte_at = time.monotonic()
+                observer = ex.observer
+                rewrites = observer is not None and getattr(observer, "rewrites", False)
+                out_headers = response_headers(upstream.headers, drop_length=rewrites)
+                is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+                if is_sse:
+                    out_headers.setdefault("Cache-Control", "no-cache")
+                    out_headers["X-Accel-Buffering"] = "no"
+                for name, value in extra_response_headers:
+                    out_headers[name] = value
+                response = web.StreamResponse(
+                    status=upstream.status, reason=upstream.reason, headers=out_headers
+                )
+                ex.response = response
+                await response.prepare(request)
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        out = observer.feed(chunk) if observer is not None else chunk
+                        if out:
+                            await response.write(out)
+                    if observer is not None and hasattr(observer, "flush"):
+                        tail = observer.flush()
+                        if tail:
+                            await response.write(tail)
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    # The upstream broke mid-answer: end the client's stream cleanly, record an error.
+                    ex.stream_complete = False
+                    ex.upstream_error = f"upstream stream broke: {type(e).__name__}: {e}".rstrip(": ")
+                except (ConnectionResetError, asyncio.CancelledError):
+                    ex.stream_complete = False
+                    ex.extra["client_disconnected"] = True
+                    raise
+        except TimeoutError:
+            ex.upstream_error = "upstream timed out"
+            if response is None:
+                ex.answer = json_error(
+                    504,
+                    "Tripwire: the upstream did not answer in time",
+                    "upstream_timeout",
+                    "upstream_timeout",
+                )
+        except aiohttp.ClientError as e:
+            ex.upstream_error = f"upstream connection failed: {type(e).__name__}: {e}"
+            if response is None:
+                ex.answer = json_error(
+                    502,
+                    f"Tripwire could not reach the upstream: {type(e).__name__}",
+                    "upstream_unreachable",
+                    "upstream_unreachable",
+                )
+        finally:
+            ex.upstream_done = time.monotonic()
+        if response is not None and not ex.extra.get("client_disconnected"):
+            try:
+                await response.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                ex.extra["client_disconnected"] = True

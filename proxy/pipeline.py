@@ -1,0 +1,63 @@
+"""The request pipeline: an ordered list of stages, one concern each (as mitmproxy's addons).
+
+Each stage may implement `request(ex)` (before the upstream; a guard answers by setting
+`ex.answer`, and later stages' `request` hooks are skipped) and `finish(ex)` (always, once the
+client has its answer: write trace events, settle budgets, update breakers). `request` hooks run
+in list order and `finish` hooks unwind in reverse, like middleware: the record stage writes the
+call's event before the guards that ran before it write what they concluded from it. A failing stage marked `fail_open` is logged and skipped: a guard bug must
+not drop an agent's call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from proxy.exchange import Exchange
+
+log = logging.getLogger("tripwire.pipeline")
+
+
+class Stage(Protocol):
+    name: str
+    fail_open: bool
+
+    async def request(self, ex: Exchange) -> None: ...
+
+    async def finish(self, ex: Exchange) -> None: ...
+
+
+class BaseStage:
+    name = "stage"
+    fail_open = False
+
+    async def request(self, ex: Exchange) -> None:
+        return None
+
+    async def finish(self, ex: Exchange) -> None:
+        return None
+
+
+class Pipeline:
+    def __init__(self, stages: list[Stage]) -> None:
+        self.stages = stages
+
+    async def run(self, ex: Exchange) -> None:
+        ran: list[Stage] = []
+        try:
+            for stage in self.stages:
+                if ex.answer is not None or ex.response is not None:
+                    break
+                ran.append(stage)
+                try:
+                    await stage.request(ex)
+                except Exception:
+                    if not stage.fail_open:
+                        raise
+                    log.exception("stage %s failed on request; carrying on (fail open)", stage.name)
+        finally:
+            for stage in reversed(ran):
+                try:
+                    await stage.finish(ex)
+                except Exception:
+                    log.exception("stage %s failed on finish", stage.name)

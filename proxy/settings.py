@@ -1,0 +1,277 @@
+"""Process settings and the static configuration sources.
+
+Precedence, highest first (SPEC §5.4): CLI flags, `TRIPWIRE_*` environment variables, the
+`--config` file or else the project YAML `.tripwire/config.yaml`, the user YAML
+`~/.tripwire/config.yaml`, built-in defaults. Sources are merged key by key (a CLI flag overrides
+one field, not a whole section); the guard sections are validated as one `GuardConfig` at the end,
+and every error names the field and the source it came from.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
+
+from proxy.guards.config import GuardConfig
+
+GUARD_SECTIONS = ("loop_detection", "budget", "limits", "circuit_breaker")
+DEFAULT_UPSTREAM = "https://api.openai.com"
+
+
+class ConfigError(ValueError):
+    """A configuration source is invalid; the message names the field."""
+
+
+class UpstreamConfig(BaseModel):
+    """An upstream: its URL and, optionally, where its real API key comes from.
+
+    With a key source the proxy replaces the agent's key with the upstream's own, so agents
+    in a pod need no real key (SPEC §2).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    # Anthropic-style upstreams take the key in x-api-key; OpenAI-style in Authorization.
+    auth_header: Literal["authorization", "x-api-key", "api-key"] = "authorization"
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL, got {v!r}")
+        return v.rstrip("/")
+
+    def api_key(self) -> str | None:
+        """Read the key at call time, so a rotated Secret file is picked up without a restart."""
+        if self.api_key_env:
+            return os.environ.get(self.api_key_env) or None
+        if self.api_key_file:
+            try:
+                return self.api_key_file.read_text().strip() or None
+            except OSError:
+                return None
+        return None
+
+
+class StdioServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    command: str
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class RetentionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_age_days: PositiveFloat | None = None
+    max_total_mb: PositiveFloat | None = None
+
+
+class Settings(BaseModel):
+    """Everything `tripwire serve` needs. Frozen: built once at start, validated as a whole."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = "127.0.0.1:8713"
+    admin_listen: str = "127.0.0.1:8714"
+    upstream: UpstreamConfig = UpstreamConfig(url=DEFAULT_UPSTREAM)
+    llm: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    mcp: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    mcp_stdio: dict[str, StdioServerConfig] = Field(default_factory=dict)
+    agent: str = "default"
+    data_dir: Path = Path("~/.tripwire")
+    admin_token: str | None = None
+
+    session_idle_timeout_s: PositiveFloat = 300
+    terminated_ttl_s: PositiveFloat = 24 * 3600
+    connect_timeout_s: PositiveFloat = 10
+    ttfb_timeout_s: PositiveFloat = 600
+    max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    drain_grace_s: float = Field(20, ge=0)
+    ca_bundle: Path | None = None
+
+    # trace store
+    max_field_bytes: PositiveInt = 20000
+    record_content: bool = True
+    record_full_prompts: bool = False
+    fsync: Literal["never", "run_end", "always"] = "run_end"
+    retention: RetentionConfig = RetentionConfig()
+
+    # pricing: model -> [input_per_1m_usd, output_per_1m_usd]
+    pricing_table: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+    # guards: the project default and whole-object agent overrides
+    guards: GuardConfig = GuardConfig()
+    agents: dict[str, GuardConfig] = Field(default_factory=dict)
+    expose_guard_details: bool = True
+    alert_webhook: str | None = None
+    upstream_retries: int = Field(0, ge=0, le=10)
+    upstream_retry_base_s: PositiveFloat = 0.5
+
+    @field_validator("listen", "admin_listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    def upstreams(self, kind: Literal["llm", "mcp"]) -> dict[str, UpstreamConfig]:
+        return dict(self.llm) if kind == "llm" else dict(self.mcp)
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ---- sources -----------------------------------------------------------------------------------
+
+# Scalar settings readable from the environment: TRIPWIRE_<NAME>.
+ENV_FIELDS = (
+    "listen",
+    "admin_listen",
+    "agent",
+    "data_dir",
+    "admin_token",
+    "session_idle_timeout_s",
+    "terminated_ttl_s",
+    "connect_timeout_s",
+    "ttfb_timeout_s",
+    "max_body_bytes",
+    "drain_grace_s",
+    "ca_bundle",
+    "max_field_bytes",
+    "record_content",
+    "record_full_prompts",
+    "fsync",
+    "expose_guard_details",
+    "alert_webhook",
+    "upstream_retries",
+)
+# Friendlier aliases documented in the README.
+ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}
+
+
+def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ENV_FIELDS:
+        key = f"TRIPWIRE_{name.upper()}"
+        if key in environ:
+            out[name] = environ[key]
+    for key, name in ENV_ALIASES.items():
+        if key in environ:
+            out[name] = environ[key]
+    return out
+
+
+def yaml_source(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return normalise_file(data)
+
+
+def normalise_file(data: dict[str, Any]) -> dict[str, Any]:
+    """Accept the LangSight shape: guard sections at the top level form the project default."""
+    data = dict(data)
+    guards = dict(data.pop("guards", None) or {})
+    for section in GUARD_SECTIONS:
+        if section in data:
+            guards[section] = data.pop(section)
+    if guards:
+        data["guards"] = guards
+    if isinstance(data.get("upstream"), str):
+        data["upstream"] = {"url": data["upstream"]}
+    for kind in ("llm", "mcp"):
+        if isinstance(data.get(kind), dict):
+            data[kind] = {k: ({"url": v} if isinstance(v, str) else v) for k, v in data[kind].items()}
+    if isinstance(data.get("mcp_stdio"), dict):
+        data["mcp_stdio"] = {
+            k: ({"command": v} if isinstance(v, str) else v) for k, v in data["mcp_stdio"].items()
+        }
+    return data
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_settings(
+    cli: dict[str, Any],
+    *,
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    home: Path | None = None,
+) -> Settings:
+    """Merge every static source and validate once; raise ConfigError naming the bad field."""
+    environ = os.environ if environ is None else environ
+    cwd = cwd or Path.cwd()
+    home = home or Path.home()
+    layers: list[tuple[str, dict[str, Any]]] = []
+    user_file = home / ".tripwire" / "config.yaml"
+    if user_file.is_file():
+        layers.append((str(user_file), yaml_source(user_file)))
+    project_file = config_file or (cwd / ".tripwire" / "config.yaml")
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"--config {config_file}: no such file")
+    if project_file.is_file():
+        layers.append((str(project_file), yaml_source(project_file)))
+    layers.append(("environment", normalise_file(env_source(environ))))
+    layers.append(("command line", normalise_file(cli)))
+
+    merged: dict[str, Any] = {}
+    for _, layer in layers:
+        merged = deep_merge(merged, layer)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, sources=[name for name, _ in layers])) from e
+
+
+def format_validation_error(e: ValidationError, sources: list[str] | None = None) -> str:
+    lines = []
+    for err in e.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{field}: {err['msg']}")
+    where = f" (sources: {', '.join(sources)})" if sources else ""
+    return "invalid configuration" + where + ":\n  " + "\n  ".join(lines)

@@ -1,0 +1,83 @@
+"""The pipeline stages shared by LLM and MCP traffic: session, forward, record."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from proxy.exchange import Exchange
+from proxy.forward import request_headers
+from proxy.guards.decision import Action, Decision
+from proxy.pipeline import BaseStage
+from proxy.routing import join_upstream
+from proxy.sessions import Refused
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
+
+
+class SessionStage(BaseStage):
+    """Attach the call to its session (one AgentDbg run), starting the run on its first call.
+
+    Only calls Tripwire records (a protocol adapter parsed them) open a session: listing models
+    does not start an empty run. A terminated session refuses every later call.
+    """
+
+    name = "session"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def request(self, ex: Exchange) -> None:
+        if ex.protocol is None:
+            return
+        opened = self.engine.open_session(ex.route.agent, ex.route.session)
+        if isinstance(opened, Refused):
+            decision = Decision(
+                Action.TERMINATE,
+                guard="session_terminated",
+                message="this session was terminated by a guard; start a new session",
+            )
+            ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")
+            self.engine.metrics.observe_decision(decision.guard, "terminate")
+            return
+        ex.session = opened
+        opened.inflight += 1
+
+    async def finish(self, ex: Exchange) -> None:
+        if ex.session is not None:
+            ex.session.inflight -= 1
+            ex.session.last_seen = time.monotonic()
+
+
+class ForwardStage(BaseStage):
+    """Send the call upstream and relay the answer; then let the protocol read the result."""
+
+    name = "forward"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def request(self, ex: Exchange) -> None:
+        route = ex.route
+        upstream = self.engine.upstream(route.kind, route.upstream)
+        url = join_upstream(upstream.url, route.path, ex.request.query_string)
+        headers = request_headers(ex.request.headers, upstream, identity_encoding=ex.protocol is not None)
+        body = ex.upstream_body if ex.upstream_body is not None else ex.body
+        await self.engine.forwarder.forward(ex, url, headers, body)
+        if ex.protocol is not None and hasattr(ex.protocol, "after_forward"):
+            ex.protocol.after_forward(ex)
+
+
+class RecordStage(BaseStage):
+    """Write what the call did to the trace (the protocol adapter knows the events)."""
+
+    name = "record"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def finish(self, ex: Exchange) -> None:
+        self.engine.observe_request(ex)
+        if ex.protocol is not None and ex.session is not None:
+            ex.protocol.record(ex, self.engine)
