@@ -1,0 +1,235 @@
+"""Budgets and limits of one session (SPEC §5.2): cost, tokens, time and call counts.
+
+Every forwarded call first takes a `Reservation` (its estimated cost and tokens, and one call of
+its kind) and holds it until its answer `settle()`s it to the real numbers, or `release()` gives it
+back when the call never reached the upstream. A call is refused when what is settled plus what
+*other* calls in flight have reserved has reached a limit, so N concurrent calls cannot all slip
+past a limit together, while one call at a time still stops at the first call after the spend
+reached it (LangSight). Count limits (AgentDbg max_llm_calls / max_tool_calls / max_events and
+LangSight max_steps) refuse the call that would be the N+1-th, before it is forwarded.
+
+Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.guards.config import BudgetConfig, LimitsConfig
+from proxy.guards.decision import ALLOW, Action, Decision
+
+CallKind = Literal["llm", "tool"]
+TAG_EXCEEDED = "budget_exceeded"
+TAG_WARNING = "budget_warning"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: int
+    kind: CallKind
+    usd: float
+    tokens: int
+
+
+class SessionBudget:
+    """Spend, tokens, counts and elapsed time of one session, held against its config."""
+
+    def __init__(
+        self,
+        budget: BudgetConfig,
+        limits: LimitsConfig,
+        max_steps: int | None = None,
+        started_at: float = 0.0,
+    ) -> None:
+        self.budget = budget
+        self.limits = limits
+        self.max_steps = max_steps
+        self.started_at = started_at
+        self.cost_usd = 0.0  # settled
+        self.tokens = 0  # settled
+        self.llm_calls = 0  # forwarded and settled
+        self.tool_calls = 0
+        self.events = 0
+        self.soft_alerted = False
+        self._inflight: dict[int, Reservation] = {}
+        self._ids = itertools.count(1)
+
+    def configure(self, budget: BudgetConfig, limits: LimitsConfig, max_steps: int | None) -> None:
+        """A config change (admin API) applies from the next call; what was spent stays spent."""
+        self.budget, self.limits, self.max_steps = budget, limits, max_steps
+
+    # -- before a call ---------------------------------------------------------------------------
+
+    def check(
+        self, kind: CallKind, estimate_usd: float, now: float, *, estimate_tokens: int = 0
+    ) -> tuple[Decision, Reservation | None]:
+        """Can this call go? ALLOW with a reservation, or TERMINATE naming the guard that fired."""
+        refusal = self._refusal(kind, now)
+        if refusal is not None:
+            return refusal, None
+        res = Reservation(next(self._ids), kind, max(0.0, estimate_usd), max(0, estimate_tokens))
+        self._inflight[res.id] = res
+        return ALLOW, res
+
+    def _inflight_sum(self) -> tuple[float, int, int, int]:
+        usd = tokens = llm = tool = 0
+        for r in self._inflight.values():
+            usd += r.usd
+            tokens += r.tokens
+            if r.kind == "llm":
+                llm += 1
+            else:
+                tool += 1
+        return float(usd), int(tokens), llm, tool
+
+    def _refusal(self, kind: CallKind, now: float) -> Decision | None:
+        b, lim = self.budget, self.limits
+        elapsed = now - self.started_at
+        usd, tokens, llm_inflight, tool_inflight = self._inflight_sum()
+
+        if b.max_wall_time_seconds is not None and elapsed > b.max_wall_time_seconds:
+            return _stop(
+                "max_wall_time_seconds",
+                f"session wall time {elapsed:.1f}s exceeded {b.max_wall_time_seconds}s",
+                b.max_wall_time_seconds,
+                round(elapsed, 3),
+                budget=True,
+            )
+        if b.max_cost_usd is not None and self.cost_usd + usd >= b.max_cost_usd:
+            spent = round(self.cost_usd + usd, 6)
+            return _stop(
+                "max_cost_usd",
+                f"session cost ${spent:.4f} reached the ${b.max_cost_usd:.4f} budget",
+                b.max_cost_usd,
+                spent,
+                budget=True,
+            )
+        if b.max_tokens is not None and self.tokens + tokens >= b.max_tokens:
+            used = self.tokens + tokens
+            return _stop(
+                "max_tokens",
+                f"session used {used} tokens, budget {b.max_tokens}",
+                b.max_tokens,
+                used,
+                budget=True,
+            )
+        if lim.max_duration_s is not None and elapsed >= lim.max_duration_s:
+            return _stop(
+                "max_duration_s",
+                f"elapsed {elapsed:.1f}s >= {lim.max_duration_s}s",
+                lim.max_duration_s,
+                round(elapsed, 3),
+            )
+        if kind == "llm" and lim.max_llm_calls is not None:
+            would_be = self.llm_calls + llm_inflight + 1
+            if would_be > lim.max_llm_calls:
+                return _stop(
+                    "max_llm_calls",
+                    f"LLM call {would_be} > max_llm_calls {lim.max_llm_calls}",
+                    lim.max_llm_calls,
+                    would_be,
+                )
+        if kind == "llm" and self.tool_calls > 0:
+            # function-calling tools run by the agent itself: the LLM request whose history holds
+            # the N+1-th one is the call refused
+            for guard, limit in (("max_tool_calls", lim.max_tool_calls), ("max_steps", self.max_steps)):
+                if limit is not None and self.tool_calls > limit:
+                    return _stop(
+                        guard, f"tool call {self.tool_calls} > {guard} {limit}", limit, self.tool_calls
+                    )
+        if kind == "tool":
+            would_be = self.tool_calls + tool_inflight + 1
+            if lim.max_tool_calls is not None and would_be > lim.max_tool_calls:
+                return _stop(
+                    "max_tool_calls",
+                    f"tool call {would_be} > max_tool_calls {lim.max_tool_calls}",
+                    lim.max_tool_calls,
+                    would_be,
+                )
+            if self.max_steps is not None and would_be > self.max_steps:
+                return _stop(
+                    "max_steps",
+                    f"tool call {would_be} > max_steps {self.max_steps}",
+                    self.max_steps,
+                    would_be,
+                )
+        if lim.max_events is not None:
+            # every forwarded call writes at least its own event
+            would_be = self.events + llm_inflight + tool_inflight + 1
+            if would_be > lim.max_events:
+                return _stop(
+                    "max_events",
+                    f"event {would_be} > max_events {lim.max_events}",
+                    lim.max_events,
+                    would_be,
+                )
+        return None
+
+    # -- after a call ----------------------------------------------------------------------------
+
+    def settle(
+        self, reservation: Reservation | None, cost_usd: float, tokens: int, now: float
+    ) -> list[Decision]:
+        """The call was answered: replace its estimate by the real cost; the soft alert fires once."""
+        if reservation is not None and self._inflight.pop(reservation.id, None) is not None:
+            if reservation.kind == "llm":
+                self.llm_calls += 1
+            else:
+                self.tool_calls += 1
+        self.cost_usd += max(0.0, cost_usd)
+        self.tokens += max(0, tokens)
+        soft = self.budget.soft_alert_threshold_usd
+        if soft is not None and not self.soft_alerted and self.cost_usd >= soft:
+            self.soft_alerted = True
+            return [
+                Decision(
+                    Action.WARN,
+                    "soft_alert_threshold_usd",
+                    f"session cost ${self.cost_usd:.4f} reached the ${soft:.4f} soft alert",
+                    threshold=soft,
+                    actual=round(self.cost_usd, 6),
+                    tags=(TAG_WARNING,),
+                )
+            ]
+        return []
+
+    def release(self, reservation: Reservation | None) -> None:
+        """The call never reached the upstream (refused later, or failed to connect): not counted."""
+        if reservation is not None:
+            self._inflight.pop(reservation.id, None)
+
+    def count_history_tool_calls(self, n: int) -> None:
+        """Function-calling tool calls first seen in an LLM request's history (not via MCP)."""
+        self.tool_calls += max(0, n)
+
+    def count_event(self, n: int = 1) -> None:
+        """One more trace event written for this session (for `max_events`)."""
+        self.events += n
+
+    def stats(self, now: float | None = None) -> dict[str, Any]:
+        usd, tokens, llm, tool = self._inflight_sum()
+        out: dict[str, Any] = {
+            "cost_usd": round(self.cost_usd, 6),
+            "tokens": self.tokens,
+            "llm_calls": self.llm_calls,
+            "tool_calls": self.tool_calls,
+            "events": self.events,
+            "in_flight": {"llm": llm, "tool": tool, "reserved_usd": round(usd, 6), "reserved_tokens": tokens},
+            "soft_alerted": self.soft_alerted,
+        }
+        if now is not None:
+            out["elapsed_s"] = round(now - self.started_at, 3)
+        return out
+
+
+def _stop(guard: str, message: str, threshold: Any, actual: Any, *, budget: bool = False) -> Decision:
+    return Decision(
+        Action.TERMINATE,
+        guard,
+        message,
+        threshold=threshold,
+        actual=actual,
+        tags=(TAG_EXCEEDED,) if budget else (),
+    )
