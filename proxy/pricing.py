@@ -1,0 +1,148 @@
+"""Model name + token usage → USD.
+
+Prices come from, in order: the config's `pricing_table` overrides, the offline snapshot of the
+`genai-prices` package (pinned, so a given trace always costs the same), and a fallback of
+$10 / 1M input and $30 / 1M output tokens for models neither knows. The fallback is never $0, so
+a typo or a private fine-tune cannot slip past `max_cost_usd` (LangSight's rule, SPEC §5.2).
+See docs/pricing.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import genai_prices
+from genai_prices import data_snapshot
+from genai_prices import types as gp_types
+
+from proxy.dialects.base import Usage
+
+FALLBACK_INPUT_PER_1M = 10.0
+FALLBACK_OUTPUT_PER_1M = 30.0
+# genai-prices has no snapshot-date field; this is the newest dated price observation in the
+# 0.2.3 data (a model "launched on Bedrock 2026-11-04"). tests/test_pricing.py fails when the
+# installed version changes, so the two are updated together.
+SNAPSHOT_VERSION = "0.2.3"
+SNAPSHOT_DATE = "2026-11-04"
+# Providers tried by id when a bare name matches no provider's naming pattern (embedding models,
+# for instance, are only found inside their provider).
+_PROVIDER_HINTS = ("openai", "anthropic", "google")
+
+_DATE_SUFFIX = re.compile(r"[-@](\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
+
+log = logging.getLogger("tripwire.pricing")
+
+
+@dataclass(frozen=True)
+class PriceQuote:
+    cost_usd: float
+    model: str  # the name that was priced (or, for the fallback, the name warned about)
+    known: bool  # False when the fallback price was used
+    source: str  # "override" | "genai-prices" | "fallback"
+    matched: str | None = None  # genai-prices model id, when priced from the package
+
+
+def name_variants(model: str) -> list[str]:
+    """The model, then without a date suffix, without a provider prefix, and without both."""
+    out = [model]
+    bare = model.rsplit("/", 1)[1] if "/" in model else model
+    for name in (_DATE_SUFFIX.sub("", model), bare, _DATE_SUFFIX.sub("", bare)):
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+class Pricing:
+    """Prices usage; one instance per app. Lookups are cached per model name."""
+
+    snapshot_version = SNAPSHOT_VERSION
+    snapshot_date = SNAPSHOT_DATE
+
+    def __init__(
+        self,
+        overrides: dict[str, tuple[float, float]] | None = None,
+        logger: logging.Logger = log,
+    ) -> None:
+        self._overrides = {name.lower(): (float(p[0]), float(p[1])) for name, p in (overrides or {}).items()}
+        self._log = logger
+        self._found: dict[str, tuple[gp_types.Provider, gp_types.ModelInfo] | None] = {}
+        self._warned: set[str] = set()
+
+    def cost(self, usage: Usage, models: list[str | None], at: datetime | None = None) -> PriceQuote:
+        """Price `usage`; `models` in priority order: response model first, then the request's.
+
+        `at` selects dated prices in the package (None = now).
+        """
+        names = [m for m in models if m]
+        candidates: list[str] = []
+        for name in names:
+            for variant in name_variants(name):
+                if variant not in candidates:
+                    candidates.append(variant)
+        for name in candidates:
+            rates = self._overrides.get(name.lower())
+            if rates is not None:
+                cost = _per_million(usage.prompt_tokens, usage.completion_tokens, rates)
+                return PriceQuote(cost, name, True, "override")
+        for name in candidates:
+            found = self._lookup(name)
+            if found is None:
+                continue
+            try:
+                cost = self._package_cost(usage, found, at)
+            except (ValueError, ArithmeticError, LookupError) as exc:  # bad usage numbers: fail open
+                self._log.debug("genai-prices failed for %s: %s", name, exc)
+                continue
+            return PriceQuote(cost, name, True, "genai-prices", found[1].id)
+        model = names[0] if names else "unknown"
+        cost = _per_million(
+            usage.prompt_tokens, usage.completion_tokens, (FALLBACK_INPUT_PER_1M, FALLBACK_OUTPUT_PER_1M)
+        )
+        if model not in self._warned:
+            self._warned.add(model)
+            self._log.warning(
+                'budget.unknown_model_cost_estimated model_id=%s estimated_cost_usd=%.6f hint="%s"',
+                model,
+                cost,
+                "Add this model to pricing_table to get accurate cost tracking",
+            )
+        return PriceQuote(cost, model, False, "fallback")
+
+    def _lookup(self, name: str) -> tuple[gp_types.Provider, gp_types.ModelInfo] | None:
+        key = name.lower()
+        if key in self._found:
+            return self._found[key]
+        snapshot = data_snapshot.get_snapshot()
+        found = None
+        for provider_id in (None, *_PROVIDER_HINTS):
+            try:
+                found = snapshot.find_provider_model(key, None, provider_id, None)
+                break
+            except LookupError:
+                continue
+        self._found[key] = found
+        return found
+
+    @staticmethod
+    def _package_cost(
+        usage: Usage, found: tuple[gp_types.Provider, gp_types.ModelInfo], at: datetime | None
+    ) -> float:
+        provider, model = found
+        prompt = max(usage.prompt_tokens, 0)
+        cache_read = min(max(usage.cached_tokens, 0), prompt)
+        cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
+        fields: dict[str, Any] = {"input_tokens": prompt, "output_tokens": max(usage.completion_tokens, 0)}
+        if cache_read:
+            fields["cache_read_tokens"] = cache_read
+        if cache_write:
+            fields["cache_write_tokens"] = cache_write
+        calc = model.calc_price(genai_prices.Usage(**fields), provider, genai_request_timestamp=at)
+        return float(calc.total_price)
+
+
+def _per_million(prompt_tokens: int, completion_tokens: int, rates: tuple[float, float]) -> float:
+    return (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1_000_000

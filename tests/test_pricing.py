@@ -1,0 +1,154 @@
+"""Pricing: package prices (checked against genai-prices itself), overrides, name variants, fallback."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import genai_prices
+import pytest
+
+from proxy.dialects.base import Usage
+from proxy.pricing import PriceQuote, Pricing, name_variants
+
+AT = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def package_price(model: str, at: datetime = AT, provider_id: str | None = None, **usage: int) -> float:
+    calc = genai_prices.calc_price(
+        genai_prices.Usage(**usage), model, provider_id=provider_id, genai_request_timestamp=at
+    )
+    return float(calc.total_price)
+
+
+def test_snapshot_is_the_pinned_package() -> None:
+    # SNAPSHOT_DATE in proxy/pricing.py describes this exact version: update both together
+    assert genai_prices.__version__ == Pricing.snapshot_version == "0.2.3"
+    assert Pricing.snapshot_date == "2026-11-04"
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4o-mini", "claude-sonnet-4-5", "gemini-2.5-pro"])
+def test_known_models_priced_from_the_package(model: str) -> None:
+    quote = Pricing().cost(Usage(prompt_tokens=1000, completion_tokens=500, total_tokens=1500), [model], AT)
+    assert quote.known and quote.source == "genai-prices" and quote.model == model
+    assert quote.cost_usd == pytest.approx(package_price(model, input_tokens=1000, output_tokens=500))
+    assert quote.cost_usd > 0
+
+
+def test_embedding_model_found_through_its_provider() -> None:
+    quote = Pricing().cost(Usage(prompt_tokens=10_000), ["text-embedding-3-small"], AT)
+    assert quote.known and quote.matched == "text-embedding-3-small"
+    assert quote.cost_usd == pytest.approx(
+        package_price("text-embedding-3-small", provider_id="openai", input_tokens=10_000)
+    )
+
+
+def test_unknown_model_fallback_is_exact_and_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+    pricing = Pricing()
+    with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
+        first = pricing.cost(Usage(prompt_tokens=1000, completion_tokens=500), ["my-custom-model"])
+        second = pricing.cost(Usage(prompt_tokens=2000, completion_tokens=0), ["my-custom-model"])
+    assert first == PriceQuote(0.025, "my-custom-model", False, "fallback")
+    assert second.cost_usd == pytest.approx(0.02)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "budget.unknown_model_cost_estimated model_id=my-custom-model estimated_cost_usd=0.025000 "
+        'hint="Add this model to pricing_table to get accurate cost tracking"'
+    ]
+    assert caplog.records[0].levelno == logging.WARNING
+
+
+def test_fallback_never_zero_and_warns_per_model(caplog: pytest.LogCaptureFixture) -> None:
+    pricing = Pricing()
+    with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
+        pricing.cost(Usage(prompt_tokens=1), ["a-model"])
+        pricing.cost(Usage(prompt_tokens=1), ["b-model"])
+        pricing.cost(Usage(prompt_tokens=1), ["a-model"])
+    assert len(caplog.records) == 2
+    assert pricing.cost(Usage(completion_tokens=1), ["a-model"]).cost_usd > 0
+
+
+def test_override_wins_over_package() -> None:
+    pricing = Pricing({"gpt-4o": (1.0, 2.0)})
+    quote = pricing.cost(Usage(prompt_tokens=1_000_000, completion_tokens=500_000), ["gpt-4o-2024-08-06"])
+    assert quote == PriceQuote(2.0, "gpt-4o", True, "override")
+
+
+def test_override_adds_a_model_case_insensitively() -> None:
+    pricing = Pricing({"My-Custom-Model": [0.5, 1.5]})  # YAML gives lists
+    quote = pricing.cost(Usage(prompt_tokens=2_000_000, completion_tokens=1_000_000), ["my-custom-model"])
+    assert quote.known and quote.cost_usd == pytest.approx(2.5)
+
+
+def test_response_model_first_then_request_model() -> None:
+    pricing = Pricing({"req-model": (1.0, 1.0), "resp-model": (2.0, 2.0)})
+    usage = Usage(prompt_tokens=1_000_000)
+    assert pricing.cost(usage, ["resp-model", "req-model"]).cost_usd == 2.0
+    assert pricing.cost(usage, [None, "req-model"]).cost_usd == 1.0
+    assert pricing.cost(usage, ["unknown-resp", "req-model"]).model == "req-model"
+
+
+@pytest.mark.parametrize(
+    ("name", "base"),
+    [
+        ("gpt-4o-2024-08-06", "gpt-4o"),
+        ("claude-3-5-sonnet-20241022", "claude-3-5-sonnet"),
+        ("openai/gpt-4o", "gpt-4o"),
+        ("anthropic/claude-sonnet-4-5", "claude-sonnet-4-5"),
+    ],
+)
+def test_dated_and_prefixed_names(name: str, base: str) -> None:
+    assert base in name_variants(name)
+    usage = Usage(prompt_tokens=1000, completion_tokens=500)
+    quote = Pricing().cost(usage, [name], AT)
+    assert quote.known
+    assert quote.cost_usd == pytest.approx(package_price(base, input_tokens=1000, output_tokens=500))
+
+
+def test_date_suffix_and_prefix_reach_an_override() -> None:
+    pricing = Pricing({"my-model": (1.0, 0.0)})
+    assert pricing.cost(Usage(prompt_tokens=10**6), ["acme/my-model-20250101"]).cost_usd == 1.0
+
+
+def test_openai_cached_tokens_priced_at_cache_rate() -> None:
+    usage = Usage(prompt_tokens=1000, completion_tokens=500, cached_tokens=800)
+    quote = Pricing().cost(usage, ["gpt-4o"], AT)
+    expected = package_price("gpt-4o", input_tokens=1000, output_tokens=500, cache_read_tokens=800)
+    assert quote.cost_usd == pytest.approx(expected)
+    # cheaper than the same tokens uncached
+    assert quote.cost_usd < package_price("gpt-4o", input_tokens=1000, output_tokens=500)
+
+
+def test_anthropic_cache_read_and_write() -> None:
+    usage = Usage(prompt_tokens=5000, completion_tokens=100, cached_tokens=3000, cache_creation_tokens=1500)
+    quote = Pricing().cost(usage, ["claude-sonnet-4-5"], AT)
+    expected = package_price(
+        "claude-sonnet-4-5",
+        input_tokens=5000,
+        output_tokens=100,
+        cache_read_tokens=3000,
+        cache_write_tokens=1500,
+    )
+    assert quote.cost_usd == pytest.approx(expected)
+    plain = package_price("claude-sonnet-4-5", input_tokens=5000, output_tokens=100)
+    assert quote.cost_usd != pytest.approx(plain)
+
+
+def test_inconsistent_cache_counts_are_clamped_not_raised() -> None:
+    quote = Pricing().cost(Usage(prompt_tokens=10, cached_tokens=50), ["gpt-4o"], AT)
+    assert quote.known
+    assert quote.cost_usd == pytest.approx(package_price("gpt-4o", input_tokens=10, cache_read_tokens=10))
+
+
+def test_no_model_name_uses_fallback() -> None:
+    quote = Pricing(logger=logging.getLogger("test.pricing")).cost(Usage(prompt_tokens=10**6), [])
+    assert quote == PriceQuote(10.0, "unknown", False, "fallback")
+
+
+def test_lookups_are_cached() -> None:
+    pricing = Pricing()
+    pricing.cost(Usage(prompt_tokens=1), ["gpt-4o", "nope-model"])
+    assert "gpt-4o" in pricing._found
+    found = pricing._found["gpt-4o"]
+    pricing.cost(Usage(prompt_tokens=1), ["gpt-4o"])
+    assert pricing._found["gpt-4o"] is found
