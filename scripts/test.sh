@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds every environment the suite needs and runs all of it, plus lint. Used by .ci/run.
+#   .venv        the main environment: tripwire[dev,browser] (mcp 2.x, openai, anthropic, playwright)
+#   .venv-mcp1   mcp<2 (FastMCP, streamablehttp_client, legacy SSE), whose pins clash with mcp 2.x
+#   .venv-mitm   mitmproxy, which pins its own dependencies tightly
+# Each pytest run must collect and pass tests: exit 5 (no tests) is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+QUIET=${QUIET:--q}
+
+make_env() {
+  local dir=$1; shift
+  if [ ! -x "$dir/bin/python" ]; then "$PY" -m venv "$dir"; fi
+  "$dir/bin/python" -m pip install $QUIET --disable-pip-version-check --upgrade pip >/dev/null
+  "$dir/bin/python" -m pip install $QUIET --disable-pip-version-check "$@"
+}
+
+run_pytest() {
+  local dir=$1; shift
+  local rc=0
+  "$dir/bin/python" -m pytest -p no:cacheprovider "$@" || rc=$?
+  if [ "$rc" -eq 5 ]; then echo "error: $dir collected no tests for: $*" >&2; return 1; fi
+  return "$rc"
+}
+
+ensure_chromium() {
+  if [ -x /usr/bin/chromium ]; then return 0; fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+}
+
+echo "== main environment"
+make_env .venv -e ".[dev,browser]"
+echo "== lint"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+ensure_chromium || echo "warning: chromium unavailable; browser tests will be skipped" >&2
+echo "== tests (main)"
+run_pytest .venv -m "not mcp1 and not mitm" "$@"
+
+echo "== mcp<2 environment"
+make_env .venv-mcp1 -e ".[test]" "mcp<2"
+run_pytest .venv-mcp1 -m mcp1 "$@"
+
+if [ -d addons ] && ls tests/test_mitm*.py >/dev/null 2>&1; then
+  echo "== mitmproxy environment"
+  make_env .venv-mitm -e ".[test,mitmproxy]"
+  run_pytest .venv-mitm -m mitm "$@"
+fi
+echo "== all test environments passed"
