@@ -1,0 +1,384 @@
+"""The admin listener's routes on a real aiohttp server (127.0.0.1), over runs written to disk."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.guard_store import FILE_NAME, GuardConfigStore
+from proxy.guards.config import GuardConfig
+from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
+from viewer.api import setup_admin
+
+Client = TestClient
+MakeClient = Callable[..., Awaitable[TestClient]]
+
+
+@pytest.fixture
+async def make_client(tmp_path: Path) -> Any:
+    clients: list[TestClient] = []
+
+    async def make(token: str | None = None) -> TestClient:
+        engine = FakeEngine(tmp_path, admin_token=token)
+        app = web.Application()
+        setup_admin(app, engine)
+        client = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        client.engine = engine  # type: ignore[attr-defined]
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+BAD_IDS = [
+    "not-a-uuid",
+    "..%2F..",
+    "..%2F..%2Fetc%2Fpasswd",
+    "..%5C..",
+    # uppercase and v1 UUIDs are not canonical v4 run ids
+    "3F2504E0-4F89-41D3-9A0C-0305E82C3301",
+    "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+]
+MISSING = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+
+
+async def test_runs_list_as_agentdbg(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    old = write_run(tmp_path, started=T0, cost=0.5, tokens=1200, tags=["loop_detected"])
+    new = write_run(tmp_path, started=T0 + timedelta(minutes=1), agent="writer", status="running")
+    r = await c.get("/api/runs")
+    assert r.status == 200
+    body = await r.json()
+    assert set(body) == {"spec_version", "runs"}  # no params: AgentDbg's exact shape
+    assert body["spec_version"] == "0.1"
+    assert [run["run_id"] for run in body["runs"]] == [new, old]
+    first = body["runs"][1]
+    assert first["counts"] == {"llm_calls": 2, "tool_calls": 1, "errors": 1, "loop_warnings": 1}
+    assert first["tripwire"]["agent_name"] == "research-agent"
+    assert first["tripwire"]["cost_usd"] == 0.5
+    assert first["tripwire"]["total_tokens"] == 1200
+    assert first["tripwire"]["health_tags"] == ["loop_detected"]
+
+
+async def test_runs_filters_and_paging(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    ids = [
+        write_run(
+            tmp_path,
+            started=T0 + timedelta(seconds=i),
+            agent="a" if i % 2 else "b",
+            tags=["x"] if i < 2 else [],
+        )
+        for i in range(5)
+    ]
+    write_run(tmp_path, started=T0 + timedelta(seconds=10), agent="a", status="running")
+    body = await (await c.get("/api/runs", params={"agent": "a", "status": "ok"})).json()
+    assert [r["run_id"] for r in body["runs"]] == [ids[3], ids[1]]
+    assert body["total"] == 2
+    body = await (await c.get("/api/runs", params={"tag": "x"})).json()
+    assert {r["run_id"] for r in body["runs"]} == {ids[0], ids[1]}
+    body = await (await c.get("/api/runs", params={"limit": 2, "offset": 1})).json()
+    assert [r["run_id"] for r in body["runs"]] == [ids[4], ids[3]]
+    assert (body["total"], body["offset"], body["limit"]) == (6, 1, 2)
+    r = await c.get("/api/runs", params={"limit": "many"})
+    assert r.status == 400
+    r = await c.get("/api/runs", params={"offset": "-1"})
+    assert r.status == 400
+
+
+async def test_run_meta_events_paths(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    run_id = write_run(tmp_path, cost=0.0032)
+    meta = await (await c.get(f"/api/runs/{run_id}")).json()
+    assert meta["run_id"] == run_id and meta["status"] == "ok"
+    assert meta["tripwire"]["session_id"].startswith("s-")
+
+    r = await c.get(f"/api/runs/{run_id}/events")
+    body = await r.json()
+    assert set(body) == {"spec_version", "run_id", "events"}
+    types = [e["event_type"] for e in body["events"]]
+    assert types == ["RUN_START", "LLM_CALL", "TOOL_CALL", "LLM_CALL", "LOOP_WARNING", "ERROR", "RUN_END"]
+
+    body = await (await c.get(f"/api/runs/{run_id}/events", params={"offset": 2, "limit": 2})).json()
+    assert [e["event_type"] for e in body["events"]] == ["TOOL_CALL", "LLM_CALL"]
+    assert (body["total"], body["offset"], body["limit"]) == (7, 2, 2)
+    body = await (await c.get(f"/api/runs/{run_id}/events", params={"offset": 50})).json()
+    assert body["events"] == [] and body["total"] == 7
+
+    paths = (await (await c.get(f"/api/runs/{run_id}/paths")).json())["paths"]
+    assert Path(paths["run_json"]) == tmp_path / "runs" / run_id / "run.json"
+    assert paths["events_jsonl"] == str(tmp_path / "runs" / run_id / "events.jsonl")
+
+    series = (await (await c.get(f"/api/runs/{run_id}/cost-series")).json())["points"]
+    assert [round(p["cost_usd"], 6) for p in series] == [0.0012, 0.0032]
+
+
+async def test_events_follow_a_growing_file(make_client: MakeClient, tmp_path: Path) -> None:
+    """The line index extends as the recorder appends; a half-written line is not served."""
+    c = await make_client()
+    run_id = write_run(tmp_path, status="running")
+    path = tmp_path / "runs" / run_id / "events.jsonl"
+    assert (await (await c.get(f"/api/runs/{run_id}/events", params={"limit": 100})).json())["total"] == 7
+    extra = many_events(run_id, 3)
+    with path.open("ab") as f:
+        f.write(orjson.dumps(extra[0]) + b"\n" + orjson.dumps(extra[1])[:20])
+    body = await (await c.get(f"/api/runs/{run_id}/events", params={"offset": 6})).json()
+    assert body["total"] == 8 and len(body["events"]) == 2
+    with path.open("ab") as f:
+        f.write(orjson.dumps(extra[1])[20:] + b"\n")
+    body = await (await c.get(f"/api/runs/{run_id}/events", params={"offset": 8})).json()
+    assert body["total"] == 9
+    assert body["events"][0]["event_id"] == extra[1]["event_id"]
+
+
+async def test_large_run_page_is_cheap(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    run_id = write_run(tmp_path, events=many_events("x", 20_000))
+    body = await (await c.get(f"/api/runs/{run_id}/events", params={"offset": 19_900, "limit": 200})).json()
+    assert body["total"] == 20_000
+    assert len(body["events"]) == 100
+    assert body["events"][-1]["payload"]["args"] == {"i": 19_999}
+    r = await c.get(f"/api/runs/{run_id}/events", params={"limit": 10**9})
+    assert (await r.json())["limit"] == 5000  # capped
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [
+        ("GET", ""),
+        ("GET", "/events"),
+        ("GET", "/paths"),
+        ("GET", "/cost-series"),
+        ("POST", "/rename"),
+        ("DELETE", ""),
+        ("POST", "/terminate"),
+        ("GET", "/guard-stats"),
+    ],
+)
+async def test_malformed_ids_are_400(
+    make_client: MakeClient, tmp_path: Path, bad: str, method: str, suffix: str
+) -> None:
+    c = await make_client()
+    write_run(tmp_path)
+    r = await c.request(method, f"/api/runs/{bad}{suffix}", json={"run_name": "x"})
+    assert r.status == 400, (bad, method, suffix, await r.text())
+    assert (await r.json())["detail"] == "invalid run_id"
+    r = await c.request(method, f"/api/runs/{MISSING}{suffix}", json={"run_name": "x"})
+    assert r.status == 404
+    assert (await r.json())["detail"] == "run not found"
+    assert (tmp_path / "runs").is_dir()
+
+
+async def test_rename_and_delete(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    run_id = write_run(tmp_path)
+    r = await c.post(f"/api/runs/{run_id}/rename", json={"run_name": "  nightly  "})
+    assert r.status == 200
+    assert (await r.json())["run_name"] == "nightly"
+    assert orjson.loads((tmp_path / "runs" / run_id / "run.json").read_bytes())["run_name"] == "nightly"
+    assert (await c.post(f"/api/runs/{run_id}/rename", json={"run_name": " "})).status == 400
+    assert (await c.post(f"/api/runs/{run_id}/rename", json={"name": "x"})).status == 422
+    assert (await c.post(f"/api/runs/{run_id}/rename", data=b"{oops")).status == 422
+
+    c.engine.live[run_id] = {"calls": 1}  # type: ignore[attr-defined]
+    assert (await c.delete(f"/api/runs/{run_id}")).status == 409
+    del c.engine.live[run_id]  # type: ignore[attr-defined]
+    r = await c.delete(f"/api/runs/{run_id}")
+    assert r.status == 204
+    assert not (tmp_path / "runs" / run_id).exists()
+    assert (await c.get(f"/api/runs/{run_id}")).status == 404
+
+
+async def test_terminate_and_guard_stats(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    run_id = write_run(tmp_path, status="running")
+    body = await (await c.get(f"/api/runs/{run_id}/guard-stats")).json()
+    assert body == {"run_id": run_id, "live": False, "stats": None}
+    assert (await c.post(f"/api/runs/{run_id}/terminate")).status == 409
+
+    c.engine.live[run_id] = {"llm_calls": 3, "cost_usd": 0.01}  # type: ignore[attr-defined]
+    body = await (await c.get(f"/api/runs/{run_id}/guard-stats")).json()
+    assert body["live"] is True and body["stats"]["llm_calls"] == 3
+    r = await c.post(f"/api/runs/{run_id}/terminate")
+    assert r.status == 200
+    assert await r.json() == {"run_id": run_id, "terminated": True}
+    assert c.engine.terminated == [run_id]  # type: ignore[attr-defined]
+
+
+LANGSIGHT_BODY = {
+    "loop_detection": {"enabled": True, "threshold": 3, "action": "terminate", "max_steps": 50},
+    "budget": {"max_cost_usd": 0.50, "soft_alert_threshold_usd": 0.40, "max_wall_time_seconds": 120},
+    "circuit_breaker": {
+        "enabled": True,
+        "open_after_failures": 5,
+        "cooldown_seconds": 30,
+        "half_open_max_calls": 3,
+    },
+}
+
+
+async def test_agent_prevention_config(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    url = "/api/agents/research-agent/prevention-config"
+    body = await (await c.get(url)).json()
+    assert body["agent_name"] == "research-agent"
+    assert body["is_agent_override"] is False
+    assert body["loop_detection"]["threshold"] == 5
+    assert set(body) >= {"loop_detection", "budget", "limits", "circuit_breaker"}
+
+    r = await c.put(url, json=LANGSIGHT_BODY)
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    assert body["is_agent_override"] is True
+    assert body["loop_detection"]["action"] == "terminate"
+    assert body["loop_detection"]["max_steps"] == 50
+    assert body["budget"]["max_cost_usd"] == 0.5
+    assert body["limits"]["max_llm_calls"] is None
+    assert (await (await c.get(url)).json()) == body
+    # persisted for the next start
+    saved = orjson.loads((tmp_path / FILE_NAME).read_bytes())
+    assert saved["agents"]["research-agent"]["loop_detection"]["threshold"] == 3
+    assert GuardConfigStore(tmp_path / FILE_NAME, GuardConfig(), {}).effective("research-agent")[1]
+    # effective for the engine's next call
+    cfg, is_override = c.engine.guard_store.effective("research-agent")  # type: ignore[attr-defined]
+    assert is_override and cfg.loop_detection.threshold == 3
+
+    # invalid: 422 naming the field, old config kept
+    bad = {**LANGSIGHT_BODY, "loop_detection": {"threshold": 1}}
+    r = await c.put(url, json=bad)
+    assert r.status == 422
+    err = await r.json()
+    assert "loop_detection.threshold" in err["message"]
+    assert err["detail"][0]["loc"] == ["loop_detection", "threshold"]
+    assert (await (await c.get(url)).json())["loop_detection"]["threshold"] == 3
+    assert (await c.put(url, data=b"not json")).status == 422
+    assert (await c.put(url, json=[1, 2])).status == 422
+
+    r = await c.delete(url)
+    assert r.status == 200
+    body = await r.json()
+    assert body["is_agent_override"] is False and body["loop_detection"]["threshold"] == 5
+
+
+async def test_project_prevention_config(make_client: MakeClient) -> None:
+    c = await make_client()
+    url = "/api/projects/prevention-config"
+    body = await (await c.get(url)).json()
+    assert body["agent_name"] is None and body["is_agent_override"] is False
+    r = await c.put(url, json={"budget": {"max_cost_usd": 2}})
+    assert r.status == 200
+    assert (await r.json())["budget"]["max_cost_usd"] == 2
+    agent = await (await c.get("/api/agents/any/prevention-config")).json()
+    assert agent["budget"]["max_cost_usd"] == 2 and agent["is_agent_override"] is False
+    r = await c.put(url, json={"budget": {"max_cost_usd": 1, "soft_alert_threshold_usd": 3}})
+    assert r.status == 422
+    assert "soft_alert_threshold_usd" in (await r.json())["message"]
+    body = await (await c.delete(url)).json()
+    assert body["budget"]["max_cost_usd"] is None
+
+
+async def test_agents_list(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    write_run(tmp_path, agent="research-agent", cost=0.25)
+    write_run(tmp_path, agent="research-agent", cost=0.5, status="running", started=T0 + timedelta(seconds=1))
+    write_run(tmp_path, agent="writer")
+    await c.put("/api/agents/configured-only/prevention-config", json=LANGSIGHT_BODY)
+    agents = {a["name"]: a for a in (await (await c.get("/api/agents")).json())["agents"]}
+    assert set(agents) == {"research-agent", "writer", "configured-only"}
+    assert agents["research-agent"]["runs"] == 2 and agents["research-agent"]["running"] == 1
+    assert agents["research-agent"]["cost_usd"] == pytest.approx(0.75)
+    assert agents["configured-only"]["is_agent_override"] is True
+    assert agents["writer"]["is_agent_override"] is False
+
+
+async def test_token_rule(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client(token="s3cret")
+    run_id = write_run(tmp_path)
+    for method, path in [
+        ("GET", "/api/runs"),
+        ("GET", f"/api/runs/{run_id}"),
+        ("GET", f"/api/runs/{run_id}/events"),
+        ("DELETE", f"/api/runs/{run_id}"),
+        ("GET", "/api/agents"),
+        ("PUT", "/api/projects/prevention-config"),
+        ("GET", "/api/agents/a/prevention-config"),
+    ]:
+        r = await c.request(method, path, json={})
+        assert r.status == 401, (method, path)
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        r = await c.request(method, path, json={}, headers={"Authorization": "Bearer wrong"})
+        assert r.status == 401
+    ok = {"Authorization": "Bearer s3cret"}
+    assert (await c.get("/api/runs", headers=ok)).status == 200
+    assert (await c.get(f"/api/runs/{run_id}/events", headers=ok)).status == 200
+    # open without a token: UI files, metrics, health
+    for path in ("/", "/static/app.js", "/static/styles.css", "/metrics", "/healthz", "/readyz"):
+        assert (await c.get(path)).status == 200, path
+    assert (tmp_path / "runs" / run_id).is_dir()
+
+
+async def test_cross_site_writes_refused(make_client: MakeClient, tmp_path: Path) -> None:
+    c = await make_client()
+    run_id = write_run(tmp_path)
+    url = "/api/agents/a/prevention-config"
+    r = await c.put(url, json=LANGSIGHT_BODY, headers={"Origin": "http://evil.example"})
+    assert r.status == 403
+    r = await c.delete(f"/api/runs/{run_id}", headers={"Sec-Fetch-Site": "cross-site"})
+    assert r.status == 403
+    r = await c.put(url, json=LANGSIGHT_BODY, headers={"Sec-Fetch-Site": "same-site"})
+    assert r.status == 403
+    assert (tmp_path / "runs" / run_id).is_dir()
+    assert not c.engine.guard_store.effective("a")[1]  # type: ignore[attr-defined]
+    # reads are not refused, and the UI's own same-origin writes pass
+    assert (await c.get("/api/runs", headers={"Sec-Fetch-Site": "cross-site"})).status == 200
+    origin = f"http://{c.host}:{c.port}"
+    r = await c.put(url, json=LANGSIGHT_BODY, headers={"Origin": origin, "Sec-Fetch-Site": "same-origin"})
+    assert r.status == 200
+
+
+async def test_metrics_endpoint(make_client: MakeClient) -> None:
+    c = await make_client(token="t")
+    c.engine.metrics.observe_request("llm", "default", 200, 0.5, 0.001)  # type: ignore[attr-defined]
+    r = await c.get("/metrics")
+    assert r.status == 200
+    assert r.headers["Content-Type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(await r.text())}
+    assert "tripwire_requests" in fams
+    assert "tripwire_upstream_latency_seconds" in fams
+
+
+async def test_health_and_ready(make_client: MakeClient) -> None:
+    c = await make_client()
+    body = await (await c.get("/healthz")).json()
+    assert body["status"] == "ok"
+    c.engine.store_health = {"ok": False, "write_errors": 4, "last_error": "No space left on device"}  # type: ignore[attr-defined]
+    r = await c.get("/healthz")
+    assert r.status == 200  # trace-store trouble never fails the probe
+    body = await r.json()
+    assert body["status"] == "degraded"
+    assert body["trace_store"]["last_error"] == "No space left on device"
+    assert (await c.get("/readyz")).status == 200
+    c.engine.ready = False  # type: ignore[attr-defined]
+    assert (await c.get("/readyz")).status == 503
+
+
+async def test_index_and_static(make_client: MakeClient) -> None:
+    c = await make_client()
+    r = await c.get("/")
+    assert r.status == 200
+    assert "text/html" in r.headers["Content-Type"]
+    assert "/static/app.js" in await r.text()
+    assert (await c.get("/static/../api.py")).status in (403, 404)
+    assert (await c.get("/static/%2e%2e/api.py")).status in (403, 404)

@@ -1,0 +1,445 @@
+"""The admin listener's routes: AgentDbg's run API, the guard API, metrics, health, the static UI.
+
+The run API answers as AgentDbg 0.3.0's viewer does (`{spec_version, runs}`, `{spec_version,
+run_id, events}`, 400 for a malformed id, 404 for a missing run, `{"detail": ...}` errors) so its
+UI and scripts work against Tripwire; what Tripwire adds is additive: a `tripwire` object per run,
+and filters and paging that only change the answer when their parameters are given.
+
+`setup_admin(app, engine)` reads from the engine: `data_dir`, `recorder`, `guard_store`,
+`metrics`, `admin_token`, `health()`, `await terminate_run(run_id) -> bool`,
+`guard_stats(run_id) -> dict | None` (None: no live session), and optionally `ready` (bool,
+default True) and `refresh_metrics()` (called before `/metrics` renders).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from proxy.appkeys import ENGINE
+from proxy.constants import SPEC_VERSION
+from proxy.guard_store import config_body, config_from_body, validation_message
+from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from viewer.runs import RunReader, is_valid_run_id
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+READER: web.AppKey[RunReader] = web.AppKey("tripwire_run_reader", RunReader)
+
+DEFAULT_RUNS_LIMIT = 50  # AgentDbg's list size
+MAX_RUNS_LIMIT = 1000
+MAX_EVENTS_LIMIT = 5000
+MAX_AGENT_NAME = 200
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _detail(status: int, detail: Any, **extra: Any) -> web.Response:
+    return _json({"detail": detail, **extra}, status=status)
+
+
+def _error(cls: type[web.HTTPException], detail: str) -> web.HTTPException:
+    """An HTTP error to raise from helpers, with AgentDbg's `{"detail": ...}` body."""
+    return cls(text=orjson.dumps({"detail": detail}).decode(), content_type="application/json")
+
+
+def _engine(request: web.Request) -> Any:
+    return request.app[ENGINE]
+
+
+def _reader(request: web.Request) -> RunReader:
+    return request.app[READER]
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+# --- token and cross-site checks ------------------------------------------------------------
+
+
+def _cross_site(request: web.Request) -> bool:
+    """A browser request sent by another site's page (CSRF), by Fetch metadata or Origin."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return True
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        return origin != f"{request.scheme}://{request.host}"
+    return False
+
+
+@web.middleware
+async def admin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bearer token on every /api/* call when one is set; no cross-site writes."""
+    if request.path.startswith("/api/"):
+        token = _engine(request).admin_token
+        if token:
+            auth = request.headers.get("Authorization", "")
+            given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(given.encode(), str(token).encode()):
+                resp = _detail(401, "admin token required: send Authorization: Bearer <token>")
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="tripwire"'
+                return resp
+        if request.method not in SAFE_METHODS and _cross_site(request):
+            return _detail(403, "cross-site request refused")
+    return await handler(request)
+
+
+# --- parameters -----------------------------------------------------------------------------
+
+
+def _int_param(request: web.Request, name: str, default: int | None, maximum: int) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _error(web.HTTPBadRequest, f"{name} must be an integer") from None
+    if value < 0:
+        raise _error(web.HTTPBadRequest, f"{name} must not be negative")
+    return min(value, maximum)
+
+
+def _run_id(request: web.Request) -> str:
+    """The path's run id, or a 400 answer: never used as a path before it is validated."""
+    run_id = request.match_info["run_id"]
+    if not is_valid_run_id(run_id):
+        raise _error(web.HTTPBadRequest, "invalid run_id")
+    return run_id
+
+
+async def _load_run(request: web.Request, run_id: str) -> dict[str, Any]:
+    try:
+        return await asyncio.to_thread(_reader(request).load_run, run_id)
+    except FileNotFoundError:
+        raise _error(web.HTTPNotFound, "run not found") from None
+
+
+# --- AgentDbg's run API (+ Tripwire fields) -------------------------------------------------
+
+
+def filter_runs(
+    runs: list[dict[str, Any]], agent: str | None, status: str | None, tag: str | None
+) -> list[dict[str, Any]]:
+    """Runs matching every filter given (agent name, run status, health tag)."""
+    out = []
+    for run in runs:
+        tw = run.get("tripwire") or {}
+        if agent and tw.get("agent_name") != agent:
+            continue
+        if status and run.get("status") != status:
+            continue
+        if tag and tag not in (tw.get("health_tags") or []):
+            continue
+        out.append(run)
+    return out
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    q = request.query
+    paged = any(k in q for k in ("limit", "offset", "agent", "status", "tag"))
+    limit = _int_param(request, "limit", DEFAULT_RUNS_LIMIT, MAX_RUNS_LIMIT) or 0
+    offset = _int_param(request, "offset", 0, 10**9) or 0
+    runs = await asyncio.to_thread(_reader(request).list_runs)
+    runs = filter_runs(runs, q.get("agent"), q.get("status"), q.get("tag"))
+    body: dict[str, Any] = {"spec_version": SPEC_VERSION, "runs": runs[offset : offset + limit]}
+    if paged:
+        body.update(total=len(runs), offset=offset, limit=limit)
+    return _json(body)
+
+
+async def get_run(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    meta = await _load_run(request, run_id)
+    meta["tripwire"] = await asyncio.to_thread(_reader(request).load_tripwire, run_id)
+    return _json(meta)
+
+
+async def get_events(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    await _load_run(request, run_id)
+    paged = "offset" in request.query or "limit" in request.query
+    offset = _int_param(request, "offset", 0, 10**9) or 0
+    limit = _int_param(request, "limit", None, MAX_EVENTS_LIMIT)
+    events, total = await asyncio.to_thread(_reader(request).read_events, run_id, offset, limit)
+    body: dict[str, Any] = {"spec_version": SPEC_VERSION, "run_id": run_id, "events": events}
+    if paged:
+        body.update(total=total, offset=offset, limit=limit)
+    return _json(body)
+
+
+async def get_cost_series(request: web.Request) -> web.Response:
+    """Cumulative LLM cost over time, thinned, for the run list's sparkline."""
+    run_id = _run_id(request)
+    await _load_run(request, run_id)
+    points = await asyncio.to_thread(_reader(request).cost_series, run_id)
+    return _json({"run_id": run_id, "points": [{"ts": ts, "cost_usd": c} for ts, c in points]})
+
+
+async def get_paths(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    try:
+        paths = await asyncio.to_thread(_reader(request).paths, run_id)
+    except FileNotFoundError:
+        return _detail(404, "run not found")
+    return _json({"spec_version": SPEC_VERSION, "run_id": run_id, "paths": paths})
+
+
+async def rename_run(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    try:
+        body = await request.json(loads=orjson.loads)
+    except ValueError:
+        return _detail(422, [{"loc": ["body"], "msg": "invalid JSON", "type": "json_invalid"}])
+    name = body.get("run_name") if isinstance(body, dict) else None
+    if not isinstance(name, str):
+        return _detail(422, [{"loc": ["body", "run_name"], "msg": "Field required", "type": "missing"}])
+    await _load_run(request, run_id)
+    name = name.strip()
+    if not name:
+        return _detail(400, "run_name must be non-empty")
+    recorder_rename = getattr(_engine(request).recorder, "rename_run", None)
+    if recorder_rename is not None:
+        # a live run's run.json is rewritten from the recorder's memory: rename it there
+        meta = await _maybe_await(recorder_rename(run_id, name))
+        if isinstance(meta, dict):
+            return _json(meta)
+        return _json(await _load_run(request, run_id))
+    return _json(await asyncio.to_thread(_reader(request).rename, run_id, name))
+
+
+async def delete_run(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    await _load_run(request, run_id)
+    if _engine(request).guard_stats(run_id) is not None:
+        return _detail(409, "run is live: terminate it first")
+    try:
+        await asyncio.to_thread(_reader(request).delete, run_id)
+    except FileNotFoundError:
+        return _detail(404, "run not found")
+    return web.Response(status=204)
+
+
+async def terminate_run(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    engine = _engine(request)
+    live = engine.guard_stats(run_id) is not None
+    if not live:
+        await _load_run(request, run_id)  # 404 for no run at all
+        return _detail(409, "run is not live")
+    ok = await engine.terminate_run(run_id)
+    if not ok:
+        return _detail(409, "run is not live")
+    return _json({"run_id": run_id, "terminated": True})
+
+
+async def guard_stats(request: web.Request) -> web.Response:
+    run_id = _run_id(request)
+    stats = _engine(request).guard_stats(run_id)
+    if stats is None:
+        await _load_run(request, run_id)
+    return _json({"run_id": run_id, "live": stats is not None, "stats": stats})
+
+
+# --- agents and the guard API (SPEC §5.4, LangSight's bodies) -------------------------------
+
+
+def _agent_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not name or len(name) > MAX_AGENT_NAME:
+        raise _error(web.HTTPBadRequest, "invalid agent name")
+    return name
+
+
+def _agent_config_body(engine: Any, name: str) -> dict[str, Any]:
+    store = engine.guard_store
+    cfg, is_override = store.effective(name)
+    return config_body(name, cfg, is_override, store.agent_source(name))
+
+
+def _project_config_body(engine: Any) -> dict[str, Any]:
+    store = engine.guard_store
+    return config_body(None, store.project(), False, store.project_source())
+
+
+async def _config_from_request(request: web.Request) -> Any:
+    """GuardConfig from the body, or a 422 answer naming the field (the old config stays)."""
+    try:
+        body = await request.json(loads=orjson.loads)
+    except ValueError:
+        return _detail(
+            422, [{"loc": ["body"], "msg": "invalid JSON", "type": "json_invalid"}], message="invalid JSON"
+        )
+    try:
+        return config_from_body(body)
+    except ValidationError as e:
+        errors = [{"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]} for err in e.errors()]
+        return _detail(422, errors, message=validation_message(e))
+
+
+async def get_agent_config(request: web.Request) -> web.Response:
+    return _json(_agent_config_body(_engine(request), _agent_name(request)))
+
+
+async def put_agent_config(request: web.Request) -> web.Response:
+    name = _agent_name(request)
+    cfg = await _config_from_request(request)
+    if isinstance(cfg, web.Response):
+        return cfg
+    engine = _engine(request)
+    await asyncio.to_thread(engine.guard_store.put_agent, name, cfg)
+    log.info("guard_config.agent_saved agent=%s", name)
+    return _json(_agent_config_body(engine, name))
+
+
+async def delete_agent_config(request: web.Request) -> web.Response:
+    name = _agent_name(request)
+    engine = _engine(request)
+    await asyncio.to_thread(engine.guard_store.delete_agent, name)
+    log.info("guard_config.agent_reset agent=%s", name)
+    return _json(_agent_config_body(engine, name))
+
+
+async def get_project_config(request: web.Request) -> web.Response:
+    return _json(_project_config_body(_engine(request)))
+
+
+async def put_project_config(request: web.Request) -> web.Response:
+    cfg = await _config_from_request(request)
+    if isinstance(cfg, web.Response):
+        return cfg
+    engine = _engine(request)
+    await asyncio.to_thread(engine.guard_store.put_project, cfg)
+    log.info("guard_config.project_saved")
+    return _json(_project_config_body(engine))
+
+
+async def delete_project_config(request: web.Request) -> web.Response:
+    engine = _engine(request)
+    await asyncio.to_thread(engine.guard_store.delete_project)
+    log.info("guard_config.project_reset")
+    return _json(_project_config_body(engine))
+
+
+def agents_overview(runs: list[dict[str, Any]], store: Any) -> list[dict[str, Any]]:
+    """Agents seen in runs plus configured ones, with run counts, spend and config source."""
+    seen: dict[str, dict[str, Any]] = {}
+    for run in runs:  # newest first
+        name = (run.get("tripwire") or {}).get("agent_name")
+        if not name:
+            continue
+        a = seen.setdefault(
+            name,
+            {"name": name, "runs": 0, "running": 0, "cost_usd": 0.0, "last_run_at": run.get("started_at")},
+        )
+        a["runs"] += 1
+        a["running"] += run.get("status") == "running"
+        a["cost_usd"] += float(run["tripwire"].get("cost_usd") or 0.0)
+    for name in store.configured_agents():
+        seen.setdefault(name, {"name": name, "runs": 0, "running": 0, "cost_usd": 0.0, "last_run_at": None})
+    out = []
+    for name in sorted(seen):
+        _, is_override = store.effective(name)
+        out.append({**seen[name], "is_agent_override": is_override, "source": store.agent_source(name)})
+    return out
+
+
+async def list_agents(request: web.Request) -> web.Response:
+    runs = await asyncio.to_thread(_reader(request).list_runs)
+    return _json({"agents": agents_overview(runs, _engine(request).guard_store)})
+
+
+# --- metrics, health, UI --------------------------------------------------------------------
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine = _engine(request)
+    refresh = getattr(engine, "refresh_metrics", None)
+    if refresh is not None:
+        await _maybe_await(refresh())
+    resp = web.Response(body=engine.metrics.render())
+    resp.headers["Content-Type"] = METRICS_CONTENT_TYPE
+    return resp
+
+
+def _store_ok(store: Any) -> bool:
+    """Whether the trace store's report says it writes fine (an `ok`/`healthy` flag, else no error)."""
+    if not isinstance(store, dict):
+        return True
+    for key in ("ok", "healthy"):
+        if key in store:
+            return bool(store[key])
+    return not store.get("last_error")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Always 200 while the process runs; trace-store trouble is reported, never fatal."""
+    try:
+        report = dict(_engine(request).health())
+    except Exception as e:  # a health probe must not fail because a report did
+        log.exception("healthz.report_failed")
+        report = {"trace_store": {"ok": False, "error": str(e)}}
+    store = report.get("trace_store", {})
+    return _json({**report, "status": "ok" if _store_ok(store) else "degraded", "trace_store": store})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if getattr(_engine(request), "ready", True):
+        return _json({"status": "ready"})
+    return _json({"status": "starting"}, status=503)
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def favicon(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "favicon.svg", headers={"Cache-Control": "max-age=3600"})
+
+
+def setup_admin(app: web.Application, engine: Any) -> None:
+    """Add the admin routes and the token/cross-site middleware to `app` (before it starts)."""
+    if ENGINE not in app:
+        app[ENGINE] = engine
+    app[READER] = RunReader(Path(engine.data_dir))
+    app.middlewares.append(admin_guard)
+    r = app.router
+    r.add_get("/api/runs", list_runs)
+    r.add_get("/api/runs/{run_id}", get_run)
+    r.add_delete("/api/runs/{run_id}", delete_run)
+    r.add_get("/api/runs/{run_id}/events", get_events)
+    r.add_get("/api/runs/{run_id}/paths", get_paths)
+    r.add_get("/api/runs/{run_id}/cost-series", get_cost_series)
+    r.add_post("/api/runs/{run_id}/rename", rename_run)
+    r.add_post("/api/runs/{run_id}/terminate", terminate_run)
+    r.add_get("/api/runs/{run_id}/guard-stats", guard_stats)
+    r.add_get("/api/agents", list_agents)
+    r.add_get("/api/agents/{name}/prevention-config", get_agent_config)
+    r.add_put("/api/agents/{name}/prevention-config", put_agent_config)
+    r.add_delete("/api/agents/{name}/prevention-config", delete_agent_config)
+    r.add_get("/api/projects/prevention-config", get_project_config)
+    r.add_put("/api/projects/prevention-config", put_project_config)
+    r.add_delete("/api/projects/prevention-config", delete_project_config)
+    r.add_get("/metrics", metrics)
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/", index)
+    r.add_get("/favicon.svg", favicon)
+    r.add_static("/static/", STATIC_DIR, append_version=False)

@@ -1,0 +1,277 @@
+"""Read side of the trace store for the viewer: run lists with Tripwire fields, paged events.
+
+The viewer polls every few seconds and a run may hold 100,000 events, so nothing here re-reads
+what it has already read: run metadata is cached by file mtime, and each run's events.jsonl gets a
+byte-offset index of its complete lines (extended as the file grows), so a page is one seek and
+`limit` line parses. The same pass keeps the run's cumulative LLM cost for the sparkline.
+Sync file I/O: the API calls these through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.constants import EVENTS_JSONL, RUN_JSON, RUNS_DIR, TRIPWIRE_JSON
+
+log = logging.getLogger(__name__)
+
+_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+MAX_INDEXED_RUNS = 32
+
+
+def is_valid_run_id(run_id: str) -> bool:
+    """Canonical lowercase UUIDv4 only: never a path segment, never traversal."""
+    return bool(_UUID4.match(run_id))
+
+
+@dataclass
+class _EventIndex:
+    """Byte offsets of the complete lines of one events.jsonl, plus cumulative cost points."""
+
+    inode: int = -1
+    scanned: int = 0  # bytes covered by complete lines
+    offsets: array = field(default_factory=lambda: array("q"))
+    cost: float = 0.0
+    cost_points: list[tuple[str, float]] = field(default_factory=list)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def run_summary(tw: dict[str, Any] | None) -> dict[str, Any]:
+    """The Tripwire fields a run list shows, from tripwire.json (missing file -> empty values)."""
+    tw = tw or {}
+    tokens = tw.get("tokens")
+    if isinstance(tokens, dict):
+        total = tokens.get("total_tokens")
+        if total is None:
+            total = int(tokens.get("prompt_tokens") or 0) + int(tokens.get("completion_tokens") or 0)
+    else:
+        total = tokens
+    return {
+        **tw,
+        "agent_name": tw.get("agent_name"),
+        "session_id": tw.get("session_id"),
+        "cost_usd": tw.get("cost_usd") or 0.0,
+        "total_tokens": int(total or 0),
+        "health_tags": list(tw.get("health_tags") or []),
+    }
+
+
+class RunReader:
+    """Runs under `<data_dir>/runs`; thread-safe; caches keyed by what is on disk."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.base = Path(data_dir) / RUNS_DIR
+        self._lock = threading.Lock()
+        self._meta: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+        self._indexes: OrderedDict[str, _EventIndex] = OrderedDict()
+
+    def run_dir(self, run_id: str) -> Path:
+        if not is_valid_run_id(run_id):
+            raise ValueError("invalid run_id")
+        path = self.base / run_id
+        if not path.resolve().is_relative_to(self.base.resolve()):
+            raise ValueError("invalid run_id")
+        return path
+
+    def paths(self, run_id: str) -> dict[str, str]:
+        d = self.run_dir(run_id)
+        if not (d / RUN_JSON).is_file():
+            raise FileNotFoundError(run_id)
+        return {"run_dir": str(d), "run_json": str(d / RUN_JSON), "events_jsonl": str(d / EVENTS_JSONL)}
+
+    # --- run metadata ------------------------------------------------------------------------
+
+    def load_run(self, run_id: str) -> dict[str, Any]:
+        """run.json as written (AgentDbg's fields); FileNotFoundError when there is none."""
+        meta = _read_json(self.run_dir(run_id) / RUN_JSON)
+        if meta is None:
+            raise FileNotFoundError(run_id)
+        return meta
+
+    def load_tripwire(self, run_id: str) -> dict[str, Any]:
+        return run_summary(_read_json(self.run_dir(run_id) / TRIPWIRE_JSON))
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every run, newest first: run.json plus a `tripwire` object."""
+        try:
+            entries = [e for e in os.scandir(self.base) if e.is_dir() and is_valid_run_id(e.name)]
+        except FileNotFoundError:
+            return []
+        out = []
+        seen = set()
+        for e in entries:
+            d = Path(e.path)
+            key = (_mtime(d / RUN_JSON), _mtime(d / TRIPWIRE_JSON))
+            if key[0] == 0:
+                continue
+            seen.add(e.name)
+            cached = self._meta.get(e.name)
+            if cached is None or cached[0] != key:
+                meta = _read_json(d / RUN_JSON)
+                if meta is None:
+                    continue
+                merged = {**meta, "tripwire": run_summary(_read_json(d / TRIPWIRE_JSON))}
+                cached = (key, merged)
+                with self._lock:
+                    self._meta[e.name] = cached
+            out.append(cached[1])
+        with self._lock:
+            for gone in set(self._meta) - seen:
+                del self._meta[gone]
+        out.sort(key=lambda m: str(m.get("started_at") or ""), reverse=True)
+        return out
+
+    def rename(self, run_id: str, run_name: str) -> dict[str, Any]:
+        path = self.run_dir(run_id) / RUN_JSON
+        meta = self.load_run(run_id)
+        meta["run_name"] = run_name
+        _atomic_write_json(path, meta)
+        return meta
+
+    def delete(self, run_id: str) -> None:
+        d = self.run_dir(run_id)
+        if not d.is_dir():
+            raise FileNotFoundError(run_id)
+        shutil.rmtree(d)
+        with self._lock:
+            self._meta.pop(run_id, None)
+            self._indexes.pop(run_id, None)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _index(self, run_id: str) -> tuple[_EventIndex, Path]:
+        """Bring the run's line index up to date with the file; caller holds the lock."""
+        path = self.run_dir(run_id) / EVENTS_JSONL
+        idx = self._indexes.get(run_id)
+        if idx is None:
+            idx = _EventIndex()
+            self._indexes[run_id] = idx
+            while len(self._indexes) > MAX_INDEXED_RUNS:
+                self._indexes.popitem(last=False)
+        else:
+            self._indexes.move_to_end(run_id)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self._indexes[run_id] = _EventIndex()
+            return self._indexes[run_id], path
+        if st.st_ino != idx.inode or st.st_size < idx.scanned:
+            idx = _EventIndex(inode=st.st_ino)
+            self._indexes[run_id] = idx
+        if st.st_size > idx.scanned:
+            self._extend(idx, path, st.st_size)
+        return idx, path
+
+    @staticmethod
+    def _extend(idx: _EventIndex, path: Path, size: int) -> None:
+        with open(path, "rb") as f:
+            f.seek(idx.scanned)
+            chunk = f.read(size - idx.scanned)
+        pos = 0
+        while True:
+            nl = chunk.find(b"\n", pos)
+            if nl < 0:
+                break  # a line still being written is left for the next call
+            line = chunk[pos:nl]
+            if line.strip():
+                idx.offsets.append(idx.scanned + pos)
+                if b'"LLM_CALL"' in line:
+                    _add_cost(idx, line)
+            pos = nl + 1
+        idx.scanned += pos
+
+    def count_events(self, run_id: str) -> int:
+        with self._lock:
+            idx, _ = self._index(run_id)
+            return len(idx.offsets)
+
+    def read_events(self, run_id: str, offset: int = 0, limit: int | None = None) -> tuple[list[dict], int]:
+        """Events [offset, offset+limit) in write order, and how many the run has in total."""
+        with self._lock:
+            idx, path = self._index(run_id)
+            total = len(idx.offsets)
+            end = total if limit is None else min(total, offset + limit)
+            if offset >= end:
+                return [], total
+            start_byte = idx.offsets[offset]
+            end_byte = idx.offsets[end] if end < total else idx.scanned
+        with open(path, "rb") as f:
+            f.seek(start_byte)
+            data = f.read(end_byte - start_byte)
+        events = []
+        for n, line in enumerate(data.split(b"\n")):
+            if not line.strip():
+                continue
+            try:
+                events.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                log.warning("viewer.corrupt_event_line run_id=%s line=%d", run_id, offset + n + 1)
+        return events, total
+
+    def cost_series(self, run_id: str, max_points: int = 120) -> list[tuple[str, float]]:
+        """Cumulative LLM cost after each LLM_CALL, thinned to at most `max_points` (last kept)."""
+        with self._lock:
+            idx, _ = self._index(run_id)
+            points = list(idx.cost_points)
+        if len(points) <= max_points:
+            return points
+        step = len(points) / max_points
+        thinned = [points[int(i * step)] for i in range(max_points - 1)]
+        thinned.append(points[-1])
+        return thinned
+
+
+def _add_cost(idx: _EventIndex, line: bytes) -> None:
+    try:
+        ev = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(ev, dict) or ev.get("event_type") != "LLM_CALL":
+        return
+    payload = ev.get("payload") or {}
+    cost = payload.get("cost_usd") if isinstance(payload, dict) else None
+    if isinstance(cost, int | float):
+        idx.cost += float(cost)
+    idx.cost_points.append((str(ev.get("ts") or ""), round(idx.cost, 9)))
