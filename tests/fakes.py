@@ -60,7 +60,9 @@ class FakeUpstream:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw
-        self.seen.append(Seen(request.method, request.path, request.query_string, dict(request.headers), body))
+        self.seen.append(
+            Seen(request.method, request.path, request.query_string, dict(request.headers), body)
+        )
         return body
 
     def calls(self, path: str) -> list[Seen]:
@@ -73,7 +75,9 @@ class FakeUpstream:
         reply = self.next_reply()
         model = reply.model or body.get("model", "gpt-4o-mini")
         if reply.status >= 400:
-            return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=reply.status)
+            return web.json_response(
+                {"error": {"message": "boom", "type": "server_error"}}, status=reply.status
+            )
         usage = {
             "prompt_tokens": reply.prompt_tokens,
             "completion_tokens": reply.completion_tokens,
@@ -106,7 +110,9 @@ class FakeUpstream:
                 "object": "chat.completion.chunk",
                 "created": 1700000000,
                 "model": model,
-                "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                "choices": []
+                if delta is None
+                else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
             }
             if include_usage:
                 c["usage"] = None
@@ -117,7 +123,18 @@ class FakeUpstream:
             events.append(chunk({"content": piece}))
         for idx, (cid, name, args) in enumerate(reply.tool_calls):
             events.append(
-                chunk({"tool_calls": [{"index": idx, "id": cid, "type": "function", "function": {"name": name, "arguments": ""}}]})
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": idx,
+                                "id": cid,
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             )
             for piece in _pieces(json.dumps(args)):
                 events.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": piece}}]}))
@@ -126,7 +143,9 @@ class FakeUpstream:
             last = chunk(None)
             last["usage"] = usage
             events.append(last)
-        return await self._sse(request, [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"], reply)
+        return await self._sse(
+            request, [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"], reply
+        )
 
     async def _sse(self, request: web.Request, frames: list[str], reply: Reply) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -160,7 +179,14 @@ class FakeUpstream:
             )
         for cid, name, args in reply.tool_calls:
             output.append(
-                {"type": "function_call", "id": f"fc_{cid}", "call_id": cid, "name": name, "arguments": json.dumps(args), "status": "completed"}
+                {
+                    "type": "function_call",
+                    "id": f"fc_{cid}",
+                    "call_id": cid,
+                    "name": name,
+                    "arguments": json.dumps(args),
+                    "status": "completed",
+                }
             )
         response = {
             "id": f"resp_fake{len(self.seen)}",
@@ -189,12 +215,24 @@ class FakeUpstream:
             data = {"type": kind, "sequence_number": next(seq), **data}
             frames.append(f"event: {kind}\ndata: {json.dumps(data)}\n\n")
 
-        ev("response.created", {"response": {**response, "status": "in_progress", "output": [], "usage": None}})
+        ev(
+            "response.created",
+            {"response": {**response, "status": "in_progress", "output": [], "usage": None}},
+        )
         for i, item in enumerate(output):
             ev("response.output_item.added", {"output_index": i, "item": item})
             if item["type"] == "message":
                 for piece in _pieces(reply.text):
-                    ev("response.output_text.delta", {"item_id": item["id"], "output_index": i, "content_index": 0, "delta": piece, "logprobs": []})
+                    ev(
+                        "response.output_text.delta",
+                        {
+                            "item_id": item["id"],
+                            "output_index": i,
+                            "content_index": 0,
+                            "delta": piece,
+                            "logprobs": [],
+                        },
+                    )
             ev("response.output_item.done", {"output_index": i, "item": item})
         ev("response.completed", {"response": response})
         return await self._sse(request, frames, reply)
@@ -214,17 +252,37 @@ class FakeUpstream:
         usage = {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens}
         if not body.get("stream"):
             return web.json_response(
-                {"id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": content,
-                 "stop_reason": stop, "stop_sequence": None, "usage": usage}
+                {
+                    "id": "msg_fake",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": content,
+                    "stop_reason": stop,
+                    "stop_sequence": None,
+                    "usage": usage,
+                }
             )
         frames = []
 
         def ev(kind: str, data: dict[str, Any]) -> None:
             frames.append(f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n")
 
-        ev("message_start", {"message": {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
-                                         "content": [], "stop_reason": None, "stop_sequence": None,
-                                         "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 1}}})
+        ev(
+            "message_start",
+            {
+                "message": {
+                    "id": "msg_fake",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 1},
+                }
+            },
+        )
         for i, block in enumerate(content):
             if block["type"] == "text":
                 ev("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}})
@@ -232,9 +290,21 @@ class FakeUpstream:
                     ev("content_block_delta", {"index": i, "delta": {"type": "text_delta", "text": piece}})
             else:
                 ev("content_block_start", {"index": i, "content_block": {**block, "input": {}}})
-                ev("content_block_delta", {"index": i, "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
+                ev(
+                    "content_block_delta",
+                    {
+                        "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                    },
+                )
             ev("content_block_stop", {"index": i})
-        ev("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": reply.completion_tokens}})
+        ev(
+            "message_delta",
+            {
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": reply.completion_tokens},
+            },
+        )
         ev("message_stop", {})
         return await self._sse(request, frames, reply)
 
@@ -246,7 +316,10 @@ class FakeUpstream:
         return web.json_response(
             {
                 "object": "list",
-                "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]} for i, _ in enumerate(inputs)],
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+                    for i, _ in enumerate(inputs)
+                ],
                 "model": body.get("model", "text-embedding-3-small"),
                 "usage": {"prompt_tokens": 8 * len(inputs), "total_tokens": 8 * len(inputs)},
             }
@@ -254,7 +327,12 @@ class FakeUpstream:
 
     async def models(self, request: web.Request) -> web.Response:
         await self._seen(request)
-        return web.json_response({"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model", "created": 1, "owned_by": "fake"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": "gpt-4o-mini", "object": "model", "created": 1, "owned_by": "fake"}],
+            }
+        )
 
     async def echo(self, request: web.Request) -> web.Response:
         body = await self._seen(request)

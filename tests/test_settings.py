@@ -1,0 +1,118 @@
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import build_parser, check_startup, cli_overrides
+from proxy.settings import ConfigError, load_settings
+
+
+def load(tmp_path: Path, cli: dict | None = None, env: dict | None = None, **kw):
+    return load_settings(cli or {}, environ=env or {}, cwd=tmp_path / "proj", home=tmp_path / "home", **kw)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = load(tmp_path)
+    assert s.listen == "127.0.0.1:8713" and s.admin_listen == "127.0.0.1:8714"
+    assert s.upstream.url == "https://api.openai.com"
+    assert s.guards.loop_detection.threshold == 5 and s.guards.circuit_breaker.open_after_failures == 5
+    assert s.connect_timeout_s == 10 and s.ttfb_timeout_s == 600 and s.max_body_bytes == 32 * 1024 * 1024
+
+
+def test_precedence_cli_env_project_user(tmp_path: Path) -> None:
+    write(
+        tmp_path / "home/.tripwire/config.yaml",
+        "agent: from-user\nlisten: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\nfsync: always\n",
+    )
+    write(
+        tmp_path / "proj/.tripwire/config.yaml",
+        "agent: from-project\nlisten: 127.0.0.1:3\nloop_detection: {threshold: 7}\n",
+    )
+    s = load(tmp_path, cli={"agent": "from-cli"}, env={"TRIPWIRE_LISTEN": "127.0.0.1:4"})
+    assert s.agent == "from-cli"
+    assert s.listen == "127.0.0.1:4"
+    assert s.admin_listen == "127.0.0.1:2"
+    assert s.fsync == "always"
+    assert s.guards.loop_detection.threshold == 7
+    assert s.guards.loop_detection.action == "warn"
+
+
+def test_config_file_flag_replaces_project_file(tmp_path: Path) -> None:
+    write(tmp_path / "proj/.tripwire/config.yaml", "agent: from-project\n")
+    f = write(
+        tmp_path / "elsewhere.yaml",
+        "agent: from-flag\nllm: {anthropic: 'http://127.0.0.1:9'}\nmcp_stdio: {echo: 'python -m x'}\n",
+    )
+    s = load(tmp_path, config_file=f)
+    assert s.agent == "from-flag"
+    assert s.llm["anthropic"].url == "http://127.0.0.1:9"
+    assert s.mcp_stdio["echo"].command == "python -m x"
+
+
+def test_invalid_values_name_the_field(tmp_path: Path) -> None:
+    write(tmp_path / "proj/.tripwire/config.yaml", "budget: {max_cost_usd: 1, soft_alert_threshold_usd: 2}\n")
+    with pytest.raises(ConfigError, match="soft_alert_threshold_usd"):
+        load(tmp_path)
+    with pytest.raises(ConfigError, match="loop_detection.threshold"):
+        load(tmp_path / "x", cli={"loop_detection": {"threshold": "many"}})
+    with pytest.raises(ConfigError, match="listen"):
+        load(tmp_path / "y", env={"TRIPWIRE_LISTEN": "nope"})
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        write(tmp_path / "z/proj/.tripwire/config.yaml", "a: [\n")
+        load(tmp_path / "z")
+
+
+def test_cli_flags_map_to_settings(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--listen",
+            "127.0.0.1:9000",
+            "--llm",
+            "anthropic=http://127.0.0.1:1",
+            "--mcp",
+            "files=http://127.0.0.1:2/mcp",
+            "--agent",
+            "bot",
+            "--session-idle-timeout",
+            "5",
+            "--no-record-content",
+        ]
+    )
+    s = load(tmp_path, cli=cli_overrides(args))
+    assert s.listen == "127.0.0.1:9000" and s.agent == "bot" and s.session_idle_timeout_s == 5
+    assert s.llm["anthropic"].url == "http://127.0.0.1:1" and s.mcp["files"].url == "http://127.0.0.1:2/mcp"
+    assert s.record_content is False
+
+
+def test_admin_off_loopback_needs_a_token(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="admin-token"):
+        check_startup(load(tmp_path, cli={"admin_listen": "0.0.0.0:8714"}))
+    check_startup(load(tmp_path, cli={"admin_listen": "0.0.0.0:8714", "admin_token": "t"}))
+    check_startup(load(tmp_path))
+
+
+def test_upstream_key_from_env_and_file(tmp_path: Path) -> None:
+    key_file = write(tmp_path / "key", "sk-from-file\n")
+    s = load(
+        tmp_path,
+        cli={
+            "llm": {
+                "a": {"url": "http://127.0.0.1:1", "api_key_env": "K"},
+                "b": {"url": "http://127.0.0.1:1", "api_key_file": str(key_file)},
+            }
+        },
+    )
+    import os
+
+    os.environ["K"] = "sk-from-env"
+    try:
+        assert s.llm["a"].api_key() == "sk-from-env"
+    finally:
+        del os.environ["K"]
+    assert s.llm["b"].api_key() == "sk-from-file"
