@@ -1,0 +1,69 @@
+"""Shared trace-format constants: one home for the spec version, markers, file names and event types.
+
+Mirrors agentdbg.constants (AgentDbg 0.3.0) so traces written by Tripwire open in AgentDbg's viewer.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+# AgentDbg trace spec version written into every run.json and event.
+SPEC_VERSION = "0.1"
+
+# AgentDbg's markers: a redacted secret value, and the tail of a string cut at max_field_bytes.
+REDACTED_MARKER = "__REDACTED__"
+TRUNCATED_MARKER = "__TRUNCATED__"
+
+# Default cap on any string field, in UTF-8 bytes (AgentDbg's default).
+DEFAULT_MAX_FIELD_BYTES = 20000
+
+# Nesting deeper than this is replaced by TRUNCATED_MARKER (guards against pathological payloads).
+DEPTH_LIMIT = 64
+
+# On-disk layout: <data_dir>/runs/<run_id>/{run.json, events.jsonl, tripwire.json}
+RUNS_DIR = "runs"
+RUN_JSON = "run.json"
+EVENTS_JSONL = "events.jsonl"
+TRIPWIRE_JSON = "tripwire.json"
+
+
+class EventType(StrEnum):
+    """AgentDbg 0.1 event types (the schema's enum; no others are allowed)."""
+
+    RUN_START = "RUN_START"
+    RUN_END = "RUN_END"
+    LLM_CALL = "LLM_CALL"
+    TOOL_CALL = "TOOL_CALL"
+    STATE_UPDATE = "STATE_UPDATE"
+    ERROR = "ERROR"
+    LOOP_WARNING = "LOOP_WARNING"
+
+
+# run.json status values.
+STATUS_RUNNING = "running"
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+# Which run.json counter an event type increments (others increment none).
+COUNT_FOR_EVENT: dict[str, str] = {
+    EventType.LLM_CALL: "llm_calls",
+    EventType.TOOL_CALL: "tool_calls",
+    EventType.ERROR: "errors",
+    EventType.LOOP_WARNING: "loop_warnings",
+}
+
+# RUN_END reasons written by the trace store itself (callers pass their own, e.g. "idle_timeout").
+REASON_INTERRUPTED = "interrupted"  # found still "running" at start-up: the proxy died mid-run
+REASON_SHUTDOWN = "shutdown"  # still open when the recorder was closed (clean shutdown)
+
+# Session health tags (SPEC §5.6), kept sorted in tripwire.json["health_tags"].
+TAG_LOOP_DETECTED = "loop_detected"
+TAG_BUDGET_WARNING = "budget_warning"
+TAG_BUDGET_EXCEEDED = "budget_exceeded"
+TAG_CIRCUIT_BREAKER_OPEN = "circuit_breaker_open"
+TAG_TERMINATED = "terminated"
+
+
+def default_counts() -> dict[str, int]:
+    """A fresh run.json counts object (AgentDbg's four counters)."""
+    return {"llm_calls": 0, "tool_calls": 0, "errors": 0, "loop_warnings": 0}

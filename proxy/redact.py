@@ -1,0 +1,234 @@
+"""Secrets become "__REDACTED__", long strings end in "__TRUNCATED__" (SPEC §4.1). Pure, no I/O.
+
+Unlike AgentDbg, which redacts any key *containing* "token" (and so hides `prompt_tokens`), a key is
+matched word by word: the name is split on `_`, `-`, `.`, spaces and camelCase, and it is secret when
+one word is a secret word. Decisions where the spec is silent:
+
+- `token` (singular) alone is secret (`{"token": "..."}` is a credential); `tokens` (plural) is never
+  a secret word, it is the usage-count vocabulary of every LLM API (`tokens`, `max_tokens`,
+  `prompt_tokens_details`, `cache_read_input_tokens`); nor is `token` followed by a count word
+  (`token_count`, `token_limit`, `token_budget`, `token_usage`).
+- `key` alone is secret (fail closed: headers and config name credentials just `key`), and so is
+  `keys`; except when qualified by a non-secret kind of key (`public_key`, `sort_key`, `primary_key`,
+  `partition_key`, `cache_key`, `idempotency_key`, ...).
+- plurals of the other words (`cookies`, `secrets`, `credentials`, `passwords`) and `auth`,
+  `passphrase`, `apikey` / `APIKEY` written as one word are secret too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+from proxy.constants import DEPTH_LIMIT, REDACTED_MARKER, TRUNCATED_MARKER
+
+_SECRET_WORDS = frozenset(
+    {
+        "key",
+        "keys",
+        "apikey",
+        "apikeys",
+        "authorization",
+        "auth",
+        "cookie",
+        "cookies",
+        "password",
+        "passwords",
+        "passwd",
+        "passphrase",
+        "secret",
+        "secrets",
+        "token",
+        "credential",
+        "credentials",
+    }
+)
+# `<word>_key` that names a kind of key which is not a credential.
+_NON_SECRET_KEY_QUALIFIERS = frozenset(
+    {"public", "sort", "primary", "foreign", "partition", "cache", "idempotency", "dedup", "dedupe", "lookup"}
+)
+# `token_<word>` that is a count or limit, not a credential.
+_TOKEN_COUNT_WORDS = frozenset(
+    {"count", "counts", "usage", "limit", "limits", "budget", "budgets", "estimate", "total"}
+)
+
+_SEPARATORS = re.compile(r"[_\-.\s:/]+")
+_CAMEL_WORDS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+
+def split_words(name: str) -> list[str]:
+    """Lowercase words of a field name: `x-api-key` → [x, api, key], `refreshToken` → [refresh, token]."""
+    words: list[str] = []
+    for part in _SEPARATORS.split(name):
+        words.extend(w.lower() for w in _CAMEL_WORDS.findall(part))
+    return words
+
+
+@lru_cache(maxsize=4096)
+def is_secret_key(name: str) -> bool:
+    """True when a header / JSON field of this name holds a secret (see the module docstring)."""
+    words = split_words(name)
+    for i, word in enumerate(words):
+        if word not in _SECRET_WORDS:
+            continue
+        if word in ("key", "keys") and i > 0 and words[i - 1] in _NON_SECRET_KEY_QUALIFIERS:
+            continue
+        if word == "token" and i + 1 < len(words) and words[i + 1] in _TOKEN_COUNT_WORDS:
+            continue
+        return True
+    return False
+
+
+# --- values that are secrets whatever field holds them ------------------------------------------
+
+# Provider keys: OpenAI/Anthropic `sk-...` (with at least one digit and 20+ chars, so `sk-learn` stays),
+# Google `AIza...`, GitHub `ghp_`/`github_pat_`, Hugging Face `hf_`, Groq `gsk_`, Slack `xox?-`, AWS `AKIA`.
+_PROVIDER_KEY = re.compile(
+    r"(?<![A-Za-z0-9_\-])(?:"
+    r"sk-(?=[A-Za-z0-9_\-]*[0-9])[A-Za-z0-9_\-]{20,}"
+    r"|AIza[0-9A-Za-z_\-]{30,}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{30,}"
+    r"|hf_[A-Za-z0-9]{30,}"
+    r"|gsk_[A-Za-z0-9]{30,}"
+    r"|xox[abposr]-[A-Za-z0-9\-]{10,}"
+    r"|AKIA[0-9A-Z]{16}"
+    r")"
+)
+# `Bearer xyz` credentials in free text (a header dumped into a log or a prompt); `Basic <base64>` only
+# when the value looks encoded (digit, `+/=`, or inner capitals), so "basic understanding" stays.
+_BEARER = re.compile(r"(?i)\b(bearer\s+)([A-Za-z0-9._~+/=\-]{3,})")
+_BASIC = re.compile(r"\b([Bb]asic\s+)([A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")
+_ENCODED = re.compile(r"[0-9+/=]|.[A-Z]")
+# URL userinfo: scheme://user:pass@host → scheme://__REDACTED__@host
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s@?#]+)@")
+# Query parameters: ?api_key=...&token=...
+_QUERY_PARAM = re.compile(r"([?&;])([A-Za-z0-9_.\-]+)=([^&#\s\"'<>]*)")
+# Inline `"name": "value"` (JSON serialised inside a string: tool results, function arguments).
+_JSON_PAIR = re.compile(r'"([A-Za-z0-9_.\-]{1,64})"(\s*:\s*)"((?:[^"\\]|\\.)*)"')
+# Command-line flags inside a string: `--api-key X`, `--token=X` (stdio MCP commands, argv).
+_FLAG_PAIR = re.compile(r"(?<![\w\-])(--?)([A-Za-z][A-Za-z0-9_\-]*)(=|\s+)([^\s\"']+)")
+# Environment assignments: OPENAI_API_KEY=sk-...
+_ENV_PAIR = re.compile(r"(?<![\w\-$])([A-Za-z_][A-Za-z0-9_]*)=([^\s&\"']+)")
+
+
+def _named_value(name_group: int, value_group: int) -> Any:
+    """A re.sub callback that redacts the value group when the name group is a secret name."""
+
+    def sub(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group(name_group)) or m.group(value_group) == REDACTED_MARKER:
+            return m.group(0)
+        start, end = m.span(value_group)
+        base = m.start(0)
+        text = m.group(0)
+        return text[: start - base] + REDACTED_MARKER + text[end - base :]
+
+    return sub
+
+
+_QUERY_SUB = _named_value(2, 3)
+_JSON_SUB = _named_value(1, 3)
+_FLAG_SUB = _named_value(2, 4)
+_ENV_SUB = _named_value(1, 2)
+
+
+def scrub_text(s: str) -> str:
+    """Replace secret-looking values inside free text (prompts, results, argv, URLs) by the marker.
+
+    Cheap substring checks guard each regex: this runs on every string of every event.
+    """
+    if len(s) < 8:
+        return s
+    if "sk-" in s or "AIza" in s or "_" in s or "xox" in s or "AKIA" in s:
+        s = _PROVIDER_KEY.sub(REDACTED_MARKER, s)
+    lower = s.lower()
+    if "bearer" in lower:
+        s = _BEARER.sub(lambda m: m.group(1) + REDACTED_MARKER, s)
+    if "asic" in s:
+        s = _BASIC.sub(
+            lambda m: m.group(1) + REDACTED_MARKER if _ENCODED.search(m.group(2)) else m.group(0), s
+        )
+    if "://" in s and "@" in s:
+        s = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED_MARKER + "@", s)
+    if "=" in s:
+        if "?" in s or "&" in s:
+            s = _QUERY_PARAM.sub(_QUERY_SUB, s)
+        s = _ENV_PAIR.sub(_ENV_SUB, s)
+    if '"' in s and ":" in s:
+        s = _JSON_PAIR.sub(_JSON_SUB, s)
+    if "-" in s:
+        s = _FLAG_PAIR.sub(_FLAG_SUB, s)
+    return s
+
+
+def truncate(s: str, max_field_bytes: int) -> str:
+    """Cap `s` at max_field_bytes UTF-8 bytes, marker included, without splitting a code point."""
+    if max_field_bytes <= 0 or len(s) * 4 <= max_field_bytes:
+        return s  # fast path: cannot exceed the cap even if every char took 4 bytes
+    b = s.encode("utf-8", errors="surrogatepass")
+    if len(b) <= max_field_bytes:
+        return s
+    keep = max(0, max_field_bytes - len(TRUNCATED_MARKER))
+    # A prefix of valid UTF-8 can only end in an incomplete sequence; "ignore" drops just that.
+    return b[:keep].decode("utf-8", errors="ignore") + TRUNCATED_MARKER
+
+
+def _sanitize_str(s: str, max_field_bytes: int) -> str:
+    # Scrub before truncating: a cut could leave a key prefix too short for the patterns to see.
+    return truncate(scrub_text(s), max_field_bytes)
+
+
+def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
+    """A JSON-safe copy of obj with secret-named values redacted, secrets in text scrubbed, strings capped.
+
+    Dict keys become str; tuples and sets become lists; other objects their str(). Never mutates obj.
+    """
+    if obj is None or isinstance(obj, bool | int | float):
+        return obj
+    if isinstance(obj, str):
+        return _sanitize_str(obj, max_field_bytes)
+    if _depth >= DEPTH_LIMIT:
+        return TRUNCATED_MARKER
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            key = k if isinstance(k, str) else str(k)
+            if v is not None and is_secret_key(key):
+                out[key] = REDACTED_MARKER
+            else:
+                out[key] = sanitize(v, max_field_bytes, _depth + 1)
+        return out
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [sanitize(v, max_field_bytes, _depth + 1) for v in obj]
+    if isinstance(obj, bytes | bytearray):
+        return _sanitize_str(bytes(obj).decode("utf-8", errors="replace"), max_field_bytes)
+    return _sanitize_str(str(obj), max_field_bytes)
+
+
+def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Headers as a dict safe to record: secret-named headers redacted, others scrubbed."""
+    return {k: (REDACTED_MARKER if is_secret_key(k) else scrub_text(v)) for k, v in headers}
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """The proxy's own argv with secrets redacted: `--admin-token X`, `--x=Y`, URL userinfo, `sk-...`."""
+    out: list[str] = []
+    redact_next = False
+    for item in argv:
+        if redact_next:
+            out.append(REDACTED_MARKER)
+            redact_next = False
+            continue
+        if item.startswith("-") and item.lstrip("-"):
+            name, eq, _value = item.lstrip("-").partition("=")
+            if is_secret_key(name):
+                if eq:
+                    out.append(item[: len(item) - len(_value)] + REDACTED_MARKER)
+                else:
+                    out.append(item)
+                    redact_next = True
+                continue
+        out.append(scrub_text(item))
+    return out
