@@ -63,6 +63,11 @@ class SSEDecoder:
         self._retry: int | None = None
         self._comments: list[str] = []
 
+    @property
+    def pending(self) -> bool:
+        """Whether bytes of an unfinished event are held (what `flush()` would return)."""
+        return bool(self._raw or self._partial)
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode one chunk; returns the events it completes (possibly none)."""
         if not chunk:

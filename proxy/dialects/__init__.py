@@ -1,0 +1,44 @@
+"""Protocol dialects: which module parses which LLM endpoint.
+
+Each module has the same functions (see docs/architecture.md): `parse_request`, `upstream_body`,
+`parse_response`, `StreamAccumulator`, `render_blocked`, `estimate_prompt_tokens`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# upstream-relative path (after an optional /v1) -> module name; only POSTs are recorded
+_EXACT = {
+    "/chat/completions": "openai_chat",
+    "/responses": "openai_responses",
+    "/messages": "anthropic",
+    "/embeddings": "embeddings",
+    "/completions": "completions",
+}
+
+
+def dialect_name(path: str, method: str) -> str | None:
+    """The dialect of a request, or None for anything that is forwarded unrecorded."""
+    if method.upper() != "POST":
+        return None
+    path = path.split("?", 1)[0].rstrip("/")
+    if path.startswith("/v1/"):
+        path = path[3:]
+    if path in _EXACT:
+        return _EXACT[path]
+    # deployment-style prefixes (Azure: /openai/deployments/NAME/chat/completions)
+    if path.endswith("/chat/completions"):
+        return "openai_chat"
+    return None
+
+
+def dialect_for(path: str, method: str) -> ModuleType | None:
+    """The dialect module for an upstream-relative path like `/v1/chat/completions`, else None.
+
+    Embeddings and legacy completions live in `other.py`; `embeddings.py` and `completions.py`
+    give each the module interface every dialect has.
+    """
+    name = dialect_name(path, method)
+    return importlib.import_module(f"proxy.dialects.{name}") if name else None

@@ -165,3 +165,25 @@ def sse_frame(data: Any, event: str | None = None) -> bytes:
 
 def stream_incomplete(terminator: str) -> dict:
     return error_dict("stream_incomplete", f"upstream stream ended before {terminator}")
+
+
+def estimate_usage(req: LLMRequest | None, text: str, tool_calls: list[ToolCall]) -> Usage:
+    """Usage for an answer that reported none: chars/4 of the prompt and of the output."""
+    prompt = estimate_prompt_tokens(req) if req is not None else 0
+    out = text + "".join(orjson.dumps(c.arguments, default=str).decode() + c.name for c in tool_calls)
+    completion = estimate_text_tokens(out)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion, estimated=True
+    )
+
+
+def openai_usage(raw: Any) -> Usage | None:
+    """Usage of an OpenAI-style answer (chat, legacy completions, embeddings)."""
+    if not isinstance(raw, dict):
+        return None
+    prompt = as_int(raw.get("prompt_tokens"))
+    completion = as_int(raw.get("completion_tokens"))
+    details = raw.get("prompt_tokens_details")
+    cached = as_int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    total = as_int(raw.get("total_tokens")) or prompt + completion
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, cached_tokens=cached)

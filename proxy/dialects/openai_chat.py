@@ -1,0 +1,306 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`), plain JSON and SSE streams.
+
+Streaming usage must be exact even when the client did not ask for it (SPEC §4.2): the request
+sent upstream gets `stream_options.include_usage`, and the extra usage-only chunk
+(`"choices": []` with `usage`) is removed from what the client receives, so its SDK sees the
+same stream it would have seen without Tripwire.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from proxy.dialects.base import (
+    LLMRequest,
+    LLMResult,
+    ToolCall,
+    ToolCallBuilder,
+    ToolResult,
+    Usage,
+    as_float,
+    as_int,
+    error_dict,
+    estimate_prompt_tokens,
+    estimate_usage,
+    http_error,
+    loads_or_none,
+    new_id,
+    openai_usage,
+    parse_arguments,
+    sse_frame,
+    stream_incomplete,
+)
+from proxy.sse import SSEDecoder, SSEEvent
+
+__all__ = [
+    "DIALECT",
+    "StreamAccumulator",
+    "estimate_prompt_tokens",
+    "parse_request",
+    "parse_response",
+    "render_blocked",
+    "upstream_body",
+]
+
+DIALECT = "openai_chat"
+JSON_TYPE = "application/json"
+SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+def parse_request(body: dict) -> LLMRequest:
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    steps: list[list[ToolCall]] = []
+    results: list[ToolResult] = []
+    turn_start = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "assistant":
+            steps.append(_message_tool_calls(message))
+        elif role == "tool":
+            results.append(
+                ToolResult(
+                    tool_call_id=str(message.get("tool_call_id") or ""), content=message.get("content")
+                )
+            )
+        elif role == "user":
+            turn_start = len(steps)
+    options = body.get("stream_options")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return LLMRequest(
+        dialect=DIALECT,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        stream=body.get("stream") is True,
+        messages=messages,
+        temperature=as_float(body.get("temperature")),
+        max_tokens=as_int(max_tokens) or None,
+        tool_results=results,
+        steps=steps,
+        turn_start=turn_start,
+        client_asked_usage=isinstance(options, dict) and options.get("include_usage") is True,
+    )
+
+
+def _message_tool_calls(message: dict) -> list[ToolCall]:
+    calls = []
+    for call in message.get("tool_calls") or []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        calls.append(
+            ToolCall(
+                id=str(call.get("id") or ""),
+                name=str(function.get("name") or ""),
+                arguments=parse_arguments(function.get("arguments")),
+            )
+        )
+    return calls
+
+
+def upstream_body(req: LLMRequest, body: dict) -> dict | None:
+    """Ask a streaming upstream for the usage chunk when the client did not."""
+    if not req.stream or req.client_asked_usage:
+        return None
+    options = body.get("stream_options")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    return {**body, "stream_options": options}
+
+
+def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> LLMResult:
+    data = loads_or_none(body)
+    if status >= 400 or (isinstance(data, dict) and data.get("error")):
+        return LLMResult(None, "", [], None, None, error=http_error(status, data, body))
+    if not isinstance(data, dict):
+        error = error_dict("unparseable_response", "chat completion answer is not JSON")
+        return LLMResult(None, "", [], None, None, error=error)
+    text, calls, stop = "", [], None
+    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+    if choices and isinstance(choices[0], dict):
+        message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
+        content = message.get("content")
+        text = content if isinstance(content, str) else _parts_text(content)
+        calls = _message_tool_calls(message)
+        stop = choices[0].get("finish_reason")
+    usage = openai_usage(data.get("usage")) or estimate_usage(req, text, calls)
+    return LLMResult(
+        model=data.get("model") if isinstance(data.get("model"), str) else None,
+        text=text,
+        tool_calls=calls,
+        usage=usage,
+        stop_reason=stop,
+        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+    )
+
+
+def _parts_text(content: Any) -> str:
+    if not isinstance(content, list):
+        return ""
+    return "".join(
+        p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )
+
+
+class StreamAccumulator:
+    """Reads a chat SSE stream as it is relayed; drops the usage chunk the proxy injected.
+
+    Pass-through (client asked for usage, or the request was not a stream) returns every chunk
+    unchanged. Filtering returns each complete event byte-identical as soon as its blank line
+    arrives, minus the usage-only chunk; only the current partial event is held back. An
+    unterminated tail at the end is never dispatched by an SSE client, so it is not forwarded.
+    """
+
+    terminator = "[DONE]"
+
+    def __init__(self, req: LLMRequest) -> None:
+        self.req = req
+        self.filtering = req.stream and not req.client_asked_usage
+        self._decoder = SSEDecoder()
+        self._text: list[str] = []
+        self._calls: dict[int, ToolCallBuilder] = {}
+        self._usage: Usage | None = None
+        self._stop: str | None = None
+        self._model: str | None = None
+        self._id: str | None = None
+        self._error: dict | None = None
+        self._done = False
+        # the previous chunk ended an event with CR: an LF starting the next chunk completes that
+        # CRLF, so it goes (or is dropped) with that event, not with the next one
+        self._prev_cr = False
+        self._prev_sent = True
+        self._strip_lf = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not chunk:
+            return b""
+        events = self._decoder.feed(chunk)
+        if not self.filtering:
+            for event in events:
+                self._event(event)
+            return chunk
+        out = bytearray()
+        if self._prev_cr and chunk[:1] == b"\n":
+            if self._prev_sent:
+                out += b"\n"
+            self._strip_lf = True
+        for event in events:
+            raw = event.raw
+            if self._strip_lf:
+                raw, self._strip_lf = raw[1:], False
+            drop = self._event(event)
+            if not drop:
+                out += raw
+            self._prev_sent = not drop
+        self._prev_cr = bool(events) and not self._decoder.pending and chunk.endswith(b"\r")
+        return bytes(out)
+
+    def finish(self, complete: bool) -> LLMResult:
+        for event in self._decoder.flush():
+            self._event(event)
+        calls = [self._calls[i].build() for i in sorted(self._calls)]
+        text = "".join(self._text)
+        error = self._error
+        ok = complete and self._done
+        if not ok and error is None:
+            error = stream_incomplete(self.terminator)
+        usage = self._usage
+        if usage is None:
+            usage = estimate_usage(self.req, text, calls)
+        return LLMResult(self._model, text, calls, usage, self._stop, self._id, error, ok)
+
+    def _event(self, event: SSEEvent) -> bool:
+        """Account for one event; True when it is the injected usage chunk to drop."""
+        if event.data is None:
+            return False
+        if event.data.strip() == "[DONE]":
+            self._done = True
+            return False
+        data = loads_or_none(event.data)
+        if not isinstance(data, dict):
+            return False
+        if data.get("error"):
+            self._error = http_error(200, data, event.data.encode())
+            return False
+        if isinstance(data.get("model"), str):
+            self._model = data["model"]
+        if isinstance(data.get("id"), str):
+            self._id = data["id"]
+        usage = openai_usage(data.get("usage"))
+        if usage is not None:
+            self._usage = usage
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            return False
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                self._choice(choice)
+        return self.filtering and not choices and usage is not None
+
+    def _choice(self, choice: dict) -> None:
+        if choice.get("finish_reason"):
+            self._stop = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return
+        if isinstance(delta.get("content"), str):
+            self._text.append(delta["content"])
+        for part in delta.get("tool_calls") or []:
+            if not isinstance(part, dict):
+                continue
+            builder = self._calls.setdefault(as_int(part.get("index")), ToolCallBuilder())
+            if part.get("id"):
+                builder.id = str(part["id"])
+            function = part.get("function")
+            if isinstance(function, dict):
+                if function.get("name") and not builder.name:
+                    builder.name = str(function["name"])
+                if isinstance(function.get("arguments"), str):
+                    builder.parts.append(function["arguments"])
+
+
+def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = None) -> tuple[str, bytes]:
+    """A normal assistant answer (finish_reason "stop", usage zero) saying what was blocked."""
+    created = int(now if now is not None else time.time())
+    rid = new_id("chatcmpl-tripwire-")
+    model = req.model or "tripwire"
+    if not req.stream:
+        body = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+        return JSON_TYPE, orjson.dumps(body)
+
+    def chunk(delta: dict, finish: str | None) -> dict:
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+
+    frames = [
+        chunk({"role": "assistant", "content": ""}, None),
+        chunk({"content": text}, None),
+        chunk({}, "stop"),
+    ]
+    if req.client_asked_usage:
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        frames.append({**chunk({}, None), "choices": [], "usage": usage})
+    return SSE_TYPE, b"".join(sse_frame(f) for f in frames) + sse_frame("[DONE]")
