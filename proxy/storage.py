@@ -1,0 +1,268 @@
+"""Run directories on disk: ids, paths, atomic JSON writes, JSONL appends, and readers for the viewer.
+
+Layout (AgentDbg's, plus tripwire.json): `<data_dir>/runs/<run_id>/{run.json, events.jsonl, tripwire.json}`.
+Sync file I/O in small functions: the recorder calls the writers from a worker thread, the viewer API
+calls the readers (via `asyncio.to_thread`). A run id is validated and its resolved path checked to be
+inside the runs base before any path is built from it, so an API argument can never name another file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.constants import EVENTS_JSONL, RUN_JSON, RUNS_DIR, TRIPWIRE_JSON
+
+logger = logging.getLogger(__name__)
+
+_UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+# --- time -------------------------------------------------------------------------------------------
+
+
+def iso_ms(epoch_seconds: float) -> str:
+    """Epoch seconds → AgentDbg's timestamp form, UTC with milliseconds: `2026-02-15T20:31:05.123Z`."""
+    # Floor to the millisecond (ts order follows clock order); the epsilon absorbs float error in *1000.
+    ms = int(epoch_seconds * 1000 + 1e-4)
+    dt = datetime.fromtimestamp(ms // 1000, UTC)
+    return f"{dt:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+
+
+def parse_iso(s: Any) -> float | None:
+    """An ISO 8601 timestamp (as iso_ms writes, or AgentDbg) → epoch seconds; None when not one."""
+    if not isinstance(s, str) or not s:
+        return None
+    try:
+        dt = datetime.fromisoformat(s.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+# --- ids and paths ---------------------------------------------------------------------------------
+
+
+def is_valid_run_id(s: Any) -> bool:
+    """True for a canonical lowercase UUIDv4 string (the only run ids AgentDbg accepts)."""
+    return isinstance(s, str) and _UUID4.fullmatch(s) is not None
+
+
+def runs_base(data_dir: Path) -> Path:
+    """`<data_dir>/runs`."""
+    return Path(data_dir).expanduser() / RUNS_DIR
+
+
+def run_dir(data_dir: Path, run_id: str) -> Path:
+    """`<data_dir>/runs/<run_id>`; ValueError("invalid run_id") unless the id is valid and stays inside."""
+    if not is_valid_run_id(run_id):
+        raise ValueError("invalid run_id")
+    base = runs_base(data_dir)
+    path = base / run_id
+    try:
+        inside = path.resolve().is_relative_to(base.resolve())
+    except OSError as e:
+        raise ValueError("invalid run_id") from e
+    if not inside:
+        raise ValueError("invalid run_id")
+    return path
+
+
+def run_paths(data_dir: Path, run_id: str) -> dict[str, str]:
+    """The run's local paths, as AgentDbg's `/api/runs/{id}/paths` returns them."""
+    d = run_dir(data_dir, run_id)
+    return {"run_dir": str(d), "run_json": str(d / RUN_JSON), "events_jsonl": str(d / EVENTS_JSONL)}
+
+
+# --- writers ---------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives power loss (best effort: not on every OS)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any], *, fsync: bool = False) -> None:
+    """Write JSON so readers see the old file or the new one, never half of one.
+
+    Temp file in the same directory (same filesystem), flush, optional fsync, then `os.replace`.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def append_lines(path: Path, lines: list[bytes], *, fsync: bool = False) -> None:
+    """Append already-encoded JSONL lines (each ending in b"\\n") in one write, then flush."""
+    if not lines:
+        return
+    with open(path, "ab") as f:
+        f.write(b"".join(lines))
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+
+
+def encode_line(obj: dict[str, Any]) -> bytes:
+    """One JSONL line: compact JSON (UTF-8, not ASCII-escaped) and a newline."""
+    return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+
+
+# --- readers ---------------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when missing, unreadable or not an object."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, orjson.JSONDecodeError) as e:
+        logger.warning("cannot read %s: %s", path, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _with_tripwire(d: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """run.json plus a `tripwire` sub-object from tripwire.json ({} when absent)."""
+    return {**meta, "tripwire": read_json(d / TRIPWIRE_JSON) or {}}
+
+
+def load_run(data_dir: Path, run_id: str) -> dict[str, Any] | None:
+    """run.json with a `tripwire` sub-object; None when no such run. ValueError on a malformed id."""
+    d = run_dir(data_dir, run_id)
+    meta = read_json(d / RUN_JSON)
+    return None if meta is None else _with_tripwire(d, meta)
+
+
+def list_runs(data_dir: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every run (run.json + `tripwire`), newest first by started_at; unreadable runs are skipped."""
+    base = runs_base(data_dir)
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return []
+    found: list[tuple[float, dict[str, Any]]] = []
+    for entry in entries:
+        if not is_valid_run_id(entry.name) or not entry.is_dir():
+            continue
+        meta = read_json(entry / RUN_JSON)
+        if meta is None:
+            continue
+        started = parse_iso(meta.get("started_at"))
+        found.append((started if started is not None else float("-inf"), _with_tripwire(entry, meta)))
+    found.sort(key=lambda item: item[0], reverse=True)
+    runs = [meta for _, meta in found]
+    return runs if limit is None else runs[:limit]
+
+
+def iter_event_lines(path: Path) -> list[tuple[bytes, bool]]:
+    """The non-blank lines of a JSONL file as (line, ends_with_newline); [] when the file is missing."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    out = [(line, True) for line in lines[:-1] if line.strip()]
+    if lines[-1].strip():
+        out.append((lines[-1], False))  # no newline yet: a line being written, or torn by a crash
+    return out
+
+
+def parse_events(path: Path, run_id: str = "") -> list[dict[str, Any]]:
+    """Every event object in a JSONL file; corrupt or partial lines are skipped with a warning."""
+    events: list[dict[str, Any]] = []
+    for n, (line, complete) in enumerate(iter_event_lines(path), start=1):
+        try:
+            ev = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            if complete:
+                logger.warning("skipping corrupt event line run_id=%s line=%d: %s", run_id, n, e)
+            else:
+                logger.debug("skipping unterminated last event line run_id=%s", run_id)
+            continue
+        if isinstance(ev, dict):
+            events.append(ev)
+        else:
+            logger.warning("skipping non-object event line run_id=%s line=%d", run_id, n)
+    return events
+
+
+def read_events(
+    data_dir: Path, run_id: str, offset: int = 0, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Events of a run in write order, from index `offset` (of the readable events), at most `limit`."""
+    events = parse_events(run_dir(data_dir, run_id) / EVENTS_JSONL, run_id)
+    end = None if limit is None else offset + max(0, limit)
+    return events[max(0, offset) : end]
+
+
+def count_events(data_dir: Path, run_id: str) -> int:
+    """How many readable events the run has."""
+    return len(parse_events(run_dir(data_dir, run_id) / EVENTS_JSONL, run_id))
+
+
+def run_exists(data_dir: Path, run_id: str) -> bool:
+    """True when the run has a run.json. ValueError on a malformed id."""
+    return (run_dir(data_dir, run_id) / RUN_JSON).is_file()
+
+
+# --- changes from the viewer -------------------------------------------------------------------------
+
+
+def rename_run(data_dir: Path, run_id: str, name: str) -> dict[str, Any] | None:
+    """Set run.json's run_name; returns the new run.json, None when no such run.
+
+    ValueError on a malformed id or an empty name. For a run the recorder still has open, call
+    `TraceRecorder.rename_run` instead: its next run.json rewrite would undo a change made here.
+    """
+    new_name = (name or "").strip()
+    if not new_name:
+        raise ValueError("run_name must be non-empty")
+    path = run_dir(data_dir, run_id) / RUN_JSON
+    meta = read_json(path)
+    if meta is None:
+        return None
+    meta["run_name"] = new_name
+    write_json_atomic(path, meta)
+    return meta
+
+
+def delete_run(data_dir: Path, run_id: str) -> bool:
+    """Remove the run's directory; False when there was none. ValueError on a malformed id."""
+    d = run_dir(data_dir, run_id)
+    if not d.is_dir():
+        return False
+    shutil.rmtree(d)
+    return True

@@ -1,0 +1,180 @@
+"""Run directories, ids, atomic writes and the viewer's readers (proxy/storage.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from proxy import storage
+from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
+
+
+def _make_run(data_dir: Path, started_at: str, *, name: str = "r", events: int = 0) -> str:
+    run_id = str(uuid.uuid4())
+    d = data_dir / "runs" / run_id
+    d.mkdir(parents=True)
+    storage.write_json_atomic(
+        d / RUN_JSON,
+        {
+            "spec_version": "0.1",
+            "run_id": run_id,
+            "run_name": name,
+            "started_at": started_at,
+            "ended_at": None,
+            "duration_ms": None,
+            "status": "running",
+            "counts": {"llm_calls": 0, "tool_calls": 0, "errors": 0, "loop_warnings": 0},
+            "last_event_ts": None,
+        },
+    )
+    storage.append_lines(d / EVENTS_JSONL, [storage.encode_line({"i": i}) for i in range(events)])
+    return run_id
+
+
+def test_iso_ms() -> None:
+    assert storage.iso_ms(1771187465.123) == "2026-02-15T20:31:05.123Z"
+    assert storage.iso_ms(1771187465.1239) == "2026-02-15T20:31:05.123Z"  # floored, never rounded up
+    assert storage.iso_ms(0) == "1970-01-01T00:00:00.000Z"
+    assert storage.parse_iso("2026-02-15T20:31:05.123Z") == pytest.approx(1771187465.123)
+    assert storage.parse_iso("not a date") is None
+    assert storage.parse_iso(None) is None
+
+
+def test_is_valid_run_id() -> None:
+    good = str(uuid.uuid4())
+    assert storage.is_valid_run_id(good)
+    assert not storage.is_valid_run_id(good.upper())
+    assert not storage.is_valid_run_id(str(uuid.uuid1()))
+    assert not storage.is_valid_run_id(good.replace("-", ""))
+    assert not storage.is_valid_run_id("../" + good)
+    assert not storage.is_valid_run_id(good + "\n")
+    assert not storage.is_valid_run_id(None)
+    assert not storage.is_valid_run_id("")
+
+
+@pytest.mark.parametrize("bad", ["..", "../etc", "x", "/etc/passwd", "00000000-0000-0000-0000-000000000000"])
+def test_run_dir_rejects_bad_ids(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid run_id"):
+        storage.run_dir(tmp_path, bad)
+
+
+def test_run_dir_rejects_a_symlink_out_of_the_base(tmp_path: Path) -> None:
+    run_id = str(uuid.uuid4())
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "runs" / run_id)
+    with pytest.raises(ValueError):
+        storage.run_dir(tmp_path, run_id)
+
+
+def test_run_dir_ok(tmp_path: Path) -> None:
+    run_id = str(uuid.uuid4())
+    assert storage.run_dir(tmp_path, run_id) == tmp_path / "runs" / run_id
+    paths = storage.run_paths(tmp_path, run_id)
+    assert paths["events_jsonl"].endswith(f"{run_id}/events.jsonl")
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path, fsync: bool) -> None:
+    path = tmp_path / "x.json"
+    storage.write_json_atomic(path, {"a": 1}, fsync=fsync)
+    storage.write_json_atomic(path, {"a": "é"}, fsync=fsync)
+    assert orjson.loads(path.read_bytes()) == {"a": "é"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+
+
+def test_write_json_atomic_failure_keeps_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    storage.write_json_atomic(path, {"a": 1})
+    with pytest.raises(TypeError):
+        storage.write_json_atomic(path, {"a": object()})
+    assert orjson.loads(path.read_bytes()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+
+
+def test_append_lines(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    storage.append_lines(path, [storage.encode_line({"a": 1})])
+    storage.append_lines(path, [storage.encode_line({"a": 2}), storage.encode_line({"a": "ü"})], fsync=True)
+    storage.append_lines(path, [])
+    assert path.read_bytes() == b'{"a":1}\n{"a":2}\n{"a":"\xc3\xbc"}\n'
+
+
+def test_list_runs_newest_first_with_tripwire(tmp_path: Path) -> None:
+    old = _make_run(tmp_path, "2026-01-01T00:00:00.000Z", name="old")
+    new = _make_run(tmp_path, "2026-03-01T00:00:00.000Z", name="new")
+    mid = _make_run(tmp_path, "2026-02-01T00:00:00Z", name="mid")  # AgentDbg also accepts no millis
+    storage.write_json_atomic(tmp_path / "runs" / new / TRIPWIRE_JSON, {"agent_name": "a", "cost_usd": 0.5})
+    (tmp_path / "runs" / "not-a-run").mkdir()
+    broken = tmp_path / "runs" / str(uuid.uuid4())
+    broken.mkdir()
+    (broken / RUN_JSON).write_text("{ half")
+    runs = storage.list_runs(tmp_path)
+    assert [r["run_id"] for r in runs] == [new, mid, old]
+    assert runs[0]["tripwire"] == {"agent_name": "a", "cost_usd": 0.5}
+    assert runs[1]["tripwire"] == {}
+    assert [r["run_id"] for r in storage.list_runs(tmp_path, limit=1)] == [new]
+
+
+def test_list_runs_no_dir(tmp_path: Path) -> None:
+    assert storage.list_runs(tmp_path / "nothing") == []
+
+
+def test_load_run(tmp_path: Path) -> None:
+    run_id = _make_run(tmp_path, "2026-01-01T00:00:00.000Z")
+    run = storage.load_run(tmp_path, run_id)
+    assert run is not None and run["run_id"] == run_id and run["tripwire"] == {}
+    assert storage.load_run(tmp_path, str(uuid.uuid4())) is None
+    with pytest.raises(ValueError):
+        storage.load_run(tmp_path, "../../x")
+
+
+def test_read_events_skips_corrupt_and_partial_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id = _make_run(tmp_path, "2026-01-01T00:00:00.000Z", events=3)
+    path = tmp_path / "runs" / run_id / EVENTS_JSONL
+    with open(path, "ab") as f:
+        f.write(b"{not json}\n\n[1,2]\n")
+        f.write(storage.encode_line({"i": 3}))
+        f.write(b'{"i": 4, "half')  # torn last line
+    with caplog.at_level(logging.WARNING, logger="proxy.storage"):
+        events = storage.read_events(tmp_path, run_id)
+    assert events == [{"i": 0}, {"i": 1}, {"i": 2}, {"i": 3}]
+    assert "corrupt" in caplog.text
+    assert storage.count_events(tmp_path, run_id) == 4
+    assert storage.read_events(tmp_path, run_id, offset=1, limit=2) == [{"i": 1}, {"i": 2}]
+    assert storage.read_events(tmp_path, run_id, offset=3) == [{"i": 3}]
+    assert storage.read_events(tmp_path, run_id, offset=10) == []
+    assert storage.read_events(tmp_path, run_id, limit=0) == []
+
+
+def test_read_events_missing_file(tmp_path: Path) -> None:
+    run_id = str(uuid.uuid4())
+    assert storage.read_events(tmp_path, run_id) == []
+    assert storage.count_events(tmp_path, run_id) == 0
+
+
+def test_rename_run(tmp_path: Path) -> None:
+    run_id = _make_run(tmp_path, "2026-01-01T00:00:00.000Z")
+    meta = storage.rename_run(tmp_path, run_id, "  better name ")
+    assert meta is not None and meta["run_name"] == "better name"
+    assert orjson.loads((tmp_path / "runs" / run_id / RUN_JSON).read_bytes())["run_name"] == "better name"
+    with pytest.raises(ValueError):
+        storage.rename_run(tmp_path, run_id, "   ")
+    assert storage.rename_run(tmp_path, str(uuid.uuid4()), "x") is None
+
+
+def test_delete_run(tmp_path: Path) -> None:
+    run_id = _make_run(tmp_path, "2026-01-01T00:00:00.000Z", events=2)
+    assert storage.run_exists(tmp_path, run_id)
+    assert storage.delete_run(tmp_path, run_id) is True
+    assert not (tmp_path / "runs" / run_id).exists()
+    assert storage.delete_run(tmp_path, run_id) is False
+    with pytest.raises(ValueError):
+        storage.delete_run(tmp_path, "..")
