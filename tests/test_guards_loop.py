@@ -1,0 +1,444 @@
+"""Loop patterns at their threshold edges (SPEC §5.1): T-1 allowed, T fires, T+1 keeps the streak."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.guards.config import LoopDetectionConfig
+from proxy.guards.decision import Action, Decision, strictest
+from proxy.guards.loop import LoopDetector, classify_tool
+
+# per-tool escalation out of the way, for the tests of the other patterns
+QUIET = {"idempotent": (100, 100, 100), "mutating": (100, 100, 100)}
+
+
+def det(**kw: Any) -> LoopDetector:
+    return LoopDetector(LoopDetectionConfig(**kw))
+
+
+def kinds(decisions: list[Decision]) -> dict[str, Decision]:
+    return {d.kind or d.guard: d for d in decisions}
+
+
+def mcp(
+    d: LoopDetector,
+    tool: str,
+    args: Any,
+    now: float = 0.0,
+    result: str | None = "ok",
+    error: str | None = None,
+) -> dict[str, Decision]:
+    """One MCP call: checked before forwarding, then its result recorded unless it was refused."""
+    out = d.check_tool_call(tool, args, now)
+    if strictest(out).action < Action.BLOCK and result is not None:
+        d.record_tool_result(tool, args, result, error, now)
+    return kinds(out)
+
+
+# -- repetition ---------------------------------------------------------------------------------
+
+
+def test_repetition_fires_on_the_threshold_th_identical_call_and_the_streak_keeps_its_decision() -> None:
+    d = det(**QUIET)
+    for i in range(4):
+        assert "repetition" not in mcp(d, "read_file", {"path": "a"}, result=f"r{i}")
+    fired = mcp(d, "read_file", {"path": "a"}, result="r5")["repetition"]
+    assert (fired.action, fired.new_finding, fired.threshold, fired.actual) == (Action.WARN, True, 5, 5)
+    assert fired.guard == "loop_detection" and fired.tags == ("loop_detected",)
+    assert fired.pattern.startswith('read_file({"path":"a"}') and len(fired.pattern) <= 80
+    again = mcp(d, "read_file", {"path": "a"}, result="r6")["repetition"]
+    assert (again.action, again.new_finding, again.repetitions) == (Action.WARN, False, 6)
+    # something else ends the streak; the same call starts counting from one again
+    assert mcp(d, "read_file", {"path": "b"}) == {}
+    assert "repetition" not in mcp(d, "read_file", {"path": "a"})
+
+
+@pytest.mark.parametrize(("action", "expected"), [("block", Action.BLOCK), ("terminate", Action.TERMINATE)])
+def test_repetition_applies_the_configured_action(action: str, expected: Action) -> None:
+    d = det(threshold=3, action=action, **QUIET)
+    assert mcp(d, "t", {}) == {} and mcp(d, "t", {}) == {}
+    first = mcp(d, "t", {})["repetition"]
+    assert first.action is expected and first.new_finding
+    if expected is Action.TERMINATE:
+        assert "terminated" in first.tags
+    # a blocked repetition stays blocked until the agent does something else
+    second = mcp(d, "t", {})["repetition"]
+    assert second.action is expected and not second.new_finding
+
+
+def test_float_micro_variations_are_the_same_call() -> None:
+    d = det(threshold=4, **QUIET)
+    for value in (1.0, 0.9999999, 1.0000001):
+        assert mcp(d, "set_price", {"price": value, "sku": 7}, result=str(value)) == {}
+    assert "repetition" in mcp(d, "set_price", '{"sku": 7, "price": 1.0000004}')
+
+
+def test_paging_is_never_a_repetition_or_a_cycle() -> None:
+    d = det(threshold=2, **QUIET)
+    for page in range(1, 40):
+        assert mcp(d, "list_items", {"page": page}) == {}
+    for page in range(1, 20):  # a list / get walk through pages and items
+        assert mcp(d, "list_items", {"cursor": page}) == {}
+        assert mcp(d, "get_item", {"id": page}) == {}
+
+
+# -- ping-pong and exact cycles -----------------------------------------------------------------
+
+
+def test_ping_pong_fires_when_it_spans_threshold_calls() -> None:
+    d = det(threshold=5, **QUIET)
+    seq = [("a", {"x": 1}), ("b", {"y": 2})] * 4
+    got = [mcp(d, tool, args) for tool, args in seq]
+    assert all("ping_pong" not in g for g in got[:4])
+    fifth = got[4]["ping_pong"]
+    assert (fifth.action, fifth.new_finding, fifth.actual, fifth.threshold) == (Action.WARN, True, 5, 5)
+    assert fifth.pattern.startswith('a({"x":1}) -> b(')
+    assert [g["ping_pong"].new_finding for g in got[5:]] == [False, False, False]
+    assert mcp(d, "c", {}) == {}
+
+
+@pytest.mark.parametrize(("period", "fires_at"), [(3, 6), (4, 8)])
+def test_longer_exact_cycles_need_two_full_rounds(period: int, fires_at: int) -> None:
+    d = det(threshold=5, action="block", **QUIET)
+    block = [(f"tool{i}", {"i": i}) for i in range(period)]
+    got = [mcp(d, t, a) for t, a in (block * 3)[: fires_at + 1]]
+    assert all("ping_pong" not in g for g in got[: fires_at - 1])
+    assert got[fires_at - 1]["ping_pong"].action is Action.BLOCK
+    assert got[fires_at - 1]["ping_pong"].repetitions == 2
+    assert got[fires_at]["ping_pong"].action is Action.BLOCK
+
+
+def test_three_step_cycle_is_caught() -> None:
+    d = det(threshold=6, action="terminate", **QUIET)
+    calls = [("search", {"q": "x"}), ("open", {"url": "u"}), ("summarize", {"n": 1})] * 2
+    out = [mcp(d, t, a) for t, a in calls]
+    assert out[-1]["ping_pong"].action is Action.TERMINATE
+    assert out[-1]["ping_pong"].pattern.count(" -> ") == 2
+
+
+def test_a_cycle_with_a_repeated_member_is_not_a_cycle() -> None:
+    d = det(threshold=4, **QUIET)
+    for t in ["a", "a", "b", "a", "a", "b"]:
+        assert "ping_pong" not in mcp(d, t, {})
+
+
+# -- retry without progress ---------------------------------------------------------------------
+
+
+def test_retry_without_progress_fires_on_the_threshold_th_attempt_after_identical_failures() -> None:
+    d = det(threshold=3, action="block", **QUIET)
+    for i in range(2):  # different arguments: no repetition, same failure
+        assert mcp(d, "deploy", {"try": i}, result="E", error="HTTP 503") == {}
+    third = mcp(d, "deploy", {"try": 2}, result="E", error="HTTP 503")
+    assert (third["retry_no_progress"].action, third["retry_no_progress"].new_finding) == (Action.BLOCK, True)
+    assert third["retry_no_progress"].actual == 3
+    # the blocked call never ran: the next attempt stays blocked, same streak
+    fourth = mcp(d, "deploy", {"try": 3})
+    assert fourth["retry_no_progress"].action is Action.BLOCK and not fourth["retry_no_progress"].new_finding
+    # another tool is not held back
+    assert mcp(d, "status", {}) == {}
+
+
+def test_retry_streak_resets_on_success_or_a_different_error() -> None:
+    d = det(threshold=3, **QUIET)
+    mcp(d, "deploy", {"n": 1}, result="E", error="boom")
+    mcp(d, "deploy", {"n": 2}, result="E", error="other")
+    assert "retry_no_progress" not in mcp(d, "deploy", {"n": 3}, result="E", error="other")
+    assert "retry_no_progress" in mcp(d, "deploy", {"n": 4}, result="fine")  # third attempt after 2 x other
+    assert "retry_no_progress" not in mcp(d, "deploy", {"n": 5})  # the success reset it
+
+
+# -- no-progress poll ---------------------------------------------------------------------------
+
+
+def test_no_progress_poll_warns_at_4_and_terminates_at_8() -> None:
+    d = det(threshold=100, **QUIET)
+    got = [mcp(d, "get_status", {"job": 1}, result="pending").get("no_progress") for _ in range(9)]
+    assert got[:3] == [None, None, None]
+    assert (got[3].action, got[3].new_finding, got[3].threshold, got[3].actual) == (Action.WARN, True, 4, 4)
+    assert [g.action for g in got[4:7]] == [Action.WARN] * 3 and not any(g.new_finding for g in got[4:7])
+    assert (got[7].action, got[7].new_finding, got[7].threshold) == (Action.TERMINATE, True, 8)
+    assert "terminated" in got[7].tags
+
+
+def test_a_changing_result_is_progress() -> None:
+    d = det(threshold=100, **QUIET)
+    for i in range(20):
+        assert "no_progress" not in mcp(d, "get_status", {"job": 1}, result=f"{i}%")
+
+
+# -- per-tool escalation ------------------------------------------------------------------------
+
+
+def _escalation(d: LoopDetector, tool: str, n: int, start: float = 0.0) -> list[Action]:
+    return [
+        (mcp(d, tool, {"arg": i}, now=start + i).get("per_tool") or Decision(Action.ALLOW, "none")).action
+        for i in range(n)
+    ]
+
+
+def test_idempotent_tools_escalate_at_5_8_12() -> None:
+    d = det(threshold=100)
+    A = Action
+    assert _escalation(d, "read_file", 13) == [A.ALLOW] * 4 + [A.WARN] * 3 + [A.BLOCK] * 4 + [A.TERMINATE] * 2
+
+
+def test_mutating_tools_escalate_at_3_5_7() -> None:
+    d = det(threshold=100)
+    A = Action
+    assert _escalation(d, "write_file", 8) == [A.ALLOW] * 2 + [A.WARN] * 2 + [A.BLOCK] * 2 + [A.TERMINATE] * 2
+
+
+def test_each_escalation_level_writes_one_loop_warning() -> None:
+    d = det(threshold=100)
+    news = [mcp(d, "shell", {"cmd": i}).get("per_tool") for i in range(7)]
+    assert [(x.action, x.new_finding) for x in news if x is not None] == [
+        (Action.WARN, True),
+        (Action.WARN, False),
+        (Action.BLOCK, True),
+        (Action.BLOCK, False),
+        (Action.TERMINATE, True),
+    ]
+
+
+def test_refused_attempts_still_count() -> None:
+    d = det(threshold=100, mutating=(3, 4, 6))
+    for i in range(4):
+        d.check_tool_call("delete_file", {"p": i}, float(i))  # 4th is blocked: no result recorded
+    assert kinds(d.check_tool_call("delete_file", {"p": 9}, 5.0))["per_tool"].actual == 5
+    assert kinds(d.check_tool_call("delete_file", {"p": 10}, 6.0))["per_tool"].action is Action.TERMINATE
+
+
+def test_mcp_only_turn_ends_after_a_pause_longer_than_turn_gap() -> None:
+    d = det(threshold=100)  # turn_gap_s 30
+    assert _escalation(d, "write_file", 2, start=0.0) == [Action.ALLOW] * 2
+    # a pause of exactly 30 s is the same turn
+    assert _escalation(d, "write_file", 1, start=31.0) == [Action.WARN]
+    # a longer pause starts a new turn: counts from one again
+    assert _escalation(d, "write_file", 3, start=61.5) == [Action.ALLOW, Action.ALLOW, Action.WARN]
+    assert d.stats()["turn"] == 2
+
+
+def test_classification_lists_then_heuristics_unknown_is_mutating() -> None:
+    cfg = LoopDetectionConfig(idempotent_tools=("calculator",), mutating_tools=("get_and_reset",))
+    assert classify_tool("calculator", cfg) == "idempotent"
+    assert classify_tool("get_and_reset", cfg) == "mutating"
+    for name in ("read_file", "git_status", "webSearch", "db_query", "fetchUrl", "docs__list_pages"):
+        assert classify_tool(name, cfg) == "idempotent", name
+    for name in (
+        "write_file",
+        "execute_code",
+        "sql_insert",
+        "git_push",
+        "install_package",
+        "read_then_write",
+    ):
+        assert classify_tool(name, cfg) == "mutating", name
+    assert classify_tool("frobnicate", cfg) == "mutating"
+
+
+# -- function-calling tools seen in LLM history ---------------------------------------------------
+
+
+class Conversation:
+    """Builds the growing history an agent sends: one assistant step per model answer."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[tuple[str, str, Any]]] = []
+        self.results: dict[str, tuple[str, str | None]] = {}
+        self.turn_start = 0
+        self.n = 0
+
+    def step(self, *calls: tuple[str, Any], result: str = "ok", error: str | None = None) -> None:
+        ids = []
+        for name, args in calls:
+            self.n += 1
+            ids.append((f"call_{self.n}", name, args))
+            self.results[f"call_{self.n}"] = (result, error)
+        self.steps.append(ids)
+
+    def user(self) -> None:
+        self.turn_start = len(self.steps)
+
+    def send(self, d: LoopDetector, now: float = 0.0) -> dict[str, Decision]:
+        return kinds(d.check_llm_history(self.steps, self.turn_start, self.results, now))
+
+
+def test_the_request_whose_history_holds_the_threshold_th_occurrence_is_answered() -> None:
+    d, c = det(threshold=4, action="block", **QUIET), Conversation()
+    c.send(d)
+    for _ in range(3):
+        c.step(("search", '{"q": "x"}'))
+        assert "repetition" not in c.send(d)
+    c.step(("search", '{"q": "x"}'))
+    fired = c.send(d)["repetition"]
+    assert fired.action is Action.BLOCK and fired.new_finding and fired.actual == 4
+    assert fired.evidence[-1] == "call_4"
+    # the same history again (a retry) gets the same answer, without a second LOOP_WARNING
+    again = c.send(d)["repetition"]
+    assert again.action is Action.BLOCK and not again.new_finding
+
+
+def test_history_repeats_are_counted_once() -> None:
+    d, c = det(threshold=100), Conversation()
+    c.send(d)
+    c.step(("read_file", {"p": 1}), ("read_file", {"p": 2}))
+    for _ in range(5):
+        c.send(d)
+    assert d.stats()["turn_tool_counts"] == {"read_file": 2}
+
+
+def test_a_call_seen_as_mcp_and_in_history_counts_once() -> None:
+    d, c = det(threshold=5), Conversation()
+    c.send(d)
+    for i in range(4):
+        mcp(d, "search", {"q": "same"}, result=f"r{i}")
+        c.step(("docs__search", '{"q": "same"}'))  # the framework's server__ prefix
+        assert "repetition" not in c.send(d)
+    assert d.stats()["turn_tool_counts"] == {"search": 4}
+    assert "repetition" in mcp(d, "search", {"q": "same"})  # the 5th, caught before forwarding
+
+
+def test_a_real_user_message_starts_a_new_turn() -> None:
+    d, c = det(threshold=100), Conversation()
+    c.send(d)
+    for i in range(2):
+        c.step(("write_file", {"i": i}))
+        assert "per_tool" not in c.send(d)
+    c.step(("write_file", {"i": 2}))
+    assert c.send(d)["per_tool"].action is Action.WARN
+    c.user()
+    assert c.send(d) == {}
+    c.step(("write_file", {"i": 3}))
+    assert "per_tool" not in c.send(d)
+    assert d.stats()["turn_tool_counts"] == {"write_file": 1}
+
+
+def test_identical_step_fires_on_the_4th_identical_step() -> None:
+    d, c = det(threshold=100, action="block", **QUIET), Conversation()
+    c.send(d)
+    for i in range(3):
+        # the same set of calls, in a different order each time
+        calls = [("read_file", {"p": "a"}), ("grep", {"q": "x"})]
+        c.step(*(calls if i % 2 else calls[::-1]))
+        assert "identical_step" not in c.send(d)
+    c.step(("grep", {"q": "x"}), ("read_file", {"p": "a"}))
+    fired = c.send(d)["identical_step"]
+    assert (fired.action, fired.new_finding, fired.threshold, fired.actual, fired.repetitions) == (
+        Action.BLOCK,
+        True,
+        3,
+        3,
+        4,
+    )
+    c.step(("grep", {"q": "x"}), ("read_file", {"p": "a"}))
+    assert not c.send(d)["identical_step"].new_finding
+    c.step(("grep", {"q": "y"}))
+    assert "identical_step" not in c.send(d)
+
+
+def test_max_time_per_turn_refuses_further_calls_of_a_long_turn() -> None:
+    d, c = det(threshold=100), Conversation()
+    c.send(d, now=0.0)
+    c.step(("read_file", {"p": 1}))
+    assert "max_time_per_turn" not in c.send(d, now=120.0)
+    blocked = kinds(d.check_tool_call("read_file", {"p": 2}, 120.5))["max_time_per_turn"]
+    assert (blocked.action, blocked.threshold) == (Action.BLOCK, 120)
+    c.step(("read_file", {"p": 2}))
+    assert c.send(d, now=121.0)["max_time_per_turn"].action is Action.BLOCK
+    c.user()
+    assert c.send(d, now=130.0) == {}
+
+
+def test_mcp_only_sessions_have_no_turn_time_limit() -> None:
+    d = det(threshold=100, max_time_per_turn=1)
+    assert all(mcp(d, "read_file", {"p": i}, now=i * 0.5) == {} for i in range(4))
+
+
+# -- several patterns on one call -----------------------------------------------------------------
+
+
+def test_several_patterns_fire_together_and_the_strictest_wins() -> None:
+    d = det(threshold=5)
+    out = {}
+    for _ in range(8):
+        out = mcp(d, "get_status", {"job": 1}, result="pending")
+    assert set(out) == {"repetition", "per_tool", "no_progress"}
+    assert (out["repetition"].action, out["per_tool"].action, out["no_progress"].action) == (
+        Action.WARN,
+        Action.BLOCK,
+        Action.TERMINATE,
+    )
+    assert strictest(list(out.values())).kind == "no_progress"
+
+
+def test_disabled_detection_never_fires() -> None:
+    d = det(enabled=False, threshold=2)
+    assert all(d.check_tool_call("write_file", {}, 0.0) == [] for _ in range(20))
+    assert d.observe_event("TOOL_CALL", "x", "e") is None
+
+
+# -- AgentDbg cycle -----------------------------------------------------------------------------
+
+
+def _events(d: LoopDetector, pairs: list[tuple[str, str]], start: int = 0) -> list[Decision | None]:
+    return [d.observe_event(t, n, f"ev{start + i}") for i, (t, n) in enumerate(pairs)]
+
+
+def test_cycle_warns_once_per_distinct_pattern() -> None:
+    d = det()  # window 12, repetitions 3
+    got = _events(d, [("LLM_CALL", "gpt-4"), ("TOOL_CALL", "search")] * 5)
+    assert got[:5] == [None] * 5
+    first, rotated = got[5], got[6]
+    assert (first.action, first.kind, first.pattern, first.repetitions) == (
+        Action.WARN,
+        "cycle",
+        "LLM_CALL:gpt-4 -> TOOL_CALL:search",
+        3,
+    )
+    assert first.evidence == tuple(f"ev{i}" for i in range(6)) and first.window_size == 6
+    # AgentDbg's patterns are strings: the rotation is a distinct pattern (its own LOOP_WARNING) ...
+    assert rotated is not None and rotated.pattern == "TOOL_CALL:search -> LLM_CALL:gpt-4"
+    assert got[7:] == [None] * 3  # ... and a pattern seen before writes nothing more
+    other = _events(d, [("TOOL_CALL", "fetch")] * 3, start=10)
+    assert other[2] is not None and other[2].pattern == "TOOL_CALL:fetch"
+
+
+def test_cycle_ignores_arguments_so_paging_only_warns() -> None:
+    d = det()
+    got = _events(d, [("TOOL_CALL", "list_items")] * 20)
+    fired = [g for g in got if g is not None]
+    assert len(fired) == 1 and fired[0].action is Action.WARN
+
+
+def test_stop_on_loop_terminates_at_min_repetitions() -> None:
+    d = det(stop_on_loop=True, stop_on_loop_min_repetitions=4)
+    got = _events(d, [("LLM_CALL", "m"), ("TOOL_CALL", "t")] * 4)
+    assert got[5].action is Action.WARN  # 3 repetitions: below the stop threshold
+    assert got[6].pattern == "TOOL_CALL:t -> LLM_CALL:m"
+    stop = got[7]
+    assert (stop.action, stop.guard, stop.threshold, stop.actual, stop.new_finding) == (
+        Action.TERMINATE,
+        "stop_on_loop",
+        4,
+        4,
+        True,
+    )
+    assert "terminated" in stop.tags and len(stop.evidence) == 8
+
+
+def test_window_bounds_the_cycle() -> None:
+    d = det(window=4, repetitions=3)
+    got = _events(d, [("LLM_CALL", "m"), ("TOOL_CALL", "t")] * 4)
+    assert all(g is None for g in got)  # 2 x 3 = 6 events never fit a window of 4
+
+
+def test_stats_report_counts_turn_and_decisions() -> None:
+    d = det(threshold=3, **QUIET)
+    for i in range(4):
+        mcp(d, "read_file", {"p": 1}, result=str(i))
+    s = d.stats(now=5.0)
+    assert s["tool_counts"] == {"read_file": 4} and s["turn"] == 1
+    assert s["decisions"] == {"repetition:warn": 2}
