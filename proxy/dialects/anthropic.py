@@ -1,0 +1,267 @@
+"""Anthropic Messages (`POST /v1/messages`), plain JSON and SSE streams.
+
+Anthropic sends tool results as `tool_result` blocks inside *user* messages, so a user message
+made only of tool results does not start a new turn. Its `input_tokens` exclude prompt-cache
+reads and writes; Tripwire's `prompt_tokens` include them (SPEC §4.2), so they are added here.
+Streams always carry usage (`message_start`, then cumulative counts in `message_delta`), so
+nothing is rewritten and every chunk passes through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.dialects.base import (
+    LLMRequest,
+    LLMResult,
+    ToolCall,
+    ToolCallBuilder,
+    ToolResult,
+    Usage,
+    as_float,
+    as_int,
+    error_dict,
+    estimate_prompt_tokens,
+    estimate_usage,
+    http_error,
+    loads_or_none,
+    new_id,
+    sse_frame,
+    stream_incomplete,
+)
+from proxy.sse import SSEDecoder
+
+__all__ = [
+    "DIALECT",
+    "StreamAccumulator",
+    "estimate_prompt_tokens",
+    "parse_request",
+    "parse_response",
+    "render_blocked",
+    "upstream_body",
+]
+
+DIALECT = "anthropic"
+JSON_TYPE = "application/json"
+SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+def _blocks(content: Any) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def parse_request(body: dict) -> LLMRequest:
+    raw_messages = body.get("messages")
+    raw_messages = raw_messages if isinstance(raw_messages, list) else []
+    steps: list[list[ToolCall]] = []
+    results: list[ToolResult] = []
+    turn_start = 0
+    for message in raw_messages:
+        if not isinstance(message, dict):
+            continue
+        blocks = _blocks(message.get("content"))
+        if message.get("role") == "assistant":
+            steps.append(
+                [
+                    ToolCall(
+                        id=str(b.get("id") or ""), name=str(b.get("name") or ""), arguments=b.get("input")
+                    )
+                    for b in blocks
+                    if b.get("type") == "tool_use"
+                ]
+            )
+        elif message.get("role") == "user":
+            tool_results = [b for b in blocks if b.get("type") == "tool_result"]
+            for block in tool_results:
+                results.append(
+                    ToolResult(
+                        tool_call_id=str(block.get("tool_use_id") or ""),
+                        content=block.get("content"),
+                        is_error=block.get("is_error") is True,
+                    )
+                )
+            if len(tool_results) < len(blocks) or not blocks:
+                turn_start = len(steps)
+    messages: list[Any] = list(raw_messages)
+    system = body.get("system")
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    return LLMRequest(
+        dialect=DIALECT,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        stream=body.get("stream") is True,
+        messages=messages,
+        temperature=as_float(body.get("temperature")),
+        max_tokens=as_int(body.get("max_tokens")) or None,
+        tool_results=results,
+        steps=steps,
+        turn_start=turn_start,
+        client_asked_usage=True,  # Anthropic streams always carry usage
+    )
+
+
+def upstream_body(req: LLMRequest, body: dict) -> dict | None:
+    return None
+
+
+def usage_of(raw: Any) -> Usage | None:
+    """Anthropic usage → ours: prompt tokens include cache reads and cache writes."""
+    if not isinstance(raw, dict):
+        return None
+    read = as_int(raw.get("cache_read_input_tokens"))
+    write = as_int(raw.get("cache_creation_input_tokens"))
+    prompt = as_int(raw.get("input_tokens")) + read + write
+    output = as_int(raw.get("output_tokens"))
+    return Usage(prompt, output, prompt + output, cached_tokens=read, cache_creation_tokens=write)
+
+
+def _content(blocks: list[dict]) -> tuple[str, list[ToolCall]]:
+    text = "".join(b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str))
+    calls = [
+        ToolCall(id=str(b.get("id") or ""), name=str(b.get("name") or ""), arguments=b.get("input"))
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    return text, calls
+
+
+def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> LLMResult:
+    data = loads_or_none(body)
+    if status >= 400 or (isinstance(data, dict) and data.get("type") == "error"):
+        return LLMResult(None, "", [], None, None, error=http_error(status, data, body))
+    if not isinstance(data, dict):
+        error = error_dict("unparseable_response", "messages answer is not JSON")
+        return LLMResult(None, "", [], None, None, error=error)
+    text, calls = _content(_blocks(data.get("content")))
+    usage = usage_of(data.get("usage")) or estimate_usage(req, text, calls)
+    return LLMResult(
+        model=data.get("model") if isinstance(data.get("model"), str) else None,
+        text=text,
+        tool_calls=calls,
+        usage=usage,
+        stop_reason=data.get("stop_reason"),
+        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+    )
+
+
+class StreamAccumulator:
+    """Reads an Anthropic event stream as it is relayed; chunks pass through unchanged."""
+
+    terminator = "message_stop"
+
+    def __init__(self, req: LLMRequest) -> None:
+        self.req = req
+        self._decoder = SSEDecoder()
+        self._text: list[str] = []
+        self._tools: dict[int, ToolCallBuilder] = {}
+        self._usage: dict[str, Any] = {}
+        self._stop: str | None = None
+        self._model: str | None = None
+        self._id: str | None = None
+        self._error: dict | None = None
+        self._done = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        for event in self._decoder.feed(chunk):
+            if event.data is not None:
+                self._event(event.data)
+        return chunk
+
+    def finish(self, complete: bool) -> LLMResult:
+        for event in self._decoder.flush():
+            if event.data is not None:
+                self._event(event.data)
+        calls = [self._tools[i].build() for i in sorted(self._tools)]
+        text = "".join(self._text)
+        ok = complete and self._done
+        error = self._error
+        if not ok and error is None:
+            error = stream_incomplete(self.terminator)
+        usage = usage_of(self._usage) if self._usage else estimate_usage(self.req, text, calls)
+        return LLMResult(self._model, text, calls, usage, self._stop, self._id, error, ok)
+
+    def _event(self, data_text: str) -> None:
+        data = loads_or_none(data_text)
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type")
+        if kind == "message_start" and isinstance(data.get("message"), dict):
+            message = data["message"]
+            self._model = message.get("model") if isinstance(message.get("model"), str) else None
+            self._id = message.get("id") if isinstance(message.get("id"), str) else None
+            self._merge_usage(message.get("usage"))
+        elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
+            block = data["content_block"]
+            if block.get("type") == "tool_use":
+                builder = ToolCallBuilder(id=str(block.get("id") or ""), name=str(block.get("name") or ""))
+                self._tools[as_int(data.get("index"))] = builder
+                if block.get("input"):  # a complete input in the start block (not the usual {})
+                    builder.parts.append(orjson.dumps(block["input"]).decode())
+            elif block.get("type") == "text" and isinstance(block.get("text"), str):
+                self._text.append(block["text"])
+        elif kind == "content_block_delta" and isinstance(data.get("delta"), dict):
+            delta = data["delta"]
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                self._text.append(delta["text"])
+            elif delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+                builder = self._tools.get(as_int(data.get("index")))
+                if builder is not None:
+                    builder.parts.append(delta["partial_json"])
+        elif kind == "message_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason"):
+                self._stop = delta["stop_reason"]
+            self._merge_usage(data.get("usage"))
+        elif kind == "message_stop":
+            self._done = True
+        elif kind == "error":
+            self._error = http_error(200, data, data_text.encode())
+
+    def _merge_usage(self, usage: Any) -> None:
+        """message_delta counts are cumulative: they replace, and absent ones keep the start's."""
+        if isinstance(usage, dict):
+            self._usage.update({k: v for k, v in usage.items() if v is not None})
+
+
+def render_blocked(req: LLMRequest, text: str, guard: str) -> tuple[str, bytes]:
+    """An assistant message that ends the turn normally (`end_turn`, usage zero)."""
+    model = req.model or "tripwire"
+    message: dict[str, Any] = {
+        "id": new_id("msg_tripwire_"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+    if not req.stream:
+        return JSON_TYPE, orjson.dumps(message)
+    start = {**message, "content": [], "stop_reason": None}
+    frames = [
+        ("message_start", {"type": "message_start", "message": start}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 0},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return SSE_TYPE, b"".join(sse_frame(data, event) for event, data in frames)
