@@ -73,6 +73,10 @@ class SessionBudget:
         self._inflight[res.id] = res
         return ALLOW, res
 
+    def refusal(self, kind: CallKind, now: float) -> Decision | None:
+        """The refusal `check()` would give, without reserving (for a call another guard refused)."""
+        return self._refusal(kind, now)
+
     def _inflight_sum(self) -> tuple[float, int, int, int]:
         usd = tokens = llm = tool = 0
         for r in self._inflight.values():

@@ -45,7 +45,9 @@ class LoopDetectionConfig(_Section):
         for name in ("idempotent", "mutating"):
             warn, block, halt = getattr(self, name)
             if not warn <= block <= halt:
-                raise ValueError(f"{name}: thresholds must be warn <= block <= halt, got {[warn, block, halt]}")
+                raise ValueError(
+                    f"{name}: thresholds must be warn <= block <= halt, got {[warn, block, halt]}"
+                )
         if self.no_progress_warn > self.no_progress_halt:
             raise ValueError("no_progress_warn must not exceed no_progress_halt")
         return self

@@ -28,7 +28,8 @@ class Decision:
     threshold: Any = None
     actual: Any = None
     # loop findings only: which pattern, and what the LOOP_WARNING event carries
-    kind: str | None = None  # repetition / ping_pong / retry_no_progress / identical_step / cycle / per_tool / no_progress
+    # repetition / ping_pong / retry_no_progress / identical_step / cycle / per_tool / no_progress
+    kind: str | None = None
     pattern: str | None = None
     repetitions: int | None = None
     window_size: int | None = None

@@ -133,6 +133,7 @@ class LoopDetector:
     ) -> list[Decision]:
         """Before forwarding an MCP `tools/call`: the attempt counts (even when refused)."""
         if not self.config.enabled:
+            self._mcp_unclaimed[signature(tool, args)] += 1  # so limits count it once
             return []
         if not self._llm_seen:
             gap = self.config.turn_gap_s
@@ -182,10 +183,11 @@ class LoopDetector:
         after the last real user message, `tool_results` maps tool_call_id -> (fingerprint, error)
         for the results the request carries. Sending the same history again gives the same answer.
         """
+        turn_start = max(0, min(turn_start, len(steps)))
         if not self.config.enabled:
+            self._count_ids_only(steps, turn_start)
             return []
         self._llm_seen = True
-        turn_start = max(0, min(turn_start, len(steps)))
         inside = [c[0] for step in steps[turn_start:] for c in step]
         before = [c[0] for step in steps[:turn_start] for c in step]
         if not inside or self._turn_ids.intersection(before) or self.turn_started_at is None:
@@ -228,6 +230,20 @@ class LoopDetector:
         turn_time = self._turn_time(now)
         self._tally(turn_time)
         return self._dedupe(decisions + turn_time)
+
+    def _count_ids_only(self, steps: Sequence[Sequence[HistoryCall]], turn_start: int) -> None:
+        """Detection off: still tell the budget which history calls are new (limits stay on)."""
+        self.new_history_calls = 0
+        for k, step in enumerate(steps):
+            for call_id, name, args in step:
+                if call_id in self._seen_ids:
+                    continue
+                self._seen_ids.add(call_id)
+                sig = signature(name, args)
+                if self._mcp_unclaimed[sig] > 0:
+                    self._mcp_unclaimed[sig] -= 1
+                elif k >= turn_start:
+                    self.new_history_calls += 1
 
     # -- AgentDbg cycle --------------------------------------------------------------------------
 

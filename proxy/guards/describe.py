@@ -1,0 +1,77 @@
+"""What the agent reads when a guard fires: one `[tripwire] ...` sentence per decision (SPEC §5.5).
+
+The text goes to a model, so it says what happened and what to do instead. With
+`expose_guard_details` off the agent learns only that a guard fired and which kind: no limits, no
+counts (a model that knows the threshold can learn to stay one call below it).
+"""
+
+from __future__ import annotations
+
+from proxy.guards.decision import Action, Decision
+
+_LOOP_KINDS = {
+    "repetition": "the same tool call was repeated",
+    "ping_pong": "the same tool calls keep alternating in a cycle",
+    "retry_no_progress": "a failing tool call is being retried without progress",
+    "identical_step": "the same set of tool calls was repeated step after step",
+    "cycle": "the run keeps repeating the same sequence of calls",
+    "per_tool": "one tool was called too many times in this turn",
+    "no_progress": "a call keeps returning the same result",
+}
+_BUDGET = {
+    "max_cost_usd": "the session's cost budget is spent",
+    "max_tokens": "the session's token budget is spent",
+    "max_wall_time_seconds": "the session's time budget is spent",
+    "soft_alert_threshold_usd": "the session's cost is close to its budget",
+}
+_LIMITS = {
+    "max_llm_calls": "the session reached its limit of LLM calls",
+    "max_tool_calls": "the session reached its limit of tool calls",
+    "max_steps": "the session reached its limit of tool calls",
+    "max_events": "the session reached its limit of recorded events",
+    "max_duration_s": "the session reached its time limit",
+    "max_time_per_turn": "this turn has run too long",
+}
+
+
+def _summary(d: Decision) -> str:
+    if d.kind in _LOOP_KINDS:
+        return f"loop detected: {_LOOP_KINDS[d.kind]}"
+    if d.guard in _BUDGET:
+        return _BUDGET[d.guard]
+    if d.guard in _LIMITS:
+        return _LIMITS[d.guard]
+    if d.guard == "circuit_breaker":
+        return "the upstream is failing and its circuit is open"
+    return d.message or f"guard {d.guard} fired"
+
+
+def _advice(d: Decision) -> str:
+    if d.action is Action.TERMINATE:
+        return "The session has been ended; do not retry it."
+    if d.guard == "circuit_breaker":
+        left = f" in {max(1, round(d.retry_after or 0))}s" if d.retry_after is not None else " later"
+        return f"Try again{left}."
+    if d.guard == "max_time_per_turn":
+        return "Stop calling tools and answer the user with what you have."
+    if d.kind is not None:
+        return "Do not repeat this call: try a different approach, or answer the user with what you have."
+    return ""
+
+
+def describe(decision: Decision, expose_details: bool) -> str:
+    """`[tripwire] blocked: ...` (or `warning:`) for the agent; details only when exposed."""
+    head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"
+    what = decision.message if expose_details and decision.message else _summary(decision)
+    text = f"{head}: {what}"
+    if expose_details:
+        details = [f"guard {decision.guard}"]
+        if decision.kind:
+            details.append(f"pattern {decision.kind}")
+        if decision.threshold is not None:
+            details.append(f"threshold {decision.threshold}")
+        if decision.actual is not None:
+            details.append(f"actual {decision.actual}")
+        text += f" ({', '.join(details)})"
+    advice = _advice(decision)
+    return f"{text}. {advice}" if advice else f"{text}."

@@ -1,0 +1,201 @@
+"""One session's guards behind four calls the pipeline makes (SPEC §5).
+
+    before_llm_call  -> Verdict    (loop patterns in the request's history, budgets, limits)
+    after_llm_call   -> [Decision] (settle the reservation; the soft budget alert)
+    before_tool_call -> Verdict    (MCP tools/call: loop patterns, budgets, limits)
+    after_tool_call  -> [Decision] (settle; feed the result-dependent loop patterns)
+    observe_event    -> Decision | None  (every event written: max_events, AgentDbg's cycle)
+
+The circuit breaker is not here: it belongs to agent x upstream, not to a session
+(`proxy.guards.breaker.BreakerRegistry`). Pure: no I/O, the monotonic clock passed in as `now`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.guards.budget import CallKind, Reservation, SessionBudget
+from proxy.guards.config import GuardConfig
+from proxy.guards.decision import ALLOW, Action, Decision, strictest
+from proxy.guards.loop import HistoryCall, LoopDetector
+
+# events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
+# agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
+CYCLE_EVENTS = frozenset({"LLM_CALL", "TOOL_CALL"})
+
+
+@dataclass
+class Verdict:
+    """Everything the guards concluded about one call before it is forwarded."""
+
+    decisions: list[Decision] = field(default_factory=list)  # every firing, in order
+    reservation: Reservation | None = None  # hold it until after_*() or release()
+
+    @property
+    def decision(self) -> Decision:
+        """The one that wins (strictest; ALLOW when nothing fired)."""
+        return strictest(self.decisions)
+
+    @property
+    def refused(self) -> bool:
+        """Do not forward: answer with a block (BLOCK) or a refusal (TERMINATE)."""
+        return self.decision.action >= Action.BLOCK
+
+    @property
+    def loop_findings(self) -> list[Decision]:
+        """The LOOP_WARNING events to write (one per streak, per level)."""
+        return [d for d in self.decisions if d.kind is not None and d.new_finding]
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for d in self.decisions:
+            seen.update(dict.fromkeys(d.tags))
+        return tuple(seen)
+
+
+class SessionGuards:
+    """The loop detector and budget of one session, under the config in force."""
+
+    def __init__(self, config: GuardConfig, started_at: float) -> None:
+        self.config = config
+        self.loop = LoopDetector(config.loop_detection)
+        self.budget = SessionBudget(config.budget, config.limits, config.loop_detection.max_steps, started_at)
+        self.decision_counts: Counter[str] = Counter()
+        self.terminated_by: Decision | None = None
+
+    def configure(self, config: GuardConfig) -> None:
+        """The config in force changed (admin API): effective on the next call, counts kept."""
+        if config == self.config:
+            return
+        self.config = config
+        self.loop.configure(config.loop_detection)
+        self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
+
+    # -- LLM calls -------------------------------------------------------------------------------
+
+    def before_llm_call(
+        self,
+        steps: Sequence[Sequence[HistoryCall]],
+        turn_start: int,
+        tool_results: Mapping[str, tuple[str, str | None]],
+        *,
+        estimate_usd: float,
+        now: float,
+        estimate_tokens: int = 0,
+    ) -> Verdict:
+        """Before forwarding an LLM request: its history's tool calls, then budgets and limits.
+
+        `steps` are (tool_call_id, name, arguments) per assistant step (LLMRequest.steps),
+        `tool_results` maps tool_call_id -> (result fingerprint, error or None).
+        """
+        decisions = self.loop.check_llm_history(steps, turn_start, tool_results, now)
+        self.budget.count_history_tool_calls(self.loop.new_history_calls)
+        return self._admit("llm", decisions, estimate_usd, estimate_tokens, now)
+
+    def after_llm_call(
+        self, reservation: Reservation | None, *, cost_usd: float, tokens: int, now: float
+    ) -> list[Decision]:
+        """The answer came (or broke after reaching the upstream): settle to its real cost."""
+        return self._count(self.budget.settle(reservation, cost_usd, tokens, now))
+
+    # -- MCP tool calls --------------------------------------------------------------------------
+
+    def before_tool_call(
+        self,
+        tool: str,
+        args: Any,
+        *,
+        now: float,
+        server: str | None = None,
+        estimate_usd: float = 0.0,
+    ) -> Verdict:
+        """Before forwarding an MCP `tools/call`: loop patterns (the attempt counts), then limits."""
+        decisions = self.loop.check_tool_call(tool, args, now, server=server)
+        return self._admit("tool", decisions, estimate_usd, 0, now)
+
+    def after_tool_call(
+        self,
+        reservation: Reservation | None,
+        tool: str,
+        args: Any,
+        *,
+        result_fingerprint: str,
+        error: str | None,
+        now: float,
+        event_id: str | None = None,
+        cost_usd: float = 0.0,
+    ) -> list[Decision]:
+        """The tool answered: settle, and remember the result for retry / no-progress patterns.
+
+        `error` is the failure as text (JSON-RPC error message, or the text of an `isError`
+        result) so identical failures compare equal; `result_fingerprint` a hash of the result.
+        """
+        self.loop.record_tool_result(tool, args, result_fingerprint, error, now, event_id=event_id)
+        return self._count(self.budget.settle(reservation, cost_usd, 0, now))
+
+    def release(self, reservation: Reservation | None) -> None:
+        """The admitted call never reached the upstream (another guard refused it, connect failed)."""
+        self.budget.release(reservation)
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def observe_event(self, event_type: str, name: str, event_id: str) -> Decision | None:
+        """Call for every event written to the session's trace, after writing it."""
+        self.budget.count_event()
+        if event_type not in CYCLE_EVENTS:
+            return None
+        d = self.loop.observe_event(event_type, name, event_id)
+        if d is not None:
+            self._count([d])
+        return d
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _admit(
+        self, kind: CallKind, decisions: list[Decision], estimate_usd: float, estimate_tokens: int, now: float
+    ) -> Verdict:
+        verdict = Verdict(list(decisions))
+        if verdict.refused:
+            # refused by a loop guard: the budget still says whether it would have stopped it too,
+            # without reserving anything
+            refusal = self.budget.refusal(kind, now)
+            if refusal is not None:
+                verdict.decisions.append(refusal)
+        else:
+            decision, reservation = self.budget.check(
+                kind, estimate_usd, now, estimate_tokens=estimate_tokens
+            )
+            if decision.action is not Action.ALLOW:
+                verdict.decisions.append(decision)
+            verdict.reservation = reservation
+        self._count(verdict.decisions)
+        return verdict
+
+    def _count(self, decisions: list[Decision]) -> list[Decision]:
+        for d in decisions:
+            self.decision_counts[f"{d.guard}:{d.action.name.lower()}"] += 1
+            if d.action is Action.TERMINATE and self.terminated_by is None:
+                self.terminated_by = d
+        return decisions
+
+    def stats(self, now: float | None = None) -> dict[str, Any]:
+        """Loop Guard's get_stats() and the budget's counters, for the admin API."""
+        loop = self.loop.stats(now)
+        t = self.terminated_by
+        return {
+            "turn": loop["turn"],
+            "turn_tool_counts": loop["turn_tool_counts"],
+            "tool_counts": loop["tool_counts"],
+            "decisions": dict(self.decision_counts),
+            "loop": loop,
+            "budget": self.budget.stats(now),
+            "terminated_by": None if t is None else {"guard": t.guard, "kind": t.kind, "message": t.message},
+            "config": self.config.model_dump(mode="json"),
+        }
+
+
+__all__ = ["ALLOW", "SessionGuards", "Verdict"]
