@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,72 @@ def delete_run(data_dir: Path, run_id: str) -> bool:
         return False
     shutil.rmtree(d)
     return True
+
+
+# --- retention ---------------------------------------------------------------------------------------
+
+
+def _dir_bytes(d: Path) -> int:
+    total = 0
+    try:
+        for entry in os.scandir(d):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return total
+
+
+def prune_runs(
+    data_dir: Path,
+    *,
+    now: float,
+    max_age_s: float | None = None,
+    max_total_bytes: int | None = None,
+    keep: Collection[str] = (),
+) -> list[str]:
+    """Delete old finished runs (SPEC §4.1 retention); returns the ids deleted.
+
+    A run is older than `max_age_s` by its ended_at (started_at if it has none). Then, while the
+    finished runs' total size exceeds `max_total_bytes`, the oldest go first. Runs still "running"
+    on disk and ids in `keep` (the recorder's open runs) are never deleted, nor counted in the size.
+    """
+    if max_age_s is None and max_total_bytes is None:
+        return []
+    base = runs_base(data_dir)
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return []
+    finished: list[tuple[float, str, int]] = []
+    for entry in entries:
+        rid = entry.name
+        if not is_valid_run_id(rid) or rid in keep or not entry.is_dir():
+            continue
+        meta = read_json(entry / RUN_JSON)
+        if meta is None or meta.get("status") == "running":
+            continue
+        when = parse_iso(meta.get("ended_at")) or parse_iso(meta.get("started_at")) or 0.0
+        finished.append((when, rid, _dir_bytes(entry)))
+    finished.sort()
+    doomed: list[str] = []
+    if max_age_s is not None:
+        doomed += [rid for when, rid, _ in finished if now - when > max_age_s]
+    if max_total_bytes is not None:
+        left = [(rid, size) for _, rid, size in finished if rid not in doomed]
+        total = sum(size for _, size in left)
+        for rid, size in left:
+            if total <= max_total_bytes:
+                break
+            doomed.append(rid)
+            total -= size
+    deleted: list[str] = []
+    for rid in doomed:
+        try:
+            shutil.rmtree(base / rid)
+            deleted.append(rid)
+        except OSError as e:
+            logger.warning("retention: could not delete run %s: %s", rid, e)
+    if deleted:
+        logger.info("retention: deleted %d old run(s)", len(deleted))
+    return deleted

@@ -178,3 +178,32 @@ def test_delete_run(tmp_path: Path) -> None:
     assert storage.delete_run(tmp_path, run_id) is False
     with pytest.raises(ValueError):
         storage.delete_run(tmp_path, "..")
+
+
+def _finish(data_dir: Path, run_id: str, ended_at: str, size: int) -> None:
+    d = data_dir / "runs" / run_id
+    meta = orjson.loads((d / RUN_JSON).read_bytes())
+    meta.update(status="ok", ended_at=ended_at, duration_ms=0)
+    storage.write_json_atomic(d / RUN_JSON, meta)
+    (d / EVENTS_JSONL).write_bytes(b"x" * size)
+
+
+def test_prune_runs_by_age_and_size(tmp_path: Path) -> None:
+    now = storage.parse_iso("2026-03-10T00:00:00.000Z")
+    assert now is not None
+    old = _make_run(tmp_path, "2026-01-01T00:00:00.000Z")
+    _finish(tmp_path, old, "2026-01-01T01:00:00.000Z", 100)
+    mid = _make_run(tmp_path, "2026-03-01T00:00:00.000Z")
+    _finish(tmp_path, mid, "2026-03-01T01:00:00.000Z", 1000)
+    new = _make_run(tmp_path, "2026-03-09T00:00:00.000Z")
+    _finish(tmp_path, new, "2026-03-09T01:00:00.000Z", 1000)
+    running = _make_run(tmp_path, "2025-01-01T00:00:00.000Z")  # ancient but still running: kept
+    kept = _make_run(tmp_path, "2025-01-01T00:00:00.000Z")
+    _finish(tmp_path, kept, "2025-01-01T00:00:00.000Z", 10)
+
+    assert storage.prune_runs(tmp_path, now=now) == []
+    assert storage.prune_runs(tmp_path, now=now, max_age_s=30 * 86400, keep={kept}) == [old]
+    # size: mid + new (+ small run.json files) exceed 1500 bytes: the oldest finished one goes
+    assert storage.prune_runs(tmp_path, now=now, max_total_bytes=1500, keep={kept}) == [mid]
+    left = {p.name for p in (tmp_path / "runs").iterdir()}
+    assert left == {new, running, kept}
