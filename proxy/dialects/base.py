@@ -184,6 +184,12 @@ def openai_usage(raw: Any) -> Usage | None:
     prompt = as_int(raw.get("prompt_tokens"))
     completion = as_int(raw.get("completion_tokens"))
     details = raw.get("prompt_tokens_details")
-    cached = as_int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    details = details if isinstance(details, dict) else {}
     total = as_int(raw.get("total_tokens")) or prompt + completion
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, cached_tokens=cached)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+        cached_tokens=as_int(details.get("cached_tokens")),
+        cache_creation_tokens=as_int(details.get("cache_write_tokens")),
+    )

@@ -1,0 +1,347 @@
+"""OpenAI Responses API (`POST /v1/responses`), plain JSON and SSE streams.
+
+The input is a flat list of items: messages, `function_call`s the model made earlier and the
+`function_call_output`s that answer them. Consecutive assistant-side items (assistant message,
+reasoning, function calls) form one step. A request that continues a chain with
+`previous_response_id` carries no history; the pipeline keeps the chain's tool calls itself.
+Streams always end with `response.completed` (or `.incomplete` / `.failed`) carrying usage, so
+nothing is rewritten and every chunk passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from proxy.dialects.base import (
+    LLMRequest,
+    LLMResult,
+    ToolCall,
+    ToolCallBuilder,
+    ToolResult,
+    Usage,
+    as_float,
+    as_int,
+    error_dict,
+    estimate_prompt_tokens,
+    estimate_usage,
+    http_error,
+    loads_or_none,
+    new_id,
+    parse_arguments,
+    sse_frame,
+    stream_incomplete,
+)
+from proxy.sse import SSEDecoder
+
+__all__ = [
+    "DIALECT",
+    "SYNTHETIC_PREFIX",
+    "StreamAccumulator",
+    "estimate_prompt_tokens",
+    "is_synthetic_response_id",
+    "parse_request",
+    "parse_response",
+    "render_blocked",
+    "rewrite_previous_response",
+    "upstream_body",
+]
+
+DIALECT = "openai_responses"
+JSON_TYPE = "application/json"
+SSE_TYPE = "text/event-stream; charset=utf-8"
+SYNTHETIC_PREFIX = "resp_tripwire_"
+_CALL_TYPES = ("function_call", "custom_tool_call")
+_OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+def is_synthetic_response_id(response_id: str | None) -> bool:
+    """True for the id of a blocked answer Tripwire made up (the upstream never saw it)."""
+    return isinstance(response_id, str) and response_id.startswith(SYNTHETIC_PREFIX)
+
+
+def _tool_call(item: dict) -> ToolCall:
+    raw = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+    return ToolCall(
+        id=str(item.get("call_id") or item.get("id") or ""),
+        name=str(item.get("name") or ""),
+        arguments=parse_arguments(raw),
+    )
+
+
+def parse_request(body: dict) -> LLMRequest:
+    raw_input = body.get("input")
+    if isinstance(raw_input, str):
+        items: list[Any] = [{"role": "user", "content": raw_input}]
+    else:
+        items = list(raw_input) if isinstance(raw_input, list) else []
+    steps: list[list[ToolCall]] = []
+    results: list[ToolResult] = []
+    turn_start = 0
+    current: list[ToolCall] | None = None
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type") or "message"
+        role = item.get("role")
+        if kind in _OUTPUT_TYPES:
+            results.append(
+                ToolResult(tool_call_id=str(item.get("call_id") or ""), content=item.get("output"))
+            )
+            current = None
+        elif kind == "message" and role != "assistant":
+            if role == "user":
+                turn_start = len(steps)
+            current = None
+        else:  # assistant message, reasoning, function calls, hosted tool calls
+            if current is None:
+                current = []
+                steps.append(current)
+            if kind in _CALL_TYPES:
+                current.append(_tool_call(item))
+    messages: list[Any] = list(items)
+    instructions = body.get("instructions")
+    if instructions:
+        messages.insert(0, {"role": "system", "content": instructions})
+    previous = body.get("previous_response_id")
+    return LLMRequest(
+        dialect=DIALECT,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        stream=body.get("stream") is True,
+        messages=messages,
+        temperature=as_float(body.get("temperature")),
+        max_tokens=as_int(body.get("max_output_tokens")) or None,
+        tool_results=results,
+        steps=steps,
+        turn_start=turn_start,
+        previous_response_id=previous if isinstance(previous, str) else None,
+        client_asked_usage=True,  # the final response event always carries usage
+    )
+
+
+def upstream_body(req: LLMRequest, body: dict) -> dict | None:
+    return None
+
+
+def rewrite_previous_response(body: dict, parent_id: str | None, synthetic_text: str) -> dict:
+    """A request that continues a synthetic (blocked) answer, made to continue its real parent.
+
+    The upstream never saw the synthetic response, so its text goes in as an assistant input item
+    before the request's own input, and `previous_response_id` becomes the real parent (or goes).
+    """
+    raw_input = body.get("input")
+    own = [{"role": "user", "content": raw_input}] if isinstance(raw_input, str) else list(raw_input or [])
+    rewritten = {**body, "input": [{"role": "assistant", "content": synthetic_text}, *own]}
+    if parent_id:
+        rewritten["previous_response_id"] = parent_id
+    else:
+        rewritten.pop("previous_response_id", None)
+    return rewritten
+
+
+def usage_of(raw: Any) -> Usage | None:
+    if not isinstance(raw, dict):
+        return None
+    prompt = as_int(raw.get("input_tokens"))
+    output = as_int(raw.get("output_tokens"))
+    details = raw.get("input_tokens_details") if isinstance(raw.get("input_tokens_details"), dict) else {}
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=output,
+        total_tokens=as_int(raw.get("total_tokens")) or prompt + output,
+        cached_tokens=as_int(details.get("cached_tokens")),
+        cache_creation_tokens=as_int(details.get("cache_write_tokens")),
+    )
+
+
+def _output(items: Any) -> tuple[str, list[ToolCall]]:
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message":
+            for part in item.get("content") or []:
+                if (
+                    isinstance(part, dict)
+                    and part.get("type") == "output_text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    text.append(part["text"])
+        elif item.get("type") in _CALL_TYPES:
+            calls.append(_tool_call(item))
+    return "".join(text), calls
+
+
+def _result(data: dict, req: LLMRequest | None) -> LLMResult:
+    text, calls = _output(data.get("output"))
+    status = data.get("status")
+    stop = status
+    details = data.get("incomplete_details")
+    if status == "incomplete" and isinstance(details, dict) and details.get("reason"):
+        stop = details["reason"]
+    error = None
+    if status == "failed" or isinstance(data.get("error"), dict):
+        err = data.get("error") if isinstance(data.get("error"), dict) else {}
+        error = error_dict(str(err.get("code") or "response_failed"), str(err.get("message") or ""), err)
+    usage = usage_of(data.get("usage")) or estimate_usage(req, text, calls)
+    return LLMResult(
+        model=data.get("model") if isinstance(data.get("model"), str) else None,
+        text=text,
+        tool_calls=calls,
+        usage=usage,
+        stop_reason=stop if isinstance(stop, str) else None,
+        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+        error=error,
+    )
+
+
+def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> LLMResult:
+    data = loads_or_none(body)
+    if status >= 400:
+        return LLMResult(None, "", [], None, None, error=http_error(status, data, body))
+    if not isinstance(data, dict):
+        error = error_dict("unparseable_response", "responses answer is not JSON")
+        return LLMResult(None, "", [], None, None, error=error)
+    return _result(data, req)
+
+
+class StreamAccumulator:
+    """Reads a Responses event stream as it is relayed; chunks pass through unchanged."""
+
+    terminator = "response.completed"
+
+    def __init__(self, req: LLMRequest) -> None:
+        self.req = req
+        self._decoder = SSEDecoder()
+        self._text: list[str] = []
+        self._calls: dict[int, ToolCallBuilder] = {}
+        self._model: str | None = None
+        self._id: str | None = None
+        self._final: LLMResult | None = None
+        self._error: dict | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        for event in self._decoder.feed(chunk):
+            if event.data is not None:
+                self._event(event.data)
+        return chunk
+
+    def finish(self, complete: bool) -> LLMResult:
+        for event in self._decoder.flush():
+            if event.data is not None:
+                self._event(event.data)
+        final = self._final
+        ok = complete and final is not None
+        if final is None:
+            calls = [self._calls[i].build() for i in sorted(self._calls)]
+            text = "".join(self._text)
+            final = LLMResult(
+                self._model, text, calls, estimate_usage(self.req, text, calls), None, self._id, None, ok
+            )
+        final.complete = ok
+        if self._error is not None and final.error is None:
+            final.error = self._error
+        if not ok and final.error is None:
+            final.error = stream_incomplete(self.terminator)
+        return final
+
+    def _event(self, data_text: str) -> None:
+        data = loads_or_none(data_text)
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type")
+        response = data.get("response")
+        if isinstance(response, dict):
+            self._model = response.get("model") if isinstance(response.get("model"), str) else self._model
+            self._id = response.get("id") if isinstance(response.get("id"), str) else self._id
+        if kind in _TERMINAL and isinstance(response, dict):
+            final = _result(response, self.req)
+            if not final.text and not final.tool_calls:  # a terminal event without output: use ours
+                final.text = "".join(self._text)
+                final.tool_calls = [self._calls[i].build() for i in sorted(self._calls)]
+            self._final = final
+        elif kind == "response.output_item.added" and isinstance(data.get("item"), dict):
+            item = data["item"]
+            if item.get("type") in _CALL_TYPES:
+                builder = ToolCallBuilder(id=str(item.get("call_id") or ""), name=str(item.get("name") or ""))
+                if isinstance(item.get("arguments"), str) and item["arguments"]:
+                    builder.parts.append(item["arguments"])
+                self._calls[as_int(data.get("output_index"))] = builder
+        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
+            builder = self._calls.get(as_int(data.get("output_index")))
+            if builder is not None and isinstance(data.get("delta"), str):
+                builder.parts.append(data["delta"])
+        elif kind == "response.function_call_arguments.done":
+            builder = self._calls.get(as_int(data.get("output_index")))
+            if builder is not None and isinstance(data.get("arguments"), str):
+                builder.parts = [data["arguments"]]
+        elif kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            self._text.append(data["delta"])
+        elif kind == "error":
+            err = data.get("error") if isinstance(data.get("error"), dict) else data
+            self._error = error_dict(
+                str(err.get("code") or err.get("type") or "error"), str(err.get("message") or ""), err
+            )
+
+
+def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = None) -> tuple[str, bytes]:
+    """A completed response whose only output is a message saying what was blocked; usage zero.
+
+    Its id starts with `resp_tripwire_` (see `is_synthetic_response_id`).
+    """
+    created = int(now if now is not None else time.time())
+    rid = new_id(SYNTHETIC_PREFIX)
+    mid = new_id("msg_tripwire_")
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    message = {"id": mid, "type": "message", "status": "completed", "role": "assistant", "content": [part]}
+    usage = {
+        "input_tokens": 0,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 0,
+    }
+    response: dict[str, Any] = {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": "completed",
+        "model": req.model or "tripwire",
+        "output": [message],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": None,
+        "incomplete_details": None,
+        "previous_response_id": req.previous_response_id,
+        "metadata": {"tripwire_guard": guard},
+        "usage": usage,
+    }
+    if not req.stream:
+        return JSON_TYPE, orjson.dumps(response)
+    start = {**response, "status": "in_progress", "output": [], "usage": None}
+    empty_part = {**part, "text": ""}
+    where = {"item_id": mid, "output_index": 0, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**message, "status": "in_progress", "content": []},
+        },
+        {"type": "response.content_part.added", **where, "part": empty_part},
+        {"type": "response.output_text.delta", **where, "delta": text, "logprobs": []},
+        {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **where, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": message},
+        {"type": "response.completed", "response": response},
+    ]
+    body = b"".join(
+        sse_frame({**event, "sequence_number": n}, event["type"]) for n, event in enumerate(events)
+    )
+    return SSE_TYPE, body
