@@ -1,0 +1,234 @@
+"""The viewer in headless Chromium against a live admin app on 127.0.0.1.
+
+Needs `apt-get install -y chromium` and `pip install playwright` (the `browser` extra); skipped
+with the reason otherwise. Screenshots land in the test's tmp dir (path printed), see docs/viewer.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
+from viewer.api import setup_admin
+
+CHROMIUM = os.environ.get("TRIPWIRE_CHROMIUM", "/usr/bin/chromium")
+
+try:
+    from playwright.async_api import Browser, Page, async_playwright, expect
+except ImportError:  # pragma: no cover - depends on the environment
+    async_playwright = None  # type: ignore[assignment]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        async_playwright is None, reason="playwright is not installed (pip install playwright)"
+    ),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason=f"chromium not found at {CHROMIUM} (apt-get install chromium)"
+    ),
+]
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+async def start_admin(data_dir: Path, token: str | None = None) -> tuple[TestServer, FakeEngine]:
+    engine = FakeEngine(data_dir, admin_token=token)
+    app = web.Application()
+    setup_admin(app, engine)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server, engine
+
+
+async def new_page(browser: Browser) -> Page:
+    ctx = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await ctx.new_page()
+    page.set_default_timeout(10_000)
+    return page
+
+
+async def test_live_run_timeline_and_guards(browser: Browser, tmp_path: Path) -> None:
+    server, engine = await start_admin(tmp_path)
+    base = str(server.make_url("/")).rstrip("/")
+    try:
+        page = await new_page(browser)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        await page.goto(base + "/?poll_runs=1&poll_events=1")
+        await expect(page.locator("#run-list")).to_contain_text("No runs yet")
+
+        # a run appears while the page is open (live refresh)
+        started = datetime.now(UTC) - timedelta(seconds=42)
+        run_id = write_run(
+            tmp_path, status="running", cost=0.0032, tokens=1240, tags=["loop_detected"], started=started
+        )
+        engine.live[run_id] = {"llm_calls": 2}
+        item = page.locator(f'.run-item[data-run-id="{run_id}"]')
+        await expect(item).to_be_visible()
+        await expect(item.locator(".status-dot.running")).to_be_visible()
+        await expect(item).to_contain_text("$0.0032")
+        await expect(item).to_contain_text("loop_detected")
+        await expect(item.locator("svg.spark polyline")).to_have_count(1)
+
+        await item.click()
+        loop = page.locator('.event[data-type="LOOP_WARNING"]')
+        await expect(loop).to_be_visible()
+        await expect(loop).to_contain_text("Loop detected")
+        await expect(loop).to_contain_text("repetition")
+        bg = await loop.evaluate("n => getComputedStyle(n).backgroundColor")
+        border = await loop.evaluate("n => getComputedStyle(n).borderLeftColor")
+        assert bg == "rgb(255, 251, 235)", bg  # the warning tint, not a plain white row
+        assert border == "rgb(245, 158, 11)", border
+        guard = page.locator(".event.ev-guard")
+        await expect(guard).to_contain_text("Guard fired: loop_detection")
+        await expect(guard).to_contain_text("threshold 5")
+        llm = page.locator('.event[data-type="LLM_CALL"]').first
+        await expect(llm).to_contain_text("gpt-4o")
+        await expect(llm).to_contain_text("100 in / 20 out")
+        await expect(llm).to_contain_text("812 ms")
+        tool = page.locator('.event[data-type="TOOL_CALL"]')
+        await expect(tool).to_contain_text('{"q":"tripwire"}')
+        shot = tmp_path / "run-view.png"
+        await page.evaluate("window.scrollTo(0, 0)")
+        await page.screenshot(path=str(shot), full_page=False)
+        assert shot.stat().st_size > 10_000
+        save_copy(shot)
+        # payloads expand to JSON
+        await tool.locator(".ev-head").click()
+        await expect(tool.locator("pre.ev-json")).to_contain_text('"tool_name": "search"')
+
+        # events of a running run refresh by themselves
+        extra = many_events(run_id, 1)
+        append_line(tmp_path / "runs" / run_id / "events.jsonl", extra[0])
+        await expect(page.locator("#page-info")).to_contain_text("of 8")
+
+        # the kill switch
+        page.once("dialog", lambda d: d.accept())
+        await page.locator("#btn-terminate").click()
+        assert await _eventually(lambda: engine.terminated == [run_id])
+
+        # Agents page: edit the agent's guards in the form, the API returns them
+        await page.locator("#nav-agents").click()
+        agent = page.locator('.agent-item[data-agent="research-agent"]')
+        await agent.click()
+        await expect(page.locator("#guard-banner")).to_have_text("Using project default")
+        await page.locator("#f-loop_detection-threshold").fill("3")
+        await page.locator("#f-loop_detection-action").select_option("terminate")
+        await page.locator("#f-budget-max_cost_usd").fill("0.5")
+        await page.locator("#btn-save-guards").click()
+        await expect(page.locator("#guard-banner")).to_have_text("Agent-specific config")
+        guards_shot = tmp_path / "agent-guards.png"
+        await page.screenshot(path=str(guards_shot))
+        save_copy(guards_shot)
+        cfg, is_override = engine.guard_store.effective("research-agent")
+        assert is_override
+        assert (cfg.loop_detection.threshold, cfg.loop_detection.action) == (3, "terminate")
+        assert cfg.budget.max_cost_usd == 0.5
+        body = await _get_json(base + "/api/agents/research-agent/prevention-config")
+        assert body["is_agent_override"] is True and body["loop_detection"]["threshold"] == 3
+
+        # an invalid value is refused, naming the field; the saved config stays
+        await page.locator("#f-loop_detection-threshold").fill("1")
+        await page.locator("#btn-save-guards").click()
+        await expect(page.locator("#guard-error")).to_contain_text("loop_detection.threshold")
+        assert engine.guard_store.effective("research-agent")[0].loop_detection.threshold == 3
+
+        await page.locator("#btn-reset-guards").click()
+        await expect(page.locator("#guard-banner")).to_have_text("Using project default")
+        assert engine.guard_store.effective("research-agent")[1] is False
+        assert errors == []
+    finally:
+        await server.close()
+
+
+async def test_huge_run_fetches_one_page(browser: Browser, tmp_path: Path) -> None:
+    server, _ = await start_admin(tmp_path)
+    base = str(server.make_url("/")).rstrip("/")
+    run_id = write_run(tmp_path, events=many_events("x", 100_000), started=T0 + timedelta(hours=1))
+    try:
+        page = await new_page(browser)
+        event_requests: list[str] = []
+        page.on("request", lambda r: event_requests.append(r.url) if "/events" in r.url else None)
+        await page.goto(f"{base}/?run={run_id}")
+        await expect(page.locator("#page-info")).to_have_text(re.compile(r"Events 1–200 of 100,000"))
+        assert await page.locator("#timeline > .event").count() == 200
+        assert event_requests, "no events request seen"
+        for url in event_requests:
+            assert re.search(r"[?&]limit=200\b", url), url
+        await page.locator('[data-page="last"]').click()
+        await expect(page.locator("#page-info")).to_have_text(re.compile(r"Events 99,801–100,000 of 100,000"))
+        assert await page.locator("#timeline > .event").count() == 200
+        assert all(re.search(r"[?&]limit=200\b", u) for u in event_requests)
+    finally:
+        await server.close()
+
+
+async def test_token_asked_once_and_kept(browser: Browser, tmp_path: Path) -> None:
+    server, _ = await start_admin(tmp_path, token="s3cret-token")
+    base = str(server.make_url("/")).rstrip("/")
+    write_run(tmp_path)
+    try:
+        page = await new_page(browser)
+        await page.goto(base + "/?poll_runs=1")
+        dialog = page.locator("#token-dialog")
+        await expect(dialog).to_be_visible()
+        await page.locator("#token-input").fill("s3cret-token")
+        await page.locator("#token-form button").click()
+        await expect(page.locator(".run-item")).to_have_count(1)
+        assert await page.evaluate("sessionStorage.getItem('tripwire_admin_token')") == "s3cret-token"
+        await page.reload()
+        await expect(page.locator(".run-item")).to_have_count(1)
+        await expect(dialog).to_be_hidden()
+    finally:
+        await server.close()
+
+
+def append_line(path: Path, event: dict) -> None:
+    with path.open("ab") as f:
+        f.write(orjson.dumps(event) + b"\n")
+
+
+def save_copy(shot: Path) -> None:
+    """TRIPWIRE_SCREENSHOT_DIR=docs keeps a copy (how docs/viewer-run.png is regenerated)."""
+    out = os.environ.get("TRIPWIRE_SCREENSHOT_DIR")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / ("viewer-" + shot.name)).write_bytes(shot.read_bytes())
+
+
+async def _get_json(url: str) -> Any:
+    from aiohttp import ClientSession
+
+    async with ClientSession() as s, s.get(url) as r:
+        assert r.status == 200
+        return await r.json()
+
+
+async def _eventually(cond: Any, seconds: float = 5.0) -> bool:
+    import asyncio
+
+    for _ in range(int(seconds / 0.05)):
+        if cond():
+            return True
+        await asyncio.sleep(0.05)
+    return cond()
