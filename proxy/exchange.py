@@ -55,6 +55,7 @@ class Exchange:
     response: web.StreamResponse | None = None  # what the client received (forwarded)
 
     # forward: what the upstream did
+    forwarded: bool = False  # the upstream was called (even if it then failed)
     observer: Any = None  # stream observer fed every chunk (dialect accumulator)
     upstream_status: int | None = None
     upstream_started: float | None = None
@@ -67,7 +68,8 @@ class Exchange:
 
     @property
     def refused(self) -> bool:
-        return self.answer is not None and self.upstream_status is None
+        """Tripwire answered instead of the upstream (a guard, a bad request): not a recorded call."""
+        return self.answer is not None and not self.forwarded
 
     def upstream_failed(self) -> bool:
         """Breaker failure: connection error, timeout, 5xx, a stream that broke (SPEC §5.3)."""

@@ -140,6 +140,7 @@ class Forwarder:
         """
         assert self.session is not None, "Forwarder.start() not called"
         request = ex.request
+        ex.forwarded = True
         ex.upstream_started = time.monotonic()
         response: web.StreamResponse | None = None
         try:

@@ -169,7 +169,12 @@ def llm_result(ex: Exchange) -> LLMResult:
     else:
         result = observer.finish(ex.stream_complete and ex.upstream_error is None)
     if ex.upstream_error and result.error is None:
-        result.error = {"error_type": "UpstreamError", "message": ex.upstream_error, "details": None}
+        result.error = {
+            "error_type": "UpstreamError",
+            "message": ex.upstream_error,
+            "details": None,
+            "stack": None,
+        }
         result.complete = False
     return result
 
@@ -314,6 +319,7 @@ def http_error(ex: Exchange) -> dict[str, Any]:
         "error_type": "HTTPError",
         "message": f"upstream answered HTTP {ex.upstream_status}",
         "details": None,
+        "stack": None,
     }
 
 

@@ -1,7 +1,8 @@
 """The request pipeline: an ordered list of stages, one concern each (as mitmproxy's addons).
 
 Each stage may implement `request(ex)` (before the upstream; a guard answers by setting
-`ex.answer`, and later stages' `request` hooks are skipped) and `finish(ex)` (always, once the
+`ex.answer`, and later stages' `request` hooks are skipped) and `finish(ex)` (every stage, always,
+whatever happened to the request hooks, once the
 client has its answer: write trace events, settle budgets, update breakers). `request` hooks run
 in list order and `finish` hooks unwind in reverse, like middleware: the record stage writes the
 call's event before the guards that ran before it write what they concluded from it. A failing stage marked `fail_open` is logged and skipped: a guard bug must
@@ -43,12 +44,10 @@ class Pipeline:
         self.stages = stages
 
     async def run(self, ex: Exchange) -> None:
-        ran: list[Stage] = []
         try:
             for stage in self.stages:
                 if ex.answer is not None or ex.response is not None:
                     break
-                ran.append(stage)
                 try:
                     await stage.request(ex)
                 except Exception:
@@ -56,7 +55,7 @@ class Pipeline:
                         raise
                     log.exception("stage %s failed on request; carrying on (fail open)", stage.name)
         finally:
-            for stage in reversed(ran):
+            for stage in reversed(self.stages):
                 try:
                     await stage.finish(ex)
                 except Exception:

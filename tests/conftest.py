@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ class Running:
         return str(self.admin.make_url("")).rstrip("/")
 
     async def flush(self) -> None:
+        """Wait for calls still finishing server-side (the client may have its answer first), then disk."""
+        for _ in range(500):
+            if self.engine.inflight == 0:
+                break
+            await asyncio.sleep(0.01)
         await self.engine.recorder.flush()
 
     def run_ids(self) -> list[str]:

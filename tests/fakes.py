@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Reply:
     status: int = 200
     break_after_chunks: int | None = None  # streams: drop the connection after N data events
     finish_reason: str | None = None
+    chunk_delay: float = 0.0  # streams: seconds between events (slow upstreams, drain tests)
 
 
 @dataclass
@@ -33,7 +35,7 @@ class Seen:
     method: str
     path: str
     query: str
-    headers: dict[str, str]
+    headers: CIMultiDict[str]  # case-insensitive, as HTTP headers are
     body: Any
 
 
@@ -59,7 +61,7 @@ class FakeUpstream:
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
-            body = raw
+            body = raw.decode(errors="replace")
         self.seen.append(
             Seen(request.method, request.path, request.query_string, dict(request.headers), body)
         )
@@ -156,7 +158,7 @@ class FakeUpstream:
                 request.transport.abort()  # a broken stream: no terminator, connection dropped
                 return resp
             await resp.write(frame.encode())
-            await asyncio.sleep(0)
+            await asyncio.sleep(reply.chunk_delay)
         await resp.write_eof()
         return resp
 

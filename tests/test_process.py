@@ -1,0 +1,185 @@
+"""`tripwire serve` as a real process: start-up lines, SIGKILL recovery, SIGTERM drain (issue 2, acceptance 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import AGENT_KEY
+from tests.fakes import Reply
+from tests.schema import assert_run_valid
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_serve(
+    data_dir: Path, upstream: str, *extra: str
+) -> tuple[asyncio.subprocess.Process, str, str]:
+    port, admin = free_port(), free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin}",
+        "--upstream",
+        upstream,
+        "--data-dir",
+        str(data_dir),
+        "--drain-grace",
+        "10",
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=str(data_dir.parent),
+    )
+    assert proc.stdout is not None
+    banner = []
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line, "tripwire exited early:\n" + "".join(banner)
+        banner.append(line)
+        if "viewer:" in line:
+            break
+    return proc, f"http://127.0.0.1:{port}", "".join(banner)
+
+
+async def wait_for(predicate, limit_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def events_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+async def stop(proc: asyncio.subprocess.Process) -> str:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    return out.decode()
+
+
+async def test_startup_lines_and_sigkill_recovery(tmp_path: Path, fake_upstream) -> None:
+    fake, url = fake_upstream
+    data = tmp_path / "data"
+    proc, base, banner = await start_serve(data, url)
+    try:
+        assert f"OPENAI_BASE_URL={base}/v1" in banner and "viewer: http://127.0.0.1:" in banner
+        c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+        for i in range(3):
+            await c.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": f"m{i}"}]
+            )
+        runs = data / "runs"
+        await wait_for(lambda: runs.exists() and any(runs.iterdir()))
+        (run_dir,) = list(runs.iterdir())
+        # events are flushed within milliseconds, off the request path
+        await wait_for(lambda: len(events_of(run_dir)) == 4)
+        proc.kill()
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    proc2, _, _ = await start_serve(data, url)
+    try:
+        events = events_of(run_dir)
+        assert [e["event_type"] for e in events] == [
+            "RUN_START",
+            "LLM_CALL",
+            "LLM_CALL",
+            "LLM_CALL",
+            "RUN_END",
+        ]
+        assert events[-1]["payload"]["status"] == "error" and events[-1]["payload"]["reason"] == "interrupted"
+        run = json.loads((run_dir / "run.json").read_text())
+        assert run["status"] == "error" and run["ended_at"]
+        assert_run_valid(data, run_dir.name)
+    finally:
+        await stop(proc2)
+
+
+async def test_sigterm_drains_an_inflight_stream(tmp_path: Path, fake_upstream) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(text="a slow stream that keeps going for a while", chunk_delay=0.1)]
+    data = tmp_path / "data"
+    proc, base, _ = await start_serve(data, url)
+    c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+    stream = await c.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    parts = []
+    first = await stream.__anext__()
+    parts.append(first)
+    proc.send_signal(signal.SIGTERM)
+    async for chunk in stream:
+        parts.append(chunk)
+    text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+    assert text == "a slow stream that keeps going for a while"
+    out = await stop(proc)
+    assert proc.returncode == 0, out
+    (run_dir,) = list((data / "runs").iterdir())
+    events = events_of(run_dir)
+    assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL", "RUN_END"]
+    assert events[1]["payload"]["status"] == "ok"
+    assert events[-1]["payload"]["reason"] == "shutdown"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
+async def test_help_documents_every_flag(argv: list[str]) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    out = (await proc.communicate())[0].decode()
+    assert proc.returncode == 0
+    if argv == ["serve", "--help"]:
+        for flag in (
+            "--listen",
+            "--admin-listen",
+            "--upstream",
+            "--llm",
+            "--mcp",
+            "--mcp-stdio",
+            "--agent",
+            "--data-dir",
+            "--config",
+            "--session-idle-timeout",
+        ):
+            assert flag in out
+    else:
+        assert "serve" in out
+
+
+async def test_off_loopback_admin_without_token_is_refused(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--admin-listen",
+        "0.0.0.0:0",
+        "--data-dir",
+        str(tmp_path),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    err = (await proc.communicate())[1].decode()
+    assert proc.returncode == 2 and "admin-token" in err
