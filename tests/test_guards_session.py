@@ -174,3 +174,19 @@ def test_describe_an_open_circuit_says_when_to_retry() -> None:
         describe(d, False)
         == "[tripwire] blocked: the upstream is failing and its circuit is open. Try again in 20s."
     )
+
+
+def test_the_dialects_own_request_types_are_accepted() -> None:
+    from proxy.dialects.base import ToolCall, ToolResult
+
+    g = guards(loop_detection=LoopDetectionConfig(threshold=3, action="block"))
+    steps: list[list[ToolCall]] = []
+    results: list[ToolResult] = []
+    verdict = None
+    for i in range(3):
+        steps.append([ToolCall(f"c{i}", "deploy", {"env": "prod", "try": i})])
+        results.append(ToolResult(f"c{i}", [{"type": "text", "text": "HTTP 503"}], is_error=True))
+        verdict = g.before_llm_call(steps, 0, results, estimate_usd=0, now=float(i))
+    # the third attempt after two identical failures is the one answered
+    assert verdict is not None and verdict.decision.kind == "retry_no_progress"
+    assert verdict.decision.pattern == "deploy: HTTP 503" and verdict.refused

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.guards.signatures import canonical_args, normalize_tool_name, signature
+from proxy.guards.signatures import (
+    canonical_args,
+    content_text,
+    normalize_tool_name,
+    result_fingerprint,
+    signature,
+)
 
 
 @pytest.mark.parametrize("value", [1.0, 0.9999999, 1.0000001, 1.0000004])
@@ -74,3 +80,24 @@ def test_prefixed_and_bare_names_share_a_signature() -> None:
 
 def test_paging_arguments_keep_calls_apart() -> None:
     assert signature("list", {"page": 1}) != signature("list", {"page": 2})
+
+
+def test_result_fingerprint_is_stable_and_canonical() -> None:
+    a = result_fingerprint([{"type": "text", "text": "pending", "score": 0.9999999}])
+    b = result_fingerprint([{"score": 1.0, "text": "pending", "type": "text"}])
+    assert a == b and len(a) == 24
+    assert result_fingerprint("done") != result_fingerprint("pending")
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ("  boom ", "boom"),
+        ([{"type": "text", "text": "HTTP 503"}, {"type": "text", "text": "retry"}], "HTTP 503\nretry"),
+        ({"content": [{"type": "text", "text": "x"}], "isError": True}, "x"),
+        ({"code": -32603, "message": "internal"}, "internal"),
+        (None, ""),
+    ],
+)
+def test_content_text_reads_the_common_result_shapes(content: object, text: str) -> None:
+    assert content_text(content) == text

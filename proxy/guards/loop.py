@@ -25,7 +25,7 @@ from typing import Any
 
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision
-from proxy.guards.signatures import normalize_tool_name, signature
+from proxy.guards.signatures import content_text, normalize_tool_name, result_fingerprint, signature
 
 GUARD = "loop_detection"
 TAG_LOOP = "loop_detected"
@@ -40,8 +40,27 @@ MUTATING_WORDS = frozenset(
 )
 _ACTIONS = {"warn": Action.WARN, "block": Action.BLOCK, "terminate": Action.TERMINATE}
 
-# (tool_call_id, tool name, arguments) as the dialects report assistant tool calls
-HistoryCall = tuple[str, str, Any]
+# (tool_call_id, tool name, arguments), or the dialects' ToolCall (id, name, arguments)
+HistoryCall = Any
+# tool_call_id -> (result fingerprint, error text or None), or the dialects' ToolResult list
+HistoryResults = Mapping[str, tuple[str, str | None]] | Iterable[Any]
+
+
+def _call_tuple(call: Any) -> tuple[str, str, Any]:
+    if isinstance(call, tuple | list):
+        return str(call[0]), str(call[1]), call[2]
+    return str(call.id), str(call.name), call.arguments
+
+
+def _results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]:
+    """ToolResult objects -> (fingerprint, error text when is_error) by tool_call_id."""
+    if isinstance(results, Mapping):
+        return results
+    out: dict[str, tuple[str, str | None]] = {}
+    for r in results:
+        error = content_text(r.content) or "error" if getattr(r, "is_error", False) else None
+        out[str(r.tool_call_id)] = (result_fingerprint(r.content), error)
+    return out
 
 
 def _words(name: str) -> list[str]:
@@ -174,7 +193,7 @@ class LoopDetector:
         self,
         steps: Sequence[Sequence[HistoryCall]],
         turn_start: int,
-        tool_results: Mapping[str, tuple[str, str | None]],
+        tool_results: HistoryResults,
         now: float,
     ) -> list[Decision]:
         """Before forwarding an LLM request: the tool calls its history holds, new ones counted once.
@@ -183,6 +202,8 @@ class LoopDetector:
         after the last real user message, `tool_results` maps tool_call_id -> (fingerprint, error)
         for the results the request carries. Sending the same history again gives the same answer.
         """
+        steps = [[_call_tuple(c) for c in step] for step in steps]
+        tool_results = _results_map(tool_results)
         turn_start = max(0, min(turn_start, len(steps)))
         if not self.config.enabled:
             self._count_ids_only(steps, turn_start)

@@ -13,14 +13,14 @@ The circuit breaker is not here: it belongs to agent x upstream, not to a sessio
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guards.budget import CallKind, Reservation, SessionBudget
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
-from proxy.guards.loop import HistoryCall, LoopDetector
+from proxy.guards.loop import HistoryCall, HistoryResults, LoopDetector
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
@@ -81,7 +81,7 @@ class SessionGuards:
         self,
         steps: Sequence[Sequence[HistoryCall]],
         turn_start: int,
-        tool_results: Mapping[str, tuple[str, str | None]],
+        tool_results: HistoryResults,
         *,
         estimate_usd: float,
         now: float,
@@ -89,8 +89,9 @@ class SessionGuards:
     ) -> Verdict:
         """Before forwarding an LLM request: its history's tool calls, then budgets and limits.
 
-        `steps` are (tool_call_id, name, arguments) per assistant step (LLMRequest.steps),
-        `tool_results` maps tool_call_id -> (result fingerprint, error or None).
+        Pass `LLMRequest.steps`, `.turn_start` and `.tool_results` as they are (ToolCall /
+        ToolResult objects), or tuples (tool_call_id, name, arguments) and a mapping
+        tool_call_id -> (result fingerprint, error text or None).
         """
         decisions = self.loop.check_llm_history(steps, turn_start, tool_results, now)
         self.budget.count_history_tool_calls(self.loop.new_history_calls)

@@ -8,6 +8,7 @@ Integers, booleans, strings and null are left exactly as they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -74,3 +75,34 @@ def canonical_args(args: Any) -> str:
 def signature(tool: str, args: Any) -> str:
     """`tool(<canonical args>)` with the tool name normalised: the unit every loop pattern counts."""
     return f"{normalize_tool_name(tool)}({canonical_args(args)})"
+
+
+def result_fingerprint(content: Any) -> str:
+    """A short stable hash of a tool result (no-progress poll compares these, not the content)."""
+    return hashlib.blake2b(canonical_args(content).encode(), digest_size=12).hexdigest()
+
+
+def content_text(content: Any, limit: int = 500) -> str:
+    """The text of a result (MCP content blocks, OpenAI/Anthropic tool message parts), cut to `limit`.
+
+    Used as the error "key" of retry-without-progress: the same failure gives the same text.
+    """
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = [content_text(p, limit) for p in content]
+        text = "\n".join(p for p in parts if p)
+    elif isinstance(content, dict):
+        if isinstance(content.get("text"), str):
+            text = content["text"]
+        elif "content" in content:
+            text = content_text(content["content"], limit)
+        elif isinstance(content.get("message"), str):  # a JSON-RPC error object
+            text = content["message"]
+        else:
+            text = canonical_args(content)
+    elif content is None:
+        text = ""
+    else:
+        text = canonical_args(content)
+    return text.strip()[:limit]
