@@ -95,7 +95,7 @@ def strip_content(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
 
     Kept: model, usage, cost, status, errors, tool names, timings, loop patterns, guard fields and
     STATE_UPDATE state (guard state, not conversation). Dropped: prompt and response text, tool args
-    and results. `event_type` is accepted so per-type rules can be added without changing callers.
+    and results, and a TOOL_CALL error's message and details (a failed tool's output lands there).
     """
     out: dict[str, Any] = {}
     for k, v in payload.items():
@@ -103,6 +103,8 @@ def strip_content(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
             out[k] = _strip(v)
         elif k in CONTENT_FIELDS:
             out[k] = None
+        elif k == "error" and event_type == EventType.TOOL_CALL and isinstance(v, dict):
+            out[k] = {ek: (None if ek in ("message", "details") else ev) for ek, ev in v.items()}
         else:
             out[k] = v
     return out

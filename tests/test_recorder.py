@@ -273,6 +273,17 @@ def test_strip_content_keeps_state_updates() -> None:
     assert strip_content("STATE_UPDATE", payload) == payload
 
 
+def test_strip_content_drops_a_failed_tools_output_from_its_error() -> None:
+    payload = {
+        "tool_name": "t",
+        "status": "error",
+        "error": {"error_type": "ToolError", "message": "secret output"},
+    }
+    assert strip_content("TOOL_CALL", payload)["error"] == {"error_type": "ToolError", "message": None}
+    llm_error = {"error": {"error_type": "RateLimit", "message": "429 slow down"}}
+    assert strip_content("LLM_CALL", llm_error) == llm_error
+
+
 async def test_writer_flushes_promptly_without_flush(rec: TraceRecorder, tmp_path: Path) -> None:
     run_id = _start(rec)
     rec.record(run_id, "LLM_CALL", "m", _llm_payload())
