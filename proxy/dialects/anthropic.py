@@ -34,6 +34,7 @@ from proxy.dialects.base import (
 from proxy.sse import SSEDecoder
 
 __all__ = [
+    "BLOCKED_STATUS",
     "DIALECT",
     "StreamAccumulator",
     "estimate_prompt_tokens",
@@ -43,6 +44,8 @@ __all__ = [
     "upstream_body",
 ]
 
+# HTTP status to send render_blocked()'s body with
+BLOCKED_STATUS = 200
 DIALECT = "anthropic"
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"

@@ -36,6 +36,7 @@ from proxy.dialects.base import (
 from proxy.sse import SSEDecoder, SSEEvent
 
 __all__ = [
+    "BLOCKED_STATUS",
     "DIALECT",
     "StreamAccumulator",
     "estimate_prompt_tokens",
@@ -45,6 +46,8 @@ __all__ = [
     "upstream_body",
 ]
 
+# HTTP status to send render_blocked()'s body with
+BLOCKED_STATUS = 200
 DIALECT = "openai_chat"
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"

@@ -37,6 +37,7 @@ from proxy.dialects.base import (
 from proxy.sse import SSEDecoder
 
 __all__ = [
+    "BLOCKED_STATUS",
     "DIALECT",
     "SYNTHETIC_PREFIX",
     "StreamAccumulator",
@@ -49,6 +50,8 @@ __all__ = [
     "upstream_body",
 ]
 
+# HTTP status to send render_blocked()'s body with
+BLOCKED_STATUS = 200
 DIALECT = "openai_responses"
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
