@@ -71,6 +71,7 @@ STRUCTURE_KEYS = frozenset(
 
 _ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent end_run
 _LOG_EVERY_S = 10.0  # write-error log rate limit
+_EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
 
 def _strip(obj: Any) -> Any:
@@ -305,16 +306,17 @@ class TraceRecorder:
         """Open a run: run.json (status running), tripwire.json and RUN_START are queued; returns the id.
 
         `extra` is the guard configuration in force (kept as tripwire.json's guard_config).
-        ValueError for a malformed run_id or one already open.
+        ValueError for a malformed run_id or one this recorder has already opened (ended runs are
+        remembered for a while): a second RUN_START would make the trace invalid.
         """
         if run_id is None:
             run_id = str(uuid.uuid4())
         if not storage.is_valid_run_id(run_id):
             raise ValueError("invalid run_id")
         path = storage.runs_base(self.data_dir) / run_id  # no resolve(): no disk access on the loop
-        if run_id in self._runs:
-            raise ValueError(f"run {run_id} is already open")
-        now = self.clock() if ts is None else ts
+        if run_id in self._runs or run_id in self._ended:
+            raise ValueError(f"run {run_id} already exists")
+        now = self._ts(ts)
         run = _Run(run_id=run_id, dir=path, run_name=run_name, started=now)
         run.fields = {
             "agent_name": agent_name,
@@ -323,7 +325,6 @@ class TraceRecorder:
             "guard_config": sanitize(extra or {}, self.max_field_bytes),
             "record_content": self.record_content,
         }
-        self._ended.pop(run_id, None)
         self._runs[run_id] = run
         payload = {
             "run_name": run_name,
@@ -430,8 +431,7 @@ class TraceRecorder:
         run = self._runs.get(run_id)
         if run is None or run.status != STATUS_RUNNING:
             return None
-        now = self.clock() if ts is None else ts
-        now = max(now, run.started)
+        now = max(self._ts(ts), run.started)
         run.ended = now
         run.fields["end_reason"] = reason
         payload = {"status": status, "summary": self._summary(run, now), "reason": reason}
@@ -596,7 +596,10 @@ class TraceRecorder:
         meta: dict[str, Any] | None = None,
         ts: float | None = None,
     ) -> str:
-        now = self.clock() if ts is None else ts
+        now = self._ts(ts)
+        if parent_id is not None and not _is_uuid(parent_id):
+            logger.warning("parent_id %r is not a UUID: recorded as null", parent_id)
+            parent_id = None
         event = self._envelope(
             run.run_id,
             event_type,
@@ -630,6 +633,16 @@ class TraceRecorder:
             self._pending_events += 1
         self._touch(run, run_json=True)
         return event["event_id"]
+
+    def _ts(self, ts: float | None) -> float:
+        """The event time: the caller's wall-clock epoch seconds, else the clock."""
+        if ts is None:
+            return self.clock()
+        if ts < _EPOCH_2000:
+            # A monotonic reading passed by mistake would date the event 1970: use the clock instead.
+            logger.warning("ts %r is not a wall-clock epoch time: using the clock", ts)
+            return self.clock()
+        return float(ts)
 
     def _touch(self, run: _Run, *, run_json: bool = False, tripwire: bool = False) -> None:
         run.run_json_dirty |= run_json
@@ -762,6 +775,14 @@ def _summary_order(s: dict[str, Any]) -> dict[str, Any]:
     """RUN_END summary with the spec's keys in the spec's order."""
     keys = ("llm_calls", "tool_calls", "errors", "duration_ms", "loop_warnings", "cost_usd", "total_tokens")
     return {k: s.get(k, 0) for k in keys}
+
+
+def _is_uuid(s: Any) -> bool:
+    try:
+        uuid.UUID(s)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return isinstance(s, str) and len(s) == 36
 
 
 def _int(v: Any) -> int:

@@ -347,6 +347,10 @@ async def test_start_run_with_given_id_and_bad_ids(rec: TraceRecorder) -> None:
     assert _start(rec, run_id=rid) == rid
     with pytest.raises(ValueError):
         _start(rec, run_id=rid)  # already open
+    rec.end_run(rid, status="ok", reason="done")
+    await rec.flush()
+    with pytest.raises(ValueError):
+        _start(rec, run_id=rid)  # ended: a second RUN_START would break the trace
     with pytest.raises(ValueError):
         _start(rec, run_id="../escape")
     with pytest.raises(ValueError):
@@ -579,3 +583,14 @@ async def test_recover_skips_runs_open_in_this_recorder(rec: TraceRecorder, tmp_
     await rec.flush()
     assert rec.recover_interrupted() == []
     assert rec.is_open(run_id)
+
+
+async def test_bad_parent_id_and_monotonic_ts_are_corrected(rec: TraceRecorder, tmp_path: Path) -> None:
+    run_id = _start(rec)
+    rec.record(
+        run_id, "TOOL_CALL", "t", {"tool_name": "t"}, parent_id="call_abc123", ts=time.monotonic() % 1e6
+    )
+    await rec.flush()
+    _, events = assert_run_valid(tmp_path, run_id)
+    assert events[1]["parent_id"] is None
+    assert events[1]["ts"] == "2026-02-15T20:31:05.000Z"  # the recorder's clock, not 1970
