@@ -7,14 +7,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
-from aiohttp import web
+from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
+from tests.conftest import AGENT_KEY
 from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
 from viewer.api import setup_admin
 
@@ -32,6 +34,7 @@ async def make_client(tmp_path: Path) -> Any:
         setup_admin(app, engine)
         client = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
+        await engine.recorder.start()
         client.engine = engine  # type: ignore[attr-defined]
         clients.append(client)
         return client
@@ -39,6 +42,7 @@ async def make_client(tmp_path: Path) -> Any:
     yield make
     for c in clients:
         await c.close()
+        await c.engine.recorder.close()  # type: ignore[attr-defined]
 
 
 BAD_IDS = [
@@ -192,13 +196,32 @@ async def test_rename_and_delete(make_client: MakeClient, tmp_path: Path) -> Non
     assert (await c.post(f"/api/runs/{run_id}/rename", json={"name": "x"})).status == 422
     assert (await c.post(f"/api/runs/{run_id}/rename", data=b"{oops")).status == 422
 
-    c.engine.live[run_id] = {"calls": 1}  # type: ignore[attr-defined]
-    assert (await c.delete(f"/api/runs/{run_id}")).status == 409
-    del c.engine.live[run_id]  # type: ignore[attr-defined]
     r = await c.delete(f"/api/runs/{run_id}")
     assert r.status == 204
     assert not (tmp_path / "runs" / run_id).exists()
     assert (await c.get(f"/api/runs/{run_id}")).status == 404
+
+
+async def test_open_run_rename_through_recorder_and_no_delete(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    c = await make_client()
+    recorder = c.engine.recorder  # type: ignore[attr-defined]
+    run_id = recorder.start_run(run_name="live one", agent_name="a", session_id="s1")
+    await recorder.flush()
+    r = await c.post(f"/api/runs/{run_id}/rename", json={"run_name": "renamed live"})
+    assert r.status == 200 and (await r.json())["run_name"] == "renamed live"
+    # the recorder's next rewrite keeps the new name (it was renamed in its memory)
+    recorder.add_tags(run_id, "loop_detected")
+    await recorder.flush()
+    meta = await (await c.get(f"/api/runs/{run_id}")).json()
+    assert meta["run_name"] == "renamed live"
+    assert meta["tripwire"]["health_tags"] == ["loop_detected"]
+    assert (await c.delete(f"/api/runs/{run_id}")).status == 409
+    recorder.end_run(run_id, status="ok", reason="idle_timeout")
+    assert (await c.delete(f"/api/runs/{run_id}")).status == 204
+    await recorder.flush()
+    assert not (tmp_path / "runs" / run_id).exists()
 
 
 async def test_terminate_and_guard_stats(make_client: MakeClient, tmp_path: Path) -> None:
@@ -353,6 +376,7 @@ async def test_metrics_endpoint(make_client: MakeClient) -> None:
     c.engine.metrics.observe_request("llm", "default", 200, 0.5, 0.001)  # type: ignore[attr-defined]
     r = await c.get("/metrics")
     assert r.status == 200
+    assert c.engine.refreshed == 1  # type: ignore[attr-defined]
     assert r.headers["Content-Type"].startswith("text/plain")
     fams = {f.name: f for f in text_string_to_metric_families(await r.text())}
     assert "tripwire_requests" in fams
@@ -382,3 +406,64 @@ async def test_index_and_static(make_client: MakeClient) -> None:
     assert "/static/app.js" in await r.text()
     assert (await c.get("/static/../api.py")).status in (403, 404)
     assert (await c.get("/static/%2e%2e/api.py")).status in (403, 404)
+
+
+async def test_real_engine_through_the_proxy(start_tripwire: Any, fake_upstream: Any) -> None:
+    """A real openai SDK call through Tripwire, then the admin API as the viewer uses it."""
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, admin_token="hunter2")
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/research-agent/v1", api_key=AGENT_KEY, max_retries=0)
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}])
+    await tw.flush()
+    auth = {"Authorization": "Bearer hunter2"}
+    async with ClientSession(base_url=tw.admin_url) as s:
+        async with s.get("/api/runs") as r:
+            assert r.status == 401
+        async with s.get("/api/runs", headers=auth) as r:
+            (run,) = (await r.json())["runs"]
+        run_id = run["run_id"]
+        assert run["status"] == "running"
+        assert run["tripwire"]["agent_name"] == "research-agent"
+        assert run["tripwire"]["total_tokens"] == 120
+        assert run["tripwire"]["cost_usd"] > 0
+        async with s.get(f"/api/runs/{run_id}/events", params={"offset": 0, "limit": 10}, headers=auth) as r:
+            body = await r.json()
+        assert body["total"] == 2
+        assert [e["event_type"] for e in body["events"]] == ["RUN_START", "LLM_CALL"]
+        async with s.get(f"/api/runs/{run_id}/guard-stats", headers=auth) as r:
+            assert (await r.json())["live"] is True
+        async with s.get("/api/agents", headers=auth) as r:
+            assert [a["name"] for a in (await r.json())["agents"]] == ["research-agent"]
+
+        # a guard config set through the API is what the engine uses for the next call
+        async with s.put(
+            "/api/agents/research-agent/prevention-config", json=LANGSIGHT_BODY, headers=auth
+        ) as r:
+            assert r.status == 200
+        assert tw.engine.guard_config("research-agent").loop_detection.threshold == 3
+
+        async with s.get("/metrics") as r:
+            text = await r.text()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        reqs = [s_ for s_ in fams["tripwire_requests"].samples if s_.name == "tripwire_requests_total"]
+        assert [(x.labels["kind"], x.labels["status_class"], x.value) for x in reqs] == [("llm", "2xx", 1.0)]
+
+        # the kill switch: the session ends and its next call is refused
+        async with s.post(f"/api/runs/{run_id}/terminate", headers=auth) as r:
+            assert r.status == 200
+        async with s.post(f"/api/runs/{run_id}/terminate", headers=auth) as r:
+            assert r.status == 409
+        with pytest.raises(openai.RateLimitError):
+            await llm.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "again"}]
+            )
+        await tw.flush()
+        async with s.get(f"/api/runs/{run_id}", headers=auth) as r:
+            meta = await r.json()
+        assert meta["status"] == "error"
+        assert "terminated" in meta["tripwire"]["health_tags"]
+        async with s.get("/healthz") as r:
+            health = await r.json()
+        assert r.status == 200 and health["status"] == "ok" and health["trace_store"]["ok"] is True
+        async with s.get("/readyz") as r:
+            assert r.status == 200

@@ -12,6 +12,7 @@ import orjson
 from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
 from proxy.metrics import Metrics
+from proxy.recorder import TraceRecorder
 
 T0 = datetime(2026, 2, 15, 20, 31, 5, 123000, tzinfo=UTC)
 
@@ -196,7 +197,7 @@ class FakeEngine:
 
     def __init__(self, data_dir: Path, admin_token: str | None = None) -> None:
         self.data_dir = data_dir
-        self.recorder = object()
+        self.recorder = TraceRecorder(data_dir)
         self.guard_store = GuardConfigStore(data_dir / FILE_NAME, GuardConfig(), {})
         self.metrics = Metrics()
         self.admin_token = admin_token
@@ -204,6 +205,7 @@ class FakeEngine:
         self.terminated: list[str] = []
         self.store_health: dict[str, Any] = {"ok": True, "queue_depth": 0, "write_errors": 0}
         self.ready = True
+        self.refreshed = 0
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "draining": False, "trace_store": self.store_health}
@@ -214,6 +216,9 @@ class FakeEngine:
         del self.live[run_id]
         self.terminated.append(run_id)
         return True
+
+    def refresh_metrics(self) -> None:
+        self.refreshed += 1
 
     def guard_stats(self, run_id: str) -> dict | None:
         return self.live.get(run_id)

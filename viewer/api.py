@@ -25,6 +25,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from proxy import storage
 from proxy.appkeys import ENGINE
 from proxy.constants import SPEC_VERSION
 from proxy.guard_store import config_body, config_from_body, validation_message
@@ -195,10 +196,8 @@ async def get_cost_series(request: web.Request) -> web.Response:
 
 async def get_paths(request: web.Request) -> web.Response:
     run_id = _run_id(request)
-    try:
-        paths = await asyncio.to_thread(_reader(request).paths, run_id)
-    except FileNotFoundError:
-        return _detail(404, "run not found")
+    await _load_run(request, run_id)
+    paths = storage.run_paths(_reader(request).data_dir, run_id)
     return _json({"spec_version": SPEC_VERSION, "run_id": run_id, "paths": paths})
 
 
@@ -212,24 +211,22 @@ async def rename_run(request: web.Request) -> web.Response:
     if not isinstance(name, str):
         return _detail(422, [{"loc": ["body", "run_name"], "msg": "Field required", "type": "missing"}])
     await _load_run(request, run_id)
-    name = name.strip()
-    if not name:
+    if not name.strip():
         return _detail(400, "run_name must be non-empty")
-    recorder_rename = getattr(_engine(request).recorder, "rename_run", None)
-    if recorder_rename is not None:
-        # a live run's run.json is rewritten from the recorder's memory: rename it there
-        meta = await _maybe_await(recorder_rename(run_id, name))
-        if isinstance(meta, dict):
-            return _json(meta)
-        return _json(await _load_run(request, run_id))
-    return _json(await asyncio.to_thread(_reader(request).rename, run_id, name))
+    # through the recorder: an open run's run.json is rewritten from its memory, not from disk
+    meta = await _engine(request).recorder.rename_run(run_id, name)
+    if meta is None:
+        return _detail(404, "run not found")
+    return _json(meta)
 
 
 async def delete_run(request: web.Request) -> web.Response:
     run_id = _run_id(request)
     await _load_run(request, run_id)
-    if _engine(request).guard_stats(run_id) is not None:
+    recorder = _engine(request).recorder
+    if recorder.is_open(run_id):
         return _detail(409, "run is live: terminate it first")
+    recorder.forget_run(run_id)  # drop writes still queued for it, so they do not re-create the dir
     try:
         await asyncio.to_thread(_reader(request).delete, run_id)
     except FileNotFoundError:
@@ -238,24 +235,22 @@ async def delete_run(request: web.Request) -> web.Response:
 
 
 async def terminate_run(request: web.Request) -> web.Response:
+    """The kill switch: end a live session; every later call of it is refused."""
     run_id = _run_id(request)
-    engine = _engine(request)
-    live = engine.guard_stats(run_id) is not None
-    if not live:
-        await _load_run(request, run_id)  # 404 for no run at all
-        return _detail(409, "run is not live")
-    ok = await engine.terminate_run(run_id)
-    if not ok:
-        return _detail(409, "run is not live")
-    return _json({"run_id": run_id, "terminated": True})
+    if await _engine(request).terminate_run(run_id):
+        return _json({"run_id": run_id, "terminated": True})
+    await _load_run(request, run_id)  # 404 when there is no such run at all
+    return _detail(409, "run is not live")
 
 
 async def guard_stats(request: web.Request) -> web.Response:
     run_id = _run_id(request)
-    stats = _engine(request).guard_stats(run_id)
-    if stats is None:
+    engine = _engine(request)
+    stats = engine.guard_stats(run_id)
+    live = engine.recorder.is_open(run_id)
+    if stats is None and not live:
         await _load_run(request, run_id)
-    return _json({"run_id": run_id, "live": stats is not None, "stats": stats})
+    return _json({"run_id": run_id, "live": live or stats is not None, "stats": stats})
 
 
 # --- agents and the guard API (SPEC §5.4, LangSight's bodies) -------------------------------

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
-import tempfile
 import threading
 from array import array
 from collections import OrderedDict
@@ -23,17 +20,15 @@ from typing import Any
 
 import orjson
 
-from proxy.constants import EVENTS_JSONL, RUN_JSON, RUNS_DIR, TRIPWIRE_JSON
+from proxy import storage
+from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
+from proxy.storage import is_valid_run_id, read_json
+
+__all__ = ["RunReader", "is_valid_run_id", "run_summary"]
 
 log = logging.getLogger(__name__)
 
-_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 MAX_INDEXED_RUNS = 32
-
-
-def is_valid_run_id(run_id: str) -> bool:
-    """Canonical lowercase UUIDv4 only: never a path segment, never traversal."""
-    return bool(_UUID4.match(run_id))
 
 
 @dataclass
@@ -47,14 +42,6 @@ class _EventIndex:
     cost_points: list[tuple[str, float]] = field(default_factory=list)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _mtime(path: Path) -> int:
     try:
         return path.stat().st_mtime_ns
@@ -62,30 +49,14 @@ def _mtime(path: Path) -> int:
         return 0
 
 
-def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def run_summary(tw: dict[str, Any] | None) -> dict[str, Any]:
     """The Tripwire fields a run list shows, from tripwire.json (missing file -> empty values)."""
     tw = tw or {}
     tokens = tw.get("tokens")
-    if isinstance(tokens, dict):
-        total = tokens.get("total_tokens")
+    if isinstance(tokens, dict):  # the recorder writes {prompt, completion, total}
+        total = tokens.get("total", tokens.get("total_tokens"))
         if total is None:
-            total = int(tokens.get("prompt_tokens") or 0) + int(tokens.get("completion_tokens") or 0)
+            total = int(tokens.get("prompt") or 0) + int(tokens.get("completion") or 0)
     else:
         total = tokens
     return {
@@ -102,36 +73,27 @@ class RunReader:
     """Runs under `<data_dir>/runs`; thread-safe; caches keyed by what is on disk."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.base = Path(data_dir) / RUNS_DIR
+        self.data_dir = Path(data_dir)
+        self.base = storage.runs_base(self.data_dir)
         self._lock = threading.Lock()
         self._meta: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
         self._indexes: OrderedDict[str, _EventIndex] = OrderedDict()
 
     def run_dir(self, run_id: str) -> Path:
-        if not is_valid_run_id(run_id):
-            raise ValueError("invalid run_id")
-        path = self.base / run_id
-        if not path.resolve().is_relative_to(self.base.resolve()):
-            raise ValueError("invalid run_id")
-        return path
-
-    def paths(self, run_id: str) -> dict[str, str]:
-        d = self.run_dir(run_id)
-        if not (d / RUN_JSON).is_file():
-            raise FileNotFoundError(run_id)
-        return {"run_dir": str(d), "run_json": str(d / RUN_JSON), "events_jsonl": str(d / EVENTS_JSONL)}
+        """ValueError("invalid run_id") unless canonical and inside the runs base."""
+        return storage.run_dir(self.data_dir, run_id)
 
     # --- run metadata ------------------------------------------------------------------------
 
     def load_run(self, run_id: str) -> dict[str, Any]:
         """run.json as written (AgentDbg's fields); FileNotFoundError when there is none."""
-        meta = _read_json(self.run_dir(run_id) / RUN_JSON)
+        meta = read_json(self.run_dir(run_id) / RUN_JSON)
         if meta is None:
             raise FileNotFoundError(run_id)
         return meta
 
     def load_tripwire(self, run_id: str) -> dict[str, Any]:
-        return run_summary(_read_json(self.run_dir(run_id) / TRIPWIRE_JSON))
+        return run_summary(read_json(self.run_dir(run_id) / TRIPWIRE_JSON))
 
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run, newest first: run.json plus a `tripwire` object."""
@@ -149,10 +111,10 @@ class RunReader:
             seen.add(e.name)
             cached = self._meta.get(e.name)
             if cached is None or cached[0] != key:
-                meta = _read_json(d / RUN_JSON)
+                meta = read_json(d / RUN_JSON)
                 if meta is None:
                     continue
-                merged = {**meta, "tripwire": run_summary(_read_json(d / TRIPWIRE_JSON))}
+                merged = {**meta, "tripwire": run_summary(read_json(d / TRIPWIRE_JSON))}
                 cached = (key, merged)
                 with self._lock:
                     self._meta[e.name] = cached
@@ -163,18 +125,9 @@ class RunReader:
         out.sort(key=lambda m: str(m.get("started_at") or ""), reverse=True)
         return out
 
-    def rename(self, run_id: str, run_name: str) -> dict[str, Any]:
-        path = self.run_dir(run_id) / RUN_JSON
-        meta = self.load_run(run_id)
-        meta["run_name"] = run_name
-        _atomic_write_json(path, meta)
-        return meta
-
     def delete(self, run_id: str) -> None:
-        d = self.run_dir(run_id)
-        if not d.is_dir():
+        if not storage.delete_run(self.data_dir, run_id):
             raise FileNotFoundError(run_id)
-        shutil.rmtree(d)
         with self._lock:
             self._meta.pop(run_id, None)
             self._indexes.pop(run_id, None)
