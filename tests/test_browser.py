@@ -13,11 +13,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from tests.conftest import AGENT_KEY
 from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
 from viewer.api import setup_admin
 
@@ -232,3 +234,46 @@ async def _eventually(cond: Any, seconds: float = 5.0) -> bool:
             return True
         await asyncio.sleep(0.05)
     return cond()
+
+
+async def test_agent_running_through_the_proxy(
+    browser: Browser, start_tripwire: Any, fake_upstream: Any
+) -> None:
+    """The viewer open while a real openai-SDK agent calls through Tripwire."""
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, admin_token="hunter2")
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/research-agent/v1", api_key=AGENT_KEY, max_retries=0)
+    page = await new_page(browser)
+    await page.add_init_script("sessionStorage.setItem('tripwire_admin_token', 'hunter2')")
+    await page.goto(tw.admin_url + "/?poll_runs=1&poll_events=1")
+    await expect(page.locator("#run-list")).to_contain_text("No runs yet")
+
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}])
+    item = page.locator(".run-item").first
+    await expect(item).to_contain_text("research-agent")
+    await expect(item.locator(".status-dot.running")).to_be_visible()
+    await item.click()
+    await expect(page.locator('.event[data-type="LLM_CALL"]')).to_contain_text("100 in / 20 out")
+
+    # the open run's timeline follows the agent's next call by itself
+    await llm.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "Hello from the fake upstream"},
+            {"role": "user", "content": "more"},
+        ],
+    )
+    await expect(page.locator('.event[data-type="LLM_CALL"]')).to_have_count(2)
+    await expect(page.locator("#page-info")).to_contain_text("of 3")
+
+    # terminate from the UI: the next call is refused, the run ends as error and stops polling
+    page.once("dialog", lambda d: d.accept())
+    await page.locator("#btn-terminate").click()
+    await expect(page.locator("#btn-terminate")).to_be_hidden()
+    await expect(page.locator("#run-tags")).to_contain_text("terminated")
+    with pytest.raises(openai.RateLimitError):
+        await llm.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "again"}]
+        )
+    await expect(page.locator('.event[data-type="ERROR"]').first).to_contain_text("kill_switch")

@@ -445,6 +445,16 @@ async function loadEvents() {
   setParams({ offset: state.offset || null });
 }
 
+async function loadGuardState() {
+  const box = $('guard-state');
+  if (!state.run || state.run.status !== 'running') { box.hidden = true; return; }
+  try {
+    const body = await api(`/api/runs/${state.runId}/guard-stats`);
+    box.hidden = !body.stats;
+    if (body.stats) $('guard-state-json').textContent = JSON.stringify(body.stats, null, 2);
+  } catch (_) { box.hidden = true; }
+}
+
 async function refreshRun() {
   const runId = state.runId;
   if (!runId) return;
@@ -452,6 +462,7 @@ async function refreshRun() {
   if (runId !== state.runId) return;
   state.run = run;
   renderRunHead();
+  loadGuardState();
   await loadEvents();
   if (run.status !== 'running') { eventsPoller.stop(); renderPollState(); }
 }
@@ -480,6 +491,7 @@ async function openRun(runId, push) {
       state.follow = true; // a live run opens at its newest events
     }
     renderRunHead();
+    loadGuardState();
     if (first && state.follow) {
       const peek = await api(`/api/runs/${runId}/events?offset=0&limit=1`);
       state.offset = lastPageOffset(peek.total);
