@@ -442,3 +442,46 @@ def test_stats_report_counts_turn_and_decisions() -> None:
     s = d.stats(now=5.0)
     assert s["tool_counts"] == {"read_file": 4} and s["turn"] == 1
     assert s["decisions"] == {"repetition:warn": 2}
+
+
+def test_identical_steps_do_not_carry_across_a_user_message() -> None:
+    d, c = det(threshold=100, **QUIET), Conversation()
+    c.send(d)
+    for _ in range(3):
+        c.step(("grep", {"q": "x"}))
+        c.send(d)
+    c.user()
+    c.send(d)
+    c.step(("grep", {"q": "x"}))
+    assert "identical_step" not in c.send(d)  # the 4th identical step, but the first of this turn
+
+
+def test_mcp_evidence_carries_the_recorded_event_ids() -> None:
+    d = det(threshold=3, **QUIET)
+    for i in range(2):
+        d.check_tool_call("read_file", {"p": 1}, float(i))
+        d.record_tool_result("read_file", {"p": 1}, f"r{i}", None, float(i), event_id=f"evt-{i}")
+    fired = kinds(d.check_tool_call("read_file", {"p": 1}, 3.0))["repetition"]
+    assert fired.evidence == ("evt-0", "evt-1")  # the third has no event yet: it was not forwarded
+
+
+def test_ping_pong_in_function_calling_history() -> None:
+    d, c = det(threshold=4, action="block", **QUIET), Conversation()
+    c.send(d)
+    got = []
+    for i in range(4):
+        c.step(("open", {"f": "a"}) if i % 2 == 0 else ("close", {"f": "a"}))
+        got.append(c.send(d))
+    assert all("ping_pong" not in g for g in got[:3])
+    assert got[3]["ping_pong"].action is Action.BLOCK
+    assert got[3]["ping_pong"].evidence == ("call_1", "call_2", "call_3", "call_4")
+
+
+def test_a_batch_of_new_calls_gives_one_decision_per_streak() -> None:
+    d, c = det(threshold=3, **QUIET), Conversation()
+    c.send(d)
+    for _ in range(5):  # five identical calls arrive in one request (e.g. the proxy joined late)
+        c.step(("search", {"q": "x"}))
+    out = d.check_llm_history(c.steps, 0, c.results, 0.0)
+    reps = [x for x in out if x.kind == "repetition"]
+    assert len(reps) == 1 and reps[0].actual == 5 and reps[0].new_finding
