@@ -71,3 +71,25 @@ def test_every_module_has_the_common_interface(path: str) -> None:
     accumulator = module.StreamAccumulator(req)
     assert accumulator.feed(b"") == b""
     assert accumulator.finish(False).complete is False
+
+
+ERROR_BODIES = [
+    (b'{"error": {"message": "bad model", "type": "invalid_request_error"}}', "bad model"),
+    (b'{"type": "error", "error": {"type": "invalid_request_error", "message": "bad model"}}', "bad model"),
+    (b"<html><body>\n\n502 Bad Gateway\n\n</body></html>", "502 Bad Gateway"),
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/completions"])
+@pytest.mark.parametrize(("body", "message"), ERROR_BODIES)
+def test_a_plain_error_body_answering_a_stream_passes_through(path: str, body: bytes, message: str) -> None:
+    module = dialect_for(path, "POST")
+    assert module is not None
+    req = module.parse_request({"model": "m", "stream": True, "messages": [], "input": "x", "prompt": "x"})
+    for cut in range(len(body) + 1):
+        acc = module.StreamAccumulator(req)
+        acc.status = 400
+        assert acc.feed(body[:cut]) + acc.feed(body[cut:]) == body, cut
+        result = acc.finish(True)
+        assert result.error is not None, cut
+        assert message in result.error["message"] or message in str(result.error["details"]), cut

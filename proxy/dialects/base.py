@@ -193,3 +193,34 @@ def openai_usage(raw: Any) -> Usage | None:
         cached_tokens=as_int(details.get("cached_tokens")),
         cache_creation_tokens=as_int(details.get("cache_write_tokens")),
     )
+
+
+# first byte of an SSE stream: a field name (data, event, id, retry), a comment, or a BOM
+_SSE_FIRST_BYTES = b"deir:\xef"
+MAX_SNIFFED_BODY = 4 * 1024 * 1024
+
+
+class BodySniffer:
+    """Tells an SSE stream from a plain body answering a streaming request.
+
+    An upstream refuses a streaming request with a JSON error (or a proxy's HTML page) instead
+    of a stream. The accumulators must pass such a body through untouched (never hold it back
+    as a partial SSE event) and parse it as an error at the end.
+    """
+
+    def __init__(self) -> None:
+        self.mode: str | None = None  # None until the first non-blank byte: "sse" | "body"
+        self.body = bytearray()
+
+    def feed(self, chunk: bytes) -> bool:
+        """True when `chunk` is not SSE (pass it through as it is, do not decode it)."""
+        if self.mode is None:
+            head = chunk.lstrip()
+            if not head:
+                return True  # blank bytes before anything: nothing to decode either way
+            self.mode = "sse" if head[0] in _SSE_FIRST_BYTES else "body"
+        if self.mode == "body":
+            if len(self.body) < MAX_SNIFFED_BODY:
+                self.body += chunk
+            return True
+        return False

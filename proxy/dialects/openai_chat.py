@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.base import (
+    BodySniffer,
     LLMRequest,
     LLMResult,
     ToolCall,
@@ -162,6 +163,8 @@ class StreamAccumulator:
 
     def __init__(self, req: LLMRequest) -> None:
         self.req = req
+        self.status: int | None = None  # the caller may set the upstream status for error bodies
+        self._sniffer = BodySniffer()
         self.filtering = req.stream and not req.client_asked_usage
         self._decoder = SSEDecoder()
         self._text: list[str] = []
@@ -181,6 +184,8 @@ class StreamAccumulator:
     def feed(self, chunk: bytes) -> bytes:
         if not chunk:
             return b""
+        if self._sniffer.feed(chunk):
+            return chunk
         events = self._decoder.feed(chunk)
         if not self.filtering:
             for event in events:
@@ -203,6 +208,8 @@ class StreamAccumulator:
         return bytes(out)
 
     def finish(self, complete: bool) -> LLMResult:
+        if self._sniffer.mode == "body":
+            return _body_result(self, complete)
         for event in self._decoder.flush():
             self._event(event)
         calls = [self._calls[i].build() for i in sorted(self._calls)]
@@ -215,6 +222,10 @@ class StreamAccumulator:
         if usage is None:
             usage = estimate_usage(self.req, text, calls)
         return LLMResult(self._model, text, calls, usage, self._stop, self._id, error, ok)
+
+    @staticmethod
+    def parse_body(status: int, body: bytes, req: LLMRequest) -> LLMResult:
+        return parse_response(status, body, req)
 
     def _event(self, event: SSEEvent) -> bool:
         """Account for one event; True when it is the injected usage chunk to drop."""
@@ -264,6 +275,13 @@ class StreamAccumulator:
                     builder.name = str(function["name"])
                 if isinstance(function.get("arguments"), str):
                     builder.parts.append(function["arguments"])
+
+
+def _body_result(acc: StreamAccumulator, complete: bool) -> LLMResult:
+    """A plain body answered the streaming request (an error, usually): parse it as one."""
+    result = type(acc).parse_body(acc.status or 200, bytes(acc._sniffer.body), acc.req)
+    result.complete = complete
+    return result
 
 
 def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = None) -> tuple[str, bytes]:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.base import (
+    BodySniffer,
     LLMRequest,
     LLMResult,
     ToolCall,
@@ -219,6 +220,8 @@ class StreamAccumulator:
 
     def __init__(self, req: LLMRequest) -> None:
         self.req = req
+        self.status: int | None = None  # the caller may set the upstream status for error bodies
+        self._sniffer = BodySniffer()
         self._decoder = SSEDecoder()
         self._text: list[str] = []
         self._calls: dict[int, ToolCallBuilder] = {}
@@ -228,12 +231,18 @@ class StreamAccumulator:
         self._error: dict | None = None
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._sniffer.feed(chunk):
+            return chunk
         for event in self._decoder.feed(chunk):
             if event.data is not None:
                 self._event(event.data)
         return chunk
 
     def finish(self, complete: bool) -> LLMResult:
+        if self._sniffer.mode == "body":  # a plain body (an error, usually) answered the stream request
+            result = parse_response(self.status or 200, bytes(self._sniffer.body), self.req)
+            result.complete = complete
+            return result
         for event in self._decoder.flush():
             if event.data is not None:
                 self._event(event.data)

@@ -175,6 +175,10 @@ def completions_parse_response(status: int, body: bytes, req: LLMRequest | None 
 class CompletionsAccumulator(openai_chat.StreamAccumulator):
     """The chat stream reader (usage-chunk filter included); choices carry `text`, not `delta`."""
 
+    @staticmethod
+    def parse_body(status: int, body: bytes, req: LLMRequest) -> LLMResult:
+        return completions_parse_response(status, body, req)
+
     def _choice(self, choice: dict) -> None:
         if choice.get("finish_reason"):
             self._stop = choice["finish_reason"]
