@@ -415,11 +415,22 @@ class TraceRecorder:
         return self._run_json(run)
 
     def forget_run(self, run_id: str) -> None:
-        """Drop an open run's state and pending writes without writing (its directory is being deleted)."""
+        """Drop a run's state and pending writes without writing them (its directory is being deleted).
+
+        A writer pass already in flight may still write to it: await `discard_run` before deleting.
+        """
         run = self._runs.pop(run_id, None)
         if run is not None:
             self._pending_events -= len(run.lines)
             self._dirty.pop(run_id, None)
+
+    async def discard_run(self, run_id: str) -> None:
+        """forget_run, then wait out any writer pass in flight: afterwards nothing writes to the run's
+        directory, so deleting it cannot race a write (rmtree failing on a file created meanwhile).
+        """
+        self.forget_run(run_id)
+        async with self._lock:
+            pass
 
     def end_run(self, run_id: str, *, status: str, reason: str, ts: float | None = None) -> str | None:
         """Close a run: RUN_END with its summary; run.json gets status, ended_at, duration_ms.

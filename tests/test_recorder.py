@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -594,3 +595,26 @@ async def test_bad_parent_id_and_monotonic_ts_are_corrected(rec: TraceRecorder, 
     _, events = assert_run_valid(tmp_path, run_id)
     assert events[1]["parent_id"] is None
     assert events[1]["ts"] == "2026-02-15T20:31:05.000Z"  # the recorder's clock, not 1970
+
+
+async def test_discard_run_then_delete_never_races_the_writer(
+    rec: TraceRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = _start(rec)
+    await rec.flush()
+    entered = threading.Event()
+    real_write = storage.write_json_atomic
+
+    def slow_write(path: Path, data: dict[str, Any], *, fsync: bool = False) -> None:
+        entered.set()
+        time.sleep(0.05)  # a slow disk: the pass is still in flight when the viewer deletes the run
+        real_write(path, data, fsync=fsync)
+
+    monkeypatch.setattr(storage, "write_json_atomic", slow_write)
+    rec.end_run(run_id, status="ok", reason="done")
+    assert await asyncio.to_thread(entered.wait, 2)
+    await rec.discard_run(run_id)  # returns only once the in-flight pass is done
+    assert await asyncio.to_thread(storage.delete_run, tmp_path, run_id)
+    await rec.flush()
+    assert not (tmp_path / "runs" / run_id).exists()
+    assert rec.health()["write_errors"] == 0
