@@ -63,7 +63,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             }
         }
         return web.Response(status=route.status, body=orjson.dumps(body), content_type="application/json")
-    streaming_handler = engine_stream_handler(engine, route)
+    streaming_handler = engine_stream_handler(engine, route, request)
     if streaming_handler is not None:
         return await streaming_handler(request, route)
     try:
@@ -90,11 +90,11 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
 
 
 def engine_stream_handler(
-    engine: Engine, route: Route
+    engine: Engine, route: Route, request: web.Request
 ) -> Callable[[web.Request, Route], Awaitable[web.StreamResponse]] | None:
     """Long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline."""
     hook = getattr(engine, "stream_handler", None)
-    return hook(route) if hook is not None else None
+    return hook(route, request) if hook is not None else None
 
 
 def make_proxy_app(engine: Engine) -> web.Application:

@@ -19,6 +19,8 @@ from proxy.forward import Forwarder
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
+from proxy.mcp.hub import McpHub
+from proxy.mcp.stdio import StdioServers
 from proxy.metrics import Metrics
 from proxy.pricing import Pricing
 from proxy.recorder import TraceRecorder
@@ -62,6 +64,8 @@ class Engine:
         self._sweeper: asyncio.Task[None] | None = None
         # extra upstreams registered at run time (stdio MCP servers get a loopback URL)
         self.extra_upstreams: dict[tuple[str, str], UpstreamConfig] = {}
+        self.mcp = McpHub(self)  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
+        self.stdio = StdioServers(self)  # --mcp-stdio children
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -92,6 +96,16 @@ class Engine:
             self.end_session(session, status="ok", reason="shutdown")
         await self.recorder.close()
         await self.forwarder.close()
+
+    def stream_handler(self, route: Any, request: Any) -> Any:
+        """MCP GET streams (server stream, legacy SSE) are relayed outside the per-call pipeline."""
+        return self.mcp.stream_handler(route, request)
+
+    async def start_children(self) -> None:
+        await self.stdio.start()
+
+    async def stop_children(self) -> None:
+        await self.stdio.stop()
 
     def call_started(self) -> None:
         self.inflight += 1

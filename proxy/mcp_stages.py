@@ -1,14 +1,139 @@
-"""MCP traffic in the pipeline. Placeholder: MCP calls are forwarded unrecorded until the MCP adapter lands."""
+"""MCP traffic in the pipeline: the parse stage for POSTs to `/mcp/NAME`.
+
+A single `tools/call` gets the MCP protocol adapter (so it is guarded and recorded); every other
+message (initialize, tools/list, notifications, the client's answers to server requests, batches)
+is forwarded unrecorded, its answer still watched so results on shared streams are matched.
+POSTs to a legacy HTTP+SSE endpoint are sent to the URL the server's `endpoint` event named.
+"""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import TYPE_CHECKING
 
+from proxy.exchange import Answer, Exchange
+from proxy.mcp import jsonrpc
+from proxy.mcp.adapter import MCPProtocol
+from proxy.mcp.hub import McpHub
+from proxy.mcp.observe import MessageObserver
 from proxy.pipeline import BaseStage
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
 
+log = logging.getLogger("tripwire.mcp")
+
+
+def hub_of(engine: Engine) -> McpHub:
+    return engine.mcp
+
+
+class MCPParseStage(BaseStage):
+    name = "parse_mcp"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.hub = hub_of(engine)
+
+    async def request(self, ex: Exchange) -> None:
+        request = ex.request
+        route = ex.route
+        legacy = self.hub.legacy_for(route.upstream, route.path, request.rel_url.raw_query_string)
+        if legacy is not None and legacy.upstream_post_url:
+            ex.extra["upstream_url"] = legacy.upstream_post_url
+        if request.method != "POST":
+            return
+        parsed = jsonrpc.parse_body(ex.body)
+        if parsed is None:
+            ex.answer = Answer(
+                400,
+                jsonrpc.render_error(
+                    None, jsonrpc.PARSE_ERROR, "Tripwire: the request body is not JSON (JSON-RPC parse error)"
+                ),
+            )
+            return
+        messages, batch = parsed
+        ex.extra["mcp_messages"] = messages
+        mcp_session = request.headers.get("Mcp-Session-Id")
+        if legacy is not None:
+            session_key = legacy.session_key
+        elif mcp_session:
+            session_key = f"s:{mcp_session}"
+        else:
+            session_key = f"post:{uuid.uuid4().hex}"
+        msg = messages[0] if len(messages) == 1 and not batch else None
+        call = tool_call(msg, route.upstream, legacy is not None, mcp_session, request.headers)
+        if call is None:
+            return  # forwarded as it is; a POST's answer only carries the answers to its own requests
+        if legacy is not None:
+            call.mcp_session_id = legacy.uid
+        pending = self.hub.register(session_key, call)
+        ex.extra["mcp_session_key"] = session_key
+        ex.protocol = MCPProtocol(self.engine, self.hub, pending, session_key, legacy)
+        ex.call = call
+        if legacy is None:
+            server = route.upstream
+            ex.observer = MessageObserver(
+                lambda m: self.hub.deliver(server, session_key, m),
+                limit=self.engine.settings.max_body_bytes,
+                hold_json=lambda: call.append_text is not None,
+            )
+
+    async def finish(self, ex: Exchange) -> None:
+        if isinstance(ex.call, jsonrpc.MCPToolCall):
+            self.hub.forget(ex.extra.get("mcp_session_key", ""), ex.call)
+            protocol = ex.protocol
+            future = protocol.pending.future if isinstance(protocol, MCPProtocol) else None
+            if (
+                ex.result is None
+                and future is not None
+                and future.done()
+                and not future.cancelled()
+                and future.exception() is None
+            ):
+                # The pipeline was cut short after the result went by (the client closed the POST's
+                # stream once it had its answer and the handler was cancelled): record it anyway.
+                ex.result = jsonrpc.tool_result(future.result())
+                protocol.record(ex, self.engine)
+        if ex.protocol is None and ex.answer is not None and ex.upstream_error and ex.upstream_status is None:
+            # the server is down: a JSON-RPC error naming it, for any request the client waits on
+            messages = ex.extra.get("mcp_messages") or []
+            if len(messages) == 1 and jsonrpc.kind(messages[0]) == "request":
+                message = f"MCP server {ex.route.upstream!r} failed: {ex.upstream_error}"
+                ex.answer = Answer(
+                    200,
+                    jsonrpc.render_error(
+                        messages[0].get("id"),
+                        jsonrpc.TRIPWIRE_UPSTREAM_ERROR,
+                        message,
+                        {"server": ex.route.upstream},
+                    ),
+                )
+
+
+def tool_call(
+    msg: object, server: str, legacy: bool, mcp_session: str | None, headers: object
+) -> jsonrpc.MCPToolCall | None:
+    """The parsed `tools/call`, or None for any other message."""
+    if not isinstance(msg, dict) or jsonrpc.kind(msg) != "request" or msg.get("method") != "tools/call":
+        return None
+    params = msg.get("params")
+    if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+        return None
+    get = getattr(headers, "get", None)
+    version = get("MCP-Protocol-Version") if get is not None else None
+    return jsonrpc.MCPToolCall(
+        server=server,
+        tool_name=params["name"],
+        arguments=params.get("arguments") if params.get("arguments") is not None else {},
+        jsonrpc_id=msg.get("id"),
+        mcp_session_id=mcp_session,
+        protocol_version=version,
+        transport="legacy" if legacy else "streamable",
+        continuation="inputResponses" in params or "requestState" in params,
+    )
+
 
 def mcp_parse_stage(engine: Engine) -> BaseStage:
-    return BaseStage()
+    return MCPParseStage(engine)

@@ -1,0 +1,1 @@
+"""MCP through Tripwire: JSON-RPC, the protocol adapter, result matching, legacy SSE, stdio servers."""

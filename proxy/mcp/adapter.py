@@ -1,0 +1,174 @@
+"""The protocol adapter for MCP `tools/call`: render Tripwire's answers, wait for the result, record it.
+
+The pipeline calls it as it calls the LLM adapter (proxy/llm.py): `render_block` / `render_refusal`
+when a guard answers, `await_result` + `after_forward` once the call went upstream, `record` at
+the end. Every answer Tripwire gives on `/mcp/*` is JSON-RPC in the client's own transport
+(SPEC §5.5): a JSON body with HTTP 200 on Streamable HTTP; on legacy HTTP+SSE the POST gets its
+usual 202 and the message is injected into the session's SSE stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from proxy.exchange import Answer, Exchange
+from proxy.guards.decision import Decision
+from proxy.guards.signatures import signature
+from proxy.mcp import jsonrpc
+from proxy.mcp.hub import AwaitingInput, LegacyStream, McpHub, Pending
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
+
+# A POST's SSE stream broke before the result: the client may resume on a GET stream; wait this long.
+RESUME_WAIT_S = 30.0
+
+
+class MCPProtocol:
+    kind = "mcp"
+
+    def __init__(
+        self, engine: Engine, hub: McpHub, pending: Pending, session_key: str, legacy: LegacyStream | None
+    ) -> None:
+        self.engine = engine
+        self.hub = hub
+        self.pending = pending
+        self.session_key = session_key
+        self.legacy = legacy
+
+    # --- answers Tripwire gives itself ---------------------------------------------------------
+
+    def render_block(self, ex: Exchange, decision: Decision, text: str) -> Answer:
+        """BLOCK: a JSON-RPC *result* with isError, so the model sees it and the SDK does not raise."""
+        call: jsonrpc.MCPToolCall = ex.call
+        result = jsonrpc.blocked_result(
+            text,
+            decision.guard,
+            decision.threshold,
+            decision.actual,
+            self.engine.settings.expose_guard_details,
+        )
+        answer = self.answer(jsonrpc.render_result(call.jsonrpc_id, result))
+        answer.headers["X-Tripwire-Guard"] = decision.guard
+        return answer
+
+    def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer:
+        """Any other refusal: a JSON-RPC error with the same id, never an HTTP error."""
+        call: jsonrpc.MCPToolCall = ex.call
+        data: dict[str, Any] = {"guardrail": decision.guard}
+        if self.engine.settings.expose_guard_details:
+            data["threshold"] = decision.threshold
+            data["actual"] = decision.actual
+        if decision.retry_after is not None:
+            data["retry_after"] = max(1, int(decision.retry_after + 0.999))
+        body = jsonrpc.render_error(call.jsonrpc_id, jsonrpc.TRIPWIRE_GUARD_ERROR, text, data)
+        answer = self.answer(body)
+        answer.headers["X-Tripwire-Guard"] = decision.guard
+        return answer
+
+    def answer(self, message: bytes) -> Answer:
+        """One JSON-RPC message in the client's transport."""
+        if self.legacy is not None and self.legacy.exchange is not None:
+            self.hub.inject(self.legacy, message)
+            return Answer(202, b"Accepted", "text/plain")
+        return Answer(200, message, "application/json")
+
+    def reservation_estimate(self, ex: Exchange) -> float:
+        return 0.0  # a tool call costs no tokens
+
+    # --- after forwarding ----------------------------------------------------------------------
+
+    async def await_result(self, ex: Exchange) -> None:
+        """Set `ex.result` (and, when the server is down, a JSON-RPC error answer)."""
+        call: jsonrpc.MCPToolCall = ex.call
+        future = self.pending.future
+        if ex.upstream_status is None:
+            message = f"MCP server {call.server!r} failed: {ex.upstream_error or 'no answer'}"
+            ex.result = jsonrpc.failure_result(message)
+            ex.answer = self.answer(
+                jsonrpc.render_error(
+                    call.jsonrpc_id, jsonrpc.TRIPWIRE_UPSTREAM_ERROR, message, {"server": call.server}
+                )
+            )
+            return
+        if not future.done():
+            if ex.upstream_status >= 400:
+                ex.result = jsonrpc.failure_result(
+                    f"MCP server {call.server!r} answered HTTP {ex.upstream_status}",
+                    upstream_failure=ex.upstream_status >= 500,
+                )
+                return
+            if self.legacy is not None:
+                wait = self.engine.settings.ttfb_timeout_s
+            elif not ex.stream_complete:
+                wait = RESUME_WAIT_S
+            else:
+                ex.result = jsonrpc.failure_result(
+                    f"MCP server {call.server!r} answered without a result for this call",
+                    upstream_failure=False,
+                )
+                return
+            try:
+                await asyncio.wait_for(asyncio.shield(future), wait)
+            except (TimeoutError, ConnectionError) as e:
+                ex.result = jsonrpc.failure_result(
+                    f"MCP server {call.server!r}: {e or 'no result in time'}", upstream_failure=True
+                )
+                return
+        ex.extra["mcp_result_at"] = time.monotonic()
+        ex.result = jsonrpc.tool_result(future.result())
+
+    def after_forward(self, ex: Exchange) -> None:
+        return None  # everything was read in await_result
+
+    # --- the trace -----------------------------------------------------------------------------
+
+    def record(self, ex: Exchange, engine: Engine) -> None:
+        """One TOOL_CALL per tools/call (an input_required round trip is one call)."""
+        result: jsonrpc.MCPToolResult | None = ex.result
+        session = ex.session
+        if result is None or session is None:
+            return
+        call: jsonrpc.MCPToolCall = ex.call
+        sig = signature(call.tool_name, call.arguments)
+        waiting_key = (session.run_id, call.server, call.mcp_session_id, sig)
+        if result.input_required:
+            self.hub.awaiting_input.setdefault(waiting_key, AwaitingInput(ex.started, ex.started_wall))
+            return
+        started, started_wall = ex.started, ex.started_wall
+        prior = self.hub.awaiting_input.pop(waiting_key, None) if call.continuation else None
+        if prior is not None:
+            started, started_wall = prior.started, prior.started_wall
+        end = ex.extra.get("mcp_result_at") or ex.upstream_done or time.monotonic()
+        payload = {
+            "tool_name": call.tool_name,
+            "args": call.arguments,
+            "result": result.result,
+            "status": result.status,
+            "error": result.error,
+            "source": "mcp",
+            "server": call.server,
+        }
+        meta: dict[str, Any] = {
+            "agent": session.agent,
+            "session_id": session.session_id,
+            "jsonrpc_id": call.jsonrpc_id,
+            "mcp_session_id": call.mcp_session_id,
+            "transport": call.transport,
+        }
+        if call.protocol_version:
+            meta["mcp_protocol_version"] = call.protocol_version
+        ex.extra["tool_event_id"] = engine.recorder.record(
+            session.run_id,
+            "TOOL_CALL",
+            call.tool_name,
+            payload,
+            duration_ms=max(0, int((end - started) * 1000)),
+            meta=meta,
+            ts=started_wall,
+        )
+        sigs = session.conversation.mcp_signatures
+        sigs[sig] = sigs.get(sig, 0) + 1
+        engine.metrics.observe_tool(call.server, result.status, call.tool_name)

@@ -1,0 +1,197 @@
+"""What Tripwire keeps across MCP requests: tool calls waiting for their result, legacy SSE streams.
+
+A `tools/call` is answered on the POST's own answer (JSON or SSE), on a GET stream the client
+resumed after the POST's stream broke, or (legacy HTTP+SSE) on the session's long-lived SSE stream
+while the POST got a bare 202. So results are matched by (server, MCP session, JSON-RPC id) wherever
+they show up, and only JSON-RPC *responses* match: notifications and server-to-client requests
+carry a method and never complete a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin, urlsplit
+
+from aiohttp import web
+
+from proxy.exchange import Exchange
+from proxy.forward import request_headers
+from proxy.mcp import jsonrpc
+from proxy.mcp.observe import MessageObserver
+from proxy.routing import Route, join_upstream
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
+
+log = logging.getLogger("tripwire.mcp")
+
+PendingKey = tuple[str, str, str]  # (server, session key, id key)
+
+
+@dataclass
+class Pending:
+    call: jsonrpc.MCPToolCall
+    future: asyncio.Future[dict[str, Any]]
+
+
+@dataclass
+class LegacyStream:
+    """One client's legacy HTTP+SSE stream: where its POSTs go upstream, where results come back."""
+
+    server: str
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    exchange: Exchange | None = None  # the GET's exchange; its response is the client's stream
+    upstream_post_url: str | None = None
+    client_endpoint: tuple[str, str] | None = None  # (route path, query) the client POSTs to
+    queued: list[bytes] = field(default_factory=list)
+
+    @property
+    def session_key(self) -> str:
+        return f"legacy:{self.uid}"
+
+    def take_queued(self) -> bytes:
+        out = b"".join(self.queued)
+        self.queued.clear()
+        return out
+
+
+@dataclass
+class AwaitingInput:
+    """A 2026-07-28 call answered `input_required`: the resend continues it (one TOOL_CALL)."""
+
+    started: float  # monotonic
+    started_wall: float
+
+
+class McpHub:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.pending: dict[PendingKey, Pending] = {}
+        self.legacy: dict[tuple[str, str, str], LegacyStream] = {}  # (server, path, query)
+        self.awaiting_input: dict[tuple[Any, ...], AwaitingInput] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- matching results -------------------------------------------------------------------
+
+    def register(self, session_key: str, call: jsonrpc.MCPToolCall) -> Pending:
+        key = (call.server, session_key, jsonrpc.id_key(call.jsonrpc_id))
+        pending = Pending(call, asyncio.get_running_loop().create_future())
+        self.pending[key] = pending
+        return pending
+
+    def forget(self, session_key: str, call: jsonrpc.MCPToolCall) -> None:
+        self.pending.pop((call.server, session_key, jsonrpc.id_key(call.jsonrpc_id)), None)
+
+    def deliver(self, server: str, session_key: str | None, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """A message seen on an answer or stream: complete the call it answers, if any.
+
+        Returns the message to send instead (a WARN appends a text block), or None.
+        """
+        if session_key is None or jsonrpc.kind(msg) != "response":
+            return None
+        pending = self.pending.pop((server, session_key, jsonrpc.id_key(msg.get("id"))), None)
+        if pending is None:
+            return None
+        if not pending.future.done():
+            pending.future.set_result(msg)
+        if pending.call.append_text:
+            return jsonrpc.append_text_block(msg, pending.call.append_text)
+        return None
+
+    def fail_session(self, server: str, session_key: str, message: str) -> None:
+        """A legacy stream closed: calls still waiting on it will not get an answer."""
+        for key in [k for k in self.pending if k[0] == server and k[1] == session_key]:
+            pending = self.pending.pop(key)
+            if not pending.future.done():
+                pending.future.set_exception(ConnectionError(message))
+
+    # --- legacy HTTP+SSE ---------------------------------------------------------------------
+
+    def legacy_for(self, server: str, path: str, query: str) -> LegacyStream | None:
+        return self.legacy.get((server, path, query))
+
+    def rewrite_endpoint(self, stream: LegacyStream, route: Route, stream_url: str, data: str) -> str:
+        """The `endpoint` event: point the client at Tripwire, remember where its POSTs really go."""
+        target = urljoin(stream_url, data.strip())
+        base = self.engine.upstream("mcp", route.upstream).url
+        parts = urlsplit(target)
+        if target.startswith(base) and target[len(base) : len(base) + 1] in ("/", "?", ""):
+            rest = target[len(base) :]
+            path, _, query = rest.partition("?")
+        else:
+            path, query = parts.path, parts.query
+        path = path if not path or path.startswith("/") else "/" + path
+        if stream.client_endpoint is not None:
+            self.legacy.pop((stream.server, *stream.client_endpoint), None)
+        stream.client_endpoint = (path, query)
+        stream.upstream_post_url = target
+        self.legacy[(stream.server, path, query)] = stream
+        return route.prefix + path + (f"?{query}" if query else "")
+
+    def inject(self, stream: LegacyStream, data: bytes) -> None:
+        """Put one of Tripwire's own JSON-RPC messages on a legacy stream, between the server's events."""
+        event = jsonrpc.sse_message(data)
+        response = stream.exchange.response if stream.exchange is not None else None
+        if response is None or not response.prepared:
+            stream.queued.append(event)
+            return
+
+        async def write() -> None:
+            try:
+                await response.write(event)
+            except (ConnectionResetError, RuntimeError):
+                log.info("legacy stream of %s closed before an injected answer", stream.server)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- GET streams (Streamable HTTP server stream, legacy SSE stream) ----------------------
+
+    def stream_handler(
+        self, route: Route, request: web.Request
+    ) -> Callable[[web.Request, Route], Awaitable[web.StreamResponse]] | None:
+        if route.kind == "mcp" and request.method == "GET":
+            return self.handle_stream
+        return None
+
+    async def handle_stream(self, request: web.Request, route: Route) -> web.StreamResponse:
+        """Relay a GET stream event by event, matching results, rewriting a legacy `endpoint` event."""
+        engine = self.engine
+        upstream = engine.upstream("mcp", route.upstream)
+        url = join_upstream(upstream.url, route.path, request.rel_url.raw_query_string)
+        headers = request_headers(request.headers, upstream, identity_encoding=True)
+        ex = Exchange(
+            request=request, route=route, body=b"", started=time.monotonic(), started_wall=time.time()
+        )
+        mcp_session = request.headers.get("Mcp-Session-Id")
+        legacy = LegacyStream(route.upstream, exchange=ex)
+        state: dict[str, str | None] = {"key": f"s:{mcp_session}" if mcp_session else None}
+
+        def on_endpoint(data: str) -> str:
+            state["key"] = legacy.session_key
+            return self.rewrite_endpoint(legacy, route, url, data)
+
+        ex.observer = MessageObserver(
+            lambda msg: self.deliver(route.upstream, state["key"], msg),
+            limit=engine.settings.max_body_bytes,
+            on_endpoint=on_endpoint,
+            take_injected=legacy.take_queued,
+        )
+        try:
+            await engine.forwarder.forward(ex, url, headers, b"")
+        finally:
+            if legacy.client_endpoint is not None:
+                self.legacy.pop((legacy.server, *legacy.client_endpoint), None)
+                self.fail_session(legacy.server, legacy.session_key, "the legacy SSE stream closed")
+        if ex.response is not None:
+            return ex.response
+        if ex.answer is not None:
+            return ex.answer.to_response()
+        return web.Response(status=502)

@@ -1,0 +1,104 @@
+"""Real MCP servers for tests, written once for both SDK majors (mcp 1.x `FastMCP`, 2.x `MCPServer`).
+
+`serve(...)` runs the SDK's own Starlette app under uvicorn in a thread, on 127.0.0.1 and a free
+port, so the test's event loop is free for the client and Tripwire. Run as a script
+(`python -m tests.mcp_servers stdio`) it is a stdio server, for `--mcp-stdio`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+try:  # mcp 2.x
+    from mcp.server.mcpserver import Context, MCPServer
+
+    MCP_MAJOR = 2
+except ImportError:  # mcp 1.x
+    from mcp.server.fastmcp import Context  # type: ignore[no-redef]
+    from mcp.server.fastmcp import FastMCP as MCPServer  # type: ignore[no-redef]
+
+    MCP_MAJOR = 1
+
+
+def build_server(**settings: Any) -> Any:
+    """The demo server: arithmetic, echo, a tool that reports progress and one that raises."""
+    server = MCPServer("tripwire-demo", **settings)
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    async def slow_count(steps: int, ctx: Context) -> str:
+        """Count up, reporting progress at every step."""
+        for i in range(steps):
+            await ctx.report_progress(i + 1, steps)
+        return f"counted to {steps}"
+
+    @server.tool()
+    def explode(reason: str) -> str:
+        """Always fails."""
+        raise ValueError(f"exploded: {reason}")
+
+    return server
+
+
+class ServerThread:
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("MCP test server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@contextmanager
+def serve(
+    transport: str = "streamable-http", *, json_response: bool = False, stateless: bool = False
+) -> Iterator[str]:
+    """Yield the server's endpoint URL (`.../mcp` for Streamable HTTP, `.../sse` for legacy SSE)."""
+    if MCP_MAJOR == 1:
+        server = build_server(json_response=json_response, stateless_http=stateless)
+        app = server.sse_app() if transport == "sse" else server.streamable_http_app()
+    else:
+        server = build_server()
+        app = (
+            server.sse_app()
+            if transport == "sse"
+            else server.streamable_http_app(json_response=json_response, stateless_http=stateless)
+        )
+    thread = ServerThread(app)
+    base = thread.start()
+    try:
+        yield base + ("/sse" if transport == "sse" else "/mcp")
+    finally:
+        thread.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["stdio"]:
+        build_server().run(transport="stdio")

@@ -1,0 +1,92 @@
+"""MCP through Tripwire with the mcp 2.x SDK (MCPServer, Client / streamable_http_client): answers are
+the same as direct, every tools/call is one TOOL_CALL, other methods are not recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+mcp = pytest.importorskip("mcp")
+pytest.importorskip("mcp.server.mcpserver")  # 2.x only; the mcp<2 environment runs test_mcp_v1.py
+
+from mcp import Client  # noqa: E402
+
+from tests.conftest import StartTripwire  # noqa: E402
+from tests.mcp_servers import serve  # noqa: E402
+
+
+async def session_calls(url: str, mode: str) -> dict[str, Any]:
+    """What an agent sees: the tool list and a few calls (one raising, one reporting progress)."""
+    progress: list[float] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append(p)
+
+    async with Client(url, mode=mode, cache=None) as client:  # type: ignore[arg-type]
+        tools = await client.list_tools()
+        out = {
+            "tools": sorted((t.name, t.description) for t in tools.tools),
+            "add": (await client.call_tool("add", {"a": 2, "b": 40})).model_dump(),
+            "add_again": (await client.call_tool("add", {"a": 2, "b": 40})).model_dump(),
+            "explode": (await client.call_tool("explode", {"reason": "boom"})).model_dump(),
+            "count": (
+                await client.call_tool("slow_count", {"steps": 3}, progress_callback=on_progress)
+            ).model_dump(),
+        }
+    out["progress"] = progress
+    return out
+
+
+def tool_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event_type"] == "TOOL_CALL"]
+
+
+@pytest.mark.parametrize(
+    "mode", ["auto", "legacy"]
+)  # auto speaks 2026-07-28, legacy the initialize handshake
+@pytest.mark.parametrize(
+    "json_response,stateless",
+    [(False, False), (True, False), (False, True)],
+    ids=["sse", "json", "stateless"],
+)
+async def test_same_answers_as_direct_and_recorded(
+    start_tripwire: StartTripwire, mode: str, json_response: bool, stateless: bool
+) -> None:
+    from tests.schema import assert_run_valid
+
+    with serve(json_response=json_response, stateless=stateless) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        direct = await session_calls(upstream, mode)
+        proxied = await session_calls(f"{tw.url}/agents/bot/sessions/s1/mcp/demo", mode)
+        await tw.flush()
+
+    assert proxied == direct
+    assert proxied["add"]["structured_content"] == {"result": 42}
+    assert proxied["explode"]["is_error"] is True
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    calls = tool_events(events)
+    # four tools/call, nothing else (initialize, tools/list, progress notifications are not tool calls)
+    assert [e["name"] for e in calls] == ["add", "add", "explode", "slow_count"]
+    add = calls[0]["payload"]
+    assert add["args"] == {"a": 2, "b": 40}
+    assert add["result"]["structuredContent"] == {"result": 42}
+    assert add["status"] == "ok" and add["source"] == "mcp" and add["server"] == "demo"
+    assert add["error"] is None
+    assert calls[2]["payload"]["status"] == "error"
+    assert "explode" in calls[2]["payload"]["error"]["message"]
+    assert calls[3]["payload"]["result"]["content"][0]["text"] == "counted to 3"
+    assert all(isinstance(e["duration_ms"], int) for e in calls)
+    assert events[0]["payload"]["agent_name"] == "bot"
+    assert tw.run_json(run_id)["counts"]["tool_calls"] == 4
+
+
+async def test_unknown_server_lists_names(start_tripwire: StartTripwire) -> None:
+    import aiohttp
+
+    tw = await start_tripwire(mcp={"demo": {"url": "http://127.0.0.1:9"}})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{tw.url}/mcp/nope", json={}) as resp:
+            assert resp.status == 404
+            assert (await resp.json())["error"]["configured"] == ["demo"]
