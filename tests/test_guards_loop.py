@@ -237,6 +237,15 @@ def test_classification_lists_then_heuristics_unknown_is_mutating() -> None:
     ):
         assert classify_tool(name, cfg) == "mutating", name
     assert classify_tool("frobnicate", cfg) == "mutating"
+    # words start with a key: yes; a key buried inside another word: no
+    assert classify_tool("readfile", cfg) == "idempotent" and classify_tool("searching", cfg) == "idempotent"
+    assert classify_tool("budget_report", cfg) == "mutating"  # "budget" is not "get"
+    assert classify_tool("credit_check", cfg) == "mutating"  # unknown, and "credit" is not "edit"
+    # well-known names the words would misplace
+    assert classify_tool("grep", cfg) == "idempotent" and classify_tool("git_log", cfg) == "idempotent"
+    assert classify_tool("bash", cfg) == "mutating"
+    # the config's lists win over everything
+    assert classify_tool("grep", LoopDetectionConfig(mutating_tools=("grep",))) == "mutating"
 
 
 # -- function-calling tools seen in LLM history ---------------------------------------------------

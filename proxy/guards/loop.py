@@ -34,9 +34,17 @@ PATTERN_CHARS = 80
 MAX_EVIDENCE = 50
 MAX_CYCLE_PERIOD = 4
 
-IDEMPOTENT_WORDS = frozenset({"read", "get", "list", "search", "status", "fetch", "query"})
-MUTATING_WORDS = frozenset(
-    {"write", "edit", "delete", "execute", "shell", "commit", "push", "insert", "install"}
+IDEMPOTENT_WORDS = ("read", "get", "list", "search", "status", "fetch", "query")
+MUTATING_WORDS = ("write", "edit", "delete", "execute", "shell", "commit", "push", "insert", "install")
+# Well-known names the word heuristic would misplace (Loop Guard ships similar lists): read-only
+# shell and git commands, and code runners whose names carry none of the words above.
+KNOWN_IDEMPOTENT = frozenset(
+    "grep glob ls cat head tail find pwd which whoami date git_log git_diff git_show git_branch"
+    " view describe help".split()
+)
+KNOWN_MUTATING = frozenset(
+    "bash exec eval run_python run_command subprocess mkdir rm mv cp touch create_file move_file"
+    " patch_file git_add git_reset git_checkout".split()
 )
 _ACTIONS = {"warn": Action.WARN, "block": Action.BLOCK, "terminate": Action.TERMINATE}
 
@@ -68,14 +76,34 @@ def _words(name: str) -> list[str]:
     return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
 
 
-def classify_tool(name: str, config: LoopDetectionConfig) -> str:
-    """ "idempotent" or "mutating": explicit lists first, then name words (mutating wins a tie).
+def _has_word(words: list[str], keys: tuple[str, ...]) -> bool:
+    # a word that is a key or starts with one ("readfile", "searching"), never a substring
+    # anywhere ("budget" is not "get", "credit" is not "edit")
+    return any(w.startswith(k) for w in words for k in keys)
 
-    A name the heuristic cannot place is treated as mutating, the stricter side, as Loop Guard does.
+
+def classify_tool(name: str, config: LoopDetectionConfig) -> str:
+    """Idempotent or mutating: the config's lists, well-known names, then the name's words.
+
+    Mutating words win over idempotent ones (`read_then_write`); a name the heuristic cannot
+    place is treated as mutating, the stricter side, as Loop Guard does.
     """
     bare = normalize_tool_name(name)
     if name in config.mutating_tools or bare in config.mutating_tools:
         return "mutating"
+    if name in config.idempotent_tools or bare in config.idempotent_tools:
+        return "idempotent"
+    lowered = bare.lower()
+    if lowered in KNOWN_MUTATING:
+        return "mutating"
+    if lowered in KNOWN_IDEMPOTENT:
+        return "idempotent"
+    words = _words(bare)
+    if _has_word(words, MUTATING_WORDS):
+        return "mutating"
+    if _has_word(words, IDEMPOTENT_WORDS):
+        return "idempotent"
+    return "mutating"
     if name in config.idempotent_tools or bare in config.idempotent_tools:
         return "idempotent"
     words = set(_words(bare))
