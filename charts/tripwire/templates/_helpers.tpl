@@ -1,0 +1,278 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "tripwire.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tripwire.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tripwire.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tripwire.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tripwire.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tripwire.labels" -}}
+helm.sh/chart: {{ include "tripwire.chart" . }}
+{{ include "tripwire.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "tripwire.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+Where things are.
+*/}}
+{{- define "tripwire.configMapName" -}}
+{{- printf "%s-config" (include "tripwire.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tripwire.adminSecretName" -}}
+{{- if .Values.admin.token.existingSecret }}
+{{- .Values.admin.token.existingSecret }}
+{{- else }}
+{{- printf "%s-admin" (include "tripwire.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "tripwire.adminSecretKey" -}}
+{{- if .Values.admin.token.existingSecret }}{{ .Values.admin.token.existingSecretKey }}{{ else }}token{{ end }}
+{{- end }}
+
+{{- define "tripwire.claimName" -}}
+{{- default (printf "%s-data" (include "tripwire.fullname" .)) .Values.persistence.existingClaim }}
+{{- end }}
+
+{{/*
+The proxy listener's host: 127.0.0.1 as a sidecar (the agent shares the pod's network), the pod
+network standalone. Call with (dict "root" $ "sidecar" true|false).
+*/}}
+{{- define "tripwire.proxyHost" -}}
+{{- if .root.Values.proxy.bindHost }}{{ .root.Values.proxy.bindHost }}{{ else if .sidecar }}127.0.0.1{{ else }}0.0.0.0{{ end }}
+{{- end }}
+
+{{/*
+The env var that carries an upstream's API key: TRIPWIRE_APIKEY_DEFAULT, TRIPWIRE_APIKEY_LLM_<NAME>,
+TRIPWIRE_APIKEY_MCP_<NAME>. Call with (list "llm" "name").
+*/}}
+{{- define "tripwire.keyEnvName" -}}
+{{- $kind := index . 0 }}{{- $name := index . 1 }}
+{{- if eq $kind "default" }}TRIPWIRE_APIKEY_DEFAULT{{ else }}{{ printf "TRIPWIRE_APIKEY_%s_%s" $kind $name | upper | replace "-" "_" | replace "." "_" }}{{ end }}
+{{- end }}
+
+{{/*
+One upstream as Tripwire's config shape (url, auth_header, api_key_env). Call with (list kind name spec).
+*/}}
+{{- define "tripwire.upstreamConfig" -}}
+{{- $kind := index . 0 }}{{- $name := index . 1 }}{{- $spec := index . 2 }}
+{{- $out := dict "url" $spec.url }}
+{{- if $spec.authHeader }}{{- $_ := set $out "auth_header" $spec.authHeader }}{{- end }}
+{{- if and $spec.apiKeySecret $spec.apiKeySecret.name }}
+{{- $_ := set $out "api_key_env" (include "tripwire.keyEnvName" (list $kind $name)) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+config.yaml: the `config` value with the chart's upstream sections on top.
+*/}}
+{{- define "tripwire.configYaml" -}}
+{{- $cfg := deepCopy (default dict .Values.config) }}
+{{- if .Values.upstream.url }}
+{{- $_ := set $cfg "upstream" (include "tripwire.upstreamConfig" (list "default" "" .Values.upstream) | fromJson) }}
+{{- end }}
+{{- range $kind := list "llm" "mcp" }}
+{{- $section := index $.Values $kind }}
+{{- if $section }}
+{{- $named := dict }}
+{{- range $name, $spec := $section }}
+{{- $_ := set $named $name (include "tripwire.upstreamConfig" (list $kind $name $spec) | fromJson) }}
+{{- end }}
+{{- $_ := set $cfg $kind $named }}
+{{- end }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+Pod annotations for a pod that runs Tripwire: Prometheus scrape hints and a config checksum (a config
+change rolls the pods). Include it in your own Deployment's pod template in sidecar mode.
+*/}}
+{{- define "tripwire.podAnnotations" -}}
+checksum/tripwire-config: {{ include "tripwire.configYaml" . | sha256sum }}
+{{- if .Values.metrics.annotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.admin.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
+The Tripwire container. Call with (dict "root" $ "sidecar" true|false).
+*/}}
+{{- define "tripwire.containerSpec" -}}
+{{- $root := .root }}
+{{- $v := $root.Values -}}
+- name: tripwire
+  image: {{ include "tripwire.image" $root | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if and .sidecar $v.sidecar.native }}
+  restartPolicy: Always
+  {{- end }}
+  args:
+    - serve
+    - --listen
+    - {{ printf "%s:%v" (include "tripwire.proxyHost" .) $v.proxy.port | quote }}
+    - --admin-listen
+    - {{ printf "%s:%v" $v.admin.bindHost $v.admin.port | quote }}
+    - --config
+    - /etc/tripwire/config.yaml
+    {{- range $v.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    - name: TRIPWIRE_DATA_DIR
+      value: /data
+    - name: TRIPWIRE_ADMIN_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ include "tripwire.adminSecretName" $root }}
+          key: {{ include "tripwire.adminSecretKey" $root }}
+    {{- if and $v.upstream.url $v.upstream.apiKeySecret $v.upstream.apiKeySecret.name }}
+    - name: {{ include "tripwire.keyEnvName" (list "default" "") }}
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.upstream.apiKeySecret.name }}
+          key: {{ default "api-key" $v.upstream.apiKeySecret.key }}
+    {{- end }}
+    {{- range $kind := list "llm" "mcp" }}
+    {{- range $name, $spec := (index $v $kind) }}
+    {{- if and $spec.apiKeySecret $spec.apiKeySecret.name }}
+    - name: {{ include "tripwire.keyEnvName" (list $kind $name) }}
+      valueFrom:
+        secretKeyRef:
+          name: {{ $spec.apiKeySecret.name }}
+          key: {{ default "api-key" $spec.apiKeySecret.key }}
+    {{- end }}
+    {{- end }}
+    {{- end }}
+    {{- with $v.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    {{- if not .sidecar }}
+    - name: proxy
+      containerPort: {{ $v.proxy.port }}
+      protocol: TCP
+    {{- end }}
+    - name: admin
+      containerPort: {{ $v.admin.port }}
+      protocol: TCP
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: admin
+    {{- toYaml $v.livenessProbe | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: admin
+    {{- toYaml $v.readinessProbe | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  volumeMounts:
+    - name: tripwire-data
+      mountPath: /data
+    - name: tripwire-tmp
+      mountPath: /tmp
+    - name: tripwire-config
+      mountPath: /etc/tripwire
+      readOnly: true
+    {{- with $v.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end }}
+
+{{/*
+Public: the Tripwire sidecar container, to put in your Deployment's `containers:` (or, with
+sidecar.native, `initContainers:`). From a parent chart that depends on this one:
+  containers:
+    {{- include "tripwire.sidecarContainer" .Subcharts.tripwire | nindent 8 }}
+*/}}
+{{- define "tripwire.sidecarContainer" -}}
+{{- include "tripwire.containerSpec" (dict "root" . "sidecar" true) }}
+{{- end }}
+
+{{/*
+Public: the volumes the Tripwire container mounts, for your pod's `volumes:`.
+*/}}
+{{- define "tripwire.volumes" -}}
+- name: tripwire-data
+  {{- if .Values.persistence.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ include "tripwire.claimName" . }}
+  {{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.dataVolume.sizeLimit }}
+  {{- end }}
+- name: tripwire-tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.tmpVolume.sizeLimit }}
+- name: tripwire-config
+  configMap:
+    name: {{ include "tripwire.configMapName" . }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Public: env for the agent container in sidecar mode: the SDKs' base URL on the pod's localhost, and a
+placeholder key when Tripwire injects the real one.
+*/}}
+{{- define "tripwire.agentEnv" -}}
+{{- $base := printf "http://127.0.0.1:%v" .Values.proxy.port }}
+{{- if .Values.sidecar.agentName }}
+{{- $base = printf "%s/agents/%s" $base .Values.sidecar.agentName }}
+{{- end -}}
+- name: OPENAI_BASE_URL
+  value: {{ printf "%s/v1" $base | quote }}
+{{- if and .Values.upstream.apiKeySecret .Values.upstream.apiKeySecret.name }}
+- name: OPENAI_API_KEY
+  value: "tripwire-injects-the-real-key"
+{{- end }}
+{{- end }}
+
+{{/*
+Labels of the pods the admin Service selects, or nothing (sidecar mode with no selector and no example).
+*/}}
+{{- define "tripwire.servicePodSelector" -}}
+{{- if eq .Values.mode "standalone" }}
+{{- include "tripwire.selectorLabels" . }}
+{{- else if .Values.sidecar.podSelector }}
+{{- toYaml .Values.sidecar.podSelector }}
+{{- else if .Values.sidecar.example.enabled }}
+{{- include "tripwire.selectorLabels" . }}
+{{- end }}
+{{- end }}
