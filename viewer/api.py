@@ -226,7 +226,7 @@ async def delete_run(request: web.Request) -> web.Response:
     recorder = _engine(request).recorder
     if recorder.is_open(run_id):
         return _detail(409, "run is live: terminate it first")
-    recorder.forget_run(run_id)  # drop writes still queued for it, so they do not re-create the dir
+    await recorder.discard_run(run_id)  # drop queued writes and wait out one in flight: no race with rmtree
     try:
         await asyncio.to_thread(_reader(request).delete, run_id)
     except FileNotFoundError:
