@@ -175,8 +175,21 @@ def truncate(s: str, max_field_bytes: int) -> str:
     return b[:keep].decode("utf-8", errors="ignore") + TRUNCATED_MARKER
 
 
+# Long strings are scrubbed only up to max_field_bytes + _SCRUB_MARGIN chars (a 10 MB base64 image
+# would otherwise hold the event loop for ~0.4 s); see _sanitize_str for why that is still safe.
+_SCRUB_MARGIN = 16384
+_EDGE_ROOM = 8192
+
+
 def _sanitize_str(s: str, max_field_bytes: int) -> str:
-    # Scrub before truncating: a cut could leave a key prefix too short for the patterns to see.
+    """Scrub, then truncate: a cut first could leave a key prefix too short for the patterns to see."""
+    if max_field_bytes > 0 and len(s) > max_field_bytes + _SCRUB_MARGIN:
+        head = scrub_text(s[: max_field_bytes + _SCRUB_MARGIN])
+        # The kept part is at most max_field_bytes chars; a secret cut in two at the pre-cut edge went
+        # unscrubbed, but it lies in head's last chars, far past the kept part unless scrubbing shrank
+        # head by more than the margin. Then scrub the whole string.
+        if len(head) >= max_field_bytes + _EDGE_ROOM:
+            return truncate(head, max_field_bytes)  # head is longer than the cap, so this cuts it
     return truncate(scrub_text(s), max_field_bytes)
 
 

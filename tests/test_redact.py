@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from proxy.constants import REDACTED_MARKER, TRUNCATED_MARKER
@@ -256,3 +258,20 @@ def test_redact_headers() -> None:
         "x-api-key": REDACTED_MARKER,
         "Referer": f"https://{REDACTED_MARKER}@h/",
     }
+
+
+def test_huge_strings_are_scrubbed_only_near_what_is_kept() -> None:
+    huge = "data:image/png;base64," + "QUJD" * 2_500_000 + " " + OPENAI_KEY  # 10 MB, key far past the cap
+    start = time.perf_counter()
+    out = sanitize({"url": huge}, 20000)["url"]
+    assert time.perf_counter() - start < 0.1
+    assert len(out.encode()) <= 20000 and out.endswith(TRUNCATED_MARKER)
+    assert out.startswith("data:image/png;base64,QUJD")
+
+
+def test_huge_string_that_shrinks_a_lot_is_scrubbed_whole() -> None:
+    # scrubbing turns 40 KB of keys into markers: the kept part must come from a fully scrubbed string
+    keys = " ".join(f"sk-proj-{i:04d}abcdefghijklmnopqrstuvwxyz0123456789" for i in range(1000))
+    out = sanitize(keys + " " + "tail " * 10, 20000)
+    assert "sk-proj" not in out
+    assert len(out.encode()) <= 20000
