@@ -14,6 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from proxy.app import PIPELINES
+from proxy.exchange import Exchange
+from proxy.guards.decision import Action, Decision
+from proxy.mcp.jsonrpc import MCPToolCall
+from proxy.pipeline import BaseStage
+
 try:  # mcp 2.x
     from mcp.server.mcpserver import Context, MCPServer
 
@@ -97,6 +103,36 @@ def serve(
         yield base + ("/sse" if transport == "sse" else "/mcp")
     finally:
         thread.stop()
+
+
+class PolicyStage(BaseStage):
+    """Test-only guard: block `echo`, refuse `explode` (as an open circuit would), warn on `add`."""
+
+    name = "test_policy"
+
+    def __init__(self) -> None:
+        self.seen: list[MCPToolCall] = []
+
+    async def request(self, ex: Exchange) -> None:
+        call = ex.call
+        if not isinstance(call, MCPToolCall):
+            return
+        self.seen.append(call)
+        if call.tool_name == "echo":
+            decision = Decision(Action.BLOCK, "loop_detection", "same call 5 times", threshold=5, actual=5)
+            ex.answer = ex.protocol.render_block(ex, decision, "[tripwire] blocked: same call 5 times")
+        elif call.tool_name == "explode":
+            decision = Decision(Action.BLOCK, "circuit_breaker", "circuit open", retry_after=12.5)
+            ex.answer = ex.protocol.render_refusal(ex, decision, "[tripwire] refused: circuit open")
+        elif call.tool_name == "add":
+            call.append_text = "[tripwire] warning: add called again"
+
+
+def install_policy(tw: Any) -> PolicyStage:
+    stage = PolicyStage()
+    stages = tw.proxy.app[PIPELINES]["mcp"].stages
+    stages.insert([s.name for s in stages].index("session") + 1, stage)
+    return stage
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ async def test_same_answers_as_direct_and_recorded(
     assert proxied == direct
     assert proxied["add"]["structured_content"] == {"result": 42}
     assert proxied["explode"]["is_error"] is True
+    if not json_response:  # progress notifications relayed on the POST's SSE stream
+        assert proxied["progress"] == [1, 2, 3]
     (run_id,) = tw.run_ids()
     _, events = assert_run_valid(tw.data_dir, run_id)
     calls = tool_events(events)

@@ -1,0 +1,79 @@
+"""The synthetic-answer path: a stage in the MCP pipeline answers a tools/call itself (SPEC §5.5),
+in the client's own transport, with the mcp 2.x client over Streamable HTTP and legacy HTTP+SSE.
+
+The policy here is a test-only stage; the guards plug their own decisions into the same calls
+(`render_block`, `render_refusal`, `MCPToolCall.append_text`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+
+from mcp import Client, MCPError  # noqa: E402
+from mcp.client.sse import sse_client  # noqa: E402
+
+from proxy.mcp.jsonrpc import TRIPWIRE_GUARD_ERROR  # noqa: E402
+from tests.conftest import StartTripwire  # noqa: E402
+from tests.mcp_servers import install_policy, serve  # noqa: E402
+
+
+@asynccontextmanager
+async def connect(transport: str, url: str) -> AsyncIterator[Client]:
+    if transport == "sse":
+        async with Client(sse_client(url), mode="legacy", cache=None) as client:
+            yield client
+    else:
+        async with Client(url, mode=transport, cache=None) as client:  # type: ignore[arg-type]
+            yield client
+
+
+@pytest.mark.parametrize("transport", ["auto", "legacy", "sse"])
+async def test_block_refuse_warn_in_the_clients_transport(
+    start_tripwire: StartTripwire, transport: str
+) -> None:
+    server_transport = "sse" if transport == "sse" else "streamable-http"
+    with serve(server_transport) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        stage = install_policy(tw)
+        async with connect(transport, f"{tw.url}/agents/bot/sessions/s1/mcp/demo") as client:
+            blocked = await client.call_tool("echo", {"text": "hi"})
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("explode", {"reason": "x"})
+            warned = await client.call_tool("add", {"a": 1, "b": 2})
+            after = await client.call_tool("slow_count", {"steps": 1})
+        await tw.flush()
+
+    # BLOCK: a normal tool result the model can read, not an exception
+    assert blocked.is_error is True
+    assert blocked.content[0].text == "[tripwire] blocked: same call 5 times"
+    assert blocked.result_type == "complete"
+    dumped: dict[str, Any] = blocked.model_dump(by_alias=True)
+    assert dumped["_meta"]["tripwire"] == {
+        "loop_blocked": True,
+        "guard": "loop_detection",
+        "threshold": 5,
+        "actual": 5,
+    }
+    # any other refusal: a JSON-RPC error with Tripwire's code and the guard's data
+    assert refused.value.error.code == TRIPWIRE_GUARD_ERROR
+    assert refused.value.error.data["guardrail"] == "circuit_breaker"
+    assert refused.value.error.data["retry_after"] == 13
+    # WARN: forwarded, the result carries the warning block after the server's content
+    assert warned.structured_content == {"result": 3}
+    assert [c.text for c in warned.content] == ["3", "[tripwire] warning: add called again"]
+    assert after.content[0].text == "counted to 1"
+    # the parsed call the guards get
+    first = stage.seen[0]
+    assert (first.tool_name, first.arguments, first.server) == ("echo", {"text": "hi"}, "demo")
+    assert first.transport == ("legacy" if transport == "sse" else "streamable")
+    assert first.jsonrpc_id is not None
+    # refused calls are not TOOL_CALLs (the upstream never saw them); forwarded ones are
+    calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert [e["name"] for e in calls] == ["add", "slow_count"]
+    assert calls[0]["payload"]["result"]["content"][0]["text"] == "3"
