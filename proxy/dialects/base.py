@@ -6,6 +6,7 @@ the recorder never look at raw JSON. The shapes are the seam described in docs/a
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,15 +142,37 @@ def estimate_text_tokens(text: str) -> int:
 
 
 def estimate_prompt_tokens(req: LLMRequest) -> int:
-    """A prompt-size estimate for budget reservations: chars/4 of the messages as JSON.
+    """A prompt-size estimate for budget reservations: chars/4 of every string in the messages.
 
-    JSON punctuation makes it run a little high, which is the safe side for a reservation.
+    Inline attachments (base64 images, PDFs, audio) count at most `ATTACHMENT_TOKENS` each, not
+    by their encoded size: a 1 MB screenshot is about a thousand tokens, not 350 000.
     """
-    total = 0
-    for message in req.messages:
-        text = message if isinstance(message, str) else orjson.dumps(message, default=str).decode()
-        total += estimate_text_tokens(text) + TOKENS_PER_MESSAGE
-    return total
+    return sum(estimate_value_tokens(message) + TOKENS_PER_MESSAGE for message in req.messages)
+
+
+# A high-detail image is 765-1105 tokens for OpenAI and about 1600 at most for Anthropic.
+ATTACHMENT_TOKENS = 1500
+_BASE64 = re.compile(rb"[A-Za-z0-9+/=_-]+")
+
+
+def estimate_value_tokens(value: Any) -> int:
+    if isinstance(value, str):
+        tokens = estimate_text_tokens(value)
+        return min(tokens, ATTACHMENT_TOKENS) if _is_attachment(value) else tokens
+    if isinstance(value, dict):
+        return sum(estimate_value_tokens(v) + 1 for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(estimate_value_tokens(v) for v in value)
+    return 1 if value is not None else 0
+
+
+def _is_attachment(text: str) -> bool:
+    if len(text) < 2048:
+        return False
+    if text.startswith("data:") and ";base64," in text[:200]:
+        return True
+    head = text[:256].encode("ascii", "replace")
+    return _BASE64.fullmatch(head) is not None
 
 
 def new_id(prefix: str) -> str:

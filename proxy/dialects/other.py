@@ -25,6 +25,7 @@ from proxy.dialects.base import (
     error_dict,
     estimate_text_tokens,
     estimate_usage,
+    estimate_value_tokens,
     http_error,
     loads_or_none,
     new_id,
@@ -54,7 +55,7 @@ def estimate_prompt_tokens(req: LLMRequest) -> int:
         elif isinstance(item, str):
             total += estimate_text_tokens(item)
         else:
-            total += estimate_text_tokens(orjson.dumps(item, default=str).decode()) + TOKENS_PER_MESSAGE
+            total += estimate_value_tokens(item) + TOKENS_PER_MESSAGE
     return total
 
 
