@@ -7,7 +7,8 @@ one word is a secret word. Decisions where the spec is silent:
 - `token` (singular) alone is secret (`{"token": "..."}` is a credential); `tokens` (plural) is never
   a secret word, it is the usage-count vocabulary of every LLM API (`tokens`, `max_tokens`,
   `prompt_tokens_details`, `cache_read_input_tokens`); nor is `token` followed by a count word
-  (`token_count`, `token_limit`, `token_budget`, `token_usage`).
+  (`token_count`, `token_limit`, `token_budget`, `token_usage`), nor protocol plumbing and tokenizer
+  symbols (MCP `progressToken`, `nextPageToken`, `NextToken`, `eos_token`, `stop_token`).
 - `key` alone is secret (fail closed: headers and config name credentials just `key`), and so is
   `keys`; except when qualified by a non-secret kind of key (`public_key`, `sort_key`, `primary_key`,
   `partition_key`, `cache_key`, `idempotency_key`, ...).
@@ -49,6 +50,11 @@ _SECRET_WORDS = frozenset(
 _NON_SECRET_KEY_QUALIFIERS = frozenset(
     {"public", "sort", "primary", "foreign", "partition", "cache", "idempotency", "dedup", "dedupe", "lookup"}
 )
+# `<word>_token` that is protocol plumbing or a tokenizer symbol, not a credential (MCP
+# `progressToken`, pagination `nextPageToken` / `NextToken`, `eos_token`, `stop_token`).
+_NON_SECRET_TOKEN_QUALIFIERS = frozenset(
+    {"progress", "page", "next", "continuation", "pagination", "stop", "eos", "bos", "pad", "unk", "special"}
+)
 # `token_<word>` that is a count or limit, not a credential.
 _TOKEN_COUNT_WORDS = frozenset(
     {"count", "counts", "usage", "limit", "limits", "budget", "budgets", "estimate", "total"}
@@ -76,6 +82,8 @@ def is_secret_key(name: str) -> bool:
         if word in ("key", "keys") and i > 0 and words[i - 1] in _NON_SECRET_KEY_QUALIFIERS:
             continue
         if word == "token" and i + 1 < len(words) and words[i + 1] in _TOKEN_COUNT_WORDS:
+            continue
+        if word == "token" and i > 0 and words[i - 1] in _NON_SECRET_TOKEN_QUALIFIERS:
             continue
         return True
     return False
