@@ -32,6 +32,9 @@ SNAPSHOT_DATE = "2026-11-04"
 # for instance, are only found inside their provider).
 _PROVIDER_HINTS = ("openai", "anthropic", "google")
 
+# bound the per-name caches: model names come from clients, so they are not a fixed set
+_CACHE_LIMIT = 4096
+
 _DATE_SUFFIX = re.compile(r"[-@](\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
 
 log = logging.getLogger("tripwire.pricing")
@@ -103,6 +106,8 @@ class Pricing:
             usage.prompt_tokens, usage.completion_tokens, (FALLBACK_INPUT_PER_1M, FALLBACK_OUTPUT_PER_1M)
         )
         if model not in self._warned:
+            if len(self._warned) >= _CACHE_LIMIT:
+                self._warned.clear()
             self._warned.add(model)
             self._log.warning(
                 'budget.unknown_model_cost_estimated model_id=%s estimated_cost_usd=%.6f hint="%s"',
@@ -124,6 +129,8 @@ class Pricing:
                 break
             except LookupError:
                 continue
+        if len(self._found) >= _CACHE_LIMIT:
+            self._found.clear()
         self._found[key] = found
         return found
 

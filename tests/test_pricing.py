@@ -152,3 +152,14 @@ def test_lookups_are_cached() -> None:
     found = pricing._found["gpt-4o"]
     pricing.cost(Usage(prompt_tokens=1), ["gpt-4o"])
     assert pricing._found["gpt-4o"] is found
+
+
+def test_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import proxy.pricing as pricing_module
+
+    monkeypatch.setattr(pricing_module, "_CACHE_LIMIT", 10)
+    pricing = Pricing(logger=logging.getLogger("test.pricing.bounded"))
+    for i in range(25):
+        assert not pricing.cost(Usage(prompt_tokens=1), [f"random-model-{i}"]).known
+    assert len(pricing._found) <= 10 and len(pricing._warned) <= 10
+    assert pricing.cost(Usage(prompt_tokens=1), ["gpt-4o"]).known
