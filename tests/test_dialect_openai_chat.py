@@ -429,3 +429,24 @@ def test_random_splits_filter_exactly_the_usage_chunk(eol: bytes) -> None:
         acc = chat.StreamAccumulator(stream_req())
         assert run(acc, stream, cuts) == expected, cuts
         assert acc.finish(True).usage == Usage(120, 30, 150, cached_tokens=64)
+
+
+def test_flush_forwards_an_unterminated_tail_and_accounts_for_it() -> None:
+    stream = TEXT_STREAM[: -len(b"\n")]  # "data: [DONE]\n" without the final blank line
+    for cut in range(len(stream) + 1):
+        acc = chat.StreamAccumulator(stream_req())
+        out = acc.feed(stream[:cut]) + acc.feed(stream[cut:]) + acc.flush()
+        assert out == stream.replace(USAGE_CHUNK, b""), cut
+        result = acc.finish(True)
+        assert result.complete and result.text == "Hello", cut
+
+
+def test_flush_drops_an_unterminated_usage_chunk() -> None:
+    stream = TEXT_STREAM.split(USAGE_CHUNK)[0] + USAGE_CHUNK[:-1]
+    acc = chat.StreamAccumulator(stream_req())
+    out = acc.feed(stream) + acc.flush()
+    assert out == TEXT_STREAM.split(USAGE_CHUNK)[0]
+    result = acc.finish(False)
+    assert result.usage == Usage(120, 30, 150, cached_tokens=64) and result.complete is False
+    passthrough = chat.StreamAccumulator(stream_req(asked_usage=True))
+    assert passthrough.feed(stream) == stream and passthrough.flush() == b""

@@ -207,6 +207,23 @@ class StreamAccumulator:
         self._prev_cr = bool(events) and not self._decoder.pending and chunk.endswith(b"\r")
         return bytes(out)
 
+    def flush(self) -> bytes:
+        """At the end of the upstream body: the unterminated tail the filter still holds, if any.
+
+        SSE clients discard such a tail, but it is the upstream's bytes, so it is forwarded too
+        (unless it is the injected usage chunk).
+        """
+        if not self.filtering or self._sniffer.mode != "sse":
+            return b""
+        out = bytearray()
+        for event in self._decoder.flush():
+            raw = event.raw
+            if self._strip_lf:
+                raw, self._strip_lf = raw[1:], False
+            if not self._event(event):
+                out += raw
+        return bytes(out)
+
     def finish(self, complete: bool) -> LLMResult:
         if self._sniffer.mode == "body":
             return _body_result(self, complete)
