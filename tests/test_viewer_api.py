@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -467,3 +468,76 @@ async def test_real_engine_through_the_proxy(start_tripwire: Any, fake_upstream:
         assert r.status == 200 and health["status"] == "ok" and health["trace_store"]["ok"] is True
         async with s.get("/readyz") as r:
             assert r.status == 200
+
+
+def agentdbg_answers(data_dir: Path, requests: list[tuple[str, str, Any]]) -> list[tuple[int, Any]]:
+    """The same requests against AgentDbg 0.3.0's own viewer app on the same data dir."""
+    import warnings
+
+    from starlette.testclient import TestClient
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from agentdbg.server import create_app
+
+    out = []
+    with TestClient(create_app()) as client:
+        for method, path, body in requests:
+            r = client.request(method, path, json=body)
+            out.append((r.status_code, r.json() if r.content else None))
+    return out
+
+
+def without_tripwire(body: Any) -> Any:
+    if isinstance(body, dict) and "runs" in body:
+        return {**body, "runs": [without_tripwire(r) for r in body["runs"]]}
+    if isinstance(body, dict):
+        return {k: v for k, v in body.items() if k != "tripwire"}
+    return body
+
+
+async def test_same_answers_as_agentdbg(
+    make_client: MakeClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTDBG_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    c = await make_client()
+    ids = [write_run(tmp_path, started=T0 + timedelta(seconds=i)) for i in range(3)]
+    a, b = ids[0], ids[1]
+    requests: list[tuple[str, str, Any]] = [
+        ("GET", "/api/runs", None),
+        ("GET", f"/api/runs/{a}", None),
+        ("GET", f"/api/runs/{a}/events", None),
+        ("GET", f"/api/runs/{a}/paths", None),
+        ("GET", f"/api/runs/{a}/rename", None),
+        ("GET", "/api/runs/not-a-uuid/rename", None),
+        ("GET", "/api/runs/not-a-uuid", None),
+        ("GET", "/api/runs/not-a-uuid/events", None),
+        ("GET", f"/api/runs/{MISSING}", None),
+        ("GET", f"/api/runs/{MISSING}/events", None),
+        ("GET", f"/api/runs/{MISSING}/paths", None),
+        ("POST", f"/api/runs/{MISSING}/rename", {"run_name": "x"}),
+        ("POST", "/api/runs/not-a-uuid/rename", {"run_name": "x"}),
+        ("DELETE", f"/api/runs/{MISSING}", None),
+        ("DELETE", "/api/runs/not-a-uuid", None),
+    ]
+    theirs = await asyncio.to_thread(agentdbg_answers, tmp_path, requests)
+    for (method, path, body), (status, expected) in zip(requests, theirs, strict=True):
+        r = await c.request(method, path, json=body)
+        got = await r.json() if r.status != 204 else None
+        assert r.status == status, (method, path)
+        assert without_tripwire(got) == expected, (method, path)
+
+    # changes: rename one run on each side, delete one on each side, then compare the lists again
+    r = await c.post(f"/api/runs/{a}/rename", json={"run_name": "ours"})
+    (status, theirs_renamed), (dstatus, _) = await asyncio.to_thread(
+        agentdbg_answers,
+        tmp_path,
+        [("POST", f"/api/runs/{b}/rename", {"run_name": "theirs"}), ("DELETE", f"/api/runs/{ids[2]}", None)],
+    )
+    assert (r.status, status, dstatus) == (200, 200, 204)
+    assert set(await r.json()) == set(theirs_renamed)
+    mine = without_tripwire(await (await c.get("/api/runs")).json())
+    ((_, theirs_list),) = await asyncio.to_thread(agentdbg_answers, tmp_path, [("GET", "/api/runs", None)])
+    assert mine == theirs_list
+    assert {run["run_name"] for run in mine["runs"]} == {"ours", "theirs"}

@@ -173,6 +173,11 @@ async def get_run(request: web.Request) -> web.Response:
     return _json(meta)
 
 
+async def get_run_plain(request: web.Request) -> web.Response:
+    """run.json alone, as AgentDbg's `GET /api/runs/{run_id}/rename` answers."""
+    return _json(await _load_run(request, _run_id(request)))
+
+
 async def get_events(request: web.Request) -> web.Response:
     run_id = _run_id(request)
     await _load_run(request, run_id)
@@ -422,6 +427,7 @@ def setup_admin(app: web.Application, engine: Any) -> None:
     r.add_get("/api/runs/{run_id}/events", get_events)
     r.add_get("/api/runs/{run_id}/paths", get_paths)
     r.add_get("/api/runs/{run_id}/cost-series", get_cost_series)
+    r.add_get("/api/runs/{run_id}/rename", get_run_plain)  # AgentDbg has it: the id validator by GET
     r.add_post("/api/runs/{run_id}/rename", rename_run)
     r.add_post("/api/runs/{run_id}/terminate", terminate_run)
     r.add_get("/api/runs/{run_id}/guard-stats", guard_stats)
