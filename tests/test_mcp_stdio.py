@@ -1,0 +1,58 @@
+"""`--mcp-stdio`: the SDK's own stdio server as a child process, served at /mcp/NAME over Streamable
+HTTP with the same recording; restarted when it dies, stopped with Tripwire."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+
+from mcp import Client  # noqa: E402
+
+from tests.conftest import StartTripwire  # noqa: E402
+
+SERVER = Path(__file__).with_name("mcp_servers.py")
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_stdio_server_served_recorded_and_restarted(start_tripwire: StartTripwire, mode: str) -> None:
+    tw = await start_tripwire(mcp_stdio={"local": {"command": f"{sys.executable} {SERVER} stdio"}})
+    await tw.engine.start_children()
+    try:
+        bridge = tw.engine.stdio.bridges["local"]
+        url = f"{tw.url}/agents/bot/sessions/s1/mcp/local"
+        async with Client(url, mode=mode, cache=None) as client:  # type: ignore[arg-type]
+            tools = await client.list_tools()
+            added = await client.call_tool("add", {"a": 20, "b": 22})
+            exploded = await client.call_tool("explode", {"reason": "stdio"})
+            assert bridge.proc is not None
+            first_pid = bridge.proc.pid
+            os.kill(first_pid, 9)  # the child dies; Tripwire restarts it and replays the handshake
+            for _ in range(200):
+                if bridge.proc.pid != first_pid and bridge.ready.is_set():
+                    break
+                await asyncio.sleep(0.05)
+            again = await client.call_tool("echo", {"text": "still here"})
+        await tw.flush()
+    finally:
+        await tw.engine.stop_children()
+
+    assert {t.name for t in tools.tools} == {"add", "echo", "slow_count", "explode"}
+    assert added.structured_content == {"result": 42}
+    assert exploded.is_error is True
+    assert again.content[0].text == "echo: still here"
+    assert bridge.restarts == 1
+    assert bridge.proc.returncode is not None  # stopped with Tripwire
+    assert ("mcp", "local") not in tw.engine.extra_upstreams
+    calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert [(e["name"], e["payload"]["status"]) for e in calls] == [
+        ("add", "ok"),
+        ("explode", "error"),
+        ("echo", "ok"),
+    ]
+    assert all(e["payload"]["server"] == "local" for e in calls)
