@@ -3,6 +3,7 @@ the same as direct, every tools/call is one TOOL_CALL, other methods are not rec
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -92,3 +93,97 @@ async def test_unknown_server_lists_names(start_tripwire: StartTripwire) -> None
         async with http.post(f"{tw.url}/mcp/nope", json={}) as resp:
             assert resp.status == 404
             assert (await resp.json())["error"]["configured"] == ["demo"]
+
+
+async def test_agent_loop_llm_and_mcp_in_one_run(start_tripwire: StartTripwire, fake_upstream: Any) -> None:
+    """The model asks for a tool, the agent runs it through /mcp/NAME, then sends the result back:
+    one run with LLM_CALL, TOOL_CALL (source mcp, recorded once), LLM_CALL."""
+    import httpx2
+    import openai
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.fakes import Reply
+    from tests.schema import assert_run_valid
+
+    fake, llm_url = fake_upstream
+    fake.replies = [Reply(tool_calls=[("call_1", "add", {"a": 2, "b": 3})]), Reply(text="2 + 3 = 5")]
+    headers = {"X-Tripwire-Session": "loop-1", "X-Tripwire-Agent": "calc"}
+    with serve() as upstream:
+        tw = await start_tripwire(upstream={"url": llm_url}, mcp={"demo": {"url": upstream}})
+        llm = openai.AsyncOpenAI(base_url=f"{tw.url}/v1", api_key="sk-test", default_headers=headers)
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(f"{tw.url}/mcp/demo", http_client=http), cache=None) as tools,
+        ):
+            messages: list[Any] = [{"role": "user", "content": "what is 2 + 3?"}]
+            tool_list = [
+                {"type": "function", "function": {"name": t.name, "parameters": t.input_schema}}
+                for t in (await tools.list_tools()).tools
+            ]
+            while True:
+                resp = await llm.chat.completions.create(
+                    model="gpt-4o-mini", messages=messages, tools=tool_list
+                )
+                msg = resp.choices[0].message
+                if not msg.tool_calls:
+                    break
+                messages.append(msg.model_dump(exclude_none=True))
+                for tc in msg.tool_calls:
+                    result = await tools.call_tool(tc.function.name, json.loads(tc.function.arguments))
+                    messages.append(
+                        {"role": "tool", "tool_call_id": tc.id, "content": result.content[0].text}
+                    )
+        await tw.flush()
+
+    assert msg.content == "2 + 3 = 5"
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL", "TOOL_CALL", "LLM_CALL"]
+    tool = events[2]["payload"]
+    assert (tool["tool_name"], tool["source"], tool["server"], tool["args"]) == (
+        "add",
+        "mcp",
+        "demo",
+        {"a": 2, "b": 3},
+    )
+    assert events[0]["payload"]["agent_name"] == "calc" and events[0]["payload"]["session_id"] == "loop-1"
+
+
+async def test_bad_input_and_server_down(start_tripwire: StartTripwire) -> None:
+    import aiohttp
+
+    tw = await start_tripwire(mcp={"down": {"url": "http://127.0.0.1:9/mcp"}})
+    call = {"jsonrpc": "2.0", "id": "c-1", "method": "tools/call", "params": {"name": "add", "arguments": {}}}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{tw.url}/mcp/down", data=b"not json{", headers={"Content-Type": "application/json"}
+        ) as r:
+            assert r.status == 400
+            body = await r.json()
+            assert body["error"]["code"] == -32700 and body["id"] is None
+        # the server is down: a JSON-RPC error naming it, same id, HTTP 200 (never an HTTP error)
+        for msg in (call, {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}):
+            async with http.post(f"{tw.url}/mcp/down", json=msg) as r:
+                assert r.status == 200
+                body = await r.json()
+                assert body["id"] == msg["id"]
+                assert body["error"]["code"] == -32051
+                assert "'down'" in body["error"]["message"]
+                assert body["error"]["data"] == {"server": "down"}
+
+
+async def test_batch_is_passed_through(start_tripwire: StartTripwire) -> None:
+    """A batch on a revision that forbids it: the server says so, Tripwire does not."""
+    import aiohttp
+
+    with serve(json_response=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        batch = [{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}]
+        hdrs = {"Accept": "application/json, text/event-stream"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(upstream, json=batch, headers=hdrs) as r:
+                direct = (r.status, await r.read())
+            async with http.post(f"{tw.url}/mcp/demo", json=batch, headers=hdrs) as r:
+                proxied = (r.status, await r.read())
+    assert proxied[0] == direct[0]
+    assert proxied[1] == direct[1]
