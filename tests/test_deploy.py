@@ -295,7 +295,15 @@ KEYS = {
 }
 CASES: dict[str, dict[str, Any]] = {
     "standalone": {},
-    "standalone-full": {**KEYS, "serviceMonitor": {"enabled": True}, "persistence": {"enabled": True}},
+    "standalone-full": {
+        **KEYS,
+        "serviceMonitor": {"enabled": True},
+        "persistence": {"enabled": True},
+        "networkPolicy": {
+            "enabled": True,
+            "proxyFrom": [{"podSelector": {"matchLabels": {"role": "agent"}}}],
+        },
+    },
     "sidecar-example": SIDECAR,
     "sidecar-native": {**SIDECAR, "sidecar": {"native": True, "example": {"enabled": True}}},
     "sidecar-full": {
@@ -530,6 +538,22 @@ def test_service_monitor_scrapes_the_admin_port_of_the_service(helm: Any, case: 
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "admin" and endpoint["path"] == "/metrics"
     assert "admin" in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_network_policy_limits_the_gateway_proxy_port(helm: Any) -> None:
+    docs = render(helm, CASES["standalone-full"])
+    policy = one(docs, "NetworkPolicy")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    rules = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
+    assert rules["proxy"]["from"] == [{"podSelector": {"matchLabels": {"role": "agent"}}}]
+    assert "from" not in rules["admin"], "probes and Prometheus must still reach the admin port"
+    assert (
+        of_kind(
+            render(helm, {**CASES["sidecar-example"], "networkPolicy": {"enabled": True}}), "NetworkPolicy"
+        )
+        == []
+    )
 
 
 def test_persistence_uses_a_claim_and_recreates_pods(helm: Any) -> None:
