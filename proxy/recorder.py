@@ -305,7 +305,8 @@ class TraceRecorder:
     ) -> str:
         """Open a run: run.json (status running), tripwire.json and RUN_START are queued; returns the id.
 
-        `extra` is the guard configuration in force (kept as tripwire.json's guard_config).
+        `extra` is the guard configuration in force, kept as tripwire.json's guard_config; or, when it
+        has a `guard_config` key, tripwire.json fields to set (e.g. guard_config + guard_config_source).
         ValueError for a malformed run_id or one this recorder has already opened (ended runs are
         remembered for a while): a second RUN_START would make the trace invalid.
         """
@@ -322,9 +323,14 @@ class TraceRecorder:
             "agent_name": agent_name,
             "session_id": session_id,
             "end_reason": None,
-            "guard_config": sanitize(extra or {}, self.max_field_bytes),
+            "guard_config": {},
             "record_content": self.record_content,
         }
+        clean_extra = sanitize(extra or {}, self.max_field_bytes)
+        if "guard_config" in clean_extra:
+            run.fields.update(clean_extra)  # tripwire.json fields, guard_config among them
+        else:
+            run.fields["guard_config"] = clean_extra
         self._runs[run_id] = run
         payload = {
             "run_name": run_name,

@@ -618,3 +618,14 @@ async def test_discard_run_then_delete_never_races_the_writer(
     await rec.flush()
     assert not (tmp_path / "runs" / run_id).exists()
     assert rec.health()["write_errors"] == 0
+
+
+async def test_extra_as_guard_config_or_as_tripwire_fields(rec: TraceRecorder, tmp_path: Path) -> None:
+    plain = _start(rec, extra={"budget": {"max_cost_usd": 1.0}})
+    fields = _start(
+        rec, session_id="s2", extra={"guard_config": {"budget": {}}, "guard_config_source": "agent"}
+    )
+    await rec.flush()
+    assert _files(tmp_path, plain)[1]["guard_config"] == {"budget": {"max_cost_usd": 1.0}}
+    tw = _files(tmp_path, fields)[1]
+    assert tw["guard_config"] == {"budget": {}} and tw["guard_config_source"] == "agent"
