@@ -69,3 +69,12 @@ def test_body_sniffer() -> None:
     assert body.feed(b'  {"error"') is True and body.mode == "body"
     assert body.feed(b": 1}") is True
     assert bytes(body.body) == b'  {"error": 1}'
+
+
+def test_token_counts_are_read_defensively() -> None:
+    from proxy.dialects.base import as_int, openai_usage
+
+    assert [as_int(v) for v in (3, 3.0, 3.5, "3", None, True)] == [3, 3, 0, 0, 0, 0]
+    usage = openai_usage({"prompt_tokens": 10.0, "completion_tokens": 2, "prompt_tokens_details": None})
+    assert usage is not None and (usage.prompt_tokens, usage.total_tokens, usage.cached_tokens) == (10, 12, 0)
+    assert openai_usage(None) is None

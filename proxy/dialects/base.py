@@ -109,8 +109,12 @@ def loads_or_none(body: bytes | str) -> Any:
 
 
 def as_int(value: Any) -> int:
-    """A token count from an answer: ints only (None, strings and junk count as 0)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count from an answer (None, strings and junk count as 0; 12.0 counts as 12)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else 0
 
 
 def as_float(value: Any) -> float | None:

@@ -155,8 +155,9 @@ class StreamAccumulator:
 
     Pass-through (client asked for usage, or the request was not a stream) returns every chunk
     unchanged. Filtering returns each complete event byte-identical as soon as its blank line
-    arrives, minus the usage-only chunk; only the current partial event is held back. An
-    unterminated tail at the end is never dispatched by an SSE client, so it is not forwarded.
+    arrives, minus the usage-only chunk; only the current partial event is held back, and
+    `flush()` hands it over when the upstream body ends. A plain (error) body answering the
+    stream request passes through untouched.
     """
 
     terminator = "[DONE]"
