@@ -92,6 +92,18 @@ async def test_live_run_timeline_and_guards(browser: Browser, tmp_path: Path) ->
         await expect(item).to_contain_text("loop_detected")
         await expect(item.locator("svg.spark polyline")).to_have_count(1)
 
+        # filters: agent and health tag
+        other = write_run(tmp_path, agent="writer", started=started - timedelta(minutes=5))
+        await expect(page.locator(".run-item")).to_have_count(2)
+        await page.locator("#filter-agent").select_option("writer")
+        await expect(page.locator(".run-item")).to_have_count(1)
+        await expect(page.locator(f'.run-item[data-run-id="{other}"]')).to_be_visible()
+        await page.locator("#filter-agent").select_option("")
+        await page.locator("#filter-tag").select_option("loop_detected")
+        await expect(page.locator(".run-item")).to_have_count(1)
+        await page.locator("#filter-tag").select_option("")
+        await expect(page.locator(".run-item")).to_have_count(2)
+
         await item.click()
         loop = page.locator('.event[data-type="LOOP_WARNING"]')
         await expect(loop).to_be_visible()

@@ -372,6 +372,30 @@ async def test_cross_site_writes_refused(make_client: MakeClient, tmp_path: Path
     assert r.status == 200
 
 
+@pytest.mark.parametrize(
+    ("host", "token", "status"),
+    [
+        ("evil.example:8714", None, 403),  # DNS rebinding: another site's name pointing at 127.0.0.1
+        ("evil.example", None, 403),
+        ("127.0.0.1:8714", None, 200),
+        ("localhost:8714", None, 200),
+        ("[::1]:8714", None, 200),
+        ("10.1.2.3:8714", None, 200),
+        ("tripwire.default.svc:8714", "t", 200),  # with a token any name may be used
+    ],
+)
+async def test_host_rule_without_token(
+    make_client: MakeClient, host: str, token: str | None, status: int
+) -> None:
+    c = await make_client(token=token)
+    headers = {"Host": host}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    r = await c.get("/api/runs", headers=headers)
+    assert r.status == status
+    assert (await c.get("/", headers={"Host": host})).status == 200  # UI files hold no data
+
+
 async def test_metrics_endpoint(make_client: MakeClient) -> None:
     c = await make_client(token="t")
     c.engine.metrics.observe_request("llm", "default", 200, 0.5, 0.001)  # type: ignore[attr-defined]

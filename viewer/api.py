@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import inspect
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -85,11 +86,29 @@ def _cross_site(request: web.Request) -> bool:
     return False
 
 
+def _host_is_local(host: str | None) -> bool:
+    """Host header names an IP literal or localhost: not a DNS name an attacker's page could rebind."""
+    if not host:
+        return False
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 @web.middleware
 async def admin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bearer token on every /api/* call when one is set; no cross-site writes."""
+    """Bearer token on every /api/* call when one is set; no cross-site writes; without a token,
+    only IP-literal or localhost Host headers (DNS rebinding would make another site same-origin)."""
     if request.path.startswith("/api/"):
         token = _engine(request).admin_token
+        if not token and not _host_is_local(request.headers.get("Host")):
+            return _detail(403, "admin API without a token answers only to localhost or an IP address")
         if token:
             auth = request.headers.get("Authorization", "")
             given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""

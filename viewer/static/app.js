@@ -209,11 +209,12 @@ const state = {
   follow: false,
   expanded: new Set(),
   sparks: new Map(), // run_id -> {key, points}
+  agentNames: new Set(),
 };
 
 function runFilters() {
   return {
-    agent: $('filter-agent').value.trim(),
+    agent: $('filter-agent').value,
     status: $('filter-status').value,
     tag: $('filter-tag').value,
   };
@@ -273,8 +274,15 @@ function renderRunList() {
   const list = $('run-list');
   list.replaceChildren(...state.runs.map(runItem));
   if (state.runs.length === 0) list.append(el('li', { class: 'empty small', text: 'No runs yet.' }));
-  const names = new Set(state.runs.map((r) => (r.tripwire || {}).agent_name).filter(Boolean));
-  $('agent-names').replaceChildren(...[...names].sort().map((n) => el('option', { value: n })));
+  // agent names seen so far (kept while a filter narrows the list)
+  const before = state.agentNames.size;
+  for (const r of state.runs) if ((r.tripwire || {}).agent_name) state.agentNames.add(r.tripwire.agent_name);
+  if (state.agentNames.size !== before) {
+    const sel = $('filter-agent');
+    const cur = sel.value;
+    sel.replaceChildren(el('option', { value: '', text: 'All agents' }),
+      ...[...state.agentNames].sort().map((n) => el('option', { value: n, text: n, selected: n === cur })));
+  }
 }
 
 async function updateSparks() {
@@ -781,7 +789,7 @@ document.querySelectorAll('[data-nav]').forEach((a) => a.addEventListener('click
 }));
 window.addEventListener('popstate', showView);
 for (const id of ['filter-agent', 'filter-status', 'filter-tag']) {
-  $(id).addEventListener(id === 'filter-agent' ? 'input' : 'change', () => loadRuns());
+  $(id).addEventListener('change', () => loadRuns());
 }
 $('pager').addEventListener('click', (e) => {
   const b = e.target.closest('[data-page]');
