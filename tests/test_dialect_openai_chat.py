@@ -450,3 +450,25 @@ def test_flush_drops_an_unterminated_usage_chunk() -> None:
     assert result.usage == Usage(120, 30, 150, cached_tokens=64) and result.complete is False
     passthrough = chat.StreamAccumulator(stream_req(asked_usage=True))
     assert passthrough.feed(stream) == stream and passthrough.flush() == b""
+
+
+async def test_sdk_stream_helper_final_completion_from_filtered_stream(
+    sdk: tuple[openai.AsyncOpenAI, Canned],
+) -> None:
+    client, canned = sdk
+    acc = chat.StreamAccumulator(stream_req())
+    canned.content_type = "text/event-stream"
+    canned.chunks = [
+        out for i in range(0, len(TOOL_STREAM), 11) if (out := acc.feed(TOOL_STREAM[i : i + 11]))
+    ]
+    async with client.chat.completions.stream(
+        model="gpt-4o", messages=[{"role": "user", "content": "x"}]
+    ) as stream:
+        final = await stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
+        ("call_a", "search", '{"q": "héllo"}'),
+        ("call_b", "read", '{"path": "/x"}'),
+    ]
+    assert final.usage is None  # the client did not ask, and the injected usage chunk is gone
+    assert acc.finish(True).usage == Usage(120, 30, 150, cached_tokens=64)
