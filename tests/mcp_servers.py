@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from proxy.app import PIPELINES
 from proxy.exchange import Exchange
@@ -21,7 +21,8 @@ from proxy.mcp.jsonrpc import MCPToolCall
 from proxy.pipeline import BaseStage
 
 try:  # mcp 2.x
-    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
+    from mcp.types import CreateMessageResult, SamplingMessage, TextContent
 
     MCP_MAJOR = 2
 except ImportError:  # mcp 1.x
@@ -31,9 +32,15 @@ except ImportError:  # mcp 1.x
     MCP_MAJOR = 1
 
 
-def build_server(**settings: Any) -> Any:
-    """The demo server: arithmetic, echo, a tool that reports progress and one that raises."""
+def build_server(*, sampling: bool = False, **settings: Any) -> Any:
+    """The demo server: arithmetic, echo, a tool that reports progress and one that raises.
+
+    `sampling` (mcp 2.x) adds `summarize`, which samples the client's LLM: a `sampling/createMessage`
+    request on the POST's stream (handshake revisions) or an `input_required` round trip (2026-07-28).
+    """
     server = MCPServer("tripwire-demo", **settings)
+    if sampling:
+        add_sampling_tool(server)
 
     @server.tool()
     def add(a: int, b: int) -> int:
@@ -60,6 +67,20 @@ def build_server(**settings: Any) -> Any:
     return server
 
 
+def ask_llm(topic: str) -> Any:
+    """Resolver for `summarize`: sample the client's LLM (mcp 2.x)."""
+    question = TextContent(type="text", text=f"summarize {topic}")
+    return Sample([SamplingMessage(role="user", content=question)], max_tokens=50)
+
+
+def add_sampling_tool(server: Any) -> None:
+    @server.tool()
+    def summarize(topic: str, summary: Annotated[CreateMessageResult, Resolve(ask_llm)]) -> str:
+        """Summarize a topic with the client's LLM."""
+        content = summary.content
+        return f"summary of {topic}: {getattr(content, 'text', content)}"
+
+
 class ServerThread:
     def __init__(self, app: Any) -> None:
         import uvicorn
@@ -84,14 +105,18 @@ class ServerThread:
 
 @contextmanager
 def serve(
-    transport: str = "streamable-http", *, json_response: bool = False, stateless: bool = False
+    transport: str = "streamable-http",
+    *,
+    json_response: bool = False,
+    stateless: bool = False,
+    sampling: bool = False,
 ) -> Iterator[str]:
     """Yield the server's endpoint URL (`.../mcp` for Streamable HTTP, `.../sse` for legacy SSE)."""
     if MCP_MAJOR == 1:
         server = build_server(json_response=json_response, stateless_http=stateless)
         app = server.sse_app() if transport == "sse" else server.streamable_http_app()
     else:
-        server = build_server()
+        server = build_server(sampling=sampling)
         app = (
             server.sse_app()
             if transport == "sse"

@@ -3,6 +3,7 @@ the same as direct, every tools/call is one TOOL_CALL, other methods are not rec
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -187,3 +188,46 @@ async def test_batch_is_passed_through(start_tripwire: StartTripwire) -> None:
                 proxied = (r.status, await r.read())
     assert proxied[0] == direct[0]
     assert proxied[1] == direct[1]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_sampling_mid_call_and_input_required(start_tripwire: StartTripwire, mode: str) -> None:
+    """A tool that samples the client's LLM: on handshake revisions the server's sampling request
+    rides the POST's SSE stream and must reach the client at once (no deadlock); on 2026-07-28 the
+    server answers `input_required` and the client resends. Either way: one TOOL_CALL."""
+    from mcp.types import CreateMessageResult, TextContent
+
+    asked: list[str] = []
+
+    async def sampler(context: Any, params: Any) -> CreateMessageResult:
+        asked.append(params.messages[0].content.text)
+        return CreateMessageResult(
+            role="assistant", content=TextContent(type="text", text="it is fine"), model="fake"
+        )
+
+    with serve(sampling=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        rounds: list[Any] = []
+
+        class Spy(dict):  # type: ignore[type-arg]
+            def setdefault(self, key: Any, value: Any) -> Any:
+                rounds.append(key)
+                return super().setdefault(key, value)
+
+        tw.engine.mcp.awaiting_input = Spy()
+        url = f"{tw.url}/agents/bot/sessions/s1/mcp/demo"
+        async with Client(url, mode=mode, cache=None, sampling_callback=sampler) as client:  # type: ignore[arg-type]
+            result = await asyncio.wait_for(client.call_tool("summarize", {"topic": "tripwire"}), 20)
+        await tw.flush()
+
+    assert asked == ["summarize tripwire"]
+    assert result.content[0].text == "summary of tripwire: it is fine"
+    calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert len(calls) == 1
+    assert calls[0]["payload"]["result"]["content"][0]["text"] == "summary of tripwire: it is fine"
+    assert calls[0]["payload"]["args"] == {"topic": "tripwire"}
+    # 2026-07-28: the first answer was input_required, the resend completed the same call
+    assert len(rounds) == (1 if mode == "auto" else 0)
+    assert not tw.engine.mcp.awaiting_input
+    if mode == "auto":
+        assert calls[0]["meta"]["mcp_protocol_version"] == "2026-07-28"
