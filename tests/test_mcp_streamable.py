@@ -210,7 +210,7 @@ async def test_sampling_mid_call_and_input_required(start_tripwire: StartTripwir
         rounds: list[Any] = []
 
         class Spy(dict):  # type: ignore[type-arg]
-            def setdefault(self, key: Any, value: Any) -> Any:
+            def setdefault(self, key: Any, value: Any = None) -> Any:
                 rounds.append(key)
                 return super().setdefault(key, value)
 

@@ -17,7 +17,7 @@ from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision
 from proxy.guards.signatures import signature
 from proxy.mcp import jsonrpc
-from proxy.mcp.hub import AwaitingInput, LegacyStream, McpHub, Pending
+from proxy.mcp.hub import LegacyStream, McpHub, Pending
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
@@ -135,7 +135,7 @@ class MCPProtocol:
         sig = signature(call.tool_name, call.arguments)
         waiting_key = (session.run_id, call.server, call.mcp_session_id, sig)
         if result.input_required:
-            self.hub.awaiting_input.setdefault(waiting_key, AwaitingInput(ex.started, ex.started_wall))
+            self.hub.await_input(waiting_key, ex.started, ex.started_wall)
             return
         started, started_wall = ex.started, ex.started_wall
         prior = self.hub.awaiting_input.pop(waiting_key, None) if call.continuation else None
@@ -160,8 +160,8 @@ class MCPProtocol:
         }
         if call.protocol_version:
             meta["mcp_protocol_version"] = call.protocol_version
-        ex.extra["tool_event_id"] = engine.recorder.record(
-            session.run_id,
+        ex.extra["tool_event_id"] = engine.record_event(
+            session,
             "TOOL_CALL",
             call.tool_name,
             payload,

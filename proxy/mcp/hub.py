@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tripwire.mcp")
 
 PendingKey = tuple[str, str, str]  # (server, session key, id key)
+# A call answered `input_required` that the client never resends is forgotten after this long.
+INPUT_REQUIRED_TTL_S = 3600.0
 
 
 @dataclass
@@ -110,6 +112,12 @@ class McpHub:
             pending = self.pending.pop(key)
             if not pending.future.done():
                 pending.future.set_exception(ConnectionError(message))
+
+    def await_input(self, key: tuple[Any, ...], started: float, started_wall: float) -> None:
+        """Remember a call answered `input_required` until the client resends it (pruned after a TTL)."""
+        for old in [k for k, v in self.awaiting_input.items() if started - v.started > INPUT_REQUIRED_TTL_S]:
+            del self.awaiting_input[old]
+        self.awaiting_input.setdefault(key, AwaitingInput(started, started_wall))
 
     # --- legacy HTTP+SSE ---------------------------------------------------------------------
 

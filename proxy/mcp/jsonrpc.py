@@ -6,13 +6,12 @@ Pure: bytes and dicts in, dataclasses and bytes out. Ids are kept exactly as the
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
-from proxy.guards.signatures import canonical_value
+from proxy.guards.signatures import content_text, result_fingerprint
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -81,14 +80,8 @@ class MCPToolResult:
 
 
 def fingerprint(value: Any) -> str:
-    return hashlib.sha256(orjson.dumps(canonical_value(value), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
-
-
-def _content_text(content: Any) -> str:
-    if not isinstance(content, list):
-        return str(content)[:500]
-    parts = [c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text"]
-    return "\n".join(p for p in parts if isinstance(p, str))[:500]
+    """The guards' own canonical hash (`signatures.result_fingerprint`), so both sides agree."""
+    return result_fingerprint(value)
 
 
 def tool_result(msg: dict[str, Any]) -> MCPToolResult:
@@ -119,7 +112,7 @@ def tool_result(msg: dict[str, Any]) -> MCPToolResult:
     if "structuredContent" in result:
         recorded["structuredContent"] = result["structuredContent"]
     is_error = result.get("isError") is True
-    text = _content_text(recorded["content"]) if is_error else None
+    text = content_text(recorded["content"]) if is_error else None
     return MCPToolResult(
         status="error" if is_error else "ok",
         result=recorded,
