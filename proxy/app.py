@@ -16,6 +16,7 @@ from proxy.appkeys import ENGINE
 from proxy.engine import Engine
 from proxy.exchange import Exchange
 from proxy.forward import json_error
+from proxy.guard_stage import GuardStage
 from proxy.llm import LLMParseStage
 from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
@@ -29,8 +30,8 @@ PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", di
 
 
 def guard_stages(engine: Engine) -> list[Stage]:
-    """The guards, between parsing and forwarding (loop, limits and budgets, breaker)."""
-    return []
+    """The guards, between the session and forwarding (loop, limits and budgets, breaker)."""
+    return [GuardStage(engine)]
 
 
 def default_stages(engine: Engine, kind: str) -> list[Stage]:

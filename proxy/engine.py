@@ -19,6 +19,7 @@ from proxy.forward import Forwarder
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
+from proxy.guards.decision import Action, Decision
 from proxy.mcp.hub import McpHub
 from proxy.mcp.stdio import StdioServers
 from proxy.metrics import Metrics
@@ -62,6 +63,7 @@ class Engine:
         self.inflight = 0
         self._idle_drained = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()  # alert posts in flight (refs kept)
         # extra upstreams registered at run time (stdio MCP servers get a loopback URL)
         self.extra_upstreams: dict[tuple[str, str], UpstreamConfig] = {}
         self.mcp = McpHub(self)  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
@@ -158,16 +160,90 @@ class Engine:
             self.metrics.set_live_sessions(len(self.sessions.live()))
         return session
 
+    def record_event(
+        self, session: Session, event_type: str, name: str, payload: dict[str, Any], **kw: Any
+    ) -> str:
+        """Write one event of a session's run, and let the session's guards see it.
+
+        Every event counts toward `max_events`, and LLM_CALL / TOOL_CALL feed AgentDbg's cycle
+        detector, which can only warn after the fact (or, with stop_on_loop, end the session).
+        """
+        event_id = self.recorder.record(session.run_id, event_type, name, payload, **kw)
+        if session.guards is not None and not session.ended:
+            decision = session.guards.observe_event(event_type, name, event_id)
+            if decision is not None:
+                self.on_cycle(session, decision)
+        return event_id
+
+    def on_cycle(self, session: Session, decision: Decision) -> None:
+        self.metrics.observe_decision(decision.guard, decision.action.name)
+        if decision.new_finding and decision.kind is not None:
+            self.recorder.record(
+                session.run_id,
+                "LOOP_WARNING",
+                (decision.pattern or decision.guard)[:80],
+                {
+                    "pattern": decision.pattern or decision.guard,
+                    "repetitions": decision.repetitions,
+                    "window_size": decision.window_size,
+                    "evidence_event_ids": list(decision.evidence),
+                    "kind": decision.kind,
+                    "guardrail": decision.guard,
+                    "action": decision.action.name.lower(),
+                },
+            )
+            self.recorder.add_tags(session.run_id, "loop_detected")
+        if decision.action == Action.TERMINATE:
+            self.recorder.record(
+                session.run_id,
+                "ERROR",
+                decision.guard,
+                {
+                    "error_type": decision.guard,
+                    "message": decision.message,
+                    "stack": None,
+                    "guardrail": decision.guard,
+                    "threshold": decision.threshold,
+                    "actual": decision.actual,
+                },
+            )
+            self.alert(session, decision)
+            self.terminate_session(session, reason=f"guard:{decision.guard}")
+
+    def alert(self, session: Session, decision: Decision) -> None:
+        """POST a JSON alert to `alert_webhook` when a guard fires (fire and forget, never blocks a call)."""
+        url = self.settings.alert_webhook
+        if not url or decision.action == Action.ALLOW:
+            return
+        body = {
+            "source": "tripwire",
+            "agent": session.agent,
+            "session_id": session.session_id,
+            "run_id": session.run_id,
+            "guardrail": decision.guard,
+            "action": decision.action.name.lower(),
+            "message": decision.message,
+            "threshold": decision.threshold,
+            "actual": decision.actual,
+        }
+        task = asyncio.create_task(self.forwarder.post_json(url, body), name="tripwire-alert")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def end_session(self, session: Session, *, status: str, reason: str) -> None:
         if session.ended:
             return
         session.ended = True
         self.recorder.end_run(session.run_id, status=status, reason=reason)
 
-    def terminate_session(self, session: Session, *, reason: str) -> None:
-        """End the run with status error; every later call of the session is refused."""
+    def terminate_session(self, session: Session, *, reason: str, tag: str | None = "terminated") -> None:
+        """End the run with status error; every later call of the session is refused.
+
+        Loops and the kill switch tag the run `terminated`; budgets carry their own tag.
+        """
         self.sessions.terminate(session, time.monotonic())
-        self.recorder.add_tags(session.run_id, "terminated")
+        if tag:
+            self.recorder.add_tags(session.run_id, tag)
         self.end_session(session, status="error", reason=reason)
 
     async def terminate_run(self, run_id: str) -> bool:

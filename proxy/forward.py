@@ -124,6 +124,21 @@ class Forwarder:
         if self.session is not None:
             await self.session.close()
 
+    async def post_json(self, url: str, body: dict[str, object]) -> None:
+        """Alert webhooks: best effort, short timeout, failures logged."""
+        assert self.session is not None
+        try:
+            async with self.session.post(
+                url,
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as resp:
+                if resp.status >= 400:
+                    log.warning("alert webhook %s answered HTTP %d", url, resp.status)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            log.warning("alert webhook %s failed: %s", url, e)
+
     async def forward(
         self,
         ex: Exchange,

@@ -233,8 +233,8 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         pending = session.conversation.pending_tool_calls.pop(tr.tool_call_id, None)
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
-        engine.recorder.record(
-            session.run_id,
+        engine.record_event(
+            session,
             "TOOL_CALL",
             pending.name,
             {
@@ -292,8 +292,8 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     meta: dict[str, Any] = {"agent": session.agent, "session_id": session.session_id}
     if ex.first_byte_at is not None and ex.upstream_started is not None:
         meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
-    event_id = engine.recorder.record(
-        session.run_id,
+    event_id = engine.record_event(
+        session,
         "LLM_CALL",
         model,
         payload,

@@ -1,0 +1,283 @@
+"""The guards in the pipeline: ask the pure guard objects, write what they decided, answer refusals.
+
+Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits) and the
+circuit breaker of agent x upstream. A refusal sets `ex.answer` in the client's own protocol
+(the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
+results to the loop detector, move the breaker. The events of SPEC §5.5's table are written here.
+Fails open: a bug in a guard is logged and the call goes through (pipeline `fail_open`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from proxy.exchange import Exchange
+from proxy.guards.breaker import CircuitBreaker, Transition
+from proxy.guards.decision import Action, Decision
+from proxy.guards.describe import describe
+from proxy.guards.session import SessionGuards, Verdict
+from proxy.pipeline import BaseStage
+from proxy.sessions import Session
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
+
+log = logging.getLogger("tripwire.guards")
+
+LOOP_TAG = "loop_detected"
+CIRCUIT_TAG = "circuit_breaker_open"
+
+
+def session_guards(engine: Engine, session: Session, now: float) -> SessionGuards:
+    """The session's guards under the config in force now (an admin API change applies to the next call)."""
+    config = engine.guard_config(session.agent)
+    if session.guards is None:
+        session.guards = SessionGuards(config, started_at=session.started_mono)
+    else:
+        session.guards.configure(config)
+    return session.guards
+
+
+def is_tool_call(ex: Exchange) -> bool:
+    return ex.protocol is not None and ex.protocol.kind == "mcp"
+
+
+class GuardStage(BaseStage):
+    name = "guards"
+    fail_open = True
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # --- before forwarding -------------------------------------------------------------------
+
+    async def request(self, ex: Exchange) -> None:
+        session = ex.session
+        if ex.protocol is None or session is None:
+            return
+        now = time.monotonic()
+        guards = session_guards(self.engine, session, now)
+        estimate = ex.protocol.reservation_estimate(ex)
+        if is_tool_call(ex):
+            call = ex.call
+            verdict = guards.before_tool_call(
+                call.tool_name, call.arguments, now=now, server=ex.route.upstream, estimate_usd=estimate
+            )
+        else:
+            call = ex.call
+            verdict = guards.before_llm_call(
+                call.steps, call.turn_start, call.tool_results, estimate_usd=estimate, now=now
+            )
+        ex.reservation = verdict.reservation
+        ex.decisions.extend(verdict.decisions)
+        self.write_findings(ex, verdict)
+        if verdict.refused:
+            guards.release(ex.reservation)
+            ex.reservation = None
+            self.refuse(ex, verdict.decision, loop_events=bool(verdict.loop_findings))
+            return
+        self.warn_agent(ex, verdict)
+        self.check_breaker(ex, now)
+
+    def write_findings(self, ex: Exchange, verdict: Verdict) -> None:
+        session = ex.session
+        assert session is not None
+        for d in verdict.decisions:
+            self.engine.metrics.observe_decision(d.guard, d.action.name)
+        for finding in verdict.loop_findings:
+            ex.guard_event_id = self.engine.record_event(
+                session,
+                "LOOP_WARNING",
+                (finding.pattern or finding.guard)[:80],
+                {
+                    "pattern": finding.pattern or finding.guard,
+                    "repetitions": finding.repetitions,
+                    "window_size": finding.window_size,
+                    "evidence_event_ids": list(finding.evidence),
+                    "kind": finding.kind,
+                    "guardrail": finding.guard,
+                    "action": finding.action.name.lower(),
+                    "threshold": finding.threshold,
+                    "actual": finding.actual,
+                    "message": finding.message,
+                },
+            )
+        tags = set(verdict.tags)
+        if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
+            tags.add(LOOP_TAG)
+        if tags:
+            self.engine.recorder.add_tags(session.run_id, *sorted(tags))
+
+    def warn_agent(self, ex: Exchange, verdict: Verdict) -> None:
+        """A loop WARN lets the call through; an MCP result carries the warning as an extra text block."""
+        decision = verdict.decision
+        if decision.action == Action.WARN and is_tool_call(ex):
+            ex.call.append_text = describe(decision, self.engine.settings.expose_guard_details)
+
+    def check_breaker(self, ex: Exchange, now: float) -> None:
+        breaker = self.breaker_for(ex)
+        if breaker is None:
+            return
+        decision, ticket = breaker.before_call(now)
+        ex.breaker_ticket = ticket
+        if ticket is not None and ticket.transition is not None:
+            self.write_transition(ex, ticket.transition)
+        if decision.action >= Action.BLOCK:
+            session = ex.session
+            assert session is not None
+            session.guards.release(ex.reservation)
+            ex.reservation = None
+            ex.decisions.append(decision)
+            self.engine.metrics.observe_decision(decision.guard, decision.action.name)
+            self.engine.recorder.add_tags(session.run_id, CIRCUIT_TAG)
+            self.write_error(ex, decision)
+            ex.answer = ex.protocol.render_refusal(
+                ex, decision, describe(decision, self.engine.settings.expose_guard_details)
+            )
+
+    def breaker_for(self, ex: Exchange) -> CircuitBreaker | None:
+        session = ex.session
+        assert session is not None
+        config = session.guards.config.circuit_breaker
+        if not config.enabled:
+            return None
+        return self.engine.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
+
+    # --- refusing ----------------------------------------------------------------------------
+
+    def refuse(self, ex: Exchange, decision: Decision, *, loop_events: bool) -> None:
+        """BLOCK answers with a synthetic result and the session goes on; TERMINATE ends it."""
+        session = ex.session
+        assert session is not None
+        text = describe(decision, self.engine.settings.expose_guard_details)
+        self.write_error(ex, decision)
+        if decision.action == Action.BLOCK:
+            ex.answer = ex.protocol.render_block(ex, decision, text)
+            return
+        ex.answer = ex.protocol.render_refusal(ex, decision, text)
+        budget = "budget_exceeded" in decision.tags
+        limit = decision.kind is None and not budget
+        self.engine.terminate_session(
+            session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else "terminated"
+        )
+
+    def write_error(self, ex: Exchange, decision: Decision) -> None:
+        session = ex.session
+        assert session is not None
+        payload: dict[str, Any] = {
+            "error_type": decision.guard,
+            "message": decision.message or describe(decision, True),
+            "stack": None,
+            "guardrail": decision.guard,
+            "threshold": decision.threshold,
+            "actual": decision.actual,
+            "action": decision.action.name.lower(),
+            "kind": decision.kind,
+            "call": call_summary(ex),
+        }
+        if decision.retry_after is not None:
+            payload["retry_after"] = round(decision.retry_after, 3)
+        self.engine.record_event(session, "ERROR", decision.guard, payload, parent_id=ex.guard_event_id)
+        self.engine.alert(session, decision)
+
+    def write_transition(self, ex: Exchange, transition: Transition) -> None:
+        session = ex.session
+        assert session is not None
+        self.engine.record_event(
+            session,
+            "STATE_UPDATE",
+            "state",
+            {
+                "state": {"circuit_breaker": {"upstream": ex.route.upstream, "state": str(transition.new)}},
+                "diff": {"circuit_breaker": {"from": str(transition.old), "to": str(transition.new)}},
+                "reason": transition.reason,
+            },
+        )
+        self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
+        if str(transition.new) == "open":
+            self.engine.alert(
+                session, Decision(Action.BLOCK, "circuit_breaker", f"circuit to {ex.route.upstream} opened")
+            )
+
+    # --- after the answer --------------------------------------------------------------------
+
+    async def finish(self, ex: Exchange) -> None:
+        session = ex.session
+        if ex.protocol is None or session is None or session.guards is None:
+            return
+        guards = session.guards
+        now = time.monotonic()
+        if ex.refused or not ex.forwarded:
+            guards.release(ex.reservation)
+            self.release_breaker(ex)
+            return
+        self.settle_breaker(ex, now)
+        if is_tool_call(ex):
+            result = ex.result
+            decisions = guards.after_tool_call(
+                ex.reservation,
+                ex.call.tool_name,
+                ex.call.arguments,
+                result_fingerprint=(result.fingerprint or "") if result is not None else "",
+                error=result.error_text if result is not None and result.status == "error" else None,
+                now=now,
+                event_id=ex.extra.get("tool_event_id"),
+            )
+        else:
+            decisions = guards.after_llm_call(
+                ex.reservation,
+                cost_usd=float(ex.extra.get("cost_usd", 0.0)),
+                tokens=int(ex.extra.get("tokens", 0)),
+                now=now,
+            )
+        for d in decisions:
+            self.engine.metrics.observe_decision(d.guard, d.action.name)
+            if d.tags:
+                self.engine.recorder.add_tags(session.run_id, *d.tags)
+            self.engine.record_event(
+                session,
+                "STATE_UPDATE",
+                "state",
+                {
+                    "state": {"budget": {"cost_usd": d.actual, "soft_alert_threshold_usd": d.threshold}},
+                    "diff": {"budget_warning": True},
+                    "guardrail": d.guard,
+                    "message": d.message,
+                },
+            )
+            self.engine.alert(session, d)
+
+    def settle_breaker(self, ex: Exchange, now: float) -> None:
+        breaker = self.breaker_for(ex) if ex.breaker_ticket is not None else None
+        if breaker is None:
+            return
+        failed = ex.upstream_failed()
+        if is_tool_call(ex) and ex.result is not None and ex.result.upstream_failure:
+            failed = True
+        transition = (
+            breaker.on_failure(ex.breaker_ticket, now)
+            if failed
+            else breaker.on_success(ex.breaker_ticket, now)
+        )
+        if transition is not None:
+            self.write_transition(ex, transition)
+
+    def release_breaker(self, ex: Exchange) -> None:
+        if ex.breaker_ticket is not None:
+            breaker = self.breaker_for(ex)
+            if breaker is not None:
+                breaker.release(ex.breaker_ticket)
+
+
+def call_summary(ex: Exchange) -> dict[str, Any]:
+    """What was refused, for the ERROR event (the upstream never saw it)."""
+    if is_tool_call(ex):
+        return {
+            "kind": "tool",
+            "server": ex.route.upstream,
+            "tool_name": ex.call.tool_name,
+            "args": ex.call.arguments,
+        }
+    return {"kind": "llm", "upstream": ex.route.upstream, "model": ex.call.model, "endpoint": ex.call.dialect}
