@@ -165,6 +165,8 @@ class Forwarder:
                 ex.upstream_status = upstream.status
                 ex.first_byte_at = time.monotonic()
                 observer = ex.observer
+                if observer is not None and hasattr(observer, "status"):
+                    observer.status = upstream.status  # error bodies on streaming requests get http_NNN
                 rewrites = observer is not None and getattr(observer, "rewrites", False)
                 out_headers = response_headers(upstream.headers, drop_length=rewrites)
                 is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")

@@ -165,7 +165,7 @@ def llm_result(ex: Exchange) -> LLMResult:
             complete=False,
         )
     if isinstance(observer, BodyCollector):
-        result = dialect.parse_response(ex.upstream_status, observer.body())
+        result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
     else:
         result = observer.finish(ex.stream_complete and ex.upstream_error is None)
     if ex.upstream_error and result.error is None:
