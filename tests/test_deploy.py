@@ -368,10 +368,22 @@ def test_chart_lints_clean(helm: Any, case: str) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+def oldest_kubernetes() -> str:
+    """The oldest Kubernetes the chart declares (Chart.yaml kubeVersion ">=X.Y.Z-0")."""
+    match = re.search(r"kubeVersion:\s*\"?>=\s*(\d+\.\d+\.\d+)", (CHART / "Chart.yaml").read_text())
+    assert match, "Chart.yaml declares the oldest supported Kubernetes"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("oldest", [False, True], ids=["latest-k8s", "oldest-k8s"])
 @pytest.mark.parametrize("case", CASES)
-def test_rendered_manifests_are_valid_kubernetes(helm: Any, kube_validate: Any, case: str) -> None:
+def test_rendered_manifests_are_valid_kubernetes(
+    helm: Any, kube_validate: Any, case: str, oldest: bool
+) -> None:
+    version = oldest_kubernetes() if oldest else kube_validate.latest_version()
+    if oldest and "native" in case:
+        version = "1.29.0"  # native sidecars (restartPolicy on an init container), as documented
     docs = render(helm, CASES[case])
-    version = kube_validate.latest_version()
     checked = []
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":  # a prometheus-operator CRD: no schema in kubernetes-validate
