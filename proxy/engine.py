@@ -28,8 +28,11 @@ from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
 from proxy.sessions import Refused, Session, SessionManager
 from proxy.settings import Settings, UpstreamConfig
+from proxy.storage import prune_runs
 
 log = logging.getLogger("tripwire")
+
+RETENTION_INTERVAL_S = 3600.0  # how often retention runs (and once at start)
 
 
 class Engine:
@@ -119,12 +122,36 @@ class Engine:
 
     async def _sweep_forever(self) -> None:
         interval = min(5.0, max(0.05, self.settings.session_idle_timeout_s / 4))
+        next_prune = 0.0
         while True:
-            await asyncio.sleep(interval)
             try:
+                if time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + RETENTION_INTERVAL_S
+                    await self.prune()
+                await asyncio.sleep(interval)
                 self.sweep(time.monotonic())
+            except asyncio.CancelledError:
+                raise
             except Exception:
                 log.exception("session sweep failed")
+
+    async def prune(self) -> list[str]:
+        """Retention (age and total size): delete old finished runs, off the event loop."""
+        retention = self.settings.retention
+        if retention.max_age_days is None and retention.max_total_mb is None:
+            return []
+        keep = {s.run_id for s in self.sessions.live()}
+        deleted = await asyncio.to_thread(
+            prune_runs,
+            self.data_dir,
+            now=time.time(),
+            max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
+            max_total_bytes=int(retention.max_total_mb * 2**20) if retention.max_total_mb else None,
+            keep=keep,
+        )
+        if deleted:
+            log.info("retention: deleted %d old run(s)", len(deleted))
+        return deleted
 
     def sweep(self, now: float) -> None:
         for session in self.sessions.idle_sessions(now):

@@ -182,3 +182,32 @@ async def test_off_loopback_admin_without_token_is_refused(tmp_path: Path) -> No
     )
     err = (await proc.communicate())[1].decode()
     assert proc.returncode == 2 and "admin-token" in err
+
+
+async def test_retention_prunes_old_finished_runs(start_tripwire, fake_upstream) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, retention={"max_age_days": 1})
+    c = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, max_retries=0)
+    await c.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    await tw.flush()
+    (live,) = tw.run_ids()
+    # an old finished run left by an earlier process
+    old = tw.data_dir / "runs" / "0b0b0b0b-0b0b-4b0b-8b0b-0b0b0b0b0b0b"
+    old.mkdir()
+    (old / "run.json").write_text(
+        json.dumps(
+            {
+                "spec_version": "0.1",
+                "run_id": old.name,
+                "run_name": "old",
+                "started_at": "2020-01-01T00:00:00.000Z",
+                "ended_at": "2020-01-01T00:01:00.000Z",
+                "duration_ms": 60000,
+                "status": "ok",
+                "counts": {"llm_calls": 0, "tool_calls": 0, "errors": 0, "loop_warnings": 0},
+                "last_event_ts": None,
+            }
+        )
+    )
+    assert await tw.engine.prune() == [old.name]
+    assert tw.run_ids() == [live]  # the open run is kept
