@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import socket
 import statistics
 import sys
 import tempfile
@@ -23,14 +24,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp.test_utils import TestServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from proxy.app import make_proxy_app  # noqa: E402
-from proxy.engine import Engine  # noqa: E402
-from proxy.settings import Settings  # noqa: E402
-from tests.fakes import FakeUpstream, Reply  # noqa: E402
 
 BODY = {
     "model": "gpt-4o-mini",
@@ -83,37 +76,80 @@ async def load(url: str, n: int, concurrency: int, stream: bool) -> dict[str, fl
     }
 
 
+ROOT = str(Path(__file__).resolve().parents[1])
+FAKE_UPSTREAM = """
+import sys
+from aiohttp import web
+sys.path.insert(0, {root!r})
+from tests.fakes import FakeUpstream, Reply
+fake = FakeUpstream(default=Reply(text="A fine answer of moderate length. " * 8))
+web.run_app(fake.app, host="127.0.0.1", port={port}, print=None, access_log=None)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_listening(port: int) -> None:
+    for _ in range(300):
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=16)
     args = ap.parse_args()
-
-    fake = FakeUpstream(default=Reply(text="A fine answer of moderate length. " * 8))
-    upstream = TestServer(fake.app, host="127.0.0.1")
-    await upstream.start_server()
-    up_url = str(upstream.make_url("")).rstrip("/")
+    root = ROOT
+    up_port, px_port, admin_port = free_port(), free_port(), free_port()
+    # Three processes, as in real use: the fake upstream, Tripwire, and this load generator.
+    upstream = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FAKE_UPSTREAM.format(root=root, port=up_port)
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings.model_validate({"data_dir": tmp, "upstream": {"url": up_url}})
-        engine = Engine(settings, argv=["bench"])
-        await engine.start()
-        proxy = TestServer(make_proxy_app(engine), host="127.0.0.1")
-        await proxy.start_server()
-        px_url = str(proxy.make_url("")).rstrip("/")
-        results = {}
-        for stream in (False, True):
-            for name, base in (("direct", up_url), ("tripwire", px_url)):
-                await load(base + "/v1/chat/completions", 100, args.concurrency, stream)  # warm-up
-                results[(stream, name)] = await load(
-                    base + "/v1/chat/completions", args.requests, args.concurrency, stream
-                )
-        await engine.recorder.flush()
-        await proxy.close()
-        await engine.close()
-    await upstream.close()
+        proxy = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{px_port}",
+            "--admin-listen",
+            f"127.0.0.1:{admin_port}",
+            "--upstream",
+            f"http://127.0.0.1:{up_port}",
+            "--data-dir",
+            tmp,
+            "--log-level",
+            "WARNING",
+            cwd=root,
+            stdout=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            await wait_listening(up_port)
+            await wait_listening(px_port)
+            results = {}
+            for stream in (False, True):
+                for name, port in (("direct", up_port), ("tripwire", px_port)):
+                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                    await load(url, 100, args.concurrency, stream)  # warm-up
+                    results[(stream, name)] = await load(url, args.requests, args.concurrency, stream)
+        finally:
+            for p in (proxy, upstream):
+                p.terminate()
+                await p.wait()
 
     print(
-        f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} python={platform.python_version()}"
+        f"machine: {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} {platform.platform()}"
     )
     print(f"requests={args.requests} concurrency={args.concurrency}")
     print(f"{'mode':<10}{'path':<10}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'ttfb p50':>10}")
