@@ -40,6 +40,9 @@ pytestmark = [
     ),
 ]
 
+if async_playwright is not None:
+    expect.set_options(timeout=15_000)  # the whole suite shares 2 cores: give polling UIs room
+
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 

@@ -231,11 +231,25 @@ async function loadRuns() {
     $('run-count').textContent = body.total > state.runs.length
       ? `${state.runs.length} of ${fmtInt(body.total)} runs` : `${fmtInt(state.runs.length)} runs`;
     renderRunList();
+    syncOpenRun();
     updateSparks();
   } catch (e) {
     $('run-list-error').textContent = 'Cannot load runs: ' + e.message;
     $('run-list-error').hidden = false;
   }
+}
+
+/* The list poll also catches changes to the open run that its own poll missed: tags or cost written
+   just after it ended (tripwire.json lands after run.json), or a finished run that was resumed. */
+function syncOpenRun() {
+  if (!state.runId || !state.run) return;
+  const fresh = state.runs.find((r) => r.run_id === state.runId);
+  if (!fresh || JSON.stringify(fresh) === JSON.stringify(state.run)) return;
+  const moved = fresh.last_event_ts !== state.run.last_event_ts;
+  state.run = fresh;
+  renderRunHead();
+  if (fresh.status === 'running' && !eventsPoller.active) { eventsPoller.start(); renderPollState(); }
+  else if (moved) loadEvents().catch(() => {});
 }
 
 function runItem(run) {
