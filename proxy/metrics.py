@@ -194,7 +194,10 @@ class Metrics:
         self.tool_calls.labels(server, self._tool(tool), outcome).inc()
 
     def observe_decision(self, guard: str, action: str) -> None:
-        self.decisions.labels(guard, action.lower()).inc()
+        """A guard's decision ("WARN" or "warn"); allow decisions are not counted."""
+        action = action.lower()
+        if action != "allow":
+            self.decisions.labels(guard, action).inc()
 
     def set_open_circuits(self, counts: Mapping[str, int]) -> None:
         """Upstream name -> number of agents whose circuit to it is open; absent names read 0."""

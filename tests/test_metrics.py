@@ -59,6 +59,14 @@ def test_values() -> None:
     assert sample(m, "tripwire_event_store_healthy") == 1
 
 
+def test_allow_decisions_not_counted() -> None:
+    m = Metrics()
+    m.observe_decision("loop_detection", "ALLOW")
+    m.observe_decision("max_cost_usd", "TERMINATE")
+    labels = [s.labels for s in families(m)["tripwire_guard_decisions"].samples if s.name.endswith("_total")]
+    assert labels == [{"guard": "max_cost_usd", "action": "terminate"}]
+
+
 def test_circuits_absent_upstream_reads_zero() -> None:
     m = Metrics()
     m.set_open_circuits({"a": 1, "b": 1})
