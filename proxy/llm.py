@@ -62,7 +62,8 @@ class LLMProtocol:
 
     def render_block(self, ex: Exchange, decision: Decision, text: str) -> Answer:
         content_type, body = self.dialect.render_blocked(ex.call, text, decision.guard)
-        return Answer(200, body, content_type, {"X-Tripwire-Guard": decision.guard})
+        # 200 with a synthetic answer, except where the SDK cannot accept one (embeddings: 429)
+        return Answer(self.dialect.BLOCKED_STATUS, body, content_type, {"X-Tripwire-Guard": decision.guard})
 
     def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer:
         return refusal_429(decision, text, self.engine.settings.expose_guard_details)
