@@ -9,8 +9,9 @@ POSTs to a legacy HTTP+SSE endpoint are sent to the URL the server's `endpoint` 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.exchange import Answer, Exchange
 from proxy.mcp import jsonrpc
@@ -74,8 +75,17 @@ class MCPParseStage(BaseStage):
         ex.call = call
         if legacy is None:
             server = route.upstream
+
+            def on_message(msg: dict[str, Any]) -> dict[str, Any] | None:
+                replacement = self.hub.deliver(server, session_key, msg)
+                if ex.result is None and pending.future.done() and pending.future.exception() is None:
+                    # read at once: if the client hangs up next, later stages still see the result
+                    ex.result = jsonrpc.tool_result(pending.future.result())
+                    ex.extra["mcp_result_at"] = time.monotonic()
+                return replacement
+
             ex.observer = MessageObserver(
-                lambda m: self.hub.deliver(server, session_key, m),
+                on_message,
                 limit=self.engine.settings.max_body_bytes,
                 hold_json=lambda: call.append_text is not None,
             )
@@ -83,19 +93,14 @@ class MCPParseStage(BaseStage):
     async def finish(self, ex: Exchange) -> None:
         if isinstance(ex.call, jsonrpc.MCPToolCall):
             self.hub.forget(ex.extra.get("mcp_session_key", ""), ex.call)
-            protocol = ex.protocol
-            future = protocol.pending.future if isinstance(protocol, MCPProtocol) else None
             if (
-                ex.result is None
-                and future is not None
-                and future.done()
-                and not future.cancelled()
-                and future.exception() is None
+                ex.result is not None
+                and isinstance(ex.protocol, MCPProtocol)
+                and "mcp_recorded" not in ex.extra
             ):
                 # The pipeline was cut short after the result went by (the client closed the POST's
                 # stream once it had its answer and the handler was cancelled): record it anyway.
-                ex.result = jsonrpc.tool_result(future.result())
-                protocol.record(ex, self.engine)
+                ex.protocol.record(ex, self.engine)
         if ex.protocol is None and ex.answer is not None and ex.upstream_error and ex.upstream_status is None:
             # the server is down: a JSON-RPC error naming it, for any request the client waits on
             messages = ex.extra.get("mcp_messages") or []

@@ -117,7 +117,7 @@ class MCPProtocol:
                     f"MCP server {call.server!r}: {e or 'no result in time'}", upstream_failure=True
                 )
                 return
-        ex.extra["mcp_result_at"] = time.monotonic()
+        ex.extra.setdefault("mcp_result_at", time.monotonic())
         ex.result = jsonrpc.tool_result(future.result())
 
     def after_forward(self, ex: Exchange) -> None:
@@ -132,6 +132,7 @@ class MCPProtocol:
         if result is None or session is None:
             return
         call: jsonrpc.MCPToolCall = ex.call
+        ex.extra["mcp_recorded"] = True
         sig = signature(call.tool_name, call.arguments)
         waiting_key = (session.run_id, call.server, call.mcp_session_id, sig)
         if result.input_required:
