@@ -252,7 +252,7 @@ async def _eventually(cond: Any, seconds: float = 5.0) -> bool:
 
 
 async def test_agent_running_through_the_proxy(
-    browser: Browser, start_tripwire: Any, fake_upstream: Any
+    browser: Browser, start_tripwire: Any, fake_upstream: Any, tmp_path: Path
 ) -> None:
     """The viewer open while a real openai-SDK agent calls through Tripwire."""
     fake, url = fake_upstream
@@ -292,3 +292,7 @@ async def test_agent_running_through_the_proxy(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "again"}]
         )
     await expect(page.locator('.event[data-type="ERROR"]').first).to_contain_text("kill_switch")
+    shot = tmp_path / "proxy-run.png"
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.screenshot(path=str(shot))
+    save_copy(shot)

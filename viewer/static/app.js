@@ -99,6 +99,7 @@ function el(tag, attrs, ...children) {
 function fmtCost(v) {
   const n = Number(v) || 0;
   if (n === 0) return '$0';
+  if (n < 0.0001) return '$' + n.toFixed(6);
   if (n < 0.01) return '$' + n.toFixed(4);
   return '$' + n.toFixed(2);
 }
@@ -379,10 +380,15 @@ function eventSummary(ev) {
     case 'ERROR':
       return el('div', { class: 'ev-sum' },
         el('strong', { text: p.guardrail ? 'Guard fired: ' + p.guardrail : (p.error_type || 'Error') }),
-        p.guardrail ? el('span', { class: 'gfacts' },
+        p.guardrail && (p.threshold != null || p.actual != null) ? el('span', { class: 'gfacts' },
           el('span', {}, el('span', { class: 'muted', text: 'threshold ' }), preview(p.threshold, 40)),
           el('span', {}, el('span', { class: 'muted', text: 'actual ' }), preview(p.actual, 40))) : null,
         el('div', { class: 'ev-preview', text: p.message || '' }));
+    case 'RUN_START':
+      return el('div', { class: 'ev-sum' },
+        p.agent_name ? el('span', {}, el('span', { class: 'muted', text: 'agent ' }), p.agent_name) : null,
+        p.session_id ? el('span', {}, el('span', { class: 'muted', text: 'session ' }), p.session_id) : null,
+        !p.agent_name && !p.session_id ? el('span', { class: 'ev-preview muted', text: preview(p) }) : null);
     case 'STATE_UPDATE':
       return el('div', { class: 'ev-sum' }, el('span', { class: 'ev-preview', text: preview(p.state || p.diff) }));
     case 'RUN_END':
@@ -442,6 +448,7 @@ function renderTimeline() {
   pager.querySelector('[data-page=next]').disabled = state.offset + PAGE_SIZE >= state.total;
   pager.querySelector('[data-page=last]').disabled = state.offset + PAGE_SIZE >= state.total;
   $('follow').checked = state.follow;
+  $('follow').parentElement.hidden = !state.run || state.run.status !== 'running';
 }
 
 function lastPageOffset(total) { return Math.max(0, Math.floor((Math.max(total, 1) - 1) / PAGE_SIZE) * PAGE_SIZE); }
