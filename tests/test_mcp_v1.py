@@ -106,3 +106,23 @@ async def test_synthetic_answers_with_the_v1_client(start_tripwire: StartTripwir
     assert blocked.model_dump(by_alias=True)["_meta"]["tripwire"]["loop_blocked"] is True
     assert refused.value.error.data["guardrail"] == "circuit_breaker"
     assert [c.text for c in warned.content] == ["3", "[tripwire] warning: add called again"]
+
+
+async def test_stdio_server_through_the_v1_client(start_tripwire: StartTripwire) -> None:
+    import sys
+    from pathlib import Path
+
+    server = Path(__file__).with_name("mcp_servers.py")
+    tw = await start_tripwire(mcp_stdio={"local": {"command": f"{sys.executable} {server} stdio"}})
+    await tw.engine.start_children()
+    try:
+        async with session(f"{tw.url}/agents/bot/sessions/s1/mcp/local", "streamable-http") as s:
+            tools = await s.list_tools()
+            added = await s.call_tool("add", {"a": 1, "b": 1})
+        await tw.flush()
+    finally:
+        await tw.engine.stop_children()
+    assert {t.name for t in tools.tools} == {"add", "echo", "slow_count", "explode"}
+    assert added.structuredContent == {"result": 2}
+    (tool,) = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert tool["payload"]["server"] == "local" and tool["payload"]["status"] == "ok"
