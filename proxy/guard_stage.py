@@ -18,6 +18,7 @@ from proxy.guards.breaker import CircuitBreaker, Transition
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
+from proxy.llm import record_tool_results
 from proxy.pipeline import BaseStage
 from proxy.sessions import Session
 
@@ -67,6 +68,9 @@ class GuardStage(BaseStage):
             )
         else:
             call = ex.call
+            # the tool results this request brings are events that happened before it: write their
+            # TOOL_CALLs first, so a LOOP_WARNING / ERROR they cause follows them (as in AgentDbg)
+            record_tool_results(ex, self.engine)
             verdict = guards.before_llm_call(
                 call.steps, call.turn_start, call.tool_results, estimate_usd=estimate, now=now
             )

@@ -1,0 +1,263 @@
+"""Loop guards through the running proxy with the real `openai` SDK (issue 4, acceptance 1 and 6).
+
+The fake model always asks for the same tool with the same arguments; the agent loop below runs
+the tool itself and sends the result back, as a function-calling agent does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests.conftest import AGENT_KEY, Running, StartTripwire
+from tests.fakes import FakeUpstream, Reply
+from tests.schema import assert_run_valid
+
+SESSION = {"X-Tripwire-Session": "loop-1", "X-Tripwire-Agent": "looper"}
+CHAT = "/v1/chat/completions"
+
+
+def same_tool_forever(fake: FakeUpstream, n: int = 30) -> None:
+    fake.replies = [
+        Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": "Paris", "unit": 1.0})]) for i in range(n)
+    ]
+
+
+async def agent_loop(
+    base: str, *, max_steps: int = 20, stream: bool = False, max_retries: int = 2
+) -> tuple[list[dict[str, Any]], Any]:
+    """Run the SDK agent until the model stops asking for tools; returns (messages, last answer)."""
+    client = openai.AsyncOpenAI(
+        base_url=base + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=max_retries
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Paris?"}]
+    answer: Any = None
+    for _ in range(max_steps):
+        if stream:
+            async with client.chat.completions.stream(model="gpt-4o-mini", messages=messages) as s:
+                async for _event in s:
+                    pass
+                answer = await s.get_final_completion()
+        else:
+            answer = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        msg = answer.choices[0].message
+        if not msg.tool_calls:
+            messages.append({"role": "assistant", "content": msg.content})
+            return messages, answer
+        messages.append(msg.model_dump(exclude_none=True))
+        for tc in msg.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": "sunny, 21C"})
+    raise AssertionError("the agent loop never ended")
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["event_type"] for e in events]
+
+
+def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event_type"] == kind]
+
+
+def loop_warnings(events: list[dict[str, Any]], *kinds: str) -> list[dict[str, Any]]:
+    """LOOP_WARNINGs of these kinds (AgentDbg's cycle pattern also warns on any agent loop)."""
+    return [e for e in only(events, "LOOP_WARNING") if e["payload"]["kind"] in kinds]
+
+
+async def one_run(tw: Running) -> tuple[str, list[dict[str, Any]]]:
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    return run_id, events
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_repetition_block_ends_the_sdk_loop_normally(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], stream: bool
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake)
+    guards = {"loop_detection": {"action": "block", "threshold": 5, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards)
+    messages, answer = await agent_loop(tw.url, stream=stream)
+
+    # requests 1..5 went upstream; the 6th holds the 5th identical call in its history
+    assert len(fake.calls(CHAT)) == 5
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content.startswith("[tripwire] blocked:")
+    assert "get_weather was called 5 times in a row" in choice.message.content
+    assert answer.usage is None or answer.usage.total_tokens == 0
+
+    run_id, events = await one_run(tw)
+    assert types(events).count("LLM_CALL") == 5
+    # the model's own identical call is also polled without progress and counted per tool (warn)
+    (warning,) = loop_warnings(events, "repetition", "identical_step")
+    assert warning["payload"]["kind"] == "repetition" and warning["payload"]["action"] == "block"
+    assert warning["payload"]["repetitions"] == 5
+    assert "get_weather" in warning["payload"]["pattern"]
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["guardrail"] == "loop_detection"
+    assert error["payload"]["threshold"] == 5 and error["payload"]["actual"] == 5
+    # the 5th call's TOOL_CALL (its result came with the blocked request) is written before the
+    # decision it caused; the session goes on: no RUN_END
+    assert types(events)[-1] == "ERROR"
+    last_tool = max(i for i, t in enumerate(types(events)) if t == "TOOL_CALL")
+    assert last_tool < events.index(warning)
+    assert len(only(events, "TOOL_CALL")) == 5
+    assert "loop_detected" in tw.tripwire_json(run_id)["health_tags"]
+    assert tw.run_json(run_id)["status"] == "running"
+
+
+async def test_blocked_answer_carries_the_guard_header(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake)
+    guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards)
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for i in range(3):
+        history.append(
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": f"c{i}",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": 1}'},
+                    }
+                ],
+            }
+        )
+        history.append({"role": "tool", "tool_call_id": f"c{i}", "content": "sunny"})
+    raw = await client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=history)
+    assert raw.headers["X-Tripwire-Guard"] == "loop_detection"
+    assert raw.parse().choices[0].finish_reason == "stop"
+    assert fake.calls(CHAT) == []
+    # the same history again: the same answer, no second LOOP_WARNING
+    again = await client.chat.completions.create(model="gpt-4o-mini", messages=history)
+    assert again.choices[0].message.content.startswith("[tripwire] blocked:")
+    _, events = await one_run(tw)
+    assert len(only(events, "LOOP_WARNING")) == 1
+    assert len(only(events, "ERROR")) == 2
+
+
+async def test_identical_step_blocks_at_its_own_count(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake)
+    tw = await start_tripwire(upstream={"url": url}, guards={"loop_detection": {"action": "block"}})
+    _, answer = await agent_loop(tw.url)
+    # max_repeated_tool_steps 3: the 4th identical step is the one answered (before repetition's 5)
+    assert len(fake.calls(CHAT)) == 4
+    assert answer.choices[0].message.content.startswith("[tripwire] blocked:")
+    _, events = await one_run(tw)
+    (warning,) = loop_warnings(events, "repetition", "identical_step")
+    assert warning["payload"]["kind"] == "identical_step"
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["threshold"] == 3
+
+
+async def test_defaults_warn_at_identical_step_and_forward(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake, n=5)
+    fake.default = Reply(text="it is sunny")
+    tw = await start_tripwire(upstream={"url": url})
+    _, answer = await agent_loop(tw.url)
+    assert answer.choices[0].message.content == "it is sunny"
+    assert len(fake.calls(CHAT)) == 6  # warn lets every call through
+    run_id, events = await one_run(tw)
+    (step,) = loop_warnings(events, "identical_step")
+    assert step["payload"]["action"] == "warn" and step["payload"]["threshold"] == 3
+    # written before the LLM_CALL of the request whose history held the 4th identical step
+    llm_indices = [i for i, e in enumerate(events) if e["event_type"] == "LLM_CALL"]
+    assert llm_indices[3] < events.index(step) < llm_indices[4]
+    assert only(events, "ERROR") == []
+    assert "loop_detected" in tw.tripwire_json(run_id)["health_tags"]
+
+
+async def test_terminate_is_a_429_the_sdk_does_not_retry(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake)
+    guards = {"loop_detection": {"action": "terminate", "threshold": 5, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await agent_loop(tw.url)  # the SDK's default max_retries=2
+    assert len(fake.calls(CHAT)) == 5
+    err = caught.value
+    assert err.response.headers["x-should-retry"] == "false"
+    assert err.response.headers["X-Tripwire-Guard"] == "loop_detection"
+    body = err.response.json()["error"]
+    assert body["type"] == "tripwire_guard" and body["code"] == "loop_detection"
+    assert body["guardrail"] == "loop_detection" and body["threshold"] == 5 and body["actual"] == 5
+
+    # every later call of the session is refused, and never reaches the upstream
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    with pytest.raises(openai.RateLimitError):
+        await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    assert len(fake.calls(CHAT)) == 5
+
+    run_id, events = await one_run(tw)
+    assert types(events)[-3:] == ["LOOP_WARNING", "ERROR", "RUN_END"]
+    assert events[-1]["payload"]["status"] == "error"
+    run = tw.run_json(run_id)
+    assert run["status"] == "error"
+    tags = tw.tripwire_json(run_id)["health_tags"]
+    assert "terminated" in tags and "loop_detected" in tags
+
+
+async def test_hidden_guard_details_stay_in_the_trace(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake)
+    guards = {"loop_detection": {"action": "terminate", "threshold": 3, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, expose_guard_details=False)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await agent_loop(tw.url, max_retries=0)
+    body = caught.value.response.json()["error"]
+    assert body["guardrail"] == "loop_detection"
+    assert "threshold" not in body and "actual" not in body
+    assert "3" not in body["message"]
+    _, events = await one_run(tw)
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["threshold"] == 3 and error["payload"]["actual"] == 3
+
+
+async def test_kill_switch_refuses_the_next_llm_call(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    import aiohttp
+
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer hunter2"}) as http:
+        # the fixture's engine has no token configured; the header does no harm
+        async with http.post(f"{tw.admin_url}/api/runs/{run_id}/terminate") as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["terminated"] is True
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert len(fake.calls(CHAT)) == 1
+    _, events = await one_run(tw)
+    assert types(events)[-2:] == ["ERROR", "RUN_END"]
+    assert events[-2]["payload"]["guardrail"] == "kill_switch"
+    assert events[-1]["payload"]["status"] == "error"
+    assert "terminated" in tw.tripwire_json(run_id)["health_tags"]
+    assert json.loads((tw.data_dir / "runs" / run_id / "run.json").read_text())["status"] == "error"
