@@ -296,3 +296,44 @@ async def test_agent_running_through_the_proxy(
     await page.evaluate("window.scrollTo(0, 0)")
     await page.screenshot(path=str(shot))
     save_copy(shot)
+
+
+async def test_polling_pauses_when_hidden_and_stops_for_finished_runs(
+    browser: Browser, tmp_path: Path
+) -> None:
+    server, _ = await start_admin(tmp_path)
+    base = str(server.make_url("/")).rstrip("/")
+    finished = write_run(tmp_path)
+    try:
+        page = await new_page(browser)
+        seen: list[str] = []
+        page.on("request", lambda r: seen.append(r.url) if "/api/runs" in r.url else None)
+        await page.goto(f"{base}/?run={finished}&poll_runs=1&poll_events=1")
+        await expect(page.locator("#timeline > .event")).to_have_count(7)
+
+        def count(part: str) -> int:
+            return sum(1 for u in seen if part in u)
+
+        # runs poll about every second; a finished run's events are not polled at all
+        await page.wait_for_timeout(2500)
+        assert count("/api/runs?") >= 2
+        assert count("/events") == 1
+
+        # hidden tab: nothing is polled until it is visible again
+        await page.evaluate(
+            "Object.defineProperty(document, 'hidden', {value: true, configurable: true});"
+            "document.dispatchEvent(new Event('visibilitychange'))"
+        )
+        await expect(page.locator("#poll-state")).to_have_text("paused")
+        before = count("/api/runs?")
+        await page.wait_for_timeout(2500)
+        assert count("/api/runs?") == before
+        await page.evaluate(
+            "Object.defineProperty(document, 'hidden', {value: false, configurable: true});"
+            "document.dispatchEvent(new Event('visibilitychange'))"
+        )
+        await expect(page.locator("#poll-state")).to_have_text("live")
+        await page.wait_for_timeout(1500)
+        assert count("/api/runs?") > before
+    finally:
+        await server.close()
