@@ -90,8 +90,9 @@ class GuardStage(BaseStage):
         assert session is not None
         for d in verdict.decisions:
             self.engine.metrics.observe_decision(d.guard, d.action.name)
+        winner = verdict.decision
         for finding in verdict.loop_findings:
-            ex.guard_event_id = self.engine.record_event(
+            event_id = self.engine.record_event(
                 session,
                 "LOOP_WARNING",
                 (finding.pattern or finding.guard)[:80],
@@ -108,6 +109,9 @@ class GuardStage(BaseStage):
                     "message": finding.message,
                 },
             )
+            # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
+            if finding is winner:
+                ex.guard_event_id = event_id
         tags = set(verdict.tags)
         if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
             tags.add(LOOP_TAG)

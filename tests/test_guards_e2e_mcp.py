@@ -1,0 +1,265 @@
+"""Loop guards on MCP tool calls through the running proxy, with the real mcp 2.x client (issue 4,
+acceptance 2 and 6): what the model sees (results, blocked results, JSON-RPC errors) and what the
+trace says."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+
+from mcp import Client, MCPError  # noqa: E402
+from mcp.server.mcpserver import MCPServer  # noqa: E402
+
+from proxy.mcp.jsonrpc import TRIPWIRE_GUARD_ERROR  # noqa: E402
+from tests.conftest import Running, StartTripwire  # noqa: E402
+from tests.mcp_servers import ServerThread  # noqa: E402
+from tests.schema import assert_run_valid  # noqa: E402
+
+SESSION_URL = "/agents/bot/sessions/s1/mcp/shop"
+
+
+def build_shop() -> MCPServer:
+    """Tools whose names put them on each side of Loop Guard's idempotent / mutating split."""
+    server = MCPServer("tripwire-shop")
+    calls: dict[str, int] = {}
+
+    @server.tool()
+    def set_price(sku: str, price: float) -> str:
+        """Set a price (mutating: no idempotent word in its name)."""
+        return f"{sku} now costs {price}"
+
+    @server.tool()
+    def fetch_user(user_id: int) -> str:
+        """Read a user."""
+        return f"user {user_id}"
+
+    @server.tool()
+    def fetch_orders(user_id: int) -> str:
+        """Read a user's orders."""
+        return f"orders of {user_id}: none"
+
+    @server.tool()
+    def fetch_invoice(user_id: int) -> str:
+        """Read a user's invoice."""
+        return f"invoice of {user_id}: empty"
+
+    @server.tool()
+    def search(query: str, page: int) -> str:
+        """Search, one page at a time."""
+        return f"{query} page {page}: result {page * 10}..{page * 10 + 9}"
+
+    @server.tool()
+    def get_record(record_id: int) -> str:
+        """Read one record (idempotent)."""
+        return f"record {record_id}"
+
+    @server.tool()
+    def write_note(text: str) -> str:
+        """Write a note (mutating)."""
+        calls["write_note"] = calls.get("write_note", 0) + 1
+        return f"note {calls['write_note']} written"
+
+    @server.tool()
+    def job_status(job_id: str) -> str:
+        """A status that never changes."""
+        return f"job {job_id}: pending"
+
+    return server
+
+
+@contextmanager
+def shop() -> Iterator[str]:
+    thread = ServerThread(build_shop().streamable_http_app())
+    base = thread.start()
+    try:
+        yield base + "/mcp"
+    finally:
+        thread.stop()
+
+
+async def start(start_tripwire: StartTripwire, upstream: str, **loop: Any) -> Running:
+    return await start_tripwire(mcp={"shop": {"url": upstream}}, guards={"loop_detection": loop})
+
+
+def text_of(result: Any) -> list[str]:
+    return [c.text for c in result.content]
+
+
+def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event_type"] == kind]
+
+
+def guard_warnings(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """LOOP_WARNINGs other than AgentDbg's cycle (which warns on any repeated tool name)."""
+    return [e for e in only(events, "LOOP_WARNING") if e["payload"]["kind"] != "cycle"]
+
+
+async def trace(tw: Running) -> tuple[str, list[dict[str, Any]]]:
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    return run_id, events
+
+
+async def test_near_equal_floats_are_one_repeated_call(start_tripwire: StartTripwire) -> None:
+    prices = [1.0, 0.9999999, 1.0000001, 1.0, 0.99999999]
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="block", threshold=3)
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            results = [await client.call_tool("set_price", {"sku": "A1", "price": p}) for p in prices]
+        run_id, events = await trace(tw)
+
+    assert [r.is_error for r in results] == [False, False, True, True, True]
+    blocked = results[2]
+    assert text_of(blocked)[0].startswith("[tripwire] blocked: set_price was called 3 times in a row")
+    meta = blocked.model_dump(by_alias=True)["_meta"]["tripwire"]
+    assert meta == {"loop_blocked": True, "guard": "loop_detection", "threshold": 3, "actual": 3}
+    assert len(only(events, "TOOL_CALL")) == 2  # refused calls never reached the server
+    (warning,) = [w for w in guard_warnings(events) if w["payload"]["kind"] == "repetition"]
+    assert warning["payload"]["action"] == "block"
+    assert warning["payload"]["pattern"] == 'set_price({"price":1.0,"sku":"A1"})'
+    # one streak, one LOOP_WARNING; every refused call in it is an ERROR
+    errors = only(events, "ERROR")
+    assert len(errors) == 3 and {e["payload"]["kind"] for e in errors} == {"repetition"}
+    assert errors[0]["parent_id"] == warning["event_id"]
+    assert "loop_detected" in tw.tripwire_json(run_id)["health_tags"]
+    assert tw.run_json(run_id)["status"] == "running"
+
+
+async def test_exact_three_step_cycle_is_caught(start_tripwire: StartTripwire) -> None:
+    steps = ["fetch_user", "fetch_orders", "fetch_invoice"] * 2
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="block")
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            results = [await client.call_tool(name, {"user_id": 7}) for name in steps]
+        _, events = await trace(tw)
+    # A,B,C,A,B,C: the 6th call completes two rounds spanning >= threshold (5) calls
+    assert [r.is_error for r in results] == [False] * 5 + [True]
+    assert "cycle" in text_of(results[5])[0] or "alternating" in text_of(results[5])[0]
+    (warning,) = [w for w in guard_warnings(events) if w["payload"]["kind"] == "ping_pong"]
+    assert warning["payload"]["action"] == "block"
+    assert len(only(events, "ERROR")) == 1
+
+
+async def test_paging_is_never_stopped(start_tripwire: StartTripwire) -> None:
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="block")
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            results = [await client.call_tool("search", {"query": "shoes", "page": p}) for p in range(7)]
+        _, events = await trace(tw)
+    assert [r.is_error for r in results] == [False] * 7
+    assert [text_of(r)[0] for r in results][6] == "shoes page 6: result 60..69"
+    assert len(only(events, "TOOL_CALL")) == 7
+    assert only(events, "ERROR") == []
+    # per-tool escalation may warn (7 calls of one idempotent tool), never block
+    assert all(w["payload"]["action"] == "warn" for w in only(events, "LOOP_WARNING"))
+
+
+async def test_idempotent_tool_escalates_warn_block_halt(start_tripwire: StartTripwire) -> None:
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="warn")
+        outcomes: list[str] = []
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            for i in range(1, 14):
+                try:
+                    r = await client.call_tool("get_record", {"record_id": i})
+                except MCPError as e:
+                    outcomes.append(f"error:{e.error.code}:{e.error.data['guardrail']}")
+                    continue
+                if r.is_error:
+                    outcomes.append("blocked")
+                elif any(t.startswith("[tripwire] warning:") for t in text_of(r)):
+                    assert text_of(r)[0] == f"record {i}"  # the server's answer, then the warning
+                    outcomes.append("warn")
+                else:
+                    outcomes.append("ok")
+        run_id, events = await trace(tw)
+    refused = f"error:{TRIPWIRE_GUARD_ERROR}:loop_detection"
+    ended = f"error:{TRIPWIRE_GUARD_ERROR}:session_terminated"
+    assert outcomes == ["ok"] * 4 + ["warn"] * 3 + ["blocked"] * 4 + [refused, ended]
+    per_tool = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "per_tool"]
+    assert [(w["action"], w["threshold"]) for w in per_tool] == [("warn", 5), ("block", 8), ("terminate", 12)]
+    assert len(only(events, "TOOL_CALL")) == 7
+    assert events[-1]["event_type"] == "RUN_END" and events[-1]["payload"]["status"] == "error"
+    assert {"loop_detected", "terminated"} <= set(tw.tripwire_json(run_id)["health_tags"])
+
+
+async def test_a_pause_longer_than_turn_gap_starts_a_new_turn(start_tripwire: StartTripwire) -> None:
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="warn", turn_gap_s=0.3)
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            first = [await client.call_tool("get_record", {"record_id": i}) for i in range(4)]
+            await asyncio.sleep(0.5)
+            second = [await client.call_tool("get_record", {"record_id": i}) for i in range(10, 14)]
+        _, events = await trace(tw)
+    # 8 calls of one idempotent tool, but never 5 in one turn: no warning block anywhere
+    assert all(len(r.content) == 1 and not r.is_error for r in first + second)
+    assert [w for w in guard_warnings(events) if w["payload"]["kind"] == "per_tool"] == []
+
+
+async def test_mutating_tool_escalates_three_five_seven(start_tripwire: StartTripwire) -> None:
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="warn")
+        outcomes: list[str] = []
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            for i in range(1, 8):
+                try:
+                    r = await client.call_tool("write_note", {"text": f"note {i}"})
+                except MCPError as e:
+                    outcomes.append(f"error:{e.error.data['guardrail']}")
+                    continue
+                outcomes.append("blocked" if r.is_error else ("warn" if len(r.content) == 2 else "ok"))
+        _, events = await trace(tw)
+    assert outcomes == ["ok", "ok", "warn", "warn", "blocked", "blocked", "error:loop_detection"]
+    per_tool = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "per_tool"]
+    assert [(w["action"], w["threshold"]) for w in per_tool] == [("warn", 3), ("block", 5), ("terminate", 7)]
+    assert len(only(events, "TOOL_CALL")) == 4
+
+
+async def test_polling_an_unchanging_status_warns_then_terminates(start_tripwire: StartTripwire) -> None:
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="warn", idempotent_tools=["job_status"])
+        outcomes: list[str] = []
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            for _ in range(8):
+                try:
+                    r = await client.call_tool("job_status", {"job_id": "j1"})
+                except MCPError as e:
+                    outcomes.append(f"error:{e.error.data['guardrail']}")
+                    continue
+                outcomes.append("blocked" if r.is_error else ("warn" if len(r.content) == 2 else "ok"))
+        run_id, events = await trace(tw)
+    # the 4th identical poll after 3 identical results warns; the 8th ends the session
+    assert outcomes[:3] == ["ok"] * 3
+    assert outcomes[3] == "warn"
+    assert outcomes[7] == "error:loop_detection"
+    no_progress = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "no_progress"]
+    assert [(w["action"], w["threshold"]) for w in no_progress] == [("warn", 4), ("terminate", 8)]
+    assert events[-1]["event_type"] == "RUN_END"
+    assert "terminated" in tw.tripwire_json(run_id)["health_tags"]
+
+
+async def test_kill_switch_refuses_the_next_mcp_call(start_tripwire: StartTripwire) -> None:
+    import aiohttp
+
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream)
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            await client.call_tool("get_record", {"record_id": 1})
+            await tw.flush()
+            (run_id,) = tw.run_ids()
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{tw.admin_url}/api/runs/{run_id}/terminate") as resp:
+                    assert resp.status == 200, await resp.text()
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("get_record", {"record_id": 2})
+        _, events = await trace(tw)
+    assert refused.value.error.code == TRIPWIRE_GUARD_ERROR
+    assert len(only(events, "TOOL_CALL")) == 1
+    assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
