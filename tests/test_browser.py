@@ -108,6 +108,8 @@ async def test_live_run_timeline_and_guards(browser: Browser, tmp_path: Path) ->
         await expect(page.locator(".run-item")).to_have_count(2)
 
         await item.click()
+        await expect(page.locator("#run-kpis")).to_contain_text("$0.0032")
+        await expect(page.locator("#run-detail")).not_to_contain_text("null")
         loop = page.locator('.event[data-type="LOOP_WARNING"]')
         await expect(loop).to_be_visible()
         await expect(loop).to_contain_text("Loop detected")
@@ -269,6 +271,7 @@ async def test_agent_running_through_the_proxy(
     await expect(item.locator(".status-dot.running")).to_be_visible()
     await item.click()
     await expect(page.locator('.event[data-type="LLM_CALL"]')).to_contain_text("100 in / 20 out")
+    await expect(page.locator("#run-kpis")).to_contain_text("project default")  # the guard config in force
 
     # the open run's timeline follows the agent's next call by itself
     await llm.chat.completions.create(

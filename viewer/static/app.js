@@ -329,7 +329,7 @@ function renderRunHead() {
     ' ', run.run_name || run.run_id);
   $('run-id').textContent = run.run_id + (tw.session_id ? '  ·  session ' + tw.session_id : '');
   const dur = run.duration_ms != null ? run.duration_ms : (Date.now() - Date.parse(run.started_at));
-  $('run-kpis').replaceChildren(
+  $('run-kpis').replaceChildren(...[
     kpi('Status', run.status, 'status-' + run.status),
     kpi('Agent', tw.agent_name || '—'),
     kpi('Cost', fmtCost(tw.cost_usd)),
@@ -339,8 +339,10 @@ function renderRunHead() {
     kpi('Errors', fmtInt(c.errors), c.errors ? 'bad' : ''),
     kpi('Loop warnings', fmtInt(c.loop_warnings), c.loop_warnings ? 'warn' : ''),
     kpi('Duration', fmtMs(dur)),
+    tw.guard_config_source ? kpi('Guards', tw.guard_config_source === 'agent' ? 'agent override' : 'project default') : null,
     el('div', { class: 'kpi kpi-spark' }, el('div', { class: 'kpi-label', text: 'Cost over time' }),
-      sparkline((state.sparks.get(run.run_id) || {}).points, 160, 30)));
+      sparkline((state.sparks.get(run.run_id) || {}).points, 160, 30)),
+  ].filter(Boolean));
   $('run-tags').replaceChildren(...tagChips(tw.health_tags));
   $('btn-terminate').hidden = !running;
   const reason = tw.end_reason || tw.reason;
