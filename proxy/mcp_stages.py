@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from proxy.exchange import Answer, Exchange
 from proxy.mcp import jsonrpc
-from proxy.mcp.adapter import MCPProtocol
+from proxy.mcp.adapter import MCPProtocol, record_tool_call
 from proxy.mcp.hub import McpHub
 from proxy.mcp.observe import MessageObserver
 from proxy.pipeline import BaseStage
+from proxy.sessions import Refused
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
@@ -66,6 +67,8 @@ class MCPParseStage(BaseStage):
         msg = messages[0] if len(messages) == 1 and not batch else None
         call = tool_call(msg, route.upstream, legacy is not None, mcp_session, request.headers)
         if call is None:
+            if batch and legacy is None:
+                self.watch_batch(ex, messages, session_key, mcp_session)
             return  # forwarded as it is; a POST's answer only carries the answers to its own requests
         if legacy is not None:
             call.mcp_session_id = legacy.uid
@@ -90,7 +93,40 @@ class MCPParseStage(BaseStage):
                 hold_json=lambda: call.append_text is not None,
             )
 
+    def watch_batch(
+        self, ex: Exchange, messages: list[Any], session_key: str, mcp_session: str | None
+    ) -> None:
+        """A batch (2025-03-26) is forwarded unguarded, but its tools/calls are still recorded."""
+        server = ex.route.upstream
+        calls = [tool_call(m, server, False, mcp_session, ex.request.headers) for m in messages]
+        entries = [(c, self.hub.register(session_key, c)) for c in calls if c is not None]
+        if not entries:
+            return
+        ex.extra["mcp_batch"] = entries
+        ex.extra["mcp_session_key"] = session_key
+        ex.observer = MessageObserver(
+            lambda m: self.hub.deliver(server, session_key, m), limit=self.engine.settings.max_body_bytes
+        )
+
+    def record_batch(self, ex: Exchange) -> None:
+        session = None
+        for call, pending in ex.extra.get("mcp_batch", ()):
+            self.hub.forget(ex.extra["mcp_session_key"], call)
+            future = pending.future
+            if not future.done() or future.cancelled() or future.exception() is not None:
+                continue
+            if session is None:
+                opened = self.engine.open_session(ex.route.agent, ex.route.session)
+                if isinstance(opened, Refused):
+                    return
+                session = opened
+            end = ex.upstream_done or time.monotonic()
+            result = jsonrpc.tool_result(future.result())
+            record_tool_call(self.engine, self.hub, session, call, result, ex.started, ex.started_wall, end)
+
     async def finish(self, ex: Exchange) -> None:
+        if "mcp_batch" in ex.extra:
+            self.record_batch(ex)
         if isinstance(ex.call, jsonrpc.MCPToolCall):
             self.hub.forget(ex.extra.get("mcp_session_key", ""), ex.call)
             if (

@@ -126,3 +126,37 @@ async def test_result_on_the_resumed_get_stream(
     (tool,) = calls
     assert tool["payload"]["status"] == "ok" and tool["payload"]["result"] == RESULT
     assert tool["meta"]["jsonrpc_id"] == 7
+
+
+async def test_tool_calls_in_a_batch_are_recorded(start_tripwire: StartTripwire) -> None:
+    """2025-03-26 batches: forwarded as they are (unguarded), each tools/call still one TOOL_CALL."""
+
+    async def batch_server(request: web.Request) -> web.Response:
+        msgs = await request.json()
+        answers = [
+            {
+                "jsonrpc": "2.0",
+                "id": m["id"],
+                "result": {"content": [{"type": "text", "text": m["params"]["name"]}]},
+            }
+            for m in msgs
+            if "id" in m
+        ]
+        return web.json_response(answers)
+
+    app = web.Application()
+    app.router.add_post("/mcp", batch_server)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    tw = await start_tripwire(mcp={"b": {"url": str(server.make_url("/mcp"))}})
+    batch = [call(1, "a"), {**call(2, "b"), "params": {"name": "other"}}, {"jsonrpc": "2.0", "method": "x/y"}]
+    async with aiohttp.ClientSession() as http, http.post(f"{tw.url}/mcp/b", json=batch) as r:
+        answers = await r.json()
+    await server.close()
+    await tw.flush()
+    assert [a["id"] for a in answers] == [1, 2]
+    calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert [(e["name"], e["payload"]["result"]["content"][0]["text"]) for e in calls] == [
+        ("work", "work"),
+        ("other", "other"),
+    ]

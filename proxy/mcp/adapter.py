@@ -21,6 +21,7 @@ from proxy.mcp.hub import LegacyStream, McpHub, Pending
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
+    from proxy.sessions import Session
 
 # A POST's SSE stream broke before the result: the client may resume on a GET stream; wait this long.
 RESUME_WAIT_S = 30.0
@@ -131,45 +132,62 @@ class MCPProtocol:
         session = ex.session
         if result is None or session is None:
             return
-        call: jsonrpc.MCPToolCall = ex.call
         ex.extra["mcp_recorded"] = True
-        sig = signature(call.tool_name, call.arguments)
-        waiting_key = (session.run_id, call.server, call.mcp_session_id, sig)
-        if result.input_required:
-            self.hub.await_input(waiting_key, ex.started, ex.started_wall)
-            return
-        started, started_wall = ex.started, ex.started_wall
-        prior = self.hub.awaiting_input.pop(waiting_key, None) if call.continuation else None
-        if prior is not None:
-            started, started_wall = prior.started, prior.started_wall
         end = ex.extra.get("mcp_result_at") or ex.upstream_done or time.monotonic()
-        payload = {
-            "tool_name": call.tool_name,
-            "args": call.arguments,
-            "result": result.result,
-            "status": result.status,
-            "error": result.error,
-            "source": "mcp",
-            "server": call.server,
-        }
-        meta: dict[str, Any] = {
-            "agent": session.agent,
-            "session_id": session.session_id,
-            "jsonrpc_id": call.jsonrpc_id,
-            "mcp_session_id": call.mcp_session_id,
-            "transport": call.transport,
-        }
-        if call.protocol_version:
-            meta["mcp_protocol_version"] = call.protocol_version
-        ex.extra["tool_event_id"] = engine.record_event(
-            session,
-            "TOOL_CALL",
-            call.tool_name,
-            payload,
-            duration_ms=max(0, int((end - started) * 1000)),
-            meta=meta,
-            ts=started_wall,
+        event_id = record_tool_call(
+            engine, self.hub, session, ex.call, result, ex.started, ex.started_wall, end
         )
-        sigs = session.conversation.mcp_signatures
-        sigs[sig] = sigs.get(sig, 0) + 1
-        engine.metrics.observe_tool(call.server, result.status, call.tool_name)
+        if event_id is not None:
+            ex.extra["tool_event_id"] = event_id
+
+
+def record_tool_call(
+    engine: Engine,
+    hub: McpHub,
+    session: Session,
+    call: jsonrpc.MCPToolCall,
+    result: jsonrpc.MCPToolResult,
+    started: float,
+    started_wall: float,
+    end: float,
+) -> str | None:
+    """Write the TOOL_CALL of a completed call; None while it waits for an input_required resend."""
+    sig = signature(call.tool_name, call.arguments)
+    waiting_key = (session.run_id, call.server, call.mcp_session_id, sig)
+    if result.input_required:
+        hub.await_input(waiting_key, started, started_wall)
+        return None
+    prior = hub.awaiting_input.pop(waiting_key, None) if call.continuation else None
+    if prior is not None:
+        started, started_wall = prior.started, prior.started_wall
+    payload = {
+        "tool_name": call.tool_name,
+        "args": call.arguments,
+        "result": result.result,
+        "status": result.status,
+        "error": result.error,
+        "source": "mcp",
+        "server": call.server,
+    }
+    meta: dict[str, Any] = {
+        "agent": session.agent,
+        "session_id": session.session_id,
+        "jsonrpc_id": call.jsonrpc_id,
+        "mcp_session_id": call.mcp_session_id,
+        "transport": call.transport,
+    }
+    if call.protocol_version:
+        meta["mcp_protocol_version"] = call.protocol_version
+    event_id = engine.record_event(
+        session,
+        "TOOL_CALL",
+        call.tool_name,
+        payload,
+        duration_ms=max(0, int((end - started) * 1000)),
+        meta=meta,
+        ts=started_wall,
+    )
+    sigs = session.conversation.mcp_signatures
+    sigs[sig] = sigs.get(sig, 0) + 1
+    engine.metrics.observe_tool(call.server, result.status, call.tool_name)
+    return event_id
