@@ -1,0 +1,205 @@
+"""Budgets, limits and the circuit breaker through the running proxy with the real `openai` SDK
+(issue 4, acceptance 3, 4 and 6)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+
+from tests.conftest import AGENT_KEY, Running, StartTripwire
+from tests.fakes import FakeUpstream, Reply
+from tests.schema import assert_run_valid
+
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def client(tw: Running, path: str = "/v1", session: str = "s1", **kw: Any) -> openai.AsyncOpenAI:
+    headers = {"X-Tripwire-Session": session, "X-Tripwire-Agent": "spender"}
+    return openai.AsyncOpenAI(base_url=tw.url + path, api_key=AGENT_KEY, default_headers=headers, **kw)
+
+
+def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event_type"] == kind]
+
+
+async def trace(tw: Running) -> tuple[str, list[dict[str, Any]]]:
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    return run_id, events
+
+
+# --- budgets and limits -------------------------------------------------------------------------
+
+
+async def test_cost_budget_refuses_with_429_and_ends_the_session(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    # gpt-4o: $2.50 / 1M input tokens, so each answer costs $0.25
+    fake.default = Reply(text="expensive", prompt_tokens=100_000, completion_tokens=0)
+    budget = {"max_cost_usd": 0.6, "soft_alert_threshold_usd": 0.3}
+    tw = await start_tripwire(upstream={"url": url}, guards={"budget": budget})
+    llm = client(tw)  # default max_retries=2: a 429 with x-should-retry false is not retried
+    answers = 0
+    with pytest.raises(openai.RateLimitError) as caught:
+        for _ in range(10):
+            await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
+            answers += 1
+    # $0.25, $0.50, $0.75 settled: the call after the spend reached $0.60 is refused
+    assert answers == 3
+    assert len(fake.calls(CHAT)) == 3
+    err = caught.value.response
+    assert err.status_code == 429
+    assert err.headers["x-should-retry"] == "false"
+    assert err.headers["X-Tripwire-Guard"] == "max_cost_usd"
+    body = err.json()["error"]
+    assert body["type"] == "tripwire_guard" and body["code"] == body["guardrail"] == "max_cost_usd"
+    assert body["threshold"] == 0.6
+    assert body["actual"] == pytest.approx(0.75)
+
+    run_id, events = await trace(tw)
+    soft = [
+        e for e in only(events, "STATE_UPDATE") if e["payload"].get("guardrail") == "soft_alert_threshold_usd"
+    ]
+    assert len(soft) == 1  # once per session, after the call that reached $0.30 (the 2nd)
+    llm_calls = only(events, "LLM_CALL")
+    assert events.index(llm_calls[1]) < events.index(soft[0]) < events.index(llm_calls[2])
+    assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
+    assert events[-2]["payload"]["guardrail"] == "max_cost_usd"
+    assert events[-1]["payload"]["status"] == "error"
+    tags = tw.tripwire_json(run_id)["health_tags"]
+    assert {"budget_warning", "budget_exceeded"} <= set(tags)
+    assert "terminated" not in tags
+    # the next call of the ended session is refused too, and never reaches the upstream
+    with pytest.raises(openai.RateLimitError):
+        await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert len(fake.calls(CHAT)) == 3
+
+
+async def test_unknown_model_is_charged_the_fallback_and_trips_the_budget(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="who am I", prompt_tokens=10_000, completion_tokens=1_000)
+    tw = await start_tripwire(upstream={"url": url}, guards={"budget": {"max_cost_usd": 0.1}})
+    llm = client(tw, max_retries=0)
+    await llm.chat.completions.create(model="acme-private-7b", messages=HELLO)  # $0.10 + $0.03
+    with pytest.raises(openai.RateLimitError) as caught:
+        await llm.chat.completions.create(model="acme-private-7b", messages=HELLO)
+    assert caught.value.response.json()["error"]["actual"] == pytest.approx(0.13)
+    _, events = await trace(tw)
+    (call,) = only(events, "LLM_CALL")
+    assert call["payload"]["cost_usd"] == pytest.approx(10_000 * 10 / 1e6 + 1_000 * 30 / 1e6)
+
+
+async def test_max_llm_calls_lets_exactly_n_through(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_llm_calls": 3}})
+    llm = client(tw)
+    for _ in range(3):
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert len(fake.calls(CHAT)) == 3
+    body = caught.value.response.json()["error"]
+    assert body["guardrail"] == "max_llm_calls" and body["threshold"] == 3 and body["actual"] == 4
+    run_id, events = await trace(tw)
+    assert len(only(events, "LLM_CALL")) == 3
+    assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
+    tags = tw.tripwire_json(run_id)["health_tags"]
+    assert "budget_exceeded" not in tags  # a count limit is not a budget
+
+
+# --- circuit breaker ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def second_upstream() -> AsyncIterator[tuple[FakeUpstream, str]]:
+    fake = FakeUpstream(default=Reply(text="from the other upstream"))
+    server = TestServer(fake.app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield fake, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+def transitions(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    out = []
+    for e in only(events, "STATE_UPDATE"):
+        diff = e["payload"].get("diff", {}).get("circuit_breaker")
+        if diff:
+            out.append((diff["from"], diff["to"]))
+    return out
+
+
+async def test_circuit_opens_half_opens_and_closes(
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    second_upstream: tuple[FakeUpstream, str],
+) -> None:
+    fake, url = fake_upstream
+    other, other_url = second_upstream
+    fake.replies = [Reply(status=500)] * 5
+    cb = {"open_after_failures": 5, "cooldown_seconds": 1, "half_open_max_calls": 3}
+    tw = await start_tripwire(
+        upstream={"url": url}, llm={"other": {"url": other_url}}, guards={"circuit_breaker": cb}
+    )
+    llm = client(tw, max_retries=0)
+    for _ in range(5):
+        with pytest.raises(openai.InternalServerError):
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert len(fake.calls(CHAT)) == 5
+
+    # open: refused at once with Retry-After, the upstream not called
+    opened_at = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as caught:
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    resp = caught.value.response
+    assert resp.headers["X-Tripwire-Guard"] == "circuit_breaker"
+    assert resp.headers["Retry-After"] == "1"
+    assert resp.json()["error"]["guardrail"] == "circuit_breaker"
+    assert len(fake.calls(CHAT)) == 5
+
+    # another upstream's circuit (same agent, same session) is unaffected
+    answer = await client(tw, path="/llm/other/v1", max_retries=0).chat.completions.create(
+        model="gpt-4o-mini", messages=HELLO
+    )
+    assert answer.choices[0].message.content == "from the other upstream"
+
+    # after the cooldown: of 5 calls arriving together, exactly 3 trials go
+    await asyncio.sleep(max(0.0, 1.05 - (time.monotonic() - opened_at)))
+    fake.default = Reply(text="back", chunk_delay=0.05)
+
+    async def one() -> str:
+        try:
+            stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        except openai.RateLimitError:
+            return "refused"
+
+    results = await asyncio.gather(*(one() for _ in range(5)))
+    assert sorted(results) == ["back"] * 3 + ["refused"] * 2
+    assert len(fake.calls(CHAT)) == 8
+    # closed again: calls go through
+    fake.default = Reply(text="closed")
+    again = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert again.choices[0].message.content == "closed"
+
+    run_id, events = await trace(tw)
+    assert transitions(events) == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+    errors = [e for e in only(events, "ERROR") if e["payload"]["guardrail"] == "circuit_breaker"]
+    assert len(errors) == 3  # one while open, two over the half-open limit
+    assert all(e["payload"]["retry_after"] is not None for e in errors)
+    assert "circuit_breaker_open" in tw.tripwire_json(run_id)["health_tags"]
+    assert tw.run_json(run_id)["status"] == "running"  # a circuit refusal does not end the session
