@@ -71,6 +71,9 @@ class GuardStage(BaseStage):
             # the tool results this request brings are events that happened before it: write their
             # TOOL_CALLs first, so a LOOP_WARNING / ERROR they cause follows them (as in AgentDbg)
             record_tool_results(ex, self.engine)
+            if session.terminated:  # one of them ended the session (stop_on_loop): refuse this call
+                self.refuse_ended(ex, guards)
+                return
             verdict = guards.before_llm_call(
                 call.steps, call.turn_start, call.tool_results, estimate_usd=estimate, now=now
             )
@@ -169,6 +172,16 @@ class GuardStage(BaseStage):
         limit = decision.kind is None and not budget
         self.engine.terminate_session(
             session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else "terminated"
+        )
+
+    def refuse_ended(self, ex: Exchange, guards: SessionGuards) -> None:
+        """The session ended while this call was being judged: refused like every later call."""
+        decision = guards.terminated_by or Decision(
+            Action.TERMINATE, "session_terminated", "this session was terminated by a guard"
+        )
+        self.engine.metrics.observe_decision(decision.guard, decision.action.name)
+        ex.answer = ex.protocol.render_refusal(
+            ex, decision, describe(decision, self.engine.settings.expose_guard_details)
         )
 
     def write_error(self, ex: Exchange, decision: Decision) -> None:

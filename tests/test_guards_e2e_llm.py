@@ -261,3 +261,71 @@ async def test_kill_switch_refuses_the_next_llm_call(
     assert events[-1]["payload"]["status"] == "error"
     assert "terminated" in tw.tripwire_json(run_id)["health_tags"]
     assert json.loads((tw.data_dir / "runs" / run_id / "run.json").read_text())["status"] == "error"
+
+
+async def test_stop_on_loop_ends_the_session_after_the_event_that_caused_it(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """AgentDbg's cycle with stop_on_loop: the triggering event, then LOOP_WARNING, ERROR, RUN_END."""
+    fake, url = fake_upstream
+    same_tool_forever(fake)
+    loop = {"stop_on_loop": True, "threshold": 50, "max_repeated_tool_steps": 50, "no_progress_halt": 50}
+    loop |= {"no_progress_warn": 50, "idempotent": [50, 50, 50]}
+    tw = await start_tripwire(upstream={"url": url}, guards={"loop_detection": loop})
+    with pytest.raises(openai.RateLimitError) as caught:
+        await agent_loop(tw.url)
+    assert caught.value.response.json()["error"]["guardrail"] == "stop_on_loop"
+    run_id, events = await one_run(tw)
+    kinds = types(events)
+    assert kinds[-3:] == ["LOOP_WARNING", "ERROR", "RUN_END"]
+    assert kinds[-4] in ("LLM_CALL", "TOOL_CALL")  # the event that completed the cycle
+    assert events[-3]["payload"]["kind"] == "cycle" and events[-3]["payload"]["action"] == "terminate"
+    assert events[-2]["payload"]["guardrail"] == "stop_on_loop"
+    assert events[-1]["payload"]["status"] == "error"
+    assert tw.run_json(run_id)["status"] == "error"
+    assert {"loop_detected", "terminated"} <= set(tw.tripwire_json(run_id)["health_tags"])
+    # nothing after RUN_END, even though the call that caused it was still being recorded
+    upstream_hits = len(fake.calls(CHAT))
+    assert upstream_hits == len(only(events, "LLM_CALL"))
+
+
+async def test_alert_webhook_gets_a_post_when_a_guard_fires(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    got: list[dict[str, Any]] = []
+    arrived = asyncio.Event()
+
+    async def hook(request: web.Request) -> web.Response:
+        got.append(await request.json())
+        arrived.set()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        fake, url = fake_upstream
+        tw = await start_tripwire(
+            upstream={"url": url},
+            guards={"limits": {"max_llm_calls": 1}},
+            alert_webhook=str(server.make_url("/hook")),
+        )
+        client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+        await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "a"}])
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "b"}]
+            )
+        await asyncio.wait_for(arrived.wait(), 5)
+    finally:
+        await server.close()
+    (alert,) = got
+    assert alert["guardrail"] == "max_llm_calls" and alert["action"] == "terminate"
+    assert alert["agent"] == "looper" and alert["session_id"] == "loop-1"
+    assert alert["threshold"] == 1 and alert["actual"] == 2
