@@ -165,8 +165,9 @@ class Engine:
     def guard_config(self, agent: str) -> GuardConfig:
         return self.guard_store.effective(agent)[0]
 
-    def open_session(self, agent: str, explicit_id: str | None) -> Session | Refused:
-        opened = self.sessions.lookup(agent, explicit_id, now=time.monotonic(), wall=time.time())
+    def open_session(self, agent: str, explicit_id: str | None, *, wall: float | None = None) -> Session | Refused:
+        """`wall`: when the call arrived, so RUN_START is not later than the first call's own event."""
+        opened = self.sessions.lookup(agent, explicit_id, now=time.monotonic(), wall=wall or time.time())
         if isinstance(opened, Refused):
             return opened
         session, created = opened

@@ -31,7 +31,7 @@ class SessionStage(BaseStage):
     async def request(self, ex: Exchange) -> None:
         if ex.protocol is None:
             return
-        opened = self.engine.open_session(ex.route.agent, ex.route.session)
+        opened = self.engine.open_session(ex.route.agent, ex.route.session, wall=ex.started_wall)
         if isinstance(opened, Refused):
             decision = Decision(
                 Action.TERMINATE,
