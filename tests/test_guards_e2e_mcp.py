@@ -263,3 +263,69 @@ async def test_kill_switch_refuses_the_next_mcp_call(start_tripwire: StartTripwi
     assert refused.value.error.code == TRIPWIRE_GUARD_ERROR
     assert len(only(events, "TOOL_CALL")) == 1
     assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def raw_tool_call(tw: Running, server: str, call_id: int) -> tuple[int, dict[str, Any]]:
+    """A bare JSON-RPC tools/call POST (a server that is down cannot take the SDK's handshake)."""
+    import aiohttp
+
+    body = {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": {"name": "get_record"}}
+    body["params"]["arguments"] = {"record_id": call_id}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{tw.url}/agents/bot/sessions/s1/mcp/{server}", json=body, headers=headers
+        ) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+
+async def test_mcp_circuit_opens_as_json_rpc_errors_and_spares_other_servers(
+    start_tripwire: StartTripwire,
+) -> None:
+    with shop() as upstream:
+        tw = await start_tripwire(
+            mcp={"shop": {"url": upstream}, "down": {"url": f"http://127.0.0.1:{free_port()}/mcp"}},
+            guards={"circuit_breaker": {"open_after_failures": 3, "cooldown_seconds": 30}},
+        )
+        failures = [await raw_tool_call(tw, "down", i) for i in range(1, 4)]
+        status, refused = await raw_tool_call(tw, "down", 4)
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            fine = await client.call_tool("fetch_user", {"user_id": 1})
+        run_id, events = await trace(tw)
+    assert all(s == 200 and "error" in b for s, b in failures)  # the server is down: JSON-RPC errors
+    assert all(b["error"]["code"] != TRIPWIRE_GUARD_ERROR for _, b in failures)
+    # open: never an HTTP 429 on /mcp/*, a JSON-RPC error with the same id and retry_after
+    assert status == 200 and refused["id"] == 4
+    assert refused["error"]["code"] == TRIPWIRE_GUARD_ERROR
+    data = refused["error"]["data"]
+    assert data["guardrail"] == "circuit_breaker" and 1 <= data["retry_after"] <= 30
+    assert text_of(fine) == ["user 1"]
+    states = [e["payload"]["diff"]["circuit_breaker"] for e in only(events, "STATE_UPDATE")]
+    assert states == [{"from": "closed", "to": "open"}]
+    assert "circuit_breaker_open" in tw.tripwire_json(run_id)["health_tags"]
+
+
+async def test_mcp_tool_call_limit_is_a_json_rpc_error_and_ends_the_session(
+    start_tripwire: StartTripwire,
+) -> None:
+    with shop() as upstream:
+        tw = await start_tripwire(mcp={"shop": {"url": upstream}}, guards={"limits": {"max_tool_calls": 2}})
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            for i in range(2):
+                await client.call_tool("get_record", {"record_id": i})
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("get_record", {"record_id": 9})
+        run_id, events = await trace(tw)
+    assert refused.value.error.code == TRIPWIRE_GUARD_ERROR
+    assert refused.value.error.data == {"guardrail": "max_tool_calls", "threshold": 2, "actual": 3}
+    assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
+    assert len(only(events, "TOOL_CALL")) == 2
+    assert tw.run_json(run_id)["status"] == "error"
