@@ -33,12 +33,16 @@ async def connect(transport: str, url: str) -> AsyncIterator[Client]:
             yield client
 
 
-@pytest.mark.parametrize("transport", ["auto", "legacy", "sse"])
+@pytest.mark.parametrize(
+    "transport,json_response",
+    [("auto", False), ("legacy", False), ("legacy", True), ("sse", False)],
+    ids=["2026-07-28", "handshake", "handshake-json-answers", "legacy-sse"],
+)
 async def test_block_refuse_warn_in_the_clients_transport(
-    start_tripwire: StartTripwire, transport: str
+    start_tripwire: StartTripwire, transport: str, json_response: bool
 ) -> None:
     server_transport = "sse" if transport == "sse" else "streamable-http"
-    with serve(server_transport) as upstream:
+    with serve(server_transport, json_response=json_response) as upstream:
         tw = await start_tripwire(mcp={"demo": {"url": upstream}})
         stage = install_policy(tw)
         async with connect(transport, f"{tw.url}/agents/bot/sessions/s1/mcp/demo") as client:
