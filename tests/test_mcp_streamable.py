@@ -171,6 +171,10 @@ async def test_bad_input_and_server_down(start_tripwire: StartTripwire) -> None:
                 assert body["error"]["code"] == -32051
                 assert "'down'" in body["error"]["message"]
                 assert body["error"]["data"] == {"server": "down"}
+    await tw.flush()
+    (tool,) = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert tool["payload"]["status"] == "error"
+    assert tool["payload"]["error"]["error_type"] == "UpstreamError"
 
 
 async def test_batch_is_passed_through(start_tripwire: StartTripwire) -> None:
