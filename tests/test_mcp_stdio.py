@@ -56,3 +56,44 @@ async def test_stdio_server_served_recorded_and_restarted(start_tripwire: StartT
         ("echo", "ok"),
     ]
     assert all(e["payload"]["server"] == "local" for e in calls)
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+async def test_tripwire_serve_starts_and_stops_its_stdio_children(tmp_path: Path) -> None:
+    """`tripwire serve --mcp-stdio NAME="CMD ARGS"` as a real process: announced, served, and the
+    child is gone once Tripwire stops on SIGTERM."""
+    import signal
+
+    from tests.test_process import start_serve
+
+    (tmp_path / "data").mkdir()
+    command = f"{sys.executable} {SERVER} stdio"
+    proc, url, banner = await start_serve(
+        tmp_path / "data", "http://127.0.0.1:9", "--mcp-stdio", f"local={command}"
+    )
+    assert proc.stdout is not None
+    drain = asyncio.create_task(proc.stdout.read())  # the child's stderr shares this pipe: keep it flowing
+    try:
+        assert "/mcp/local" in banner
+        (child,) = children_of(proc.pid)
+        async with Client(f"{url}/mcp/local", mode="legacy", cache=None) as client:
+            added = await client.call_tool("add", {"a": 3, "b": 4})
+        assert added.structured_content == {"result": 7}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+        await drain
+    assert proc.returncode == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
