@@ -13,6 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from proxy.exchange import Exchange
 from proxy.guards.breaker import CircuitBreaker, Transition
 from proxy.guards.decision import Action, Decision
@@ -20,6 +22,7 @@ from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import record_tool_results
 from proxy.pipeline import BaseStage
+from proxy.responses_chain import ResponsesChains, synthetic_id_of
 from proxy.sessions import Session
 
 if TYPE_CHECKING:
@@ -29,6 +32,7 @@ log = logging.getLogger("tripwire.guards")
 
 LOOP_TAG = "loop_detected"
 CIRCUIT_TAG = "circuit_breaker_open"
+RESPONSES = "openai_responses"
 
 
 def session_guards(engine: Engine, session: Session, now: float) -> SessionGuards:
@@ -51,6 +55,18 @@ class GuardStage(BaseStage):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.chains = ResponsesChains()
+
+    def rewrite_synthetic_parent(self, ex: Exchange) -> None:
+        """A Responses request continuing a blocked answer goes to the real parent (SPEC §5.5)."""
+        try:
+            body = orjson.loads(ex.upstream_body if ex.upstream_body is not None else ex.body)
+        except orjson.JSONDecodeError:
+            return
+        rewritten = self.chains.rewrite(body)
+        if rewritten is not None:
+            ex.upstream_body = orjson.dumps(rewritten)
+        ex.extra["responses_body"] = rewritten if rewritten is not None else body
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -74,9 +90,12 @@ class GuardStage(BaseStage):
             if session.terminated:  # one of them ended the session (stop_on_loop): refuse this call
                 self.refuse_ended(ex, guards)
                 return
-            verdict = guards.before_llm_call(
-                call.steps, call.turn_start, call.tool_results, estimate_usd=estimate, now=now
-            )
+            steps, turn_start, results = call.steps, call.turn_start, call.tool_results
+            if call.dialect == RESPONSES:
+                self.rewrite_synthetic_parent(ex)
+                history = self.chains.history(call)  # a previous_response_id stands for a history
+                steps, turn_start, results = history.steps, history.turn_start, history.results
+            verdict = guards.before_llm_call(steps, turn_start, results, estimate_usd=estimate, now=now)
         ex.reservation = verdict.reservation
         ex.decisions.extend(verdict.decisions)
         self.write_findings(ex, verdict)
@@ -166,6 +185,9 @@ class GuardStage(BaseStage):
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
             ex.answer = ex.protocol.render_block(ex, decision, text)
+            synthetic = synthetic_id_of(ex.answer.body) if ex.call.dialect == RESPONSES else None
+            if synthetic is not None:
+                self.chains.remember_block(ex.call, synthetic, ex.extra.get("responses_body") or {}, text)
             return
         ex.answer = ex.protocol.render_refusal(ex, decision, text)
         budget = "budget_exceeded" in decision.tags
@@ -247,6 +269,14 @@ class GuardStage(BaseStage):
                 event_id=ex.extra.get("tool_event_id"),
             )
         else:
+            result = ex.result
+            if (
+                ex.call.dialect == RESPONSES
+                and result is not None
+                and result.response_id
+                and not result.error
+            ):
+                self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
             decisions = guards.after_llm_call(
                 ex.reservation,
                 cost_usd=float(ex.extra.get("cost_usd", 0.0)),

@@ -329,3 +329,65 @@ async def test_alert_webhook_gets_a_post_when_a_guard_fires(
     assert alert["guardrail"] == "max_llm_calls" and alert["action"] == "terminate"
     assert alert["agent"] == "looper" and alert["session_id"] == "loop-1"
     assert alert["threshold"] == 1 and alert["actual"] == 2
+
+
+async def test_responses_chain_block_and_continuation_of_the_synthetic_id(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """A Responses agent chaining with previous_response_id: the chain's history is judged, the
+    block gets a `resp_tripwire_` id, and continuing it goes to the real parent."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": "Paris"})]) for i in range(3)] + [
+        Reply(text="Paris is sunny")
+    ]
+    guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards)
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    response = await client.responses.create(model="gpt-4o", input="weather in Paris?")
+    ids = [response.id]
+    for _ in range(3):
+        (call,) = [item for item in response.output if item.type == "function_call"]
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        response = await client.responses.create(
+            model="gpt-4o", previous_response_id=response.id, input=[output]
+        )
+        ids.append(response.id)
+        if response.id.startswith("resp_tripwire_"):
+            break
+    # the 4th request holds the 3rd identical call in its chain: blocked, never sent upstream
+    assert len(fake.calls("/v1/responses")) == 3
+    assert response.status == "completed"
+    assert response.output_text.startswith("[tripwire] blocked:")
+    blocked_id = response.id
+    blocked_input = output
+
+    final = await client.responses.create(
+        model="gpt-4o", previous_response_id=blocked_id, input="fine, just summarise"
+    )
+    assert final.output_text == "Paris is sunny"
+    sent = fake.calls("/v1/responses")[-1].body
+    assert sent["previous_response_id"] == ids[2]  # the real parent, which the upstream knows
+    assert sent["input"][0] == blocked_input  # the tool output the parent is waiting for
+    assert sent["input"][1]["role"] == "assistant"
+    assert sent["input"][1]["content"].startswith("[tripwire] blocked:")
+    assert sent["input"][2] == {"role": "user", "content": "fine, just summarise"}
+    _, events = await one_run(tw)
+    assert len(loop_warnings(events, "repetition")) == 1
+    assert len(only(events, "ERROR")) == 1
+
+
+async def test_a_new_user_message_after_a_block_is_answered(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    same_tool_forever(fake, n=5)
+    fake.default = Reply(text="Sorry, the weather service keeps answering the same thing.")
+    guards = {"loop_detection": {"action": "block", "threshold": 5, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards)
+    messages, answer = await agent_loop(tw.url)
+    assert answer.choices[0].message.content.startswith("[tripwire] blocked:")
+    messages.append({"role": "user", "content": "ok, just tell me what you know"})
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    after = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    assert after.choices[0].message.content.startswith("Sorry")
+    assert len(fake.calls(CHAT)) == 6

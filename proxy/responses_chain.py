@@ -1,0 +1,142 @@
+"""Responses API chains: the history a `previous_response_id` stands for, and Tripwire's own ids.
+
+A Responses request that continues a chain carries only its new input; the tool calls the chain
+made live upstream. The loop guards judge a request's whole history, so every answered response
+is remembered as a `Link` (the request's own steps and results plus the answer's step) and a
+request naming a known parent is judged on the chain's history.
+
+A blocked answer (SPEC §5.5) gets a synthetic id (`resp_tripwire_*`) the upstream never saw. A
+later request naming it is rewritten to continue the real parent: the blocked request's input
+(which the upstream never got either: it may hold tool outputs the parent waits for) and the
+synthetic answer's text go in as input before the request's own. Pure, bounded, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.dialects import openai_responses
+from proxy.dialects.base import LLMRequest, ToolCall, ToolResult
+
+MAX_LINKS = 20_000  # responses remembered (LRU); an older parent is judged on the request alone
+_SYNTHETIC_ID = re.compile(rb"resp_tripwire_[0-9a-f]+")
+
+
+@dataclass
+class Link:
+    """One response of a chain: its request's steps and results, then the answer's step."""
+
+    parent: Link | None
+    steps: list[list[ToolCall]]
+    results: list[ToolResult]
+    turn_start: int | None  # index into `steps` where a user message started a turn; None: inherited
+    # synthetic (blocked) answers only: what the upstream must get instead of this id
+    real_parent: str | None = None
+    input_items: list[Any] = field(default_factory=list)
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    steps: list[list[ToolCall]]
+    turn_start: int
+    results: list[ToolResult]
+
+
+def has_user_message(call: LLMRequest) -> bool:
+    return any(
+        isinstance(m, dict) and m.get("role") == "user" and (m.get("type") or "message") == "message"
+        for m in call.messages
+    )
+
+
+def input_items(body: dict[str, Any]) -> list[Any]:
+    raw = body.get("input")
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    return list(raw) if isinstance(raw, list) else []
+
+
+def synthetic_id_of(answer_body: bytes) -> str | None:
+    """The `resp_tripwire_*` id in a rendered blocked answer (JSON or SSE); the first is the response's."""
+    m = _SYNTHETIC_ID.search(answer_body)
+    return m.group(0).decode() if m else None
+
+
+class ResponsesChains:
+    def __init__(self, max_links: int = MAX_LINKS) -> None:
+        self.links: OrderedDict[str, Link] = OrderedDict()
+        self.max_links = max_links
+
+    def get(self, response_id: str | None) -> Link | None:
+        if response_id is None:
+            return None
+        link = self.links.get(response_id)
+        if link is not None:
+            self.links.move_to_end(response_id)
+        return link
+
+    def _put(self, response_id: str, link: Link) -> None:
+        self.links[response_id] = link
+        self.links.move_to_end(response_id)
+        while len(self.links) > self.max_links:
+            self.links.popitem(last=False)
+
+    def history(self, call: LLMRequest) -> History:
+        """The request's history with its chain in front (as if the whole input had been sent)."""
+        chain: list[Link] = []
+        link = self.get(call.previous_response_id)
+        while link is not None:
+            chain.append(link)
+            link = link.parent
+        steps: list[list[ToolCall]] = []
+        results: list[ToolResult] = []
+        turn_start = 0
+        for link in reversed(chain):
+            if link.turn_start is not None:
+                turn_start = len(steps) + link.turn_start
+            steps.extend(link.steps)
+            results.extend(link.results)
+        if not chain or has_user_message(call):
+            turn_start = len(steps) + call.turn_start
+        return History([*steps, *call.steps], turn_start, [*results, *call.tool_results])
+
+    def remember_answer(self, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]) -> None:
+        """A real response: the chain now goes on from it."""
+        self._put(response_id, self._link(call, [list(tool_calls)]))
+
+    def remember_block(
+        self, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str
+    ) -> None:
+        """A blocked answer: where a request continuing it must really go, and what to send along."""
+        link = self._link(call, [[]])
+        previous = sent_body.get("previous_response_id")
+        link.real_parent = previous if isinstance(previous, str) else None
+        link.input_items = input_items(sent_body)
+        link.text = text
+        self._put(synthetic_id, link)
+
+    def _link(self, call: LLMRequest, answer_steps: list[list[ToolCall]]) -> Link:
+        return Link(
+            parent=self.get(call.previous_response_id),
+            steps=[*call.steps, *answer_steps],
+            results=list(call.tool_results),
+            turn_start=call.turn_start if has_user_message(call) else None,
+        )
+
+    def rewrite(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The body to send upstream when it names a synthetic parent; None when it does not."""
+        previous = body.get("previous_response_id")
+        if not openai_responses.is_synthetic_response_id(previous):
+            return None
+        link = self.get(previous)
+        if link is None or link.text is None:  # forgotten (restart, LRU): drop the unknown id
+            rewritten = {**body}
+            rewritten.pop("previous_response_id", None)
+            return rewritten
+        rewritten = openai_responses.rewrite_previous_response(body, link.real_parent, link.text)
+        rewritten["input"] = [*link.input_items, *rewritten["input"]]
+        return rewritten
