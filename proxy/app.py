@@ -14,10 +14,11 @@ from aiohttp import web
 
 from proxy.appkeys import ENGINE
 from proxy.engine import Engine
-from proxy.exchange import Exchange
+from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.guard_stage import GuardStage
 from proxy.llm import LLMParseStage
+from proxy.mcp import jsonrpc
 from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
 from proxy.routing import Route, RouteError, resolve
@@ -43,10 +44,6 @@ def default_stages(engine: Engine, kind: str) -> list[Stage]:
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     started, started_wall = time.monotonic(), time.time()
-    if engine.draining:
-        answer = json_error(503, "Tripwire is shutting down", "tripwire_unavailable", "draining")
-        answer.headers["Retry-After"] = "5"
-        return answer.to_response()
     route = resolve(
         request.raw_path.split("?", 1)[0],
         request.headers,
@@ -64,6 +61,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             }
         }
         return web.Response(status=route.status, body=orjson.dumps(body), content_type="application/json")
+    if engine.draining:
+        return (await draining_answer(request, route)).to_response()
     streaming_handler = engine_stream_handler(engine, route, request)
     if streaming_handler is not None:
         return await streaming_handler(request, route)
@@ -88,6 +87,23 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if ex.answer is not None:
         return ex.answer.to_response()
     return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
+
+
+async def draining_answer(request: web.Request, route: Route) -> Answer:
+    """SIGTERM: no new calls. MCP clients get a JSON-RPC error (SDKs tear a session down on HTTP errors)."""
+    if route.kind == "mcp" and request.method == "POST":
+        parsed = jsonrpc.parse_body(await request.read())
+        msg = parsed[0][0] if parsed and len(parsed[0]) == 1 and isinstance(parsed[0][0], dict) else {}
+        body = jsonrpc.render_error(
+            msg.get("id"),
+            jsonrpc.TRIPWIRE_UPSTREAM_ERROR,
+            "Tripwire is shutting down; retry shortly",
+            {"retry_after": 5},
+        )
+        return Answer(200, body, "application/json")
+    answer = json_error(503, "Tripwire is shutting down", "tripwire_unavailable", "draining")
+    answer.headers["Retry-After"] = "5"
+    return answer
 
 
 def engine_stream_handler(

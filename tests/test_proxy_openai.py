@@ -350,3 +350,24 @@ async def test_idle_timeout_ends_the_run(start_tripwire: StartTripwire, fake_ups
         tw.run_json(first)["status"] == "ok" and tw.events(first)[-1]["payload"]["reason"] == "idle_timeout"
     )
     assert tw.run_json(second)["status"] == "running"
+
+
+async def test_draining_refuses_new_calls_in_each_protocol_shape(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, mcp={"files": {"url": url + "/mcp"}})
+    tw.engine.draining = True
+    with pytest.raises(openai.APIStatusError) as e:
+        await client(tw.url + "/v1").chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+        )
+    assert e.value.status_code == 503
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        msg = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+        async with http.post(tw.url + "/mcp/files", json=msg) as r:
+            body = await r.json()
+    assert r.status == 200 and body["id"] == 7 and "shutting down" in body["error"]["message"]
+    assert fake.seen == []
