@@ -60,6 +60,8 @@ class Engine:
             connect_timeout_s=settings.connect_timeout_s,
             ttfb_timeout_s=settings.ttfb_timeout_s,
             ca_bundle=str(settings.ca_bundle) if settings.ca_bundle else None,
+            retries=settings.upstream_retries,
+            retry_base_s=settings.upstream_retry_base_s,
         )
         self.admin_token = settings.admin_token
         self.draining = False

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import aiohttp
 import orjson
@@ -87,6 +88,22 @@ def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) 
     return out
 
 
+RETRY_STATUSES = frozenset({502, 503})
+MAX_BACKOFF_S = 30.0
+
+
+def retryable_error(e: BaseException) -> bool:
+    """Connection errors (refused, reset, connect timeout), not a read timeout after sending."""
+    if not isinstance(e, aiohttp.ClientConnectionError):
+        return False
+    return not isinstance(e, TimeoutError) or isinstance(e, aiohttp.ConnectionTimeoutError)
+
+
+def backoff_delay(attempt: int, base_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Jittered exponential back-off: base x 2^(attempt-1), capped, times a factor in [0.5, 1)."""
+    return min(MAX_BACKOFF_S, base_s * 2 ** (attempt - 1)) * (0.5 + rand() / 2)
+
+
 def json_error(status: int, message: str, err_type: str, code: str, **extra: object) -> Answer:
     body = {"error": {"message": message, "type": err_type, "code": code, **extra}}
     return Answer(status, orjson.dumps(body))
@@ -99,10 +116,14 @@ class Forwarder:
         connect_timeout_s: float,
         ttfb_timeout_s: float,
         ca_bundle: str | None = None,
+        retries: int = 0,
+        retry_base_s: float = 0.5,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.ttfb_timeout_s = ttfb_timeout_s
         self.ca_bundle = ca_bundle
+        self.retries = retries  # opt-in (settings.upstream_retries): see send()
+        self.retry_base_s = retry_base_s
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -139,6 +160,37 @@ class Forwarder:
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("alert webhook %s failed: %s", url, e)
 
+    async def send(
+        self, ex: Exchange, method: str, url: str, headers: CIMultiDict[str], body: bytes
+    ) -> aiohttp.ClientResponse:
+        """Send the request; with `retries`, resend it after a connection error, 502 or 503.
+
+        Only before anything reached the client (the answer is not relayed until this returns),
+        with jittered exponential back-off, so the circuit breaker counts one failure only when
+        every attempt failed. `ex.extra["upstream_retries"]` says how many resends it took.
+        """
+        assert self.session is not None, "Forwarder.start() not called"
+        attempt = 0
+        while True:
+            try:
+                upstream = await self.session.request(
+                    method, url, headers=headers, data=body or None, allow_redirects=False
+                )
+            except aiohttp.ClientError as e:
+                if attempt >= self.retries or not retryable_error(e):
+                    raise
+                why = type(e).__name__
+            else:
+                if attempt >= self.retries or upstream.status not in RETRY_STATUSES:
+                    return upstream
+                why = f"HTTP {upstream.status}"
+                upstream.release()
+            attempt += 1
+            ex.extra["upstream_retries"] = attempt
+            delay = backoff_delay(attempt, self.retry_base_s)
+            log.info("upstream %s: %s; retry %d/%d in %.2fs", url, why, attempt, self.retries, delay)
+            await asyncio.sleep(delay)
+
     async def forward(
         self,
         ex: Exchange,
@@ -159,9 +211,7 @@ class Forwarder:
         ex.upstream_started = time.monotonic()
         response: web.StreamResponse | None = None
         try:
-            async with self.session.request(
-                request.method, url, headers=headers, data=body or None, allow_redirects=False
-            ) as upstream:
+            async with await self.send(ex, request.method, url, headers, body) as upstream:
                 ex.upstream_status = upstream.status
                 ex.first_byte_at = time.monotonic()
                 observer = ex.observer
