@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,14 @@ class TripwireAddon:
             except (OSError, ValueError) as e:  # e.g. `tripwire serve` already has the port
                 log.warning("Tripwire viewer not started on %s: %s", admin, e)
         log.info(startup_text(self.intercepts, engine, self.admin_url))
+        hint = forward_hint(
+            ctx.options.mode, ctx.options.listen_host, ctx.options.listen_port, ctx.options.confdir
+        )
+        if hint:
+            log.info(hint)
+        loop = proxy_loop(os.environ, ctx.options.listen_port or 8080)
+        if loop:
+            log.warning(loop)
 
     async def _listen(self, app: web.Application, host: str, port: int, grace: float) -> tuple[str, int]:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace)
@@ -263,6 +272,27 @@ def unavailable(reason: str) -> http.Response:
     return http.Response.make(
         503, orjson.dumps(body), {"Content-Type": "application/json", "Retry-After": "5"}
     )
+
+
+def forward_hint(modes: Sequence[str], host: str, port: int | None, confdir: str) -> str | None:
+    """What to set in the agent's environment for the forward-proxy mode."""
+    if "regular" not in modes:
+        return None
+    shown = host if host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    ca = Path(confdir).expanduser() / "mitmproxy-ca-cert.pem"
+    return f"  export HTTPS_PROXY=http://{shown}:{port or 8080} SSL_CERT_FILE={ca}   (in the agent's environment)"
+
+
+def proxy_loop(environ: Mapping[str, str], port: int) -> str | None:
+    """Tripwire's own upstream calls honour HTTPS_PROXY: pointing it at this mitmproxy would loop."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        value = environ.get(name, "")
+        if value.rstrip("/").endswith(f":{port}"):
+            return (
+                f"{name}={value} in mitmproxy's own environment: Tripwire's upstream calls would come back "
+                "through this proxy; set it only in the agent's environment"
+            )
+    return None
 
 
 def startup_text(intercepts: Sequence[Intercept], engine: Engine, admin_url: str | None) -> str:

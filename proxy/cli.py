@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_serve_flags(serve)
+    add_intercept_parser(sub)
+    return parser
+
+
+def add_serve_flags(serve: argparse.ArgumentParser) -> None:
+    """The proxy's flags, shared by `serve` and `intercept` (the same engine runs behind both)."""
     a = serve.add_argument
     a("--listen", metavar="HOST:PORT", help="proxy listener for agent traffic (default 127.0.0.1:8713)")
     a(
@@ -129,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="log level (default INFO)",
     )
-    return parser
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "intercept":
+        return run_intercept(args, argv)
     if args.command != "serve":
         parser.print_help()
         return 0 if args.command is None else 2
@@ -199,6 +207,73 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tripwire: cannot start: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+# --- tripwire intercept: the same engine behind mitmproxy (addons/, docs/mitmproxy.md) ---------------
+
+INTERCEPT_EPILOG = """\
+Agents that cannot change a base URL: set HTTPS_PROXY=http://127.0.0.1:8080 in the agent's
+environment and make it trust mitmproxy's CA (~/.mitmproxy/mitmproxy-ca-cert.pem, e.g. SSL_CERT_FILE).
+Or run a reverse proxy in front of one API: --mode reverse:https://api.openai.com.
+Calls to the intercepted hosts (default api.openai.com, api.anthropic.com) go through Tripwire;
+everything else passes untouched. See docs/mitmproxy.md.
+"""
+
+
+def add_intercept_parser(sub: Any) -> None:
+    """`tripwire intercept`: mitmproxy (optional extra) with the Tripwire addon, plus the serve flags."""
+    p = sub.add_parser(
+        "intercept",
+        help="run mitmproxy with Tripwire inside (HTTPS_PROXY or reverse mode), for agents that cannot change a base URL",
+        description="Run mitmproxy as a forward (HTTPS_PROXY) or reverse proxy whose calls to LLM APIs and MCP "
+        "servers go through the same Tripwire engine as `tripwire serve`. Needs pip install 'tripwire[mitmproxy]'.",
+        epilog=INTERCEPT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a = p.add_argument
+    a("--listen-host", default="127.0.0.1", help="mitmproxy's listen address (default 127.0.0.1)")
+    a("--listen-port", type=int, default=8080, help="mitmproxy's listen port (default 8080)")
+    a(
+        "--mode",
+        default="regular",
+        help="mitmproxy mode: regular (HTTPS_PROXY, the default) or reverse:URL (e.g. reverse:https://api.openai.com)",
+    )
+    a(
+        "--intercept",
+        metavar="[SCHEME://]HOST[:PORT]=NAME",
+        action="append",
+        default=[],
+        help="a host whose calls go through Tripwire, as upstream NAME (default, an --llm name, or mcp:NAME); "
+        "repeatable, replaces the defaults api.openai.com=default and api.anthropic.com=anthropic",
+    )
+    a("--confdir", metavar="DIR", help="mitmproxy's directory for its CA (default ~/.mitmproxy)")
+    a("--no-viewer", action="store_true", help="do not start the admin listener (viewer, API, /metrics)")
+    a(
+        "--set",
+        metavar="OPTION=VALUE",
+        action="append",
+        default=[],
+        dest="mitm_set",
+        help="any other mitmproxy option (repeatable), e.g. --set ssl_insecure=true",
+    )
+    add_serve_flags(p)
+    # the internal Tripwire listener: any free port unless --listen is given
+    p.set_defaults(listen=None)
+
+
+def run_intercept(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        from addons.intercept import run
+    except ImportError as e:
+        print(f"tripwire intercept needs mitmproxy ({e}): pip install 'tripwire[mitmproxy]'", file=sys.stderr)
+        return 2
+    try:  # fail here, with the field named, rather than inside mitmproxy
+        settings = load_settings(cli_overrides(args), config_file=args.config)
+        check_startup(settings)
+    except ConfigError as e:
+        print(f"tripwire: {e}", file=sys.stderr)
+        return 2
+    return run(args, cli_overrides(args), argv=["tripwire", *argv])
 
 
 if __name__ == "__main__":
