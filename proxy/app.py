@@ -21,6 +21,7 @@ from proxy.llm import LLMParseStage
 from proxy.mcp import jsonrpc
 from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
+from proxy.recovery import MaxTokensRecoveryStage
 from proxy.routing import Route, RouteError, resolve
 from proxy.settings import Settings, split_host_port
 from proxy.stages import ForwardStage, RecordStage, SessionStage
@@ -31,8 +32,9 @@ PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", di
 
 
 def guard_stages(engine: Engine) -> list[Stage]:
-    """The guards, between the session and forwarding (loop, limits and budgets, breaker)."""
-    return [GuardStage(engine)]
+    """The guards, between the session and forwarding (loop, limits and budgets, breaker), then
+    max-tokens recovery (opt-in), which forwards the calls it recovers itself."""
+    return [GuardStage(engine), MaxTokensRecoveryStage(engine)]
 
 
 def default_stages(engine: Engine, kind: str) -> list[Stage]:

@@ -120,8 +120,15 @@ class Settings(BaseModel):
     agents: dict[str, GuardConfig] = Field(default_factory=dict)
     expose_guard_details: bool = True
     alert_webhook: str | None = None
+    # opt-in recoveries (SPEC §5.4 "Other settings", seed 003), off by default:
+    # resend a call after a connection error, 502 or 503 this many times (jittered exponential
+    # back-off from upstream_retry_base_s), before anything reached the client and before the
+    # circuit breaker counts a failure
     upstream_retries: int = Field(0, ge=0, le=10)
     upstream_retry_base_s: PositiveFloat = 0.5
+    # continue a non-streamed Chat Completions answer cut off at its token limit
+    # (finish_reason "length") up to this many times; the agent gets one stitched answer
+    max_tokens_recovery: int = Field(0, ge=0, le=10)
 
     @field_validator("listen", "admin_listen")
     @classmethod
@@ -175,6 +182,8 @@ ENV_FIELDS = (
     "expose_guard_details",
     "alert_webhook",
     "upstream_retries",
+    "upstream_retry_base_s",
+    "max_tokens_recovery",
 )
 # Friendlier aliases documented in the README.
 ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}
