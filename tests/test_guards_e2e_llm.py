@@ -391,3 +391,44 @@ async def test_a_new_user_message_after_a_block_is_answered(
     after = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
     assert after.choices[0].message.content.startswith("Sorry")
     assert len(fake.calls(CHAT)) == 6
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_anthropic_agent_is_blocked_with_end_turn(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], stream: bool
+) -> None:
+    """Anthropic sends tool results as user messages: they do not start a new turn, so the loop
+    is seen, and the blocked answer ends the SDK's loop with stop_reason end_turn."""
+    import anthropic
+
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"toolu_{i}", "get_weather", {"city": "Paris"})]) for i in range(20)]
+    guards = {"loop_detection": {"action": "block", "threshold": 4, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(llm={"anthropic": {"url": url}}, guards=guards)
+    client = anthropic.AsyncAnthropic(
+        base_url=tw.url + "/llm/anthropic", api_key=AGENT_KEY, default_headers=SESSION
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Paris?"}]
+    for _ in range(10):
+        if stream:
+            async with client.messages.stream(
+                model="claude-sonnet-4-5", max_tokens=200, messages=messages
+            ) as s:
+                msg = await s.get_final_message()
+        else:
+            msg = await client.messages.create(model="claude-sonnet-4-5", max_tokens=200, messages=messages)
+        if msg.stop_reason != "tool_use":
+            break
+        messages.append({"role": "assistant", "content": [b.model_dump() for b in msg.content]})
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "sunny"}
+            for b in msg.content
+            if b.type == "tool_use"
+        ]
+        messages.append({"role": "user", "content": results})
+    assert msg.stop_reason == "end_turn"
+    assert msg.content[0].text.startswith("[tripwire] blocked:")
+    assert len(fake.calls("/v1/messages")) == 4
+    _, events = await one_run(tw)
+    (warning,) = loop_warnings(events, "repetition")
+    assert warning["payload"]["action"] == "block"

@@ -329,3 +329,24 @@ async def test_mcp_tool_call_limit_is_a_json_rpc_error_and_ends_the_session(
     assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
     assert len(only(events, "TOOL_CALL")) == 2
     assert tw.run_json(run_id)["status"] == "error"
+
+
+async def test_hidden_guard_details_in_a_blocked_mcp_result(start_tripwire: StartTripwire) -> None:
+    with shop() as upstream:
+        tw = await start_tripwire(
+            mcp={"shop": {"url": upstream}},
+            guards={"loop_detection": {"action": "block", "threshold": 3}},
+            expose_guard_details=False,
+        )
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            results = [await client.call_tool("fetch_user", {"user_id": 1}) for _ in range(3)]
+        _, events = await trace(tw)
+    blocked = results[2]
+    assert blocked.is_error
+    assert blocked.model_dump(by_alias=True)["_meta"]["tripwire"] == {
+        "loop_blocked": True,
+        "guard": "loop_detection",
+    }
+    assert "3" not in text_of(blocked)[0]
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["threshold"] == 3 and error["payload"]["actual"] == 3
