@@ -1,0 +1,345 @@
+"""The mitmproxy addon (addons/tripwire_addon.py) and `tripwire intercept`, as real processes.
+
+Each test starts `mitmdump -s addons/tripwire_addon.py` (or `tripwire intercept`) on a free 127.0.0.1
+port in front of a fake upstream, drives the real `openai` SDK through it, stops it with SIGTERM (the
+addon's `done` closes the runs) and reads the trace files Tripwire wrote. Runs only in the mitmproxy
+environment (`scripts/test.sh` builds `.venv-mitm`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mitmproxy")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+from aiohttp.test_utils import TestServer  # noqa: E402
+from cryptography import x509  # noqa: E402
+from cryptography.hazmat.primitives import serialization  # noqa: E402
+from mitmproxy import certs  # noqa: E402
+
+from addons.intercept import mitm_options  # noqa: E402
+from proxy.cli import build_parser  # noqa: E402
+from tests.conftest import AGENT_KEY  # noqa: E402
+from tests.fakes import FakeUpstream, Reply  # noqa: E402
+from tests.schema import assert_run_valid  # noqa: E402
+
+pytestmark = pytest.mark.mitm
+
+REPO = Path(__file__).resolve().parent.parent
+ADDON = REPO / "addons" / "tripwire_addon.py"
+BIN = Path(sys.executable).parent
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+TEXT = "Hello from the fake upstream"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Mitm:
+    proc: asyncio.subprocess.Process
+    port: int
+    data_dir: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def stop(self) -> int:
+        """SIGTERM, as a user's Ctrl-C or a pod stop: the addon drains and writes RUN_END."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.proc.wait(), 20)
+
+    def runs(self) -> list[str]:
+        runs = self.data_dir / "runs"
+        return sorted(p.name for p in runs.iterdir()) if runs.exists() else []
+
+    def trace(self) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+        (run_id,) = self.runs()
+        meta, events = assert_run_valid(self.data_dir, run_id)
+        return run_id, meta, events
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    """No proxy or Tripwire settings leak in from the machine; HOME holds mitmproxy's CA and user config."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRIPWIRE_") and k.lower() not in ("https_proxy", "http_proxy", "all_proxy")
+    }
+    env["HOME"] = str(home)
+    return env
+
+
+@pytest.fixture
+async def launch(tmp_path: Path) -> AsyncIterator[Any]:
+    started: list[Mitm] = []
+
+    async def start(*args: str, cli: bool = False, env: dict[str, str] | None = None) -> Mitm:
+        port = free_port()
+        data_dir = tmp_path / f"data{len(started) or ''}"
+        log = tmp_path / f"mitm{len(started)}.log"
+        if cli:
+            cmd = [
+                str(BIN / "tripwire"),
+                "intercept",
+                "--listen-port",
+                str(port),
+                "--data-dir",
+                str(data_dir),
+            ]
+            cmd += ["--no-viewer", *args]
+        else:
+            cmd = [str(BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1", "-p", str(port)]
+            cmd += ["--set", f"tripwire_data_dir={data_dir}", "--set", "tripwire_admin_listen=off", *args]
+        home = tmp_path / "home"
+        home.mkdir(exist_ok=True)
+        with log.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=tmp_path, env=env or clean_env(home)
+            )
+        mitm = Mitm(proc, port, data_dir, log)
+        started.append(mitm)
+        deadline = time.monotonic() + 30
+        while "Tripwire intercepting" not in mitm.output():
+            if proc.returncode is not None or time.monotonic() > deadline:
+                pytest.fail(f"mitmproxy did not start ({cmd}):\n{mitm.output()}")
+            await asyncio.sleep(0.05)
+        return mitm
+
+    yield start
+    for mitm in started:
+        if mitm.proc.returncode is None:
+            mitm.proc.kill()
+            await mitm.proc.wait()
+
+
+def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event_type"] == kind]
+
+
+def sdk(base_url: str, session: str = "mitm-s1", **kw: Any) -> openai.AsyncOpenAI:
+    headers = {"X-Tripwire-Session": session, "X-Tripwire-Agent": "mitm-agent"}
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key=AGENT_KEY, default_headers=headers, max_retries=0, **kw
+    )
+
+
+# --- reverse mode ---------------------------------------------------------------------------------
+
+
+async def test_reverse_mode_records_plain_and_streamed_chat(
+    launch: Any, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(text=TEXT), Reply(text=TEXT, chunk_delay=0.15)]
+    mitm = await launch("--mode", f"reverse:{url}")
+    llm = sdk(f"{mitm.url}/v1")
+
+    plain = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert plain.choices[0].message.content == TEXT
+    assert plain.usage is not None and plain.usage.prompt_tokens == 100
+
+    began = time.monotonic()
+    stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    async for chunk in stream:
+        arrivals.append(time.monotonic() - began)
+        pieces.extend(c.delta.content or "" for c in chunk.choices)
+    assert "".join(pieces) == TEXT
+    # relayed as it came (~0.15 s between events), not buffered by mitmproxy until the end
+    assert len(arrivals) >= 5 and arrivals[-1] - arrivals[0] > 0.6
+
+    assert await mitm.stop() == 0
+    # the upstream got the agent's own call: its key, no X-Tripwire-* headers, Tripwire's usage request
+    calls = fake.calls(CHAT)
+    assert len(calls) == 2
+    for seen in calls:
+        assert seen.headers["Authorization"] == f"Bearer {AGENT_KEY}"
+        assert not [h for h in seen.headers if h.lower().startswith("x-tripwire")]
+    assert calls[1].body["stream_options"] == {"include_usage": True}
+
+    run_id, meta, events = mitm.trace()
+    assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL", "LLM_CALL", "RUN_END"]
+    first, second = only(events, "LLM_CALL")
+    assert (first["payload"]["stream"], second["payload"]["stream"]) == (False, True)
+    for call in (first, second):
+        assert call["payload"]["response"]["text"] == TEXT
+        assert call["payload"]["usage"]["prompt_tokens"] == 100
+        assert call["payload"]["upstream"] == "default" and call["payload"]["status"] == "ok"
+        assert call["meta"]["agent"] == "mitm-agent" and call["meta"]["session_id"] == "mitm-s1"
+    assert meta["status"] == "ok" and meta["counts"]["llm_calls"] == 2
+    assert AGENT_KEY not in (mitm.data_dir / "runs" / run_id / "events.jsonl").read_text()
+
+
+async def test_limit_through_the_addon_answers_429_and_ends_the_run(
+    launch: Any, fake_upstream: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    fake, url = fake_upstream
+    config = tmp_path / "tripwire.yaml"
+    config.write_text("limits:\n  max_llm_calls: 1\n")
+    mitm = await launch("--mode", f"reverse:{url}", "--set", f"tripwire_config={config}")
+    llm = sdk(f"{mitm.url}/v1", session="capped")
+
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    err = caught.value.response
+    assert err.status_code == 429
+    assert err.headers["x-should-retry"] == "false"
+    assert err.headers["X-Tripwire-Guard"] == "max_llm_calls"
+    body = err.json()["error"]
+    assert body["type"] == "tripwire_guard" and body["guardrail"] == "max_llm_calls"
+    assert len(fake.calls(CHAT)) == 1  # the refused call never reached the upstream
+
+    assert await mitm.stop() == 0
+    _, meta, events = mitm.trace()
+    assert [e["event_type"] for e in events][-2:] == ["ERROR", "RUN_END"]
+    assert events[-2]["payload"]["guardrail"] == "max_llm_calls"
+    assert events[-1]["payload"]["status"] == "error" and meta["status"] == "error"
+
+
+async def test_bad_tripwire_config_stops_mitmdump(launch: Any, tmp_path: Path) -> None:
+    """A broken config must not leave an unguarded proxy running."""
+    config = tmp_path / "broken.yaml"
+    config.write_text("limits:\n  max_llm_calls: -3\n")
+    port = free_port()
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "mitmdump"),
+        *("-s", str(ADDON), "--listen-host", "127.0.0.1", "-p", str(port)),
+        *("--set", f"tripwire_config={config}", "--set", f"tripwire_data_dir={tmp_path / 'data'}"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=tmp_path,
+        env=clean_env(home),
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode != 0
+    assert b"limits.max_llm_calls" in out
+
+
+# --- forward proxy (tripwire intercept) -----------------------------------------------------------
+
+
+async def test_intercept_forward_proxy_records_mapped_hosts_and_passes_others(
+    launch: Any, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    other = FakeUpstream(default=Reply(text="not intercepted"))
+    other_server = TestServer(other.app, host="127.0.0.1")
+    await other_server.start_server()
+    try:
+        mitm = await launch("--intercept", f"{url}=default", "--agent", "forwarded", cli=True)
+        async with httpx.AsyncClient(proxy=mitm.url) as http:
+            intercepted = sdk(f"{url}/v1", http_client=http)
+            passed = sdk(str(other_server.make_url("/v1")), http_client=http)
+            answer = await intercepted.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            untouched = await passed.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        assert answer.choices[0].message.content == TEXT
+        assert untouched.choices[0].message.content == "not intercepted"
+        assert await mitm.stop() == 0
+    finally:
+        await other_server.close()
+    # Tripwire consumed its headers on the intercepted host; the other host got the request as sent
+    assert "X-Tripwire-Session" not in fake.calls(CHAT)[0].headers
+    assert other.calls(CHAT)[0].headers["X-Tripwire-Session"] == "mitm-s1"
+    _, _, events = mitm.trace()  # exactly one run: the pass-through call recorded nothing
+    (call,) = only(events, "LLM_CALL")
+    assert call["payload"]["response"]["text"] == TEXT
+    assert "Tripwire intercepting" in mitm.output() and "HTTPS_PROXY=" in mitm.output()
+
+
+def tls_upstream(confdir: Path) -> tuple[ssl.SSLContext, Path]:
+    """A leaf for 'localhost' signed by the CA mitmproxy will use, so one CA file trusts every hop."""
+    store = certs.CertStore.from_store(confdir, "mitmproxy", 2048)
+    entry = store.get_cert("localhost", [x509.DNSName("localhost")])
+    cert_file, key_file = confdir / "upstream-cert.pem", confdir / "upstream-key.pem"
+    cert_file.write_bytes(entry.cert.to_pem())
+    key_file.write_bytes(
+        entry.privatekey.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx, confdir / "mitmproxy-ca-cert.pem"
+
+
+async def test_intercept_https_through_mitmproxy_ca(launch: Any, tmp_path: Path) -> None:
+    """HTTPS_PROXY as an agent uses it: TLS to mitmproxy (its CA), Tripwire, then TLS to the upstream."""
+    confdir = tmp_path / "confdir"
+    server_ctx, ca_file = tls_upstream(confdir)
+    fake = FakeUpstream(default=Reply(text=TEXT))
+    server = TestServer(fake.app, host="127.0.0.1")
+    await server.start_server(ssl=server_ctx)
+    port = server.port
+    try:
+        config = tmp_path / "tls.yaml"
+        config.write_text(f"ca_bundle: {ca_file}\n")  # Tripwire's own way out trusts the test CA
+        mitm = await launch(
+            *("--intercept", f"localhost:{port}=default", "--config", str(config), "--confdir", str(confdir)),
+            *("--set", f"ssl_verify_upstream_trusted_ca={ca_file}"),
+            cli=True,
+        )
+        verify = ssl.create_default_context(cafile=str(ca_file))
+        async with httpx.AsyncClient(proxy=mitm.url, verify=verify) as http:
+            llm = sdk(f"https://localhost:{port}/v1", http_client=http)
+            answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
+            text = "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices])
+        assert answer.choices[0].message.content == TEXT and text == TEXT
+        assert await mitm.stop() == 0
+    finally:
+        await server.close()
+    assert len(fake.calls(CHAT)) == 2
+    _, _, events = mitm.trace()
+    assert [e["payload"]["stream"] for e in only(events, "LLM_CALL")] == [False, True]
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def test_intercept_flags_become_mitmproxy_options() -> None:
+    args: argparse.Namespace = build_parser().parse_args(
+        [
+            *("intercept", "--listen-port", "9090", "--mode", "reverse:https://api.openai.com"),
+            *("--intercept", "api.example.com=default", "--no-viewer", "--log-level", "WARNING"),
+        ]
+    )
+    opts = mitm_options(args)
+    assert opts["listen_port"] == 9090 and opts["listen_host"] == "127.0.0.1"
+    assert opts["mode"] == ["reverse:https://api.openai.com"]
+    assert opts["tripwire_hosts"] == ["api.example.com=default"]
+    assert opts["tripwire_admin_listen"] == "off"
+    assert opts["tripwire_listen"] == "127.0.0.1:0"
+    assert opts["termlog_verbosity"] == "warn"
+    default = mitm_options(build_parser().parse_args(["intercept", "--listen", "127.0.0.1:8713"]))
+    assert "tripwire_hosts" not in default and "tripwire_admin_listen" not in default
+    assert default["mode"] == ["regular"] and default["tripwire_listen"] == "127.0.0.1:8713"
