@@ -46,7 +46,11 @@ run_pytest .venv-mcp1 -m mcp1 "$@"
 
 if [ -d addons ] && ls tests/test_mitm*.py >/dev/null 2>&1; then
   echo "== mitmproxy environment"
-  make_env .venv-mitm -e ".[test,mitmproxy]"
+  # mitmproxy 11 (the last for Python 3.11) pins h11<=0.14, while genai-prices needs httpx2 -> h11>=0.16:
+  # pip cannot resolve both in one go, so mitmproxy first, then Tripwire (h11 0.16 wins with a warning;
+  # mitmproxy runs fine on it, see docs/mitmproxy.md).
+  make_env .venv-mitm "mitmproxy>=11"
+  make_env .venv-mitm -e ".[test]"
   run_pytest .venv-mitm -m mitm "$@"
 fi
 echo "== all test environments passed"

@@ -25,7 +25,6 @@ import pytest
 
 pytest.importorskip("mitmproxy")
 
-import httpx  # noqa: E402
 import openai  # noqa: E402
 from aiohttp.test_utils import TestServer  # noqa: E402
 from cryptography import x509  # noqa: E402
@@ -138,6 +137,11 @@ async def launch(tmp_path: Path) -> AsyncIterator[Any]:
             await mitm.proc.wait()
 
 
+def lower(headers: Any) -> dict[str, str]:
+    """Header names as sent vary in case between HTTP clients."""
+    return {k.lower(): v for k, v in headers.items()}
+
+
 def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event_type"] == kind]
 
@@ -180,7 +184,7 @@ async def test_reverse_mode_records_plain_and_streamed_chat(
     calls = fake.calls(CHAT)
     assert len(calls) == 2
     for seen in calls:
-        assert seen.headers["Authorization"] == f"Bearer {AGENT_KEY}"
+        assert lower(seen.headers)["authorization"] == f"Bearer {AGENT_KEY}"
         assert not [h for h in seen.headers if h.lower().startswith("x-tripwire")]
     assert calls[1].body["stream_options"] == {"include_usage": True}
 
@@ -257,7 +261,7 @@ async def test_intercept_forward_proxy_records_mapped_hosts_and_passes_others(
     await other_server.start_server()
     try:
         mitm = await launch("--intercept", f"{url}=default", "--agent", "forwarded", cli=True)
-        async with httpx.AsyncClient(proxy=mitm.url) as http:
+        async with openai.DefaultAsyncHttpxClient(proxy=mitm.url) as http:
             intercepted = sdk(f"{url}/v1", http_client=http)
             passed = sdk(str(other_server.make_url("/v1")), http_client=http)
             answer = await intercepted.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
@@ -268,8 +272,8 @@ async def test_intercept_forward_proxy_records_mapped_hosts_and_passes_others(
     finally:
         await other_server.close()
     # Tripwire consumed its headers on the intercepted host; the other host got the request as sent
-    assert "X-Tripwire-Session" not in fake.calls(CHAT)[0].headers
-    assert other.calls(CHAT)[0].headers["X-Tripwire-Session"] == "mitm-s1"
+    assert lower(fake.calls(CHAT)[0].headers).get("x-tripwire-session") is None
+    assert lower(other.calls(CHAT)[0].headers)["x-tripwire-session"] == "mitm-s1"
     _, _, events = mitm.trace()  # exactly one run: the pass-through call recorded nothing
     (call,) = only(events, "LLM_CALL")
     assert call["payload"]["response"]["text"] == TEXT
@@ -309,7 +313,7 @@ async def test_intercept_https_through_mitmproxy_ca(launch: Any, tmp_path: Path)
             cli=True,
         )
         verify = ssl.create_default_context(cafile=str(ca_file))
-        async with httpx.AsyncClient(proxy=mitm.url, verify=verify) as http:
+        async with openai.DefaultAsyncHttpxClient(proxy=mitm.url, verify=verify) as http:
             llm = sdk(f"https://localhost:{port}/v1", http_client=http)
             answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
             stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
