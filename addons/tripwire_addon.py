@@ -41,6 +41,7 @@ OPTIONS = (
     "tripwire_listen",
     "tripwire_admin_listen",
 )
+STOPPING_ATTR = "tripwire_stopping"  # on ctx.master: the engine of an unloaded script, still closing
 META_KEY = "tripwire"  # flow.metadata mark: the flow went through Tripwire (original URL, upstream)
 
 
@@ -128,6 +129,8 @@ class TripwireAddon:
             return None
         if self._closing is None:
             self._closing = asyncio.create_task(self._stop(), name="tripwire-stop")
+            # a reloaded script is a new module: its engine must wait until this one has closed its runs
+            setattr(ctx.master, STOPPING_ATTR, self._closing)
         return self._closing
 
     # --- flows -------------------------------------------------------------------------------
@@ -188,6 +191,10 @@ class TripwireAddon:
             engine.extra_upstreams[(entry.kind, entry.name)] = upstream
 
     async def _start(self) -> None:
+        previous = getattr(ctx.master, STOPPING_ATTR, None)
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(previous)
         try:
             if self.settings is None:
                 self._load_settings()
