@@ -28,6 +28,7 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.proxy import mode_specs
 
 from addons.hostmap import DEFAULT_HOSTS, Intercept, match, parse_host_map, with_reverse_target
+from addons.identity import from_basic, identity_headers
 from proxy.app import make_admin_app, make_proxy_app
 from proxy.engine import Engine
 from proxy.settings import ConfigError, Settings, UpstreamConfig, load_settings, split_host_port
@@ -70,6 +71,7 @@ class TripwireAddon:
         self._runners: list[web.AppRunner] = []
         self._starting: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
+        self._tunnels: dict[str, tuple[str, str | None]] = {}  # client connection id -> (agent, session)
 
     # --- mitmproxy lifecycle -----------------------------------------------------------------
 
@@ -151,7 +153,20 @@ class TripwireAddon:
             flow.response = unavailable(self.error or "Tripwire is not running")
             return
         flow.metadata[META_KEY] = {"url": flow.request.url, "upstream": entry.url, "name": entry.name}
+        credentials = proxy_credentials(flow) or self._tunnels.get(flow.client_conn.id)
+        present = {name.lower() for name in flow.request.headers}
+        for name, value in identity_headers(credentials, present).items():
+            flow.request.headers[name] = value
         flow.request.url = self.base_url + entry.prefix + flow.request.path
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        """HTTPS_PROXY credentials come on the CONNECT only: keep them for the tunnel's requests."""
+        credentials = proxy_credentials(flow)
+        if credentials is not None:
+            self._tunnels[flow.client_conn.id] = credentials
+
+    def client_disconnected(self, client: Any) -> None:
+        self._tunnels.pop(client.id, None)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         """Relay Tripwire's streams chunk by chunk; mitmproxy would otherwise buffer them whole."""
@@ -271,6 +286,14 @@ def intercepts_for(hosts: Sequence[str], modes: Sequence[str]) -> tuple[Intercep
         if isinstance(mode, mode_specs.ReverseMode) and mode.scheme in ("http", "https"):
             intercepts = with_reverse_target(intercepts, mode.scheme, mode.address[0], mode.address[1])
     return intercepts
+
+
+def proxy_credentials(flow: http.HTTPFlow) -> tuple[str, str | None] | None:
+    """(agent, session) from the proxy credentials: mitmproxy's proxyauth result, else the header."""
+    checked = flow.metadata.get("proxyauth")
+    if isinstance(checked, tuple) and len(checked) == 2 and checked[0]:
+        return str(checked[0]), str(checked[1]) or None
+    return from_basic(flow.request.headers.get("Proxy-Authorization"))
 
 
 def unavailable(reason: str) -> http.Response:

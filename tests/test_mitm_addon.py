@@ -146,8 +146,9 @@ def only(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event_type"] == kind]
 
 
-def sdk(base_url: str, session: str = "mitm-s1", **kw: Any) -> openai.AsyncOpenAI:
-    headers = {"X-Tripwire-Session": session, "X-Tripwire-Agent": "mitm-agent"}
+def sdk(base_url: str, session: str | None = "mitm-s1", **kw: Any) -> openai.AsyncOpenAI:
+    """An SDK client; session None: an agent that cannot set headers (no X-Tripwire-*)."""
+    headers = {"X-Tripwire-Session": session, "X-Tripwire-Agent": "mitm-agent"} if session else {}
     return openai.AsyncOpenAI(
         base_url=base_url, api_key=AGENT_KEY, default_headers=headers, max_retries=0, **kw
     )
@@ -261,8 +262,13 @@ async def test_intercept_forward_proxy_records_mapped_hosts_and_passes_others(
     await other_server.start_server()
     try:
         mitm = await launch("--intercept", f"{url}=default", "--agent", "forwarded", cli=True)
-        async with openai.DefaultAsyncHttpxClient(proxy=mitm.url) as http:
-            intercepted = sdk(f"{url}/v1", http_client=http)
+        # the agent is named by its proxy URL's credentials (agent:session), as it sets no headers
+        named = mitm.url.replace("http://", "http://proxy-agent:sess-7@")
+        async with (
+            openai.DefaultAsyncHttpxClient(proxy=named) as named_http,
+            openai.DefaultAsyncHttpxClient(proxy=mitm.url) as http,
+        ):
+            intercepted = sdk(f"{url}/v1", session=None, http_client=named_http)
             passed = sdk(str(other_server.make_url("/v1")), http_client=http)
             answer = await intercepted.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
             untouched = await passed.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
@@ -271,12 +277,15 @@ async def test_intercept_forward_proxy_records_mapped_hosts_and_passes_others(
         assert await mitm.stop() == 0
     finally:
         await other_server.close()
-    # Tripwire consumed its headers on the intercepted host; the other host got the request as sent
-    assert lower(fake.calls(CHAT)[0].headers).get("x-tripwire-session") is None
+    # the identity headers the addon added were consumed by Tripwire, and no proxy credentials leaked
+    sent = lower(fake.calls(CHAT)[0].headers)
+    assert not [h for h in sent if h.startswith("x-tripwire") or h == "proxy-authorization"]
+    # the other host got the request as sent, X-Tripwire-* header included: Tripwire never saw it
     assert lower(other.calls(CHAT)[0].headers)["x-tripwire-session"] == "mitm-s1"
     _, _, events = mitm.trace()  # exactly one run: the pass-through call recorded nothing
     (call,) = only(events, "LLM_CALL")
     assert call["payload"]["response"]["text"] == TEXT
+    assert (call["meta"]["agent"], call["meta"]["session_id"]) == ("proxy-agent", "sess-7")
     assert "Tripwire intercepting" in mitm.output() and "HTTPS_PROXY=" in mitm.output()
 
 
@@ -313,8 +322,9 @@ async def test_intercept_https_through_mitmproxy_ca(launch: Any, tmp_path: Path)
             cli=True,
         )
         verify = ssl.create_default_context(cafile=str(ca_file))
-        async with openai.DefaultAsyncHttpxClient(proxy=mitm.url, verify=verify) as http:
-            llm = sdk(f"https://localhost:{port}/v1", http_client=http)
+        named = mitm.url.replace("http://", "http://tls-agent@")  # sent on the CONNECT only
+        async with openai.DefaultAsyncHttpxClient(proxy=named, verify=verify) as http:
+            llm = sdk(f"https://localhost:{port}/v1", session=None, http_client=http)
             answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
             stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
             text = "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices])
@@ -324,7 +334,9 @@ async def test_intercept_https_through_mitmproxy_ca(launch: Any, tmp_path: Path)
         await server.close()
     assert len(fake.calls(CHAT)) == 2
     _, _, events = mitm.trace()
-    assert [e["payload"]["stream"] for e in only(events, "LLM_CALL")] == [False, True]
+    calls = only(events, "LLM_CALL")
+    assert [e["payload"]["stream"] for e in calls] == [False, True]
+    assert {e["meta"]["agent"] for e in calls} == {"tls-agent"}  # the tunnel's credentials named both
 
 
 # --- CLI ------------------------------------------------------------------------------------------
