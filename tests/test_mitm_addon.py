@@ -229,6 +229,45 @@ async def test_limit_through_the_addon_answers_429_and_ends_the_run(
     assert events[-1]["payload"]["status"] == "error" and meta["status"] == "error"
 
 
+async def test_loop_block_is_the_sdks_own_streamed_answer_through_the_addon(
+    launch: Any, fake_upstream: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    """An Anthropic agent loop, streamed: the blocked answer is a synthetic stream ending the turn."""
+    import anthropic
+
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"toolu_{i}", "get_weather", {"city": "Paris"})]) for i in range(20)]
+    config = tmp_path / "loop.yaml"
+    config.write_text("loop_detection:\n  action: block\n  threshold: 4\n  max_repeated_tool_steps: 10\n")
+    mitm = await launch("--mode", f"reverse:{url}", "--set", f"tripwire_config={config}")
+    client = anthropic.AsyncAnthropic(
+        base_url=mitm.url, api_key=AGENT_KEY, default_headers={"X-Tripwire-Session": "loop"}, max_retries=0
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Paris?"}]
+    for _ in range(10):
+        async with client.messages.stream(model="claude-sonnet-4-5", max_tokens=200, messages=messages) as s:
+            msg = await s.get_final_message()
+        if msg.stop_reason != "tool_use":
+            break
+        messages.append({"role": "assistant", "content": [b.model_dump() for b in msg.content]})
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "sunny"}
+            for b in msg.content
+            if b.type == "tool_use"
+        ]
+        messages.append({"role": "user", "content": results})
+    assert msg.stop_reason == "end_turn"
+    assert msg.content[0].type == "text" and msg.content[0].text.startswith("[tripwire] blocked:")
+    assert len(fake.calls("/v1/messages")) == 4  # the blocked call never reached the upstream
+
+    assert await mitm.stop() == 0
+    _, _, events = mitm.trace()
+    warnings = [e for e in only(events, "LOOP_WARNING") if e["payload"]["kind"] == "repetition"]
+    assert len(warnings) == 1 and warnings[0]["payload"]["action"] == "block"
+    assert only(events, "ERROR")[0]["payload"]["guardrail"] == "loop_detection"
+    assert {e["payload"]["provider"] for e in only(events, "LLM_CALL")} == {"anthropic"}
+
+
 async def test_bad_tripwire_config_stops_mitmdump(launch: Any, tmp_path: Path) -> None:
     """A broken config must not leave an unguarded proxy running."""
     config = tmp_path / "broken.yaml"
