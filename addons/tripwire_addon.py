@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -140,6 +141,8 @@ class TripwireAddon:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.request.path in ("", "*"):
             return
+        if "upgrade" in flow.request.headers:  # WebSocket (e.g. Realtime): Tripwire does not relay it
+            return
         entry = match(self.intercepts, flow.request.host, flow.request.port)
         if entry is None and flow.request.pretty_host != flow.request.host:
             # transparent and local modes: the host is an address, the Host header names the API
@@ -249,7 +252,7 @@ class TripwireAddon:
         )
         if hint:
             log.info(hint)
-        loop = proxy_loop(os.environ, ctx.options.listen_port or 8080)
+        loop = proxy_loop(os.environ, ctx.options.listen_host, ctx.options.listen_port or 8080)
         if loop:
             log.warning(loop)
 
@@ -313,11 +316,19 @@ def forward_hint(modes: Sequence[str], host: str, port: int | None, confdir: str
     return f"  export HTTPS_PROXY=http://{shown}:{port or 8080} SSL_CERT_FILE={ca}   (in the agent's environment)"
 
 
-def proxy_loop(environ: Mapping[str, str], port: int) -> str | None:
+def proxy_loop(environ: Mapping[str, str], host: str, port: int) -> str | None:
     """Tripwire's own upstream calls honour HTTPS_PROXY: pointing it at this mitmproxy would loop."""
+    ours = {"127.0.0.1", "localhost", "::1", "0.0.0.0", host.lower()} - {""}
     for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         value = environ.get(name, "")
-        if value.rstrip("/").endswith(f":{port}"):
+        if not value:
+            continue
+        try:
+            url = urlsplit(value if "://" in value else f"http://{value}")
+            target = ((url.hostname or "").lower(), url.port)
+        except ValueError:
+            continue
+        if target[0] in ours and target[1] == port:
             return (
                 f"{name}={value} in mitmproxy's own environment: Tripwire's upstream calls would come back "
                 "through this proxy; set it only in the agent's environment"

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import serialization  # noqa: E402
 from mitmproxy import certs  # noqa: E402
 
 from addons.intercept import mitm_options  # noqa: E402
+from addons.tripwire_addon import forward_hint, intercepts_for, proxy_loop  # noqa: E402
 from proxy.cli import build_parser  # noqa: E402
 from tests.conftest import AGENT_KEY  # noqa: E402
 from tests.fakes import FakeUpstream, Reply  # noqa: E402
@@ -398,3 +399,30 @@ def test_intercept_flags_become_mitmproxy_options() -> None:
     default = mitm_options(build_parser().parse_args(["intercept", "--listen", "127.0.0.1:8713"]))
     assert "tripwire_hosts" not in default and "tripwire_admin_listen" not in default
     assert default["mode"] == ["regular"] and default["tripwire_listen"] == "127.0.0.1:8713"
+
+
+# --- small pure helpers of the addon ----------------------------------------------------------------
+
+
+def test_proxy_loop_warns_only_for_this_proxy() -> None:
+    assert proxy_loop({"HTTPS_PROXY": "http://127.0.0.1:8080"}, "127.0.0.1", 8080) is not None
+    assert proxy_loop({"https_proxy": "localhost:8080/"}, "", 8080) is not None
+    assert proxy_loop({"HTTPS_PROXY": "http://corp-proxy:8080"}, "127.0.0.1", 8080) is None
+    assert proxy_loop({"HTTPS_PROXY": "http://127.0.0.1:3128"}, "127.0.0.1", 8080) is None
+    assert proxy_loop({"HTTPS_PROXY": "http://[bad"}, "127.0.0.1", 8080) is None
+    assert proxy_loop({}, "127.0.0.1", 8080) is None
+
+
+def test_forward_hint_and_reverse_targets() -> None:
+    hint = forward_hint(["regular"], "0.0.0.0", None, "/conf")
+    assert hint is not None and "HTTPS_PROXY=http://127.0.0.1:8080" in hint
+    assert "SSL_CERT_FILE=/conf/mitmproxy-ca-cert.pem" in hint
+    assert forward_hint(["reverse:https://api.openai.com"], "", 8443, "/conf") is None
+    reverse = intercepts_for(["api.anthropic.com=anthropic"], ["reverse:https://api.openai.com:8443"])
+    assert [(i.url, i.name) for i in reverse] == [
+        ("https://api.openai.com:8443", "default"),
+        ("https://api.anthropic.com", "anthropic"),
+    ]
+    assert intercepts_for(["a.example=x"], ["reverse:tcp://10.0.0.1:22"]) == intercepts_for(
+        ["a.example=x"], []
+    )
