@@ -28,6 +28,7 @@ from proxy.stages import ForwardStage, RecordStage, SessionStage
 
 log = logging.getLogger("tripwire")
 
+RUNNER_SHUTDOWN_S = 2.0
 PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
 
 
@@ -135,11 +136,17 @@ def make_admin_app(engine: Engine) -> web.Application:
     return app
 
 
+def url_host(host: str) -> str:
+    """The host as it goes in a URL: a wildcard bind is reached on loopback; IPv6 in brackets."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def startup_lines(settings: Settings, engine: Engine) -> str:
     host, port = split_host_port(settings.listen)
     ahost, aport = split_host_port(settings.admin_listen)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    ashown = "127.0.0.1" if ahost in ("0.0.0.0", "::", "") else ahost
+    shown, ashown = url_host(host), url_host(ahost)
     base = f"http://{shown}:{port}"
     lines = [
         f"Tripwire proxy on {base} -> {settings.upstream.url}; traces in {engine.data_dir}",
@@ -172,7 +179,8 @@ async def serve(
             (make_proxy_app(engine), settings.listen),
             (make_admin_app(engine), settings.admin_listen),
         ):
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.drain_grace_s)
+            # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
             await runner.setup()
             host, port = split_host_port(listen)
             await web.TCPSite(runner, host, port).start()

@@ -33,6 +33,7 @@ from proxy.storage import prune_runs
 log = logging.getLogger("tripwire")
 
 RETENTION_INTERVAL_S = 3600.0  # how often retention runs (and once at start)
+DRAIN_FINISH_S = 2.0  # after cutting streams at the end of the grace, time for their calls to record
 
 
 class Engine:
@@ -93,6 +94,12 @@ class Engine:
             self._idle_drained.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle_drained.wait(), grace_s)
+        if self.inflight:
+            # grace is over: end the streams cleanly towards the clients; each call records itself
+            cut = self.forwarder.abort_all()
+            log.warning("drain grace over: cutting %d stream(s) still open", cut)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle_drained.wait(), DRAIN_FINISH_S)
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -167,9 +174,15 @@ class Engine:
     def guard_config(self, agent: str) -> GuardConfig:
         return self.guard_store.effective(agent)[0]
 
-    def open_session(self, agent: str, explicit_id: str | None, *, wall: float | None = None) -> Session | Refused:
+    def open_session(
+        self, agent: str, explicit_id: str | None, *, wall: float | None = None
+    ) -> Session | Refused:
         """`wall`: when the call arrived, so RUN_START is not later than the first call's own event."""
-        opened = self.sessions.lookup(agent, explicit_id, now=time.monotonic(), wall=wall or time.time())
+        now = time.monotonic()
+        expired = self.sessions.expire(agent, explicit_id, now)
+        if expired is not None:
+            self.end_session(expired, status="ok", reason="idle_timeout")
+        opened = self.sessions.lookup(agent, explicit_id, now=now, wall=wall or time.time())
         if isinstance(opened, Refused):
             return opened
         session, created = opened

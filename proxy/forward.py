@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from proxy.exchange import Answer, Exchange
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
@@ -60,7 +61,8 @@ def request_headers(
         if (
             low in HOP_BY_HOP
             or low in named_in_connection
-            or low in ("host", "content-length")
+            # aiohttp hands us the body already decompressed, so its Content-Encoding no longer applies
+            or low in ("host", "content-length", "content-encoding")
             or low.startswith(TRIPWIRE_HEADER_PREFIX)
         ):
             continue
@@ -125,6 +127,8 @@ class Forwarder:
         self.retries = retries  # opt-in (settings.upstream_retries): see send()
         self.retry_base_s = retry_base_s
         self.session: aiohttp.ClientSession | None = None
+        # answers being relayed right now, so a drain that runs out of grace can end them cleanly
+        self._active: dict[int, tuple[Exchange, aiohttp.ClientResponse]] = {}
 
     async def start(self) -> None:
         ssl_ctx: ssl.SSLContext | bool = True
@@ -144,6 +148,58 @@ class Forwarder:
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
+
+    async def _relay(
+        self, ex: Exchange, upstream: aiohttp.ClientResponse, response: web.StreamResponse
+    ) -> None:
+        """Copy the answer chunk by chunk through the observer to the client.
+
+        A client that hangs up is not an upstream failure (it must not trip the breaker): stop
+        reading (the upstream stops generating) and let the call be recorded as incomplete.
+        """
+        observer = ex.observer
+        try:
+            async for chunk in upstream.content.iter_any():
+                out = observer.feed(chunk) if observer is not None else chunk
+                if out and not await self._write(ex, response, out):
+                    break
+            else:
+                if observer is not None and hasattr(observer, "flush"):
+                    tail = observer.flush()
+                    if tail:
+                        await self._write(ex, response, tail)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # The upstream broke mid-answer: end the client's stream cleanly, record an error.
+            ex.stream_complete = False
+            ex.upstream_error = f"upstream stream broke: {type(e).__name__}: {e}".rstrip(": ")
+        except asyncio.CancelledError:
+            # the handler was cancelled (a server with handler_cancellation, or shutdown): a hang-up
+            ex.stream_complete = False
+            ex.extra["client_disconnected"] = True
+            ex.extra.setdefault("incomplete_reason", "the client disconnected before the answer ended")
+            raise
+        if ex.extra.get("drain_aborted"):
+            ex.stream_complete = False
+            ex.upstream_error = None
+            ex.extra["incomplete_reason"] = "Tripwire shut down before the answer ended (drain grace over)"
+
+    @staticmethod
+    async def _write(ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
+        try:
+            await response.write(data)
+            return True
+        except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
+            ex.stream_complete = False
+            ex.extra["client_disconnected"] = True
+            ex.extra["incomplete_reason"] = "the client disconnected before the answer ended"
+            return False
+
+    def abort_all(self) -> int:
+        """Drain grace is over: cut the streams still relaying; each records itself as incomplete."""
+        for ex, upstream in list(self._active.values()):
+            ex.extra["drain_aborted"] = True
+            upstream.close()
+        return len(self._active)
 
     async def post_json(self, url: str, body: dict[str, object]) -> None:
         """Alert webhooks: best effort, short timeout, failures logged."""
@@ -174,7 +230,12 @@ class Forwarder:
         while True:
             try:
                 upstream = await self.session.request(
-                    method, url, headers=headers, data=body or None, allow_redirects=False
+                    # the path and query are passed on as the client encoded them (%23 stays %23)
+                    method,
+                    URL(url, encoded=True),
+                    headers=headers,
+                    data=body or None,
+                    allow_redirects=False,
                 )
             except aiohttp.ClientError as e:
                 if attempt >= self.retries or not retryable_error(e):
@@ -230,23 +291,11 @@ class Forwarder:
                 )
                 ex.response = response
                 await response.prepare(request)
+                self._active[id(ex)] = (ex, upstream)
                 try:
-                    async for chunk in upstream.content.iter_any():
-                        out = observer.feed(chunk) if observer is not None else chunk
-                        if out:
-                            await response.write(out)
-                    if observer is not None and hasattr(observer, "flush"):
-                        tail = observer.flush()
-                        if tail:
-                            await response.write(tail)
-                except (aiohttp.ClientError, TimeoutError) as e:
-                    # The upstream broke mid-answer: end the client's stream cleanly, record an error.
-                    ex.stream_complete = False
-                    ex.upstream_error = f"upstream stream broke: {type(e).__name__}: {e}".rstrip(": ")
-                except (ConnectionResetError, asyncio.CancelledError):
-                    ex.stream_complete = False
-                    ex.extra["client_disconnected"] = True
-                    raise
+                    await self._relay(ex, upstream, response)
+                finally:
+                    self._active.pop(id(ex), None)
         except TimeoutError:
             ex.upstream_error = "upstream timed out"
             if response is None:

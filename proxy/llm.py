@@ -29,6 +29,9 @@ log = logging.getLogger("tripwire.llm")
 
 # Reservation when a request names no max_tokens: a typical answer, so budgets see something.
 DEFAULT_RESERVED_COMPLETION_TOKENS = 1024
+# Non-streamed answers are kept to parse usage at the end. Larger than the request limit: a big
+# embeddings batch answers tens of MB, and an unparsed answer would be charged $0.
+RESPONSE_RECORD_LIMIT = 512 * 1024 * 1024
 
 
 class BodyCollector:
@@ -140,11 +143,7 @@ class LLMParseStage(BaseStage):
         rewritten = dialect.upstream_body(call, body)
         if rewritten is not None:
             ex.upstream_body = orjson.dumps(rewritten)
-        ex.observer = (
-            dialect.StreamAccumulator(call)
-            if call.stream
-            else BodyCollector(self.engine.settings.max_body_bytes)
-        )
+        ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
 
 
 def llm_result(ex: Exchange) -> LLMResult:
@@ -169,6 +168,13 @@ def llm_result(ex: Exchange) -> LLMResult:
         result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
     else:
         result = observer.finish(ex.stream_complete and ex.upstream_error is None)
+    reason = ex.extra.get("incomplete_reason")
+    if reason and not result.complete:
+        # the client hung up, or shutdown cut the stream: not the upstream's failure
+        result.error = {"error_type": "Incomplete", "message": reason, "details": None, "stack": None}
+    elif not result.complete and ex.upstream_error is None:
+        # a stream that ended without its terminator broke, even on a clean EOF (SPEC §5.3)
+        ex.upstream_error = "upstream stream ended before its terminator"
     if ex.upstream_error and result.error is None:
         result.error = {
             "error_type": "UpstreamError",
@@ -187,7 +193,8 @@ def new_prompt_messages(session: Session, call: LLMRequest, full: bool) -> list[
     """
     seen = session.conversation.prompt_messages_seen
     messages = call.messages
-    if full or seen == 0 or len(messages) < seen:
+    # a Responses API chain (previous_response_id) carries only its new input items
+    if full or seen == 0 or len(messages) < seen or call.previous_response_id:
         return list(messages)
     return list(messages[seen:])
 
@@ -303,6 +310,24 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         ts=ex.started_wall,
     )
     ex.extra["llm_event_id"] = event_id
+    if ex.upstream_failed():
+        # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)
+        engine.record_event(
+            session,
+            "ERROR",
+            "upstream_error",
+            {
+                "error_type": "upstream_error",
+                "message": ex.upstream_error or f"upstream answered HTTP {ex.upstream_status}",
+                "stack": None,
+                "guardrail": None,
+                "threshold": None,
+                "actual": None,
+                "upstream": ex.route.upstream,
+                "http_status": ex.upstream_status,
+            },
+            parent_id=event_id,
+        )
     engine.recorder.add_usage(session.run_id, payload["cost_usd"], usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
     remember_tool_calls(session, result, event_id, time.time())

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import time
 import uuid
@@ -106,9 +107,27 @@ def strip_content(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
             out[k] = None
         elif k == "error" and event_type == EventType.TOOL_CALL and isinstance(v, dict):
             out[k] = {ek: (None if ek in ("message", "details") else ev) for ek, ev in v.items()}
+        elif event_type in GUARD_EVENTS and k in ("pattern", "message") and isinstance(v, str):
+            # loop patterns and guard messages quote tool arguments and errors: keep tool names only
+            out[k] = tool_names_only(v)
+        elif isinstance(v, dict):
+            out[k] = strip_content(event_type, v)  # e.g. a refused call's summary carries its args
         else:
             out[k] = v
     return out
+
+
+GUARD_EVENTS = frozenset({EventType.LOOP_WARNING, EventType.ERROR})
+_CALL_SIG = re.compile(r"([A-Za-z0-9_.\-/]+)\(")
+
+
+def tool_names_only(text: str) -> str:
+    """`search({"q": "secret"}) -> fetch({...})` becomes `search -> fetch`; other text is dropped."""
+    names = _CALL_SIG.findall(text)
+    if names:
+        return " -> ".join(dict.fromkeys(names))
+    head = text.split(":", 1)[0].strip()  # "tool: error text" -> "tool"
+    return head if head and " " not in head else "(content not recorded)"
 
 
 @dataclass
@@ -370,6 +389,8 @@ class TraceRecorder:
             return str(uuid.uuid4())
         if payload and not self.record_content:
             payload = strip_content(event_type, payload)
+            if event_type == EventType.LOOP_WARNING:
+                name = tool_names_only(name)
         return self._append(
             run, event_type, name, payload, duration_ms=duration_ms, parent_id=parent_id, meta=meta, ts=ts
         )

@@ -85,7 +85,8 @@ class SessionManager:
             del self._terminated_explicit[key]
         current = self._live.get(key)
         if current is not None:
-            idle = now - current.last_seen >= self.idle_timeout_s
+            # a call still in flight (a long stream) keeps its session alive
+            idle = current.inflight == 0 and now - current.last_seen >= self.idle_timeout_s
             if current.terminated and not idle:
                 # Retrying a terminated automatic session keeps it refused: the idle clock restarts.
                 current.last_seen = now
@@ -106,6 +107,20 @@ class SessionManager:
         self._live[key] = session
         self._by_run[session.run_id] = session
         return session, True
+
+    def expire(self, agent: str, explicit_id: str | None, now: float) -> Session | None:
+        """The session at this key if it has gone idle (and is not terminated): the engine ends its
+        run before `lookup` starts the next one, so no run is left `running` between sweeps."""
+        current = self._live.get((agent, explicit_id))
+        if (
+            current is None
+            or current.terminated
+            or current.inflight
+            or now - current.last_seen < self.idle_timeout_s
+        ):
+            return None
+        self._forget(current)
+        return None if current.ended else current
 
     def idle_sessions(self, now: float) -> list[Session]:
         """Sessions past their idle timeout with nothing in flight: the engine ends their runs."""

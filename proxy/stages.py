@@ -62,19 +62,19 @@ class ForwardStage(BaseStage):
         route = ex.route
         upstream = self.engine.upstream(route.kind, route.upstream)
         # a legacy MCP endpoint is where the server's `endpoint` event said, not under the base URL
-        url = ex.extra.get("upstream_url") or join_upstream(upstream.url, route.path, ex.request.query_string)
+        url = ex.extra.get("upstream_url") or join_upstream(
+            upstream.url, route.path, ex.request.rel_url.raw_query_string
+        )
         headers = request_headers(ex.request.headers, upstream, identity_encoding=ex.protocol is not None)
         body = ex.upstream_body if ex.upstream_body is not None else ex.body
         try:
             await self.engine.forwarder.forward(ex, url, headers, body)
-        except ConnectionResetError:
-            # An MCP client closes a POST's SSE stream once it has its result: still record the call.
-            if getattr(ex.protocol, "kind", None) != "mcp":
-                raise
-        if ex.protocol is not None and hasattr(ex.protocol, "await_result"):
-            await ex.protocol.await_result(ex)  # MCP: the result may come on another stream
-        if ex.protocol is not None and hasattr(ex.protocol, "after_forward"):
-            ex.protocol.after_forward(ex)
+            if ex.protocol is not None and hasattr(ex.protocol, "await_result"):
+                await ex.protocol.await_result(ex)  # MCP: the result may come on another stream
+        finally:
+            # even when the handler is cancelled (shutdown): the upstream did the work, record it
+            if ex.forwarded and ex.protocol is not None and hasattr(ex.protocol, "after_forward"):
+                ex.protocol.after_forward(ex)
 
 
 class RecordStage(BaseStage):

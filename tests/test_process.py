@@ -85,7 +85,8 @@ async def test_startup_lines_and_sigkill_recovery(tmp_path: Path, fake_upstream)
     try:
         assert f"OPENAI_BASE_URL={base}/v1" in banner and "viewer: http://127.0.0.1:" in banner
         c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
-        for i in range(3):
+        # two calls: a third identical LLM_CALL would add AgentDbg's cycle LOOP_WARNING
+        for i in range(2):
             await c.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": f"m{i}"}]
             )
@@ -93,7 +94,8 @@ async def test_startup_lines_and_sigkill_recovery(tmp_path: Path, fake_upstream)
         await wait_for(lambda: runs.exists() and any(runs.iterdir()))
         (run_dir,) = list(runs.iterdir())
         # events are flushed within milliseconds, off the request path
-        await wait_for(lambda: len(events_of(run_dir)) == 3)
+        await wait_for(lambda: len(events_of(run_dir)) >= 3)
+        assert [e["event_type"] for e in events_of(run_dir)] == ["RUN_START", "LLM_CALL", "LLM_CALL"]
         proc.kill()
         await proc.wait()
     finally:
@@ -211,3 +213,31 @@ async def test_retention_prunes_old_finished_runs(start_tripwire, fake_upstream)
     )
     assert await tw.engine.prune() == [old.name]
     assert tw.run_ids() == [live]  # the open run is kept
+
+
+async def test_sigterm_grace_over_cuts_streams_cleanly_and_records_them(
+    tmp_path: Path, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(text="an endless stream of words " * 40, chunk_delay=0.1)]
+    data = tmp_path / "data"
+    proc, base, _ = await start_serve(data, url, "--drain-grace", "1")  # the last flag wins
+    c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+    stream = await c.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    await stream.__anext__()
+    t0 = asyncio.get_running_loop().time()
+    proc.send_signal(signal.SIGTERM)
+    got = [chunk async for chunk in stream]  # ends without an exception when the grace runs out
+    out = await stop(proc)
+    elapsed = asyncio.get_running_loop().time() - t0
+    assert proc.returncode == 0, out
+    assert elapsed < 8, f"shutdown took {elapsed:.1f}s with a 1s grace"
+    assert got, "chunks kept flowing during the grace"
+    runs = sorted((data / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    events = events_of(runs[-1])
+    llm = [e for e in events if e["event_type"] == "LLM_CALL"]
+    assert len(llm) == 1 and llm[0]["payload"]["status"] == "error"
+    assert "shut down" in llm[0]["payload"]["error"]["message"]
+    assert events[-1]["event_type"] == "RUN_END" and events[-1]["payload"]["reason"] == "shutdown"

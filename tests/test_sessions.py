@@ -60,3 +60,21 @@ def test_by_run_id() -> None:
     s, _ = m.lookup("a", None, now=0, wall=0)
     assert m.by_run_id(s.run_id) is s
     assert m.by_run_id("nope") is None
+
+
+def test_a_call_in_flight_keeps_the_session_alive_past_the_idle_timeout() -> None:
+    m = mgr()
+    s, _ = m.lookup("a", None, now=0, wall=0)
+    s.inflight = 1  # a long stream
+    same, created = m.lookup("a", None, now=1000, wall=0)
+    assert same is s and not created
+
+
+def test_expire_hands_over_an_idle_session_once() -> None:
+    m = mgr()
+    s, _ = m.lookup("a", None, now=0, wall=0)
+    assert m.expire("a", None, now=100) is None
+    assert m.expire("a", None, now=301) is s
+    assert m.expire("a", None, now=302) is None
+    fresh, created = m.lookup("a", None, now=302, wall=0)
+    assert created and fresh is not s

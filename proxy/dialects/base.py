@@ -124,7 +124,7 @@ def as_float(value: Any) -> float | None:
 
 
 def error_dict(error_type: str, message: str, details: Any = None) -> dict:
-    return {"error_type": error_type, "message": message, "details": details}
+    return {"error_type": error_type, "message": message, "details": details, "stack": None}
 
 
 def http_error(status: int, data: Any, body: bytes) -> dict:

@@ -162,6 +162,11 @@ class StreamAccumulator:
 
     terminator = "[DONE]"
 
+    @property
+    def rewrites(self) -> bool:
+        """Bytes may be dropped (the injected usage chunk): the forwarder must not pass Content-Length."""
+        return self.filtering
+
     def __init__(self, req: LLMRequest) -> None:
         self.req = req
         self.status: int | None = None  # the caller may set the upstream status for error bodies

@@ -1,0 +1,216 @@
+"""Edges of forwarding and recording: hang-ups, encodings, raw queries, chains, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from proxy.app import url_host
+from proxy.recorder import TraceRecorder
+from tests.conftest import AGENT_KEY, StartTripwire
+from tests.fakes import Reply
+from tests.schema import assert_run_valid
+
+
+def client(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base, api_key=AGENT_KEY, max_retries=0)
+
+
+async def test_client_hang_up_is_recorded_and_never_trips_the_breaker(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="a long streamed answer " * 20, chunk_delay=0.02)
+    tw = await start_tripwire(upstream={"url": url}, guards={"circuit_breaker": {"open_after_failures": 2}})
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    for _ in range(4):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(tw.url + "/v1/chat/completions", json=body) as r:
+                await r.content.readany()  # take the first chunk, then hang up
+        await asyncio.sleep(0.1)
+    # four hang-ups: the circuit (2 failures) must still be closed
+    resp = await client(tw.url + "/v1").chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "y"}]
+    )
+    assert resp.choices[0].message.content
+    await tw.flush()
+    events = tw.events()
+    llm = [e["payload"] for e in events if e["event_type"] == "LLM_CALL"]
+    assert len(llm) == 5
+    assert all(p["status"] == "error" and "client disconnected" in p["error"]["message"] for p in llm[:4])
+    assert llm[4]["status"] == "ok"
+    assert not [e for e in events if e["event_type"] == "ERROR"], "a hang-up is not an upstream failure"
+    assert_run_valid(tw.data_dir, tw.run_ids()[0])
+
+
+async def test_gzip_request_body_is_forwarded_decoded_and_labelled_so(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    raw = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "zip"}]}).encode()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            tw.url + "/v1/chat/completions",
+            data=gzip.compress(raw),
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+        ) as r:
+            assert r.status == 200
+    seen = fake.calls("/v1/chat/completions")[0]
+    assert seen.body["messages"][0]["content"] == "zip"
+    assert "Content-Encoding" not in seen.headers
+
+
+async def test_raw_query_string_reaches_the_upstream_unchanged(start_tripwire: StartTripwire) -> None:
+    lines: list[str] = []
+
+    async def raw(request: web.Request) -> web.Response:
+        lines.append(request.raw_path)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", raw)
+    upstream = TestServer(app, host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        tw = await start_tripwire(upstream={"url": str(upstream.make_url("")).rstrip("/")})
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                aiohttp.client.URL(tw.url + "/v1/files?k=%23frag&q=a%20b", encoded=True)
+            ) as r:
+                assert r.status == 200
+        assert lines == ["/v1/files?k=%23frag&q=a%20b"]
+    finally:
+        await upstream.close()
+
+
+async def test_filtered_stream_never_claims_the_upstream_content_length(
+    start_tripwire: StartTripwire,
+) -> None:
+    """An upstream that sends its whole SSE answer with a Content-Length: Tripwire drops the usage chunk."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chunk: dict[str, Any] = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o-mini",
+    }
+    frames = [
+        {
+            **chunk,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}],
+        },
+        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**chunk, "choices": [], "usage": usage},
+    ]
+    body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
+
+    async def sse(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body.encode(), content_type="text/event-stream")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", sse)
+    upstream = TestServer(app, host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        tw = await start_tripwire(upstream={"url": str(upstream.make_url("")).rstrip("/")})
+        async with aiohttp.ClientSession() as http:
+            req = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "stream": True}
+            async with http.post(tw.url + "/v1/chat/completions", json=req) as r:
+                got = await asyncio.wait_for(r.read(), 5)
+        assert r.headers.get("Content-Length") in (None, str(len(got)))
+        assert b'"usage"' not in got and got.endswith(b"data: [DONE]\n\n")
+        await tw.flush()
+        llm = [e for e in tw.events() if e["event_type"] == "LLM_CALL"][0]["payload"]
+        assert llm["usage"] == usage
+    finally:
+        await upstream.close()
+
+
+async def test_responses_chain_records_the_new_input_items(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[("call_9", "lookup", {"q": "x"})]), Reply(text="done")]
+    tw = await start_tripwire(upstream={"url": url})
+    c = client(tw.url + "/v1")
+    first = await c.responses.create(model="gpt-4o", input="find x")
+    await c.responses.create(
+        model="gpt-4o",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": "call_9", "output": "x is 42"}],
+    )
+    await tw.flush()
+    events = tw.events()
+    llm = [e["payload"] for e in events if e["event_type"] == "LLM_CALL"]
+    assert llm[1]["prompt"], "the chained call's new input is recorded"
+    tool = [e["payload"] for e in events if e["event_type"] == "TOOL_CALL"]
+    assert [(t["tool_name"], t["args"], t["result"]) for t in tool] == [("lookup", {"q": "x"}, "x is 42")]
+
+
+async def test_upstream_failure_writes_an_error_event(start_tripwire: StartTripwire, fake_upstream) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(status=500)]
+    tw = await start_tripwire(upstream={"url": url})
+    with pytest.raises(openai.InternalServerError):
+        await client(tw.url + "/v1").chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+        )
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    events = tw.events(run_id)
+    llm = next(e for e in events if e["event_type"] == "LLM_CALL")
+    err = next(e for e in events if e["event_type"] == "ERROR")
+    assert llm["payload"]["status"] == "error" and "stack" in llm["payload"]["error"]
+    assert err["parent_id"] == llm["event_id"] and err["payload"]["http_status"] == 500
+    assert tw.run_json(run_id)["counts"]["errors"] == 1
+    assert_run_valid(tw.data_dir, run_id)
+
+
+async def test_metadata_only_traces_keep_tool_names_not_arguments(tmp_path) -> None:
+    rec = TraceRecorder(tmp_path, record_content=False)
+    await rec.start()
+    run_id = rec.start_run(run_name="r", agent_name="a", session_id="s", argv=[])
+    rec.record(
+        run_id,
+        "LOOP_WARNING",
+        'search_docs({"query":"ACME merger plan"})',
+        {
+            "pattern": 'search_docs({"query":"ACME merger plan"})',
+            "repetitions": 5,
+            "window_size": 5,
+            "evidence_event_ids": [],
+            "kind": "repetition",
+            "message": "search_docs called 5 times: ACME merger plan",
+        },
+    )
+    rec.record(
+        run_id,
+        "ERROR",
+        "loop_detection",
+        {
+            "error_type": "loop_detection",
+            "message": "x",
+            "stack": None,
+            "call": {"kind": "tool", "tool_name": "search_docs", "args": {"query": "ACME"}},
+        },
+    )
+    await rec.close()
+    text = (tmp_path / "runs" / run_id / "events.jsonl").read_text()
+    assert "ACME" not in text
+    assert "search_docs" in text
+
+
+def test_ipv6_hosts_are_bracketed_in_urls() -> None:
+    assert url_host("::1") == "[::1]"
+    assert url_host("0.0.0.0") == "127.0.0.1"
+    assert url_host("127.0.0.1") == "127.0.0.1"
