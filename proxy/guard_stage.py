@@ -49,6 +49,10 @@ def is_tool_call(ex: Exchange) -> bool:
     return ex.protocol is not None and ex.protocol.kind == "mcp"
 
 
+def is_responses(ex: Exchange) -> bool:
+    return not is_tool_call(ex) and getattr(ex.call, "dialect", None) == RESPONSES
+
+
 class GuardStage(BaseStage):
     name = "guards"
     fail_open = True
@@ -91,7 +95,7 @@ class GuardStage(BaseStage):
                 self.refuse_ended(ex, guards)
                 return
             steps, turn_start, results = call.steps, call.turn_start, call.tool_results
-            if call.dialect == RESPONSES:
+            if is_responses(ex):
                 self.rewrite_synthetic_parent(ex)
                 history = self.chains.history(call)  # a previous_response_id stands for a history
                 steps, turn_start, results = history.steps, history.turn_start, history.results
@@ -185,7 +189,7 @@ class GuardStage(BaseStage):
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
             ex.answer = ex.protocol.render_block(ex, decision, text)
-            synthetic = synthetic_id_of(ex.answer.body) if ex.call.dialect == RESPONSES else None
+            synthetic = synthetic_id_of(ex.answer.body) if is_responses(ex) else None
             if synthetic is not None:
                 self.chains.remember_block(ex.call, synthetic, ex.extra.get("responses_body") or {}, text)
             return
@@ -270,12 +274,7 @@ class GuardStage(BaseStage):
             )
         else:
             result = ex.result
-            if (
-                ex.call.dialect == RESPONSES
-                and result is not None
-                and result.response_id
-                and not result.error
-            ):
+            if is_responses(ex) and result is not None and result.response_id and not result.error:
                 self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
             decisions = guards.after_llm_call(
                 ex.reservation,

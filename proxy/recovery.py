@@ -115,7 +115,7 @@ class MaxTokensRecoveryStage(BaseStage):
             return
         route = ex.route
         upstream = self.engine.upstream(route.kind, route.upstream)
-        url = join_upstream(upstream.url, route.path, ex.request.query_string)
+        url = join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
         headers = request_headers(ex.request.headers, upstream, identity_encoding=True)
         ex.forwarded = True
         ex.upstream_started = time.monotonic()

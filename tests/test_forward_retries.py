@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from proxy.forward import MAX_BACKOFF_S, backoff_delay, retryable_error
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
+from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]

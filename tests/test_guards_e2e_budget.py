@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
+from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 from tests.schema import assert_run_valid
 
 CHAT = "/v1/chat/completions"

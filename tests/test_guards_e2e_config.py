@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
+from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 
 # LangSight's documented example (reference seed 004), as sent with PUT
 LANGSIGHT_BODY: dict[str, Any] = {

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
+from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 from tests.schema import assert_run_valid
 
 SESSION = {"X-Tripwire-Session": "loop-1", "X-Tripwire-Agent": "looper"}

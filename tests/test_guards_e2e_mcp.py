@@ -19,6 +19,7 @@ from mcp.server.mcpserver import MCPServer  # noqa: E402
 from proxy.mcp.jsonrpc import TRIPWIRE_GUARD_ERROR  # noqa: E402
 from tests.conftest import Running, StartTripwire  # noqa: E402
 from tests.mcp_servers import ServerThread  # noqa: E402
+from tests.pipeline_errors import no_pipeline_errors  # noqa: E402, F401 (autouse fixture)
 from tests.schema import assert_run_valid  # noqa: E402
 
 SESSION_URL = "/agents/bot/sessions/s1/mcp/shop"
