@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("mitmproxy")
 
 import openai  # noqa: E402
+from aiohttp import web  # noqa: E402
 from aiohttp.test_utils import TestServer  # noqa: E402
 from cryptography import x509  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
@@ -327,6 +328,57 @@ async def test_intercept_forward_proxy_records_mapped_hosts_and_passes_others(
     assert call["payload"]["response"]["text"] == TEXT
     assert (call["meta"]["agent"], call["meta"]["session_id"]) == ("proxy-agent", "sess-7")
     assert "Tripwire intercepting" in mitm.output() and "HTTPS_PROXY=" in mitm.output()
+
+
+def fake_mcp() -> web.Application:
+    """A minimal Streamable HTTP MCP server answering in JSON: tools/call `add` sums its arguments."""
+
+    async def handle(request: web.Request) -> web.Response:
+        msg = await request.json()
+        if msg.get("method") != "tools/call":
+            return web.json_response({"jsonrpc": "2.0", "id": msg.get("id"), "result": {}})
+        total = sum(msg["params"]["arguments"].values())
+        result = {"content": [{"type": "text", "text": str(total)}], "isError": False}
+        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", handle)
+    return app
+
+
+async def test_intercept_mcp_tool_call_lands_in_the_agents_run(
+    launch: Any, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """An `mcp:NAME` entry: the LLM call and the MCP tools/call of one agent and session, one run."""
+    fake, url = fake_upstream
+    mcp_server = TestServer(fake_mcp(), host="127.0.0.1")
+    await mcp_server.start_server()
+    mcp_url = str(mcp_server.make_url("")).rstrip("/")
+    try:
+        mitm = await launch("--intercept", f"{url}=default", "--intercept", f"{mcp_url}=mcp:calc", cli=True)
+        named = mitm.url.replace("http://", "http://calc-agent:task-1@")
+        async with openai.DefaultAsyncHttpxClient(proxy=named) as http:
+            llm = sdk(f"{url}/v1", session=None, http_client=http)
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            call = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "add", "arguments": {"a": 1, "b": 2}},
+            }
+            accept = {"Accept": "application/json, text/event-stream"}
+            answer = await http.post(f"{mcp_url}/mcp", json=call, headers=accept)
+        assert answer.status_code == 200
+        assert answer.json()["id"] == 7 and answer.json()["result"]["content"][0]["text"] == "3"
+        assert await mitm.stop() == 0
+    finally:
+        await mcp_server.close()
+    _, meta, events = mitm.trace()
+    assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL", "TOOL_CALL", "RUN_END"]
+    tool = only(events, "TOOL_CALL")[0]
+    assert tool["name"] == "add" and tool["payload"]["status"] == "ok"
+    assert tool["meta"]["agent"] == "calc-agent" and tool["meta"]["session_id"] == "task-1"
+    assert meta["counts"]["tool_calls"] == 1
 
 
 def tls_upstream(confdir: Path) -> tuple[ssl.SSLContext, Path]:
