@@ -265,7 +265,11 @@ def run_intercept(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         from addons.intercept import run
     except ImportError as e:
-        print(f"tripwire intercept needs mitmproxy ({e}): pip install 'tripwire[mitmproxy]'", file=sys.stderr)
+        print(
+            f"tripwire intercept needs mitmproxy ({e}): pip install 'tripwire[mitmproxy]' "
+            "(on Python 3.11: pip install 'mitmproxy>=11' first, then tripwire; see docs/mitmproxy.md)",
+            file=sys.stderr,
+        )
         return 2
     try:  # fail here, with the field named, rather than inside mitmproxy
         settings = load_settings(cli_overrides(args), config_file=args.config)
