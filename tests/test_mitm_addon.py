@@ -478,3 +478,15 @@ def test_forward_hint_and_reverse_targets() -> None:
     assert intercepts_for(["a.example=x"], ["reverse:tcp://10.0.0.1:22"]) == intercepts_for(
         ["a.example=x"], []
     )
+
+
+def test_intercept_refuses_a_bad_config_before_mitmproxy_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli import main
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("budget:\n  max_cost_usd: lots\n")
+    assert main(["intercept", "--config", str(config), "--listen-port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "budget.max_cost_usd" in err and "Traceback" not in err
