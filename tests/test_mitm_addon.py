@@ -381,6 +381,15 @@ async def test_intercept_mcp_tool_call_lands_in_the_agents_run(
     assert meta["counts"]["tool_calls"] == 1
 
 
+ENV_AGENT = """
+import openai
+answer = openai.OpenAI(max_retries=0).chat.completions.create(
+    model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}]
+)
+print(answer.choices[0].message.content)
+"""
+
+
 def tls_upstream(confdir: Path) -> tuple[ssl.SSLContext, Path]:
     """A leaf for 'localhost' signed by the CA mitmproxy will use, so one CA file trusts every hop."""
     store = certs.CertStore.from_store(confdir, "mitmproxy", 2048)
@@ -421,14 +430,37 @@ async def test_intercept_https_through_mitmproxy_ca(launch: Any, tmp_path: Path)
             stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
             text = "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices])
         assert answer.choices[0].message.content == TEXT and text == TEXT
+        # an agent configured by its environment only (no proxy or CA in its code)
+        env = clean_env(tmp_path / "home")
+        env = {k: v for k, v in env.items() if k.lower() != "no_proxy"}
+        env |= {
+            "HTTPS_PROXY": mitm.url.replace("http://", "http://env-agent@"),
+            "SSL_CERT_FILE": str(ca_file),
+            "OPENAI_API_KEY": AGENT_KEY,
+            "OPENAI_BASE_URL": f"https://localhost:{port}/v1",  # stands for api.openai.com here
+        }
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            ENV_AGENT,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(agent.communicate(), 60)
+        assert agent.returncode == 0, err.decode()
+        assert out.decode().strip() == TEXT
         assert await mitm.stop() == 0
     finally:
         await server.close()
-    assert len(fake.calls(CHAT)) == 2
-    _, _, events = mitm.trace()
-    calls = only(events, "LLM_CALL")
-    assert [e["payload"]["stream"] for e in calls] == [False, True]
-    assert {e["meta"]["agent"] for e in calls} == {"tls-agent"}  # the tunnel's credentials named both
+    assert len(fake.calls(CHAT)) == 3
+    runs = {}
+    for run_id in mitm.runs():
+        _, events = assert_run_valid(mitm.data_dir, run_id)
+        calls = only(events, "LLM_CALL")
+        runs[calls[0]["meta"]["agent"]] = [e["payload"]["stream"] for e in calls]
+    # the tunnel's credentials named both calls of the first client, the environment's the other
+    assert runs == {"tls-agent": [False, True], "env-agent": [False]}
 
 
 # --- CLI ------------------------------------------------------------------------------------------
