@@ -107,6 +107,8 @@ class TripwireAddon:
         )
 
     def configure(self, updated: set[str]) -> None:
+        """Before start, an error is logged (mitmproxy's errorcheck then exits, with no traceback);
+        once running, a bad tripwire_hosts is refused like any bad mitmproxy option."""
         if self._starting is None:
             if updated & {*OPTIONS, "tripwire_hosts"}:
                 self._load_settings()
@@ -116,7 +118,10 @@ class TripwireAddon:
             try:
                 self.intercepts = intercepts_for(ctx.options.tripwire_hosts, ctx.options.mode)
             except ValueError as e:
-                raise exceptions.OptionsError(f"tripwire_hosts: {e}") from e
+                if self._starting is not None:
+                    raise exceptions.OptionsError(f"tripwire_hosts: {e}") from e
+                self.error = f"tripwire_hosts: {e}"
+                log.error(self.error)
             if self.engine is not None:
                 self._register_upstreams(self.engine)
 
@@ -193,7 +198,7 @@ class TripwireAddon:
             self.error = None
         except ConfigError as e:
             self.settings, self.error = None, f"Tripwire configuration: {e}"
-            raise exceptions.OptionsError(self.error) from e
+            log.error(self.error)
 
     def _register_upstreams(self, engine: Engine) -> None:
         """Each intercepted host is an upstream of the engine; a configured key source is kept."""
@@ -213,16 +218,18 @@ class TripwireAddon:
         if previous is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(previous)
-        try:
-            if self.settings is None:
-                self._load_settings()
-            self.intercepts = intercepts_for(ctx.options.tripwire_hosts, ctx.options.mode)
-        except (exceptions.OptionsError, ValueError) as e:
-            self.error = str(e)
-            log.error("%s; stopping mitmproxy", self.error)
+        if self.settings is None and self.error is None:
+            self._load_settings()
+        if self.error is None:
+            try:
+                self.intercepts = intercepts_for(ctx.options.tripwire_hosts, ctx.options.mode)
+            except ValueError as e:
+                self.error = f"tripwire_hosts: {e}"
+                log.error(self.error)
+        if self.settings is None or self.error is not None:
+            log.error("Tripwire cannot run; stopping mitmproxy")
             ctx.master.shutdown()
             return
-        assert self.settings is not None
         settings = self.settings
         try:
             engine = Engine(settings, argv=self.argv if self.argv is not None else list(sys.argv))
