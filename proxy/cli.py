@@ -216,7 +216,8 @@ Agents that cannot change a base URL: set HTTPS_PROXY=http://127.0.0.1:8080 in t
 environment and make it trust mitmproxy's CA (~/.mitmproxy/mitmproxy-ca-cert.pem, e.g. SSL_CERT_FILE).
 Or run a reverse proxy in front of one API: --mode reverse:https://api.openai.com.
 Calls to the intercepted hosts (default api.openai.com, api.anthropic.com) go through Tripwire;
-everything else passes untouched. See docs/mitmproxy.md.
+everything else passes untouched. The serve flags work as for `tripwire serve`, except --listen:
+here it is Tripwire's internal listener (default: any free 127.0.0.1 port). See docs/mitmproxy.md.
 """
 
 
@@ -257,8 +258,6 @@ def add_intercept_parser(sub: Any) -> None:
         help="any other mitmproxy option (repeatable), e.g. --set ssl_insecure=true",
     )
     add_serve_flags(p)
-    # the internal Tripwire listener: any free port unless --listen is given
-    p.set_defaults(listen=None)
 
 
 def run_intercept(args: argparse.Namespace, argv: list[str]) -> int:
