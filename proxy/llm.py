@@ -77,7 +77,7 @@ class LLMProtocol:
         prompt = self.dialect.estimate_prompt_tokens(call)
         completion = call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
         usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-        return self.engine.pricing.cost(usage, [m for m in (call.model,) if m]).cost_usd
+        return self.engine.pricing.estimate(usage, [call.model])
 
     def after_forward(self, ex: Exchange) -> None:
         result = llm_result(ex)

@@ -74,6 +74,7 @@ class Pricing:
         self._log = logger
         self._found: dict[str, tuple[gp_types.Provider, gp_types.ModelInfo] | None] = {}
         self._warned: set[str] = set()
+        self._rates: dict[str, tuple[float, float]] = {}  # estimate(): per-1M rates by model names
 
     def cost(self, usage: Usage, models: list[str | None], at: datetime | None = None) -> PriceQuote:
         """Price `usage`; `models` in priority order: response model first, then the request's.
@@ -116,6 +117,23 @@ class Pricing:
                 "Add this model to pricing_table to get accurate cost tracking",
             )
         return PriceQuote(cost, model, False, "fallback")
+
+    def estimate(self, usage: Usage, models: list[str | None]) -> float:
+        """A fast linear estimate for budget reservations, from per-model rates cached on first use.
+
+        `cost()` runs the price package's exact calculation (tiers, cache rates), which costs a
+        fraction of a millisecond; a reservation is an estimate anyway, so it uses two cached
+        per-million rates instead. Never $0 for an unknown model (the fallback rates apply).
+        """
+        key = "\x00".join(m for m in models if m)
+        rates = self._rates.get(key)
+        if rates is None:
+            per_in = self.cost(Usage(prompt_tokens=1_000_000, total_tokens=1_000_000), models).cost_usd
+            per_out = self.cost(Usage(completion_tokens=1_000_000, total_tokens=1_000_000), models).cost_usd
+            if len(self._rates) >= _CACHE_LIMIT:
+                self._rates.clear()
+            rates = self._rates[key] = (per_in, per_out)
+        return _per_million(usage.prompt_tokens, usage.completion_tokens, rates)
 
     def _lookup(self, name: str) -> tuple[gp_types.Provider, gp_types.ModelInfo] | None:
         key = name.lower()

@@ -163,3 +163,13 @@ def test_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert not pricing.cost(Usage(prompt_tokens=1), [f"random-model-{i}"]).known
     assert len(pricing._found) <= 10 and len(pricing._warned) <= 10
     assert pricing.cost(Usage(prompt_tokens=1), ["gpt-4o"]).known
+
+
+def test_estimate_matches_the_exact_price_for_linear_models() -> None:
+    p = Pricing()
+    for model in ("gpt-4o-mini", "my-custom-model"):
+        usage = Usage(prompt_tokens=1234, completion_tokens=567, total_tokens=1801)
+        assert p.estimate(usage, [model]) == pytest.approx(p.cost(usage, [model]).cost_usd)
+    assert p.estimate(Usage(prompt_tokens=1000, total_tokens=1000), ["never-heard-of-it"]) == pytest.approx(
+        0.01
+    )
