@@ -1,0 +1,92 @@
+"""After a scripted agent run through the proxy, /metrics holds exactly the numbers in the trace (issue 5, acceptance 3)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import AGENT_KEY, StartTripwire
+from tests.fakes import Reply
+
+
+def totals(text: str, family: str, sample: str, **match: str) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for s in fam.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in match.items()):
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+async def test_metrics_match_the_trace(start_tripwire: StartTripwire, fake_upstream) -> None:
+    fake, url = fake_upstream
+    same_tool = Reply(
+        tool_calls=[("call_x", "lookup", {"q": "same"})], prompt_tokens=321, completion_tokens=17
+    )
+    fake.default = same_tool
+    tw = await start_tripwire(
+        upstream={"url": url},
+        guards={"loop_detection": {"threshold": 3, "action": "block", "max_repeated_tool_steps": 10}},
+        agents={"capped": {"limits": {"max_llm_calls": 2}}},
+    )
+    # agent 1: its model asks for the same tool forever; the repetition is blocked
+    looping = openai.AsyncOpenAI(base_url=tw.url + "/agents/looper/v1", api_key=AGENT_KEY, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for i in range(6):
+        resp = await looping.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        msg = resp.choices[0].message
+        if not msg.tool_calls:
+            break
+        messages.append(msg.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": f"{msg.tool_calls[0].id}", "content": "same answer"})
+        fake.default = Reply(
+            tool_calls=[(f"call_{i}", "lookup", {"q": "same"})], prompt_tokens=321, completion_tokens=17
+        )
+    # agent 2: an unknown model, capped at two LLM calls
+    fake.default = Reply(text="fine", prompt_tokens=1000, completion_tokens=100, model="my-custom-model")
+    capped = openai.AsyncOpenAI(base_url=tw.url + "/agents/capped/v1", api_key=AGENT_KEY, max_retries=0)
+    for _ in range(2):
+        await capped.chat.completions.create(
+            model="my-custom-model", messages=[{"role": "user", "content": "x"}]
+        )
+    with pytest.raises(openai.RateLimitError):
+        await capped.chat.completions.create(
+            model="my-custom-model", messages=[{"role": "user", "content": "x"}]
+        )
+    await tw.flush()
+
+    events = [e for run_id in tw.run_ids() for e in tw.events(run_id)]
+    llm = [e["payload"] for e in events if e["event_type"] == "LLM_CALL"]
+    errors = Counter(e["payload"]["guardrail"] for e in events if e["event_type"] == "ERROR")
+    assert errors["max_llm_calls"] == 1 and errors["loop_detection"] >= 1
+
+    async with aiohttp.ClientSession() as http, http.get(tw.admin_url + "/metrics") as r:
+        text = await r.text()
+    prompt = sum(totals(text, "tripwire_llm_tokens", "tripwire_llm_tokens_total", type="prompt").values())
+    completion = sum(
+        totals(text, "tripwire_llm_tokens", "tripwire_llm_tokens_total", type="completion").values()
+    )
+    cost = sum(totals(text, "tripwire_llm_cost_usd", "tripwire_llm_cost_usd_total").values())
+    calls = sum(totals(text, "tripwire_llm_calls", "tripwire_llm_calls_total").values())
+    assert calls == len(llm)
+    assert prompt == sum(p["usage"]["prompt_tokens"] for p in llm)
+    assert completion == sum(p["usage"]["completion_tokens"] for p in llm)
+    assert cost == pytest.approx(sum(p["cost_usd"] for p in llm), abs=1e-12)
+    # every refusal is one decision and one ERROR event
+    for guard, n in errors.items():
+        refused = sum(
+            v
+            for labels, v in totals(
+                text, "tripwire_guard_decisions", "tripwire_guard_decisions_total", guard=guard
+            ).items()
+            if dict(labels)["action"] in ("block", "terminate")
+        )
+        assert refused == n, (guard, refused, n, json.dumps(errors))
