@@ -95,21 +95,29 @@ async def test_recovery_stops_after_n_and_keeps_length(
     assert len(fake.calls(CHAT)) == 2
 
 
-async def test_off_by_default_and_never_for_streams_or_whole_answers(
+async def test_off_by_default(start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]) -> None:
+    fake, url = fake_upstream
+    fake.replies = [cut("cut")]
+    tw = await start_tripwire(upstream={"url": url})
+    async with llm(tw) as client:
+        first = await client.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert (first.choices[0].message.content, first.choices[0].finish_reason) == ("cut", "length")
+    assert len(fake.calls(CHAT)) == 1
+
+
+async def test_never_for_streams_or_whole_answers(
     start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
 ) -> None:
     fake, url = fake_upstream
-    fake.replies = [cut("cut"), Reply(text="whole"), cut("streamed cut")]
-    tw = await start_tripwire(upstream={"url": url})
-    first = await llm(tw).chat.completions.create(model="gpt-4o-mini", messages=ASK)
-    assert (first.choices[0].message.content, first.choices[0].finish_reason) == ("cut", "length")
-    tw2 = await start_tripwire(upstream={"url": url}, max_tokens_recovery=3)
-    whole = await llm(tw2).chat.completions.create(model="gpt-4o-mini", messages=ASK)
-    assert whole.choices[0].message.content == "whole"
-    stream = await llm(tw2).chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=True)
-    chunks = [c async for c in stream]
+    fake.replies = [Reply(text="whole"), cut("streamed cut")]
+    tw = await start_tripwire(upstream={"url": url}, max_tokens_recovery=3)
+    async with llm(tw) as client:
+        whole = await client.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+        assert whole.choices[0].message.content == "whole"
+        stream = await client.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=True)
+        chunks = [c async for c in stream]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert len(fake.calls(CHAT)) == 3
+    assert len(fake.calls(CHAT)) == 2
 
 
 async def test_an_upstream_error_is_relayed_as_it_came(
