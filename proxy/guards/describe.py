@@ -7,6 +7,8 @@ counts (a model that knows the threshold can learn to stay one call below it).
 
 from __future__ import annotations
 
+import math
+
 from proxy.guards.decision import Action, Decision
 
 _LOOP_KINDS = {
@@ -50,7 +52,8 @@ def _advice(d: Decision) -> str:
     if d.action is Action.TERMINATE:
         return "The session has been ended; do not retry it."
     if d.guard == "circuit_breaker":
-        left = f" in {max(1, round(d.retry_after or 0))}s" if d.retry_after is not None else " later"
+        # rounded up, as the Retry-After header and the JSON-RPC error's retry_after are
+        left = f" in {max(1, math.ceil(d.retry_after))}s" if d.retry_after is not None else " later"
         return f"Try again{left}."
     if d.guard == "max_time_per_turn":
         return "Stop calling tools and answer the user with what you have."
