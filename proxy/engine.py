@@ -70,6 +70,7 @@ class Engine:
         self._idle_drained = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()  # alert posts in flight (refs kept)
+        self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
         # extra upstreams registered at run time (stdio MCP servers get a loopback URL)
         self.extra_upstreams: dict[tuple[str, str], UpstreamConfig] = {}
         self.mcp = McpHub(self)  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
@@ -276,23 +277,37 @@ class Engine:
     def end_session(self, session: Session, *, status: str, reason: str) -> None:
         if session.ended:
             return
+        # a terminated session whose end waited for its calls in flight ends as it was terminated
+        status, reason = self._pending_end.pop(session.run_id, (status, reason))
         session.ended = True
         self.recorder.end_run(session.run_id, status=status, reason=reason)
 
-    def terminate_session(self, session: Session, *, reason: str, tag: str | None = "terminated") -> None:
-        """End the run with status error; every later call of the session is refused.
+    def terminate_session(
+        self, session: Session, *, reason: str, tag: str | None = "terminated", own_call: bool = True
+    ) -> None:
+        """End the run with status error; every later call of the session is refused at once.
 
-        Loops and the kill switch tag the run `terminated`; budgets carry their own tag.
+        Loops and the kill switch tag the run `terminated`; budgets carry their own tag. Calls
+        of the session still in flight (other than the caller's own, `own_call`) already reached
+        the upstream: RUN_END waits until they are recorded (`end_if_pending`).
         """
         self.sessions.terminate(session, time.monotonic())
         if tag:
             self.recorder.add_tags(session.run_id, tag)
-        self.end_session(session, status="error", reason=reason)
+        if session.inflight - (1 if own_call else 0) > 0:
+            self._pending_end[session.run_id] = ("error", reason)
+        else:
+            self.end_session(session, status="error", reason=reason)
+
+    def end_if_pending(self, session: Session) -> None:
+        """A call of a terminated session finished: end its run once it is the last one in flight."""
+        if session.run_id in self._pending_end and session.inflight <= 1:
+            self.end_session(session, status="error", reason="terminated")
 
     async def terminate_run(self, run_id: str) -> bool:
         """The kill switch (POST /api/runs/{run_id}/terminate)."""
         session = self.sessions.by_run_id(run_id)
-        if session is None or session.ended:
+        if session is None or session.ended or session.terminated:
             return False
         self.recorder.record(
             run_id,
@@ -308,7 +323,7 @@ class Engine:
             },
         )
         self.metrics.observe_decision("kill_switch", "terminate")
-        self.terminate_session(session, reason="terminated")
+        self.terminate_session(session, reason="terminated", own_call=False)
         return True
 
     def guard_stats(self, run_id: str) -> dict[str, Any] | None:

@@ -40,6 +40,8 @@ def session_guards(engine: Engine, session: Session, now: float) -> SessionGuard
     config = engine.guard_config(session.agent)
     if session.guards is None:
         session.guards = SessionGuards(config, started_at=session.started_mono)
+        # RUN_START was written before the session had guards: it counts toward max_events
+        session.guards.budget.count_event()
     else:
         session.guards.configure(config)
     return session.guards
@@ -251,6 +253,14 @@ class GuardStage(BaseStage):
     # --- after the answer --------------------------------------------------------------------
 
     async def finish(self, ex: Exchange) -> None:
+        session = ex.session
+        try:
+            await self.settle(ex)
+        finally:
+            if session is not None and session.terminated:
+                self.engine.end_if_pending(session)  # its RUN_END follows the calls that were in flight
+
+    async def settle(self, ex: Exchange) -> None:
         session = ex.session
         if ex.protocol is None or session is None or session.guards is None:
             return

@@ -204,3 +204,53 @@ async def test_circuit_opens_half_opens_and_closes(
     assert all(e["payload"]["retry_after"] is not None for e in errors)
     assert "circuit_breaker_open" in tw.tripwire_json(run_id)["health_tags"]
     assert tw.run_json(run_id)["status"] == "running"  # a circuit refusal does not end the session
+
+
+async def test_concurrent_calls_cannot_all_slip_past_a_limit(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="slow answer", chunk_delay=0.05)
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_llm_calls": 3}})
+    llm = client(tw, max_retries=0)
+
+    async def one() -> str:
+        try:
+            stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        except openai.RateLimitError as e:
+            return e.response.json()["error"]["guardrail"]
+
+    results = await asyncio.gather(*(one() for _ in range(6)))
+    assert results.count("slow answer") == 3
+    # the first refusal ends the session; calls after it are refused as a terminated session
+    refused = [r for r in results if r != "slow answer"]
+    assert "max_llm_calls" in refused and set(refused) <= {"max_llm_calls", "session_terminated"}
+    assert len(fake.calls(CHAT)) == 3
+    # the calls in flight when the session ended are still recorded, before its RUN_END
+    run_id, events = await trace(tw)
+    kinds = [e["event_type"] for e in events]
+    assert kinds.count("LLM_CALL") == 3
+    assert kinds[-1] == "RUN_END"
+
+
+async def test_event_and_duration_limits(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_events": 3}})
+    llm = client(tw, session="events", max_retries=0)
+    for _ in range(2):  # RUN_START + 2 LLM_CALLs = 3 events
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert caught.value.response.json()["error"]["guardrail"] == "max_events"
+
+    tw2 = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_duration_s": 0.3}})
+    llm2 = client(tw2, session="slow", max_retries=0)
+    await llm2.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    await asyncio.sleep(0.35)
+    with pytest.raises(openai.RateLimitError) as late:
+        await llm2.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert late.value.response.json()["error"]["guardrail"] == "max_duration_s"
+    assert len(fake.calls(CHAT)) == 3

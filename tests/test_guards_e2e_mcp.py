@@ -351,3 +351,29 @@ async def test_hidden_guard_details_in_a_blocked_mcp_result(start_tripwire: Star
     assert "3" not in text_of(blocked)[0]
     (error,) = only(events, "ERROR")
     assert error["payload"]["threshold"] == 3 and error["payload"]["actual"] == 3
+
+
+async def test_repetition_block_over_legacy_sse(start_tripwire: StartTripwire) -> None:
+    """The legacy HTTP+SSE transport: the POST gets its 202, the blocked result comes on the stream."""
+    from mcp.client.sse import sse_client
+
+    thread = ServerThread(build_shop().sse_app())
+    base = thread.start()
+    try:
+        tw = await start_tripwire(
+            mcp={"shop": {"url": base + "/sse"}},
+            guards={"loop_detection": {"action": "block", "threshold": 3}},
+        )
+        async with Client(
+            sse_client(f"{tw.url}/agents/bot/sessions/s1/mcp/shop"), mode="legacy", cache=None
+        ) as c:
+            results = [await c.call_tool("fetch_user", {"user_id": 5}) for _ in range(4)]
+            after = await c.call_tool("fetch_orders", {"user_id": 5})
+        _, events = await trace(tw)
+    finally:
+        thread.stop()
+    assert [r.is_error for r in results] == [False, False, True, True]
+    assert text_of(results[2])[0].startswith("[tripwire] blocked:")
+    assert text_of(after) == ["orders of 5: none"]  # something else goes through again
+    assert len(only(events, "TOOL_CALL")) == 3
+    assert len(only(events, "ERROR")) == 2
