@@ -234,6 +234,9 @@ class Engine:
                     "kind": decision.kind,
                     "guardrail": decision.guard,
                     "action": decision.action.name.lower(),
+                    "threshold": decision.threshold,
+                    "actual": decision.actual,
+                    "message": decision.message,
                 },
             )
             self.recorder.add_tags(session.run_id, "loop_detected")
@@ -249,6 +252,8 @@ class Engine:
                     "guardrail": decision.guard,
                     "threshold": decision.threshold,
                     "actual": decision.actual,
+                    "action": "terminate",
+                    "kind": decision.kind,
                 },
             )
             self.alert(session, decision)
