@@ -20,6 +20,7 @@ from proxy.guards.breaker import CircuitBreaker, Transition
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
+from proxy.guards.signatures import signature
 from proxy.llm import record_tool_results
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import ResponsesChains, synthetic_id_of
@@ -215,6 +216,12 @@ class GuardStage(BaseStage):
     def write_error(self, ex: Exchange, decision: Decision) -> None:
         session = ex.session
         assert session is not None
+        if is_tool_call(ex):
+            # a refused MCP call is no TOOL_CALL (the server never saw it); nor is it one when its
+            # answer comes back in the next LLM request's history as a function-calling result
+            sigs = session.conversation.mcp_signatures
+            sig = signature(ex.call.tool_name, ex.call.arguments)
+            sigs[sig] = sigs.get(sig, 0) + 1
         payload: dict[str, Any] = {
             "error_type": decision.guard,
             "message": decision.message or describe(decision, True),

@@ -377,3 +377,58 @@ async def test_repetition_block_over_legacy_sse(start_tripwire: StartTripwire) -
     assert text_of(after) == ["orders of 5: none"]  # something else goes through again
     assert len(only(events, "TOOL_CALL")) == 3
     assert len(only(events, "ERROR")) == 2
+
+
+async def test_a_call_seen_as_mcp_and_in_llm_history_counts_once(
+    start_tripwire: StartTripwire, fake_upstream: Any
+) -> None:
+    """The model asks for fetch_user, the agent runs it through /mcp/shop and sends the result
+    back: each call is one occurrence, so the 3rd MCP call is the one blocked, not an LLM request."""
+    import json
+
+    import httpx2
+    import openai
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.fakes import Reply
+
+    fake, llm_url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "shop__fetch_user", {"user_id": 1})]) for i in range(3)]
+    fake.default = Reply(text="user 1 it is")
+    headers = {"X-Tripwire-Session": "both-1", "X-Tripwire-Agent": "mixed"}
+    guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
+    with shop() as upstream:
+        tw = await start_tripwire(upstream={"url": llm_url}, mcp={"shop": {"url": upstream}}, guards=guards)
+        llm = openai.AsyncOpenAI(base_url=f"{tw.url}/v1", api_key="sk-test", default_headers=headers)
+        tool_texts: list[str] = []
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(f"{tw.url}/mcp/shop", http_client=http), cache=None) as tools,
+        ):
+            messages: list[Any] = [{"role": "user", "content": "who is user 1?"}]
+            for _ in range(6):
+                msg = (
+                    (await llm.chat.completions.create(model="gpt-4o-mini", messages=messages))
+                    .choices[0]
+                    .message
+                )
+                if not msg.tool_calls:
+                    break
+                messages.append(msg.model_dump(exclude_none=True))
+                for tc in msg.tool_calls:
+                    name = tc.function.name.split("__")[-1]
+                    result = await tools.call_tool(name, json.loads(tc.function.arguments))
+                    tool_texts.append(result.content[0].text)
+                    messages.append(
+                        {"role": "tool", "tool_call_id": tc.id, "content": result.content[0].text}
+                    )
+        run_id, events = await trace(tw)
+    assert tool_texts[:2] == ["user 1", "user 1"]
+    assert tool_texts[2].startswith("[tripwire] blocked:")
+    assert msg.content == "user 1 it is"  # every LLM request went upstream: none held a 4th call
+    assert len(fake.calls("/v1/chat/completions")) == 4
+    # each forwarded call recorded once, as the MCP TOOL_CALL
+    calls = only(events, "TOOL_CALL")
+    assert [(c["payload"]["source"], c["payload"]["tool_name"]) for c in calls] == [("mcp", "fetch_user")] * 2
+    (warning,) = [w for w in guard_warnings(events) if w["payload"]["kind"] == "repetition"]
+    assert warning["payload"]["actual"] == 3
