@@ -332,8 +332,9 @@ async def test_alert_webhook_gets_a_post_when_a_guard_fires(
     assert alert["threshold"] == 1 and alert["actual"] == 2
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_responses_chain_block_and_continuation_of_the_synthetic_id(
-    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], stream: bool
 ) -> None:
     """A Responses agent chaining with previous_response_id: the chain's history is judged, the
     block gets a `resp_tripwire_` id, and continuing it goes to the real parent."""
@@ -344,14 +345,19 @@ async def test_responses_chain_block_and_continuation_of_the_synthetic_id(
     guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
     tw = await start_tripwire(upstream={"url": url}, guards=guards)
     client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
-    response = await client.responses.create(model="gpt-4o", input="weather in Paris?")
+
+    async def create(**kw: Any) -> Any:
+        if not stream:
+            return await client.responses.create(model="gpt-4o", **kw)
+        async with client.responses.stream(model="gpt-4o", **kw) as s:
+            return await s.get_final_response()
+
+    response = await create(input="weather in Paris?")
     ids = [response.id]
     for _ in range(3):
         (call,) = [item for item in response.output if item.type == "function_call"]
         output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
-        response = await client.responses.create(
-            model="gpt-4o", previous_response_id=response.id, input=[output]
-        )
+        response = await create(previous_response_id=response.id, input=[output])
         ids.append(response.id)
         if response.id.startswith("resp_tripwire_"):
             break
@@ -362,9 +368,7 @@ async def test_responses_chain_block_and_continuation_of_the_synthetic_id(
     blocked_id = response.id
     blocked_input = output
 
-    final = await client.responses.create(
-        model="gpt-4o", previous_response_id=blocked_id, input="fine, just summarise"
-    )
+    final = await create(previous_response_id=blocked_id, input="fine, just summarise")
     assert final.output_text == "Paris is sunny"
     sent = fake.calls("/v1/responses")[-1].body
     assert sent["previous_response_id"] == ids[2]  # the real parent, which the upstream knows
@@ -433,3 +437,19 @@ async def test_anthropic_agent_is_blocked_with_end_turn(
     _, events = await one_run(tw)
     (warning,) = loop_warnings(events, "repetition")
     assert warning["payload"]["action"] == "block"
+
+
+async def test_history_tool_calls_count_toward_max_tool_calls(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": f"city {i}"})]) for i in range(5)]
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_tool_calls": 2}})
+    with pytest.raises(openai.RateLimitError) as caught:
+        await agent_loop(tw.url)
+    # requests 1-3 went upstream; the 4th holds the 3rd tool call the agent ran itself
+    assert len(fake.calls(CHAT)) == 3
+    body = caught.value.response.json()["error"]
+    assert (body["guardrail"], body["threshold"], body["actual"]) == ("max_tool_calls", 2, 3)
+    _, events = await one_run(tw)
+    assert types(events)[-2:] == ["ERROR", "RUN_END"]
