@@ -1,0 +1,66 @@
+"""ResponsesChains: the history a previous_response_id stands for, and the synthetic-id rewrite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.dialects import openai_responses
+from proxy.dialects.base import ToolCall
+from proxy.responses_chain import ResponsesChains, synthetic_id_of
+
+
+def req(body: dict[str, Any]) -> Any:
+    return openai_responses.parse_request({"model": "gpt-4o", **body})
+
+
+def output(call_id: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": "ok"}
+
+
+def test_a_chain_is_judged_on_its_whole_history() -> None:
+    chains = ResponsesChains()
+    first = req({"input": "go"})
+    assert chains.history(first).steps == []
+    chains.remember_answer(first, "resp_1", [ToolCall("c1", "read", {"p": 1})])
+    second = req({"previous_response_id": "resp_1", "input": [output("c1")]})
+    chains.remember_answer(second, "resp_2", [ToolCall("c2", "read", {"p": 1})])
+    third = req({"previous_response_id": "resp_2", "input": [output("c2")]})
+    h = chains.history(third)
+    assert [[c.id for c in step] for step in h.steps] == [["c1"], ["c2"]]
+    assert [r.tool_call_id for r in h.results] == ["c1", "c2"]
+    assert h.turn_start == 0
+    # a new user message in the chain starts a new turn after everything before it
+    fourth = req(
+        {"previous_response_id": "resp_2", "input": [output("c2"), {"role": "user", "content": "next"}]}
+    )
+    assert chains.history(fourth).turn_start == 2
+
+
+def test_rewrite_continues_the_real_parent_with_the_blocked_input() -> None:
+    chains = ResponsesChains()
+    blocked_body = {"model": "gpt-4o", "previous_response_id": "resp_real", "input": [output("c9")]}
+    _, answer = openai_responses.render_blocked(req(blocked_body), "[tripwire] blocked: x", "loop_detection")
+    sid = synthetic_id_of(answer)
+    assert sid is not None and openai_responses.is_synthetic_response_id(sid)
+    chains.remember_block(req(blocked_body), sid, blocked_body, "[tripwire] blocked: x")
+    body = {"model": "gpt-4o", "previous_response_id": sid, "input": "and now?"}
+    rewritten = chains.rewrite(body)
+    assert rewritten is not None
+    assert rewritten["previous_response_id"] == "resp_real"
+    assert rewritten["input"] == [
+        output("c9"),
+        {"role": "assistant", "content": "[tripwire] blocked: x"},
+        {"role": "user", "content": "and now?"},
+    ]
+    assert chains.rewrite({"previous_response_id": "resp_real", "input": "x"}) is None
+    # a synthetic id Tripwire no longer knows is dropped rather than sent upstream
+    assert "previous_response_id" not in chains.rewrite(
+        {"previous_response_id": "resp_tripwire_00", "input": "x"}
+    )
+
+
+def test_links_are_bounded() -> None:
+    chains = ResponsesChains(max_links=2)
+    for i in range(3):
+        chains.remember_answer(req({"input": "x"}), f"resp_{i}", [])
+    assert chains.get("resp_0") is None and chains.get("resp_2") is not None
