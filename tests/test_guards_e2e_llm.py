@@ -453,3 +453,39 @@ async def test_history_tool_calls_count_toward_max_tool_calls(
     assert (body["guardrail"], body["threshold"], body["actual"]) == ("max_tool_calls", 2, 3)
     _, events = await one_run(tw)
     assert types(events)[-2:] == ["ERROR", "RUN_END"]
+
+
+async def test_max_time_per_turn_blocks_until_a_new_user_message(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    import asyncio
+
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": f"c{i}"})]) for i in range(2)]
+    fake.default = Reply(text="new turn answered")
+    tw = await start_tripwire(upstream={"url": url}, guards={"loop_detection": {"max_time_per_turn": 0.3}})
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather?"}]
+
+    async def step() -> Any:
+        answer = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        msg = answer.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        for tc in msg.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": "sunny"})
+        return answer
+
+    await step()
+    await step()
+    await asyncio.sleep(0.4)
+    blocked = await step()  # same turn, now older than max_time_per_turn
+    assert blocked.choices[0].finish_reason == "stop"
+    text = blocked.choices[0].message.content
+    assert text.startswith("[tripwire] blocked: this turn has run 0.") and "longer than 0.3s" in text
+    assert len(fake.calls(CHAT)) == 2
+    messages.append({"role": "user", "content": "and tomorrow?"})
+    after = await step()
+    assert after.choices[0].message.content == "new turn answered"
+    _, events = await one_run(tw)
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["guardrail"] == "max_time_per_turn" and error["payload"]["action"] == "block"

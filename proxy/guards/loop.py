@@ -574,7 +574,7 @@ class LoopDetector:
         d = Decision(
             Action.BLOCK,
             "max_time_per_turn",
-            f"this turn has run {elapsed:.0f}s, longer than {limit:g}s",
+            f"this turn has run {elapsed:.3g}s, longer than {limit:g}s",
             threshold=limit,
             actual=round(elapsed, 3),
         )
