@@ -254,3 +254,23 @@ async def test_event_and_duration_limits(
         await llm2.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
     assert late.value.response.json()["error"]["guardrail"] == "max_duration_s"
     assert len(fake.calls(CHAT)) == 3
+
+
+async def test_the_sdk_comes_back_after_retry_after_of_an_open_circuit(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """An open circuit's 429 has no `x-should-retry: false`: the openai SDK (default retries)
+    waits Retry-After and its retry is a half-open trial, which closes the circuit."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(status=500)]
+    cb = {"open_after_failures": 1, "cooldown_seconds": 1}
+    tw = await start_tripwire(upstream={"url": url}, guards={"circuit_breaker": cb})
+    with pytest.raises(openai.InternalServerError):
+        await client(tw, max_retries=0).chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    started = time.monotonic()
+    answer = await client(tw).chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert answer.choices[0].message.content == "Hello from the fake upstream"
+    assert time.monotonic() - started >= 0.5  # it waited for the cooldown
+    assert len(fake.calls(CHAT)) == 2
+    _, events = await trace(tw)
+    assert transitions(events) == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
