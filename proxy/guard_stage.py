@@ -91,6 +91,8 @@ class GuardStage(BaseStage):
             )
         else:
             call = ex.call
+            if is_responses(ex):
+                self.rewrite_synthetic_parent(ex)  # first: the upstream must never see a synthetic id
             # the tool results this request brings are events that happened before it: write their
             # TOOL_CALLs first, so a LOOP_WARNING / ERROR they cause follows them (as in AgentDbg)
             record_tool_results(ex, self.engine)
@@ -99,7 +101,6 @@ class GuardStage(BaseStage):
                 return
             steps, turn_start, results = call.steps, call.turn_start, call.tool_results
             if is_responses(ex):
-                self.rewrite_synthetic_parent(ex)
                 history = self.chains.history(call)  # a previous_response_id stands for a history
                 steps, turn_start, results = history.steps, history.turn_start, history.results
             verdict = guards.before_llm_call(steps, turn_start, results, estimate_usd=estimate, now=now)
