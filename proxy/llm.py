@@ -298,6 +298,8 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         payload["usage"]["cache_creation_tokens"] = usage.cache_creation_tokens
     end = ex.upstream_done or time.monotonic()
     meta: dict[str, Any] = {"agent": session.agent, "session_id": session.session_id}
+    if ex.extra.get("upstream_retries"):
+        meta["upstream_retries"] = ex.extra["upstream_retries"]
     if ex.first_byte_at is not None and ex.upstream_started is not None:
         meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
     event_id = engine.record_event(

@@ -52,6 +52,7 @@ async def test_503s_are_retried_and_the_breaker_never_sees_them(
     await tw.flush()
     calls = [e for e in tw.events() if e["event_type"] == "LLM_CALL"]
     assert [c["payload"]["status"] for c in calls] == ["ok", "ok"]
+    assert [c["meta"].get("upstream_retries") for c in calls] == [2, None]
 
 
 async def test_retries_exhausted_relay_the_last_answer_and_count_one_failure(
