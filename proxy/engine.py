@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.exchange import Exchange
 from proxy.forward import Forwarder
+from proxy.guard_events import guard_error, loop_warning
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -222,40 +223,11 @@ class Engine:
     def on_cycle(self, session: Session, decision: Decision) -> None:
         self.metrics.observe_decision(decision.guard, decision.action.name)
         if decision.new_finding and decision.kind is not None:
-            self.recorder.record(
-                session.run_id,
-                "LOOP_WARNING",
-                (decision.pattern or decision.guard)[:80],
-                {
-                    "pattern": decision.pattern or decision.guard,
-                    "repetitions": decision.repetitions,
-                    "window_size": decision.window_size,
-                    "evidence_event_ids": list(decision.evidence),
-                    "kind": decision.kind,
-                    "guardrail": decision.guard,
-                    "action": decision.action.name.lower(),
-                    "threshold": decision.threshold,
-                    "actual": decision.actual,
-                    "message": decision.message,
-                },
-            )
+            name, payload = loop_warning(decision)
+            self.recorder.record(session.run_id, "LOOP_WARNING", name, payload)
             self.recorder.add_tags(session.run_id, "loop_detected")
         if decision.action == Action.TERMINATE:
-            self.recorder.record(
-                session.run_id,
-                "ERROR",
-                decision.guard,
-                {
-                    "error_type": decision.guard,
-                    "message": decision.message,
-                    "stack": None,
-                    "guardrail": decision.guard,
-                    "threshold": decision.threshold,
-                    "actual": decision.actual,
-                    "action": "terminate",
-                    "kind": decision.kind,
-                },
-            )
+            self.recorder.record(session.run_id, "ERROR", decision.guard, guard_error(decision))
             self.alert(session, decision)
             self.terminate_session(session, reason=f"guard:{decision.guard}")
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.exchange import Exchange
+from proxy.guard_events import guard_error, loop_warning
 from proxy.guards.breaker import CircuitBreaker, Transition
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
@@ -122,23 +123,8 @@ class GuardStage(BaseStage):
             self.engine.metrics.observe_decision(d.guard, d.action.name)
         winner = verdict.decision
         for finding in verdict.loop_findings:
-            event_id = self.engine.record_event(
-                session,
-                "LOOP_WARNING",
-                (finding.pattern or finding.guard)[:80],
-                {
-                    "pattern": finding.pattern or finding.guard,
-                    "repetitions": finding.repetitions,
-                    "window_size": finding.window_size,
-                    "evidence_event_ids": list(finding.evidence),
-                    "kind": finding.kind,
-                    "guardrail": finding.guard,
-                    "action": finding.action.name.lower(),
-                    "threshold": finding.threshold,
-                    "actual": finding.actual,
-                    "message": finding.message,
-                },
-            )
+            name, payload = loop_warning(finding)
+            event_id = self.engine.record_event(session, "LOOP_WARNING", name, payload)
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
@@ -223,19 +209,7 @@ class GuardStage(BaseStage):
             sigs = session.conversation.mcp_signatures
             sig = signature(ex.call.tool_name, ex.call.arguments)
             sigs[sig] = sigs.get(sig, 0) + 1
-        payload: dict[str, Any] = {
-            "error_type": decision.guard,
-            "message": decision.message or describe(decision, True),
-            "stack": None,
-            "guardrail": decision.guard,
-            "threshold": decision.threshold,
-            "actual": decision.actual,
-            "action": decision.action.name.lower(),
-            "kind": decision.kind,
-            "call": call_summary(ex),
-        }
-        if decision.retry_after is not None:
-            payload["retry_after"] = round(decision.retry_after, 3)
+        payload = guard_error(decision, call=call_summary(ex))
         self.engine.record_event(session, "ERROR", decision.guard, payload, parent_id=ex.guard_event_id)
         self.engine.alert(session, decision)
 
