@@ -44,6 +44,14 @@ HOP_BY_HOP = frozenset(
 AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
 
 
+def connection_named(headers: Mapping[str, str]) -> set[str]:
+    """Headers a `Connection` header names are hop-by-hop too (RFC 9110 §7.6.1)."""
+    values = (
+        headers.getall("connection", []) if hasattr(headers, "getall") else [headers.get("connection", "")]
+    )
+    return {h.strip().lower() for v in values for h in v.split(",") if h.strip()}
+
+
 def request_headers(
     incoming: Mapping[str, str],
     upstream: UpstreamConfig,
@@ -55,14 +63,15 @@ def request_headers(
     `identity_encoding` asks for an uncompressed answer when the proxy must read it.
     """
     out: CIMultiDict[str] = CIMultiDict()
-    named_in_connection = {h.strip().lower() for h in incoming.get("connection", "").split(",") if h.strip()}
+    named_in_connection = connection_named(incoming)
     for name, value in incoming.items():
         low = name.lower()
         if (
             low in HOP_BY_HOP
             or low in named_in_connection
-            # aiohttp hands us the body already decompressed, so its Content-Encoding no longer applies
-            or low in ("host", "content-length", "content-encoding")
+            # aiohttp hands us the body already decompressed, so its Content-Encoding no longer applies;
+            # aiohttp answered any Expect: 100-continue itself and sends the whole body
+            or low in ("host", "content-length", "content-encoding", "expect")
             or low.startswith(TRIPWIRE_HEADER_PREFIX)
         ):
             continue
@@ -82,9 +91,10 @@ def request_headers(
 
 def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
+    named_in_connection = connection_named(upstream_headers)
     for name, value in upstream_headers.items():
         low = name.lower()
-        if low in HOP_BY_HOP or (drop_length and low == "content-length"):
+        if low in HOP_BY_HOP or low in named_in_connection or (drop_length and low == "content-length"):
             continue
         out.add(name, value)
     return out

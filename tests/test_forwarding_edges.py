@@ -214,3 +214,25 @@ def test_ipv6_hosts_are_bracketed_in_urls() -> None:
     assert url_host("::1") == "[::1]"
     assert url_host("0.0.0.0") == "127.0.0.1"
     assert url_host("127.0.0.1") == "127.0.0.1"
+
+
+def test_headers_named_by_connection_are_hop_by_hop() -> None:
+    from multidict import CIMultiDict
+
+    from proxy.forward import request_headers, response_headers
+    from proxy.settings import UpstreamConfig
+
+    incoming = CIMultiDict(
+        [
+            ("Connection", "keep-alive, X-Per-Hop"),
+            ("X-Per-Hop", "1"),
+            ("Expect", "100-continue"),
+            ("X-Kept", "2"),
+        ]
+    )
+    sent = request_headers(incoming, UpstreamConfig(url="http://127.0.0.1:1"), identity_encoding=False)
+    assert list(sent.keys()) == ["X-Kept"]
+    answer = CIMultiDict(
+        [("Connection", "close, X-Upstream-Hop"), ("X-Upstream-Hop", "1"), ("Content-Type", "a/b")]
+    )
+    assert list(response_headers(answer, drop_length=False).keys()) == ["Content-Type"]
