@@ -81,3 +81,46 @@ async def test_block_refuse_warn_in_the_clients_transport(
     calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
     assert [e["name"] for e in calls] == ["add", "slow_count"]
     assert calls[0]["payload"]["result"]["content"][0]["text"] == "3"
+
+
+async def test_warned_json_answer_larger_than_max_body_bytes_reaches_the_client_whole(
+    start_tripwire: StartTripwire,
+) -> None:
+    """A WARN holds a JSON answer to append its block; past max_body_bytes it must be relayed whole."""
+    import asyncio
+
+    import aiohttp
+    import orjson
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    big = "x" * 6000
+
+    async def tool_server(request: web.Request) -> web.StreamResponse:
+        msg = await request.json()
+        body = orjson.dumps(
+            {"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [{"type": "text", "text": big}]}}
+        )
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for i in range(0, len(body), 1000):  # several chunks, as a real server's large answer comes
+            await resp.write(body[i : i + 1000])
+            await asyncio.sleep(0.01)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/mcp", tool_server)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        tw = await start_tripwire(mcp={"big": {"url": str(server.make_url("/mcp"))}}, max_body_bytes=2500)
+        install_policy(tw)  # warns on `add`
+        call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "add", "arguments": {}}}
+        async with aiohttp.ClientSession() as http, http.post(f"{tw.url}/mcp/big", json=call) as r:
+            body = await r.read()
+    finally:
+        await server.close()
+    answer = orjson.loads(body)  # the whole answer, not the first max_body_bytes of it
+    assert answer["id"] == 3
+    assert answer["result"]["content"][0]["text"] == big

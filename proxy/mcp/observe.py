@@ -57,6 +57,12 @@ class MessageObserver:
             self.mode = "json" if head in (b"{", b"[") else "sse"
             self._holding = self.mode == "json" and self._hold_json()
         if self.mode == "json":
+            if self._holding and len(self._json) + len(chunk) > self.limit:
+                # too big to hold (and to parse): relay it whole as it comes, without the WARN block
+                self._holding = False
+                out = bytes(self._json) + chunk
+                self._json += chunk
+                return out
             if len(self._json) < self.limit:
                 self._json += chunk
             return b"" if self._holding else chunk
