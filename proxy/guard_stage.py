@@ -22,7 +22,7 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.guards.signatures import signature
-from proxy.llm import record_tool_results
+from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import ResponsesChains, synthetic_id_of
 from proxy.sessions import Session
@@ -47,6 +47,17 @@ def session_guards(engine: Engine, session: Session, now: float) -> SessionGuard
     else:
         session.guards.configure(config)
     return session.guards
+
+
+def token_estimate(ex: Exchange) -> int:
+    """Tokens an LLM call reserves against `max_tokens`: prompt estimate plus its max_tokens, as
+    its USD reservation does, so concurrent calls cannot all slip past a token budget (SPEC §5.2)."""
+    dialect = getattr(ex.protocol, "dialect", None)
+    if dialect is None:
+        return 0
+    return int(dialect.estimate_prompt_tokens(ex.call)) + (
+        ex.call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
+    )
 
 
 def is_tool_call(ex: Exchange) -> bool:
@@ -104,7 +115,9 @@ class GuardStage(BaseStage):
             if is_responses(ex):
                 history = self.chains.history(call)  # a previous_response_id stands for a history
                 steps, turn_start, results = history.steps, history.turn_start, history.results
-            verdict = guards.before_llm_call(steps, turn_start, results, estimate_usd=estimate, now=now)
+            verdict = guards.before_llm_call(
+                steps, turn_start, results, estimate_usd=estimate, estimate_tokens=token_estimate(ex), now=now
+            )
         ex.reservation = verdict.reservation
         ex.decisions.extend(verdict.decisions)
         self.write_findings(ex, verdict)

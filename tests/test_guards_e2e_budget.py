@@ -274,3 +274,31 @@ async def test_the_sdk_comes_back_after_retry_after_of_an_open_circuit(
     assert len(fake.calls(CHAT)) == 2
     _, events = await trace(tw)
     assert transitions(events) == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+async def test_concurrent_calls_cannot_all_slip_past_the_token_budget(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Each call reserves its prompt estimate plus its max_tokens against max_tokens too (SPEC §5.2):
+    with ~110 tokens reserved per call, a 300-token budget admits three calls in flight, not six."""
+    fake, url = fake_upstream
+    fake.default = Reply(text="slow answer", chunk_delay=0.05)
+    tw = await start_tripwire(upstream={"url": url}, guards={"budget": {"max_tokens": 300}})
+    llm = client(tw, max_retries=0)
+
+    async def one() -> str:
+        try:
+            stream = await llm.chat.completions.create(
+                model="gpt-4o-mini", messages=HELLO, max_tokens=100, stream=True
+            )
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        except openai.RateLimitError as e:
+            return e.response.json()["error"]["guardrail"]
+
+    results = await asyncio.gather(*(one() for _ in range(6)))
+    assert results.count("slow answer") == 3
+    assert "max_tokens" in results
+    assert len(fake.calls(CHAT)) == 3
+    run_id, events = await trace(tw)
+    assert [e["event_type"] for e in events][-1] == "RUN_END"
+    assert "budget_exceeded" in tw.tripwire_json(run_id)["health_tags"]
