@@ -67,6 +67,11 @@ def build_shop() -> MCPServer:
         return f"note {calls['write_note']} written"
 
     @server.tool()
+    def deploy(version: str) -> str:
+        """Fails the same way whatever the version (retry without progress)."""
+        raise ValueError("cluster is locked")
+
+    @server.tool()
     def job_status(job_id: str) -> str:
         """A status that never changes."""
         return f"job {job_id}: pending"
@@ -432,3 +437,24 @@ async def test_a_call_seen_as_mcp_and_in_llm_history_counts_once(
     assert [(c["payload"]["source"], c["payload"]["tool_name"]) for c in calls] == [("mcp", "fetch_user")] * 2
     (warning,) = [w for w in guard_warnings(events) if w["payload"]["kind"] == "repetition"]
     assert warning["payload"]["actual"] == 3
+
+
+async def test_retrying_the_same_failure_is_blocked_at_the_threshold(start_tripwire: StartTripwire) -> None:
+    """Retry without progress: the 3rd attempt after 2 identical failures is refused, not forwarded,
+    though every attempt carries other arguments (no repetition, no ping-pong)."""
+    with shop() as upstream:
+        tw = await start(start_tripwire, upstream, action="block", threshold=3, mutating=[10, 11, 12])
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            results = [await client.call_tool("deploy", {"version": f"1.{i}"}) for i in range(4)]
+            after = await client.call_tool("fetch_user", {"user_id": 1})
+        run_id, events = await trace(tw)
+    assert [r.is_error for r in results] == [True] * 4
+    blocked = [text_of(r)[0].startswith("[tripwire] blocked:") for r in results]
+    assert blocked == [False, False, True, True]
+    assert text_of(after) == ["user 1"]  # a success elsewhere: the session goes on
+    assert len(only(events, "TOOL_CALL")) == 3  # two failures and the fetch reached the server
+    (warning,) = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "retry_no_progress"]
+    assert (warning["action"], warning["threshold"], warning["actual"]) == ("block", 3, 3)
+    errors = only(events, "ERROR")
+    assert [e["payload"]["kind"] for e in errors] == ["retry_no_progress"] * 2
+    assert tw.run_json(run_id)["status"] == "running"
