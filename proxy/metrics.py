@@ -216,7 +216,8 @@ class Metrics:
         s = self._store
         if healthy is None:
             healthy = write_errors <= s.write_errors
-        s.queue_depth, s.write_errors, s.healthy = queue_depth, write_errors, healthy
+        # a counter never goes down, even when a report comes back without the total
+        s.queue_depth, s.write_errors, s.healthy = queue_depth, max(write_errors, s.write_errors), healthy
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything above."""

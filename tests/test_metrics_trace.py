@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import time
 from collections import Counter
 from typing import Any
 
@@ -11,6 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy import storage
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import Reply
 
@@ -90,3 +93,57 @@ async def test_metrics_match_the_trace(start_tripwire: StartTripwire, fake_upstr
             if dict(labels)["action"] in ("block", "terminate")
         )
         assert refused == n, (guard, refused, n, json.dumps(errors))
+
+
+def gauge(text: str, family: str, sample: str | None = None) -> float:
+    ((_, value),) = totals(text, family, sample or family).items()
+    return value
+
+
+async def test_full_disk_reported_in_healthz_and_metrics_while_traffic_goes_on(
+    start_tripwire: StartTripwire, fake_upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §6: trace-store trouble is in /healthz's body and in a metric, readiness and calls go on."""
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/a/v1", api_key=AGENT_KEY, max_retries=0)
+    ask = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(storage, "append_lines", full)
+        m.setattr(storage, "write_json_atomic", full)
+        for _ in range(2):
+            assert (await llm.chat.completions.create(**ask)).choices[0].message.content
+        await tw.flush()
+        async with aiohttp.ClientSession(base_url=tw.admin_url) as s:
+            async with s.get("/healthz") as r:
+                assert r.status == 200
+                health = await r.json()
+            async with s.get("/readyz") as r:
+                assert r.status == 200
+            assert health["status"] == "degraded" and "No space left" in health["trace_store"]["last_error"]
+            async with s.get("/metrics") as r:
+                text = await r.text()
+            assert gauge(text, "tripwire_event_store_healthy") == 0
+            errors = "tripwire_event_store_write_errors_total"
+            assert (
+                gauge(text, "tripwire_event_store_write_errors", errors)
+                == health["trace_store"]["write_errors"]
+            )
+            # the periodic sweep sees no new error since: the disk is still full, the metric says so
+            tw.engine.sweep(time.monotonic())
+            async with s.get("/metrics") as r:
+                assert gauge(await r.text(), "tripwire_event_store_healthy") == 0
+    # space again: the next call is written and both reports clear
+    await llm.chat.completions.create(**ask)
+    await tw.flush()
+    async with aiohttp.ClientSession(base_url=tw.admin_url) as s:
+        async with s.get("/healthz") as r:
+            assert (await r.json())["status"] == "ok"
+        async with s.get("/metrics") as r:
+            text = await r.text()
+    assert gauge(text, "tripwire_event_store_healthy") == 1
+    assert gauge(text, "tripwire_event_store_write_errors", errors) == health["trace_store"]["write_errors"]

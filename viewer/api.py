@@ -388,11 +388,29 @@ async def list_agents(request: web.Request) -> web.Response:
 # --- metrics, health, UI --------------------------------------------------------------------
 
 
+def _store_report(engine: Any) -> dict[str, Any]:
+    """The trace store's part of `engine.health()`; a failing report counts as trouble."""
+    try:
+        store = dict(engine.health()).get("trace_store", {})
+    except Exception as e:  # a probe or a scrape must not fail because a report did
+        log.exception("health.report_failed")
+        return {"ok": False, "error": str(e)}
+    return store if isinstance(store, dict) else {}
+
+
 async def metrics(request: web.Request) -> web.Response:
     engine = _engine(request)
     refresh = getattr(engine, "refresh_metrics", None)
     if refresh is not None:
         await _maybe_await(refresh())
+    # the store's gauges as /healthz sees them now, not as of the last sweep: a full disk with
+    # no new write since must still read unhealthy
+    store = _store_report(engine)
+    engine.metrics.set_store(
+        int(store.get("queue_depth") or 0),
+        int(store.get("write_errors") or 0),
+        _store_ok(store),
+    )
     resp = web.Response(body=engine.metrics.render())
     resp.headers["Content-Type"] = METRICS_CONTENT_TYPE
     return resp
