@@ -97,3 +97,42 @@ async def test_tripwire_serve_starts_and_stops_its_stdio_children(tmp_path: Path
     assert proc.returncode == 0
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
+
+
+async def test_a_child_that_dies_at_once_after_a_restart_is_restarted_again(
+    start_tripwire: StartTripwire, tmp_path: Path
+) -> None:
+    """The replayed initialize meets a dead child: the next restart follows its back-off, not a
+    10 s wait for an answer that cannot come (nor a supervisor killed by a broken pipe)."""
+    import time
+
+    wrapper = tmp_path / "flaky.py"
+    wrapper.write_text(
+        "import os, sys\n"
+        f"count = {str(tmp_path / 'starts')!r}\n"
+        "n = int(open(count).read()) + 1 if os.path.exists(count) else 1\n"
+        "open(count, 'w').write(str(n))\n"
+        "if n == 2:\n"
+        "    sys.exit(3)  # the first restart dies before reading anything\n"
+        f"os.execv(sys.executable, [sys.executable, {str(SERVER)!r}, 'stdio'])\n"
+    )
+    tw = await start_tripwire(mcp_stdio={"local": {"command": f"{sys.executable} {wrapper}"}})
+    await tw.engine.start_children()
+    try:
+        bridge = tw.engine.stdio.bridges["local"]
+        async with Client(f"{tw.url}/mcp/local", mode="legacy", cache=None) as client:
+            assert (await client.call_tool("add", {"a": 1, "b": 1})).structured_content == {"result": 2}
+            assert bridge.proc is not None
+            os.kill(bridge.proc.pid, 9)
+            killed = time.monotonic()
+            for _ in range(160):
+                if bridge.restarts == 2 and bridge.ready.is_set():
+                    break
+                await asyncio.sleep(0.05)
+            recovered = time.monotonic() - killed
+            again = await client.call_tool("echo", {"text": "back"})
+    finally:
+        await tw.engine.stop_children()
+    assert bridge.restarts == 2
+    assert recovered < 5  # back-off 0.2 s + 1 s, plus two child start-ups
+    assert again.content[0].text == "echo: back"

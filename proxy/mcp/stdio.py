@@ -120,7 +120,7 @@ class StdioBridge:
             reader = asyncio.create_task(self._read(self.proc))
             try:
                 if self.initialize is not None:
-                    await self._replay_initialize()
+                    await self._replay_initialize(self.proc)
                 self.ready.set()
                 code = await self.proc.wait()
             finally:
@@ -136,20 +136,29 @@ class StdioBridge:
             self.restarts += 1
             await self._spawn()
 
-    async def _replay_initialize(self) -> None:
-        """A restarted child knows no session: replay the client's handshake so its session goes on."""
+    async def _replay_initialize(self, proc: asyncio.subprocess.Process) -> None:
+        """A restarted child knows no session: replay the client's handshake so its session goes on.
+
+        A child that dies meanwhile ends the wait at once (the supervisor restarts it on its back-off).
+        """
         assert self.initialize is not None
         msg_id = f"tripwire-init-{self.restarts}"
+        key = jsonrpc.id_key(msg_id)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._internal[jsonrpc.id_key(msg_id)] = future
-        await self._write({**self.initialize, "id": msg_id})
+        self._internal[key] = future
+        exited = asyncio.ensure_future(proc.wait())
         try:
-            await asyncio.wait_for(future, READY_WAIT_S)
-        except TimeoutError:
+            await self._write({**self.initialize, "id": msg_id})
+            await asyncio.wait({future, exited}, timeout=READY_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            if future.done() and self.initialized_sent:
+                await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        except ConnectionError:
+            pass  # the child is gone: proc.wait() in the supervisor returns next
+        finally:
+            self._internal.pop(key, None)
+            exited.cancel()
+        if not future.done():
             log.warning("stdio MCP server %s did not answer the replayed initialize", self.name)
-            return
-        if self.initialized_sent:
-            await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     # --- the child's output --------------------------------------------------------------------
 
