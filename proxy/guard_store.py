@@ -91,29 +91,26 @@ class GuardConfigStore:
 
     def put_agent(self, agent: str, config: GuardConfig) -> None:
         with self._lock:
-            self._api_agents[agent] = config
-            self._save()
+            self._commit(self._api_project, {**self._api_agents, agent: config})
 
     def delete_agent(self, agent: str) -> bool:
         """Drop the API override; a static override for the agent, if any, applies again."""
         with self._lock:
-            if self._api_agents.pop(agent, None) is None:
+            if agent not in self._api_agents:
                 return False
-            self._save()
+            self._commit(self._api_project, {k: v for k, v in self._api_agents.items() if k != agent})
             return True
 
     def put_project(self, config: GuardConfig) -> None:
         with self._lock:
-            self._api_project = config
-            self._save()
+            self._commit(config, self._api_agents)
 
     def delete_project(self) -> bool:
         """Return the project default to the static configuration."""
         with self._lock:
             if self._api_project is None:
                 return False
-            self._api_project = None
-            self._save()
+            self._commit(None, self._api_agents)
             return True
 
     def set_static(self, default: GuardConfig, agents: dict[str, GuardConfig]) -> None:
@@ -124,16 +121,19 @@ class GuardConfigStore:
 
     # --- persistence -------------------------------------------------------------------------
 
-    def _snapshot(self) -> dict[str, Any]:
-        return {
+    def _commit(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> None:
+        """Persist the new API values, then put them in force: a failed write (OSError: a full or
+        read-only disk) changes nothing, so the caller's error answer tells the truth."""
+        snapshot = {
             "version": FORMAT_VERSION,
-            "project": None if self._api_project is None else self._api_project.model_dump(mode="json"),
-            "agents": {name: cfg.model_dump(mode="json") for name, cfg in sorted(self._api_agents.items())},
+            "project": None if project is None else project.model_dump(mode="json"),
+            "agents": {name: cfg.model_dump(mode="json") for name, cfg in sorted(agents.items())},
         }
+        self._write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2))
+        self._api_project, self._api_agents = project, agents
 
-    def _save(self) -> None:
+    def _write(self, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = orjson.dumps(self._snapshot(), option=orjson.OPT_INDENT_2)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:

@@ -133,3 +133,22 @@ def test_invalid_body_names_field(body: dict, field: str) -> None:
         config_from_body(body)
     locs = [".".join(str(p) for p in e["loc"]) for e in err.value.errors()]
     assert any(loc.startswith(field) for loc in locs), locs
+
+
+def test_failed_write_changes_nothing(tmp_path: Path) -> None:
+    store = make(tmp_path)
+    proj = GuardConfig(loop_detection=LoopDetectionConfig(action="block"))
+    store.put_project(proj)
+    (tmp_path / FILE_NAME).unlink()
+    (tmp_path / FILE_NAME).mkdir()  # os.replace onto a directory fails, as a read-only disk would
+    writes = [
+        lambda: store.put_agent("research", GuardConfig()),
+        lambda: store.put_project(STATIC),
+        store.delete_project,
+    ]
+    for write in writes:
+        with pytest.raises(OSError):
+            write()
+    assert store.effective("research") == (proj, False)
+    assert store.project_source() == "api"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]  # no temp file left behind

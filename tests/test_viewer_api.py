@@ -313,6 +313,37 @@ async def test_project_prevention_config(make_client: MakeClient) -> None:
     assert body["budget"]["max_cost_usd"] is None
 
 
+async def test_config_not_saved_when_the_disk_refuses_keeps_the_old(
+    start_tripwire: Any, fake_upstream: Any
+) -> None:
+    """A PUT/DELETE whose file write fails answers 503 and changes nothing (no 500 with the new
+    config silently in force until the next restart)."""
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    auth = {"Authorization": "Bearer hunter2"}
+    project = "/api/projects/prevention-config"
+    agent = "/api/agents/research-agent/prevention-config"
+    async with ClientSession(base_url=tw.admin_url, headers=auth) as s:
+        async with s.put(project, json={"budget": {"max_cost_usd": 2}}) as r:
+            assert r.status == 200
+        # the config file's place is taken by a directory: every save now fails with an OSError
+        (tw.data_dir / FILE_NAME).unlink()
+        (tw.data_dir / FILE_NAME).mkdir()
+        for method, path, body in [
+            ("PUT", agent, LANGSIGHT_BODY),
+            ("PUT", project, {}),
+            ("DELETE", project, None),
+        ]:
+            async with s.request(method, path, json=body) as r:
+                assert r.status == 503, (method, path)
+                assert "not saved" in (await r.json())["detail"]
+        async with s.get(agent) as r:
+            body = await r.json()
+    assert body["is_agent_override"] is False and body["budget"]["max_cost_usd"] == 2
+    cfg = tw.engine.guard_config("research-agent")
+    assert cfg.budget.max_cost_usd == 2 and cfg.loop_detection.threshold == 5
+
+
 async def test_agents_list(make_client: MakeClient, tmp_path: Path) -> None:
     c = await make_client()
     write_run(tmp_path, agent="research-agent", cost=0.25)
