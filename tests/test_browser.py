@@ -313,6 +313,8 @@ async def test_polling_pauses_when_hidden_and_stops_for_finished_runs(
         page.on("request", lambda r: seen.append(r.url) if "/api/runs" in r.url else None)
         await page.goto(f"{base}/?run={finished}&poll_runs=1&poll_events=1")
         await expect(page.locator("#timeline > .event")).to_have_count(7)
+        # a finished run opened by its URL still gets its cost-over-time curve in the header
+        await expect(page.locator("#run-kpis .kpi-spark svg polyline")).to_have_count(1)
 
         def count(part: str) -> int:
             return sum(1 for u in seen if part in u)

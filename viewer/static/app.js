@@ -311,6 +311,9 @@ async function updateSparks() {
       state.sparks.set(run.run_id, { key, points: body.points });
       const slot = document.querySelector(`[data-spark="${run.run_id}"]`);
       if (slot) slot.replaceChildren(sparkline(body.points));
+      // the open run's header drew its sparkline before the points came (a finished run is not re-polled)
+      const head = run.run_id === state.runId && document.querySelector('#run-kpis .kpi-spark svg');
+      if (head) head.replaceWith(sparkline(body.points, 160, 30));
     } catch (_) { /* deleted meanwhile */ }
   }
 }
