@@ -489,3 +489,59 @@ async def test_max_time_per_turn_blocks_until_a_new_user_message(
     _, events = await one_run(tw)
     (error,) = only(events, "ERROR")
     assert error["payload"]["guardrail"] == "max_time_per_turn" and error["payload"]["action"] == "block"
+
+
+async def test_stop_on_loop_ends_the_session_once_with_calls_in_flight(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Calls still in flight when stop_on_loop ended the session are recorded before RUN_END; the
+    cycle they extend is the same finding: one LOOP_WARNING, one ERROR, not one per late event."""
+    import asyncio
+
+    fake, url = fake_upstream
+    fake.default = Reply(text="slow answer", chunk_delay=0.05)
+    loop = {"stop_on_loop": True, "repetitions": 3, "stop_on_loop_min_repetitions": 3}
+    tw = await start_tripwire(upstream={"url": url}, guards={"loop_detection": loop})
+    client = openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=0
+    )
+
+    async def one() -> str:
+        stream = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    assert await asyncio.gather(*(one() for _ in range(5))) == ["slow answer"] * 5
+    run_id, events = await one_run(tw)
+    kinds = types(events)
+    assert kinds.count("LLM_CALL") == 5 and kinds[-1] == "RUN_END"
+    assert [e["payload"]["kind"] for e in only(events, "LOOP_WARNING")] == ["cycle"]
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["guardrail"] == "stop_on_loop"
+    assert tw.run_json(run_id)["status"] == "error"
+
+
+async def test_identical_step_over_a_responses_chain(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """A Responses chain sends only the new tool output each time: the chain's steps are judged,
+    so the request whose chain holds the 4th identical step is the one answered (SPEC §5.1)."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": "Paris"})]) for i in range(9)]
+    tw = await start_tripwire(upstream={"url": url}, guards={"loop_detection": {"action": "block"}})
+    client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
+    response = await client.responses.create(model="gpt-4o", input="weather in Paris?")
+    for _ in range(8):
+        (call,) = [item for item in response.output if item.type == "function_call"]
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        response = await client.responses.create(
+            model="gpt-4o", previous_response_id=response.id, input=[output]
+        )
+        if response.id.startswith("resp_tripwire_"):
+            break
+    assert response.output_text.startswith("[tripwire] blocked:")
+    assert len(fake.calls("/v1/responses")) == 4
+    _, events = await one_run(tw)
+    (warning,) = loop_warnings(events, "repetition", "identical_step")
+    assert warning["payload"]["kind"] == "identical_step" and warning["payload"]["actual"] == 3

@@ -104,14 +104,6 @@ def classify_tool(name: str, config: LoopDetectionConfig) -> str:
     if _has_word(words, IDEMPOTENT_WORDS):
         return "idempotent"
     return "mutating"
-    if name in config.idempotent_tools or bare in config.idempotent_tools:
-        return "idempotent"
-    words = set(_words(bare))
-    if words & MUTATING_WORDS:
-        return "mutating"
-    if words & IDEMPOTENT_WORDS:
-        return "idempotent"
-    return "mutating"
 
 
 @dataclass
@@ -179,18 +171,17 @@ class LoopDetector:
         self, tool: str, args: Any, now: float, *, server: str | None = None, evidence: str | None = None
     ) -> list[Decision]:
         """Before forwarding an MCP `tools/call`: the attempt counts (even when refused)."""
+        sig = signature(tool, args)
+        if len(self._mcp_unclaimed) > 10_000:  # an MCP-only session never claims them: stay bounded
+            self._mcp_unclaimed.clear()
+        self._mcp_unclaimed[sig] += 1  # the history that shows it later does not count it again
         if not self.config.enabled:
-            self._mcp_unclaimed[signature(tool, args)] += 1  # so limits count it once
             return []
         if not self._llm_seen:
             gap = self.config.turn_gap_s
             if self._last_mcp_at is None or now - self._last_mcp_at > gap:
                 self._new_turn(now)
         self._last_mcp_at = now
-        sig = signature(tool, args)
-        if len(self._mcp_unclaimed) > 10_000:  # an MCP-only session never claims them: stay bounded
-            self._mcp_unclaimed.clear()
-        self._mcp_unclaimed[sig] += 1
         decisions = self._count_call(sig, normalize_tool_name(tool), evidence)
         decisions += self._turn_time(now)
         return self._finish(decisions)
@@ -324,9 +315,10 @@ class LoopDetector:
             evidence = tuple(e for _, e in items[-m * reps :])
             terminate = cfg.stop_on_loop and reps >= cfg.stop_on_loop_min_repetitions
             key = f"{pattern}|{'stop' if terminate else k}"
-            new = key not in self._cycle_reported
-            if not new and not terminate:
-                return None  # one LOOP_WARNING per distinct pattern per run
+            if key in self._cycle_reported:
+                # one LOOP_WARNING per distinct pattern per run; a stop already ended the session
+                # (calls still in flight extend the same cycle: not another ERROR each)
+                return None
             self._cycle_reported.add(key)
             decision = Decision(
                 Action.TERMINATE if terminate else Action.WARN,
@@ -339,7 +331,6 @@ class LoopDetector:
                 repetitions=reps if terminate else k,
                 window_size=n,
                 evidence=evidence,
-                new_finding=new,
                 tags=(TAG_LOOP, TAG_TERMINATED) if terminate else (TAG_LOOP,),
             )
             self._tally([decision])
