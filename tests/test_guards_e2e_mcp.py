@@ -458,3 +458,58 @@ async def test_retrying_the_same_failure_is_blocked_at_the_threshold(start_tripw
     errors = only(events, "ERROR")
     assert [e["payload"]["kind"] for e in errors] == ["retry_no_progress"] * 2
     assert tw.run_json(run_id)["status"] == "running"
+
+
+async def test_mcp_calls_of_an_llm_session_count_in_its_turns_not_by_pauses(
+    start_tripwire: StartTripwire, fake_upstream: Any
+) -> None:
+    """Where the LLM traffic passes through Tripwire, turns come from its history: a pause longer
+    than turn_gap_s between MCP calls does not start a new turn, a new user message does; each
+    call counts once (as MCP), so the 5th get_record of the turn is the one warned."""
+    import json
+
+    import httpx2
+    import openai
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.fakes import Reply
+
+    fake, llm_url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "shop__get_record", {"record_id": i})]) for i in range(5)]
+    fake.replies.append(Reply(text="done"))
+    fake.replies += [
+        Reply(tool_calls=[(f"call_b{i}", "shop__get_record", {"record_id": i})]) for i in range(2)
+    ]
+    fake.default = Reply(text="done again")
+    headers = {"X-Tripwire-Session": "turns-1", "X-Tripwire-Agent": "mixed"}
+    loop = {"turn_gap_s": 0.1, "max_repeated_tool_steps": 50}
+    with shop() as upstream:
+        tw = await start_tripwire(
+            upstream={"url": llm_url}, mcp={"shop": {"url": upstream}}, guards={"loop_detection": loop}
+        )
+        llm = openai.AsyncOpenAI(base_url=f"{tw.url}/v1", api_key="sk-test", default_headers=headers)
+        warned: list[bool] = []
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(f"{tw.url}/mcp/shop", http_client=http), cache=None) as tools,
+        ):
+            messages: list[Any] = []
+            for question in ("records please", "two more"):
+                messages.append({"role": "user", "content": question})
+                for _ in range(8):
+                    answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
+                    msg = answer.choices[0].message
+                    messages.append(msg.model_dump(exclude_none=True))
+                    if not msg.tool_calls:
+                        break
+                    for tc in msg.tool_calls:
+                        await asyncio.sleep(0.15)  # longer than turn_gap_s
+                        result = await tools.call_tool("get_record", json.loads(tc.function.arguments))
+                        warned.append(len(result.content) == 2)
+                        messages.append(
+                            {"role": "tool", "tool_call_id": tc.id, "content": result.content[0].text}
+                        )
+        _, events = await trace(tw)
+    assert warned == [False] * 4 + [True] + [False] * 2
+    per_tool = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "per_tool"]
+    assert [(w["action"], w["actual"]) for w in per_tool] == [("warn", 5)]
