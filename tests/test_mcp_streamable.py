@@ -235,3 +235,30 @@ async def test_sampling_mid_call_and_input_required(start_tripwire: StartTripwir
     assert not tw.engine.mcp.awaiting_input
     if mode == "auto":
         assert calls[0]["meta"]["mcp_protocol_version"] == "2026-07-28"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="guard_stage.GuardStage.request must skip a call for which ex.protocol.continues(ex) (owner: guards)",
+)
+async def test_input_required_round_trip_is_one_call_for_the_limits(start_tripwire: StartTripwire) -> None:
+    """2026-07-28: the resend after `input_required` continues the same call; with max_tool_calls 1
+    it must go through (one TOOL_CALL, one call counted), not be refused as a second call."""
+    from mcp.types import CreateMessageResult, TextContent
+
+    async def sampler(context: Any, params: Any) -> CreateMessageResult:
+        return CreateMessageResult(
+            role="assistant", content=TextContent(type="text", text="fine"), model="fake"
+        )
+
+    with serve(sampling=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}}, guards={"limits": {"max_tool_calls": 1}})
+        url = f"{tw.url}/agents/bot/sessions/s1/mcp/demo"
+        async with Client(url, mode="auto", cache=None, sampling_callback=sampler) as client:  # type: ignore[arg-type]
+            result = await asyncio.wait_for(client.call_tool("summarize", {"topic": "t"}), 20)
+        await tw.flush()
+
+    assert result.content[0].text == "summary of t: fine"
+    assert [e["event_type"] for e in tw.events() if e["event_type"] in ("TOOL_CALL", "ERROR")] == [
+        "TOOL_CALL"
+    ]

@@ -79,6 +79,16 @@ class MCPProtocol:
     def reservation_estimate(self, ex: Exchange) -> float:
         return 0.0  # a tool call costs no tokens
 
+    def continues(self, ex: Exchange) -> bool:
+        """A 2026-07-28 resend of a call answered `input_required`: the same call going on, which
+        the guards already admitted and counted (not a new call, not a repetition)."""
+        call: jsonrpc.MCPToolCall = ex.call
+        return (
+            call.continuation
+            and ex.session is not None
+            and waiting_key(ex.session.run_id, call) in self.hub.awaiting_input
+        )
+
     # --- after forwarding ----------------------------------------------------------------------
 
     async def await_result(self, ex: Exchange) -> None:
@@ -152,12 +162,11 @@ def record_tool_call(
     end: float,
 ) -> str | None:
     """Write the TOOL_CALL of a completed call; None while it waits for an input_required resend."""
-    sig = signature(call.tool_name, call.arguments)
-    waiting_key = (session.run_id, call.server, call.mcp_session_id, sig)
+    key = waiting_key(session.run_id, call)
     if result.input_required:
-        hub.await_input(waiting_key, started, started_wall)
+        hub.await_input(key, started, started_wall)
         return None
-    prior = hub.awaiting_input.pop(waiting_key, None) if call.continuation else None
+    prior = hub.awaiting_input.pop(key, None) if call.continuation else None
     if prior is not None:
         started, started_wall = prior.started, prior.started_wall
     payload = {
@@ -188,6 +197,12 @@ def record_tool_call(
         ts=started_wall,
     )
     sigs = session.conversation.mcp_signatures
+    sig = key[-1]
     sigs[sig] = sigs.get(sig, 0) + 1
     engine.metrics.observe_tool(call.server, result.status, call.tool_name)
     return event_id
+
+
+def waiting_key(run_id: str, call: jsonrpc.MCPToolCall) -> tuple[str, str, str | None, str]:
+    """A call waiting for its `input_required` resend: same run, server, MCP session, tool and args."""
+    return (run_id, call.server, call.mcp_session_id, signature(call.tool_name, call.arguments))
