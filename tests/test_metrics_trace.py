@@ -147,3 +147,31 @@ async def test_full_disk_reported_in_healthz_and_metrics_while_traffic_goes_on(
             text = await r.text()
     assert gauge(text, "tripwire_event_store_healthy") == 1
     assert gauge(text, "tripwire_event_store_write_errors", errors) == health["trace_store"]["write_errors"]
+
+
+async def test_live_sessions_follow_terminate_and_delete_at_once(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """The gauge drops when the kill switch ends a run (not a sweep later); deleting the run's files
+    leaves the traffic counters as they were."""
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/a/v1", api_key=AGENT_KEY, max_retries=0)
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    async with aiohttp.ClientSession(base_url=tw.admin_url, headers={"Authorization": "Bearer hunter2"}) as s:
+        async with s.get("/metrics") as r:
+            assert gauge(await r.text(), "tripwire_live_sessions") == 1
+        async with s.post(f"/api/runs/{run_id}/terminate") as r:
+            assert r.status == 200
+        await tw.flush()
+        async with s.get("/metrics") as r:
+            assert gauge(await r.text(), "tripwire_live_sessions") == 0
+        async with s.delete(f"/api/runs/{run_id}") as r:
+            assert r.status == 204
+        async with s.get("/metrics") as r:
+            text = await r.text()
+    assert gauge(text, "tripwire_live_sessions") == 0
+    assert gauge(text, "tripwire_llm_calls", "tripwire_llm_calls_total") == 1
+    assert totals(text, "tripwire_guard_decisions", "tripwire_guard_decisions_total", guard="kill_switch")

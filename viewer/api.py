@@ -8,7 +8,8 @@ and filters and paging that only change the answer when their parameters are giv
 `setup_admin(app, engine)` reads from the engine: `data_dir`, `recorder`, `guard_store`,
 `metrics`, `admin_token`, `health()`, `await terminate_run(run_id) -> bool`,
 `guard_stats(run_id) -> dict | None` (None: no live session), and optionally `ready` (bool,
-default True) and `refresh_metrics()` (called before `/metrics` renders).
+default True) and `refresh_metrics()` (called before `/metrics` renders, which then takes the
+trace-store gauges and live sessions from `health()`).
 """
 
 from __future__ import annotations
@@ -422,6 +423,8 @@ async def metrics(request: web.Request) -> web.Response:
         int(store.get("write_errors") or 0),
         _store_ok(store),
     )
+    if isinstance(store.get("open_runs"), int):  # a terminated or deleted run leaves the gauge at once
+        engine.metrics.set_live_sessions(store["open_runs"])
     resp = web.Response(body=engine.metrics.render())
     resp.headers["Content-Type"] = METRICS_CONTENT_TYPE
     return resp
