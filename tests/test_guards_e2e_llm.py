@@ -545,3 +545,33 @@ async def test_identical_step_over_a_responses_chain(
     _, events = await one_run(tw)
     (warning,) = loop_warnings(events, "repetition", "identical_step")
     assert warning["payload"]["kind"] == "identical_step" and warning["payload"]["actual"] == 3
+
+
+async def test_a_call_answered_with_the_next_user_message_counts_toward_max_tool_calls(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """The model asked for a tool in an answer Tripwire relayed; the agent sends its result together
+    with the next user message (so it sits before the new turn): it is still a tool call of the
+    session, as its TOOL_CALL event says, and max_tool_calls counts it."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": f"c{i}"})]) for i in range(2)]
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_tool_calls": 1}})
+    client = openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=0
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather?"}]
+    for question in ("and tomorrow?", "and next week?"):
+        answer = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        msg = answer.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        for tc in msg.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": "sunny"})
+        messages.append({"role": "user", "content": question})
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    body = caught.value.response.json()["error"]
+    assert (body["guardrail"], body["threshold"], body["actual"]) == ("max_tool_calls", 1, 2)
+    assert len(fake.calls(CHAT)) == 2
+    _, events = await one_run(tw)
+    assert len(only(events, "TOOL_CALL")) == 2
+    assert types(events)[-2:] == ["ERROR", "RUN_END"]

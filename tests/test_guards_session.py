@@ -72,6 +72,21 @@ def test_function_calling_tools_in_history_count_toward_tool_limits_once() -> No
     assert (v.decision.guard, v.decision.actual) == ("max_tool_calls", 3)
 
 
+def test_history_before_the_turn_counts_for_limits_only_once_the_proxy_has_joined() -> None:
+    """A first request's old turns are not counted; a call that appears before the turn later
+    (its result sent with the next user message) came after Tripwire joined: it counts."""
+    for enabled in (True, False):
+        g = guards(limits=LimitsConfig(max_tool_calls=1), loop_detection=LoopDetectionConfig(enabled=enabled))
+        old = [[("c0", "write_file", {"p": 0})], [("c00", "write_file", {"p": 0})]]
+        assert not g.before_llm_call(old, 2, {}, estimate_usd=0, now=1).refused
+        assert g.budget.tool_calls == 0
+        steps = [*old, [("c1", "write_file", {"p": 1})]]
+        assert not g.before_llm_call(steps, 3, {"c1": ("x", None)}, estimate_usd=0, now=2).refused
+        steps.append([("c2", "write_file", {"p": 2})])
+        v = g.before_llm_call(steps, 3, {"c2": ("x", None)}, estimate_usd=0, now=3)
+        assert (v.decision.guard, v.decision.actual) == ("max_tool_calls", 2)
+
+
 def test_mcp_calls_seen_again_in_history_are_not_counted_twice_by_limits() -> None:
     g = guards(limits=LimitsConfig(max_tool_calls=1))
     v = g.before_tool_call("docs__search", {"q": 1}, now=0.0)

@@ -152,6 +152,7 @@ class LoopDetector:
         self._mcp_unclaimed: Counter[str] = Counter()
         self._answers: dict[tuple[str, ...], list[Decision]] = {}  # last request's decisions
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
+        self._history_seen = False  # a request's history was read before (later unseen ids are new)
         # AgentDbg cycle: event signatures in a sliding window
         self._window: deque[tuple[str, str]] = deque(maxlen=max(2, config.window))
         self._cycle_reported: set[str] = set()
@@ -250,7 +251,11 @@ class LoopDetector:
                         self._turn_ids.add(call_id)
                     continue
                 if k < turn_start:
-                    continue  # an earlier turn the proxy never saw: not judged now
+                    # an earlier turn: not judged now; a call Tripwire never saw before, in a
+                    # history it has seen, came after it joined (its result sent along with the
+                    # next user message): a tool call of the session all the same (limits)
+                    self.new_history_calls += int(self._history_seen)
+                    continue
                 self._turn_ids.add(call_id)
                 self.new_history_calls += 1
                 decisions += self._count_call(sig, normalize_tool_name(name), call_id)
@@ -267,6 +272,7 @@ class LoopDetector:
             decisions = self._finish(decisions)
             if last_ids:
                 self._answers = {last_ids: decisions}
+        self._history_seen = True
         turn_time = self._turn_time(now)
         self._tally(turn_time)
         return self._dedupe(decisions + turn_time)
@@ -282,8 +288,9 @@ class LoopDetector:
                 sig = signature(name, args)
                 if self._mcp_unclaimed[sig] > 0:
                     self._mcp_unclaimed[sig] -= 1
-                elif k >= turn_start:
+                elif k >= turn_start or self._history_seen:
                     self.new_history_calls += 1
+        self._history_seen = True
 
     # -- AgentDbg cycle --------------------------------------------------------------------------
 
