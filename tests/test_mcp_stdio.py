@@ -136,3 +136,33 @@ async def test_a_child_that_dies_at_once_after_a_restart_is_restarted_again(
     assert bridge.restarts == 2
     assert recovered < 5  # back-off 0.2 s + 1 s, plus two child start-ups
     assert again.content[0].text == "echo: back"
+
+
+async def test_a_batch_of_one_is_answered_as_a_batch(start_tripwire: StartTripwire) -> None:
+    """2025-03-26 batches: the bridge writes each message to the child; a batch of one request gets
+    an array back (a bare object is not the answer to a batch)."""
+    import aiohttp
+
+    tw = await start_tripwire(mcp_stdio={"local": {"command": f"{sys.executable} {SERVER} stdio"}})
+    await tw.engine.start_children()
+    init = {
+        "jsonrpc": "2.0",
+        "id": "i-1",
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-03-26",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{tw.url}/mcp/local", json=[init], headers=headers) as r:
+                batch = await r.json()
+            async with http.post(f"{tw.url}/mcp/local", json={**init, "id": 2}, headers=headers) as r:
+                single = await r.json()
+    finally:
+        await tw.engine.stop_children()
+    assert isinstance(batch, list) and [m["id"] for m in batch] == ["i-1"]
+    assert single["id"] == 2 and "serverInfo" in single["result"]

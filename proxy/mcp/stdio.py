@@ -241,12 +241,12 @@ class StdioBridge:
         if parsed is None:
             body = jsonrpc.render_error(None, jsonrpc.PARSE_ERROR, "Parse error: the body is not JSON")
             return web.Response(status=400, body=body, content_type="application/json")
-        messages, _batch = parsed
+        messages, batch = parsed
         requests = [m for m in messages if jsonrpc.kind(m) == "request"]
         try:
             await asyncio.wait_for(self.ready.wait(), READY_WAIT_S)
         except TimeoutError:
-            return self._unavailable(requests)
+            return self._unavailable(requests, batch)
         ex = _Exchange(
             waiting={jsonrpc.id_key(m.get("id")) for m in requests},
             progress_tokens={jsonrpc.id_key(t) for t in map(_progress_token, requests) if t is not None},
@@ -264,16 +264,18 @@ class StdioBridge:
                 await self._write(m)
         except (ConnectionError, BrokenPipeError, ConnectionResetError):
             self._forget(ex)
-            return self._unavailable(requests)
+            return self._unavailable(requests, batch)
         if not requests:
             return web.Response(status=202)
-        return await self._answer(request, ex, single=len(messages) == 1)
+        return await self._answer(request, ex, batch=batch)
 
-    async def _answer(self, request: web.Request, ex: _Exchange, *, single: bool) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, ex: _Exchange, *, batch: bool) -> web.StreamResponse:
         try:
             first = await ex.queue.get()
-            if single and not ex.waiting and ex.queue.empty():
-                return web.Response(body=first, content_type="application/json")
+            if not ex.waiting and ex.queue.empty():  # the response came first: plain JSON
+                return web.Response(
+                    body=b"[" + first + b"]" if batch else first, content_type="application/json"
+                )
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
@@ -292,14 +294,17 @@ class StdioBridge:
         if ex in self.inflight:
             self.inflight.remove(ex)
 
-    def _unavailable(self, requests: list[Any]) -> web.Response:
+    def _unavailable(self, requests: list[Any], batch: bool) -> web.Response:
         message = f"stdio MCP server {self.name!r} is not running"
-        if len(requests) != 1:
+        errors = [
+            jsonrpc.render_error(r.get("id"), jsonrpc.TRIPWIRE_UPSTREAM_ERROR, message, {"server": self.name})
+            for r in requests
+        ]
+        if batch and errors:
+            return web.Response(body=b"[" + b",".join(errors) + b"]", content_type="application/json")
+        if len(errors) != 1:
             return web.Response(status=503, text=message)
-        body = jsonrpc.render_error(
-            requests[0].get("id"), jsonrpc.TRIPWIRE_UPSTREAM_ERROR, message, {"server": self.name}
-        )
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=errors[0], content_type="application/json")
 
 
 def _progress_token(msg: dict[str, Any]) -> Any:
