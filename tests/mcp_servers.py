@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any
 
 from proxy.app import PIPELINES
@@ -130,6 +130,20 @@ def serve(
         thread.stop()
 
 
+@asynccontextmanager
+async def connect(transport: str, url: str) -> AsyncIterator[Any]:
+    """An mcp 2.x client: `sse` over legacy HTTP+SSE, `auto` speaking 2026-07-28, else the handshake."""
+    from mcp import Client
+    from mcp.client.sse import sse_client
+
+    if transport == "sse":
+        async with Client(sse_client(url), mode="legacy", cache=None) as client:
+            yield client
+    else:
+        async with Client(url, mode="auto" if transport == "auto" else "legacy", cache=None) as client:
+            yield client
+
+
 class PolicyStage(BaseStage):
     """Test-only guard: block `echo`, refuse `explode` (as an open circuit would), warn on `add`."""
 
@@ -137,12 +151,14 @@ class PolicyStage(BaseStage):
 
     def __init__(self) -> None:
         self.seen: list[MCPToolCall] = []
+        self.continues: list[bool] = []  # ex.protocol.continues(ex) of each call seen
 
     async def request(self, ex: Exchange) -> None:
         call = ex.call
         if not isinstance(call, MCPToolCall):
             return
         self.seen.append(call)
+        self.continues.append(ex.protocol.continues(ex))
         if call.tool_name == "echo":
             decision = Decision(Action.BLOCK, "loop_detection", "same call 5 times", threshold=5, actual=5)
             ex.answer = ex.protocol.render_block(ex, decision, "[tripwire] blocked: same call 5 times")

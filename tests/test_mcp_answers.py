@@ -7,30 +7,17 @@ The policy here is a test-only stage; the guards plug their own decisions into t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
 pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
 
-from mcp import Client, MCPError  # noqa: E402
-from mcp.client.sse import sse_client  # noqa: E402
+from mcp import MCPError  # noqa: E402
 
 from proxy.mcp.jsonrpc import TRIPWIRE_GUARD_ERROR  # noqa: E402
 from tests.conftest import StartTripwire  # noqa: E402
-from tests.mcp_servers import install_policy, serve  # noqa: E402
-
-
-@asynccontextmanager
-async def connect(transport: str, url: str) -> AsyncIterator[Client]:
-    if transport == "sse":
-        async with Client(sse_client(url), mode="legacy", cache=None) as client:
-            yield client
-    else:
-        async with Client(url, mode=transport, cache=None) as client:  # type: ignore[arg-type]
-            yield client
+from tests.mcp_servers import connect, install_policy, serve  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -4,28 +4,12 @@ Streamable HTTP and legacy HTTP+SSE."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 
 pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
 
-from mcp import Client  # noqa: E402
-from mcp.client.sse import sse_client  # noqa: E402
-
 from tests.conftest import StartTripwire  # noqa: E402
-from tests.mcp_servers import serve  # noqa: E402
-
-
-@asynccontextmanager
-async def connect(transport: str, url: str) -> AsyncIterator[Client]:
-    if transport == "sse":
-        async with Client(sse_client(url), mode="legacy", cache=None) as client:
-            yield client
-    else:
-        async with Client(url, mode="legacy", cache=None) as client:
-            yield client
+from tests.mcp_servers import connect, serve  # noqa: E402
 
 
 @pytest.mark.parametrize("transport", ["streamable-http", "sse"])

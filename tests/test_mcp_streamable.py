@@ -15,7 +15,7 @@ pytest.importorskip("mcp.server.mcpserver")  # 2.x only; the mcp<2 environment r
 from mcp import Client  # noqa: E402
 
 from tests.conftest import StartTripwire  # noqa: E402
-from tests.mcp_servers import serve  # noqa: E402
+from tests.mcp_servers import install_policy, serve  # noqa: E402
 
 
 async def session_calls(url: str, mode: str) -> dict[str, Any]:
@@ -211,6 +211,7 @@ async def test_sampling_mid_call_and_input_required(start_tripwire: StartTripwir
 
     with serve(sampling=True) as upstream:
         tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        stage = install_policy(tw)  # only watches `summarize`
         rounds: list[Any] = []
 
         class Spy(dict):  # type: ignore[type-arg]
@@ -232,6 +233,7 @@ async def test_sampling_mid_call_and_input_required(start_tripwire: StartTripwir
     assert calls[0]["payload"]["args"] == {"topic": "tripwire"}
     # 2026-07-28: the first answer was input_required, the resend completed the same call
     assert len(rounds) == (1 if mode == "auto" else 0)
+    assert stage.continues == ([False, True] if mode == "auto" else [False])  # what the guards are told
     assert not tw.engine.mcp.awaiting_input
     if mode == "auto":
         assert calls[0]["meta"]["mcp_protocol_version"] == "2026-07-28"
