@@ -222,6 +222,23 @@ async def test_token_asked_once_and_kept(browser: Browser, tmp_path: Path) -> No
         await server.close()
 
 
+async def test_agentdbg_run_link_opens_the_run(browser: Browser, tmp_path: Path) -> None:
+    """`agentdbg view RUN_ID` links to `/?run_id=...`: the same link on Tripwire's port opens the run."""
+    server, _ = await start_admin(tmp_path)
+    base = str(server.make_url("/")).rstrip("/")
+    run_id = write_run(tmp_path)
+    write_run(tmp_path, started=T0 + timedelta(seconds=5))  # newer: not the one opened by default
+    try:
+        page = await new_page(browser)
+        await page.goto(f"{base}/?run_id={run_id}")
+        await expect(page.locator("#run-id")).to_contain_text(run_id)
+        await expect(page.locator("#timeline > .event")).to_have_count(7)
+        await expect(page.locator(f'.run-item.selected[data-run-id="{run_id}"]')).to_have_count(1)
+        assert f"run={run_id}" in page.url and "run_id=" not in page.url
+    finally:
+        await server.close()
+
+
 def append_line(path: Path, event: dict) -> None:
     with path.open("ab") as f:
         f.write(orjson.dumps(event) + b"\n")

@@ -798,6 +798,7 @@ function showView() {
     if (a) openAgent(a, false);
   } else {
     runsPoller.start();
+    if (!param('run') && param('run_id')) setParams({ run: param('run_id'), run_id: null }, false); // AgentDbg's links
     const r = param('run');
     if (r) openRun(r, false);
   }
