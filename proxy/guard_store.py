@@ -113,12 +113,6 @@ class GuardConfigStore:
             self._commit(None, self._api_agents)
             return True
 
-    def set_static(self, default: GuardConfig, agents: dict[str, GuardConfig]) -> None:
-        """Replace the static layer (a config reload); API values keep winning."""
-        with self._lock:
-            self._static_default = default
-            self._static_agents = dict(agents)
-
     # --- persistence -------------------------------------------------------------------------
 
     def _commit(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> None:
