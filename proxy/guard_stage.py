@@ -141,6 +141,8 @@ class GuardStage(BaseStage):
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
+            if not (verdict.refused and finding is winner):  # a refusal alerts with its ERROR
+                self.engine.alert(session, finding)
         tags = set(verdict.tags)
         if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
             tags.add(LOOP_TAG)

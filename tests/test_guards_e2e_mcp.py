@@ -513,3 +513,45 @@ async def test_mcp_calls_of_an_llm_session_count_in_its_turns_not_by_pauses(
     assert warned == [False] * 4 + [True] + [False] * 2
     per_tool = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "per_tool"]
     assert [(w["action"], w["actual"]) for w in per_tool] == [("warn", 5)]
+
+
+async def test_a_loop_warning_reaches_the_alert_webhook_once_per_streak(
+    start_tripwire: StartTripwire,
+) -> None:
+    """`alert_webhook` gets a POST when a guard fires: a loop WARN (the default action) too, once
+    for its LOOP_WARNING, not again for every further call of the streak."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    got: list[dict[str, Any]] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        got.append(await request.json())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        with shop() as upstream:
+            tw = await start_tripwire(
+                mcp={"shop": {"url": upstream}},
+                guards={"loop_detection": {"threshold": 3, "no_progress_warn": 8}},
+                alert_webhook=str(server.make_url("/hook")),
+            )
+            async with Client(tw.url + SESSION_URL, cache=None) as client:
+                results = [await client.call_tool("fetch_user", {"user_id": 1}) for _ in range(4)]
+            _, events = await trace(tw)
+            for _ in range(50):
+                if got:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+    finally:
+        await server.close()
+    assert [len(r.content) for r in results] == [1, 1, 2, 2]  # warned from the 3rd call on
+    assert [w["payload"]["kind"] for w in guard_warnings(events)] == ["repetition"]
+    assert [(a["guardrail"], a["action"], a["threshold"], a["actual"]) for a in got] == [
+        ("loop_detection", "warn", 3, 3)
+    ]
