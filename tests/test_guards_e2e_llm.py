@@ -575,3 +575,24 @@ async def test_a_call_answered_with_the_next_user_message_counts_toward_max_tool
     _, events = await one_run(tw)
     assert len(only(events, "TOOL_CALL")) == 2
     assert types(events)[-2:] == ["ERROR", "RUN_END"]
+
+
+async def test_per_tool_escalation_of_function_calling_tools(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """A mutating tool the agent runs itself, other arguments each time: the request whose history
+    holds its 3rd call of the turn is warned (forwarded), the one holding the 5th is blocked."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "write_note", {"text": f"n{i}"})]) for i in range(9)]
+    tw = await start_tripwire(upstream={"url": url})
+    _, answer = await agent_loop(tw.url)
+    assert answer.choices[0].message.content.startswith("[tripwire] blocked:")
+    assert len(fake.calls(CHAT)) == 5
+    _, events = await one_run(tw)
+    per_tool = [w["payload"] for w in loop_warnings(events, "per_tool")]
+    assert [(w["action"], w["threshold"], w["actual"]) for w in per_tool] == [("warn", 3, 3), ("block", 5, 5)]
+    llm_calls = [i for i, e in enumerate(events) if e["event_type"] == "LLM_CALL"]
+    warn_at = events.index(loop_warnings(events, "per_tool")[0])
+    assert llm_calls[2] < warn_at < llm_calls[3]  # before the 4th request, which held the 3rd call
+    (error,) = only(events, "ERROR")
+    assert error["payload"]["kind"] == "per_tool"
