@@ -596,3 +596,33 @@ async def test_same_answers_as_agentdbg(
     ((_, theirs_list),) = await asyncio.to_thread(agentdbg_answers, tmp_path, [("GET", "/api/runs", None)])
     assert mine == theirs_list
     assert {run["run_name"] for run in mine["runs"]} == {"ours", "theirs"}
+
+
+async def test_run_dir_escaping_the_runs_base_is_a_400_as_in_agentdbg(
+    make_client: MakeClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A well-formed id whose directory is a symlink out of `runs/`: AgentDbg's 400, never a 500,
+    and nothing outside is touched."""
+    monkeypatch.setenv("AGENTDBG_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    c = await make_client()
+    outside = tmp_path / "elsewhere"
+    run_id = write_run(outside)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / run_id).symlink_to(outside / "runs" / run_id)
+    requests: list[tuple[str, str, Any]] = [
+        ("GET", f"/api/runs/{run_id}", None),
+        ("GET", f"/api/runs/{run_id}/events", None),
+        ("GET", f"/api/runs/{run_id}/paths", None),
+        ("POST", f"/api/runs/{run_id}/rename", {"run_name": "x"}),
+        ("DELETE", f"/api/runs/{run_id}", None),
+    ]
+    theirs = await asyncio.to_thread(agentdbg_answers, tmp_path, requests)
+    assert {status for status, _ in theirs} == {400}
+    for (method, path, body), (status, expected) in zip(requests, theirs, strict=True):
+        r = await c.request(method, path, json=body)
+        assert (r.status, await r.json()) == (status, expected), (method, path)
+    for path in ("terminate", "guard-stats", "cost-series"):
+        r = await c.request("POST" if path == "terminate" else "GET", f"/api/runs/{run_id}/{path}")
+        assert r.status == 400, path
+    assert (outside / "runs" / run_id / "run.json").is_file()

@@ -151,6 +151,8 @@ async def _load_run(request: web.Request, run_id: str) -> dict[str, Any]:
         return await asyncio.to_thread(_reader(request).load_run, run_id)
     except FileNotFoundError:
         raise _error(web.HTTPNotFound, "run not found") from None
+    except ValueError:  # well-formed, but its directory resolves outside the runs base (a symlink)
+        raise _error(web.HTTPBadRequest, "invalid run_id") from None
 
 
 # --- AgentDbg's run API (+ Tripwire fields) -------------------------------------------------
