@@ -225,6 +225,8 @@ class Engine:
         if decision.new_finding and decision.kind is not None:
             name, payload = loop_warning(decision)
             self.recorder.record(session.run_id, "LOOP_WARNING", name, payload)
+            if decision.action == Action.WARN:
+                self.alert(session, decision)  # a TERMINATE alerts below, with its ERROR
             self.recorder.add_tags(session.run_id, "loop_detected")
         if decision.action == Action.TERMINATE:
             self.recorder.record(session.run_id, "ERROR", decision.guard, guard_error(decision))
@@ -243,6 +245,7 @@ class Engine:
             "run_id": session.run_id,
             "guardrail": decision.guard,
             "action": decision.action.name.lower(),
+            "kind": decision.kind,
             "message": decision.message,
             "threshold": decision.threshold,
             "actual": decision.actual,
