@@ -460,6 +460,12 @@ async def test_index_and_static(make_client: MakeClient) -> None:
     assert r.status == 200
     assert "text/html" in r.headers["Content-Type"]
     assert "/static/app.js" in await r.text()
+    for path in (
+        "/",
+        "/static/app.js",
+        "/static/styles.css",
+    ):  # revalidated: no stale app.js after an upgrade
+        assert (await c.get(path)).headers["Cache-Control"] == "no-cache", path
     assert (await c.get("/static/../api.py")).status in (403, 404)
     assert (await c.get("/static/%2e%2e/api.py")).status in (403, 404)
 

@@ -122,6 +122,16 @@ async def admin_guard(request: web.Request, handler: Handler) -> web.StreamRespo
     return await handler(request)
 
 
+@web.middleware
+async def static_no_cache(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """UI files are revalidated on every load (as AgentDbg serves its app.js and styles.css): after an
+    upgrade the browser must not pair a new index.html with a heuristically cached old app.js."""
+    resp = await handler(request)
+    if request.path.startswith("/static/"):
+        resp.headers.setdefault("Cache-Control", "no-cache")
+    return resp
+
+
 # --- parameters -----------------------------------------------------------------------------
 
 
@@ -473,6 +483,7 @@ def setup_admin(app: web.Application, engine: Any) -> None:
         app[ENGINE] = engine
     app[READER] = RunReader(Path(engine.data_dir))
     app.middlewares.append(admin_guard)
+    app.middlewares.append(static_no_cache)
     r = app.router
     r.add_get("/api/runs", list_runs)
     r.add_get("/api/runs/{run_id}", get_run)
