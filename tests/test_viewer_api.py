@@ -403,6 +403,27 @@ async def test_cross_site_writes_refused(make_client: MakeClient, tmp_path: Path
     assert r.status == 200
 
 
+async def test_ui_writes_behind_a_tls_ingress(make_client: MakeClient) -> None:
+    """SPEC §7: the admin listener on the pod network, reached through an ingress that ends TLS. The
+    browser's own page sends `Origin: https://...` to a listener that sees plain http: its writes
+    are same-origin (the browser says so) and must pass; another site's page is still refused."""
+    c = await make_client(token="t")
+    url = "/api/agents/a/prevention-config"
+    host = "tripwire.example.com"
+    auth = {"Authorization": "Bearer t", "Host": host}
+    same = {**auth, "Origin": f"https://{host}", "Sec-Fetch-Site": "same-origin"}
+    assert (await c.put(url, json=LANGSIGHT_BODY, headers=same)).status == 200
+    assert (
+        await c.delete(url, headers={**auth, "Origin": f"https://{host}"})
+    ).status == 200  # no Fetch metadata
+    for evil in (
+        {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+    ):
+        assert (await c.put(url, json=LANGSIGHT_BODY, headers={**auth, **evil})).status == 403, evil
+
+
 @pytest.mark.parametrize(
     ("host", "token", "status"),
     [
