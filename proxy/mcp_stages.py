@@ -129,6 +129,10 @@ class MCPParseStage(BaseStage):
             self.record_batch(ex)
         if isinstance(ex.call, jsonrpc.MCPToolCall):
             self.hub.forget(ex.extra.get("mcp_session_key", ""), ex.call)
+            if ex.result is None and isinstance(ex.protocol, MCPProtocol):
+                future = ex.protocol.pending.future  # delivered on another stream as the handler ended
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    ex.result = jsonrpc.tool_result(future.result())
             if (
                 ex.result is not None
                 and isinstance(ex.protocol, MCPProtocol)

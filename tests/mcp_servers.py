@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any
 
+import anyio
+from mcp.server.streamable_http import EventMessage, EventStore
+
 from proxy.app import PIPELINES
 from proxy.exchange import Exchange
 from proxy.guards.decision import Action, Decision
@@ -32,15 +35,24 @@ except ImportError:  # mcp 1.x
     MCP_MAJOR = 1
 
 
-def build_server(*, sampling: bool = False, **settings: Any) -> Any:
+def build_server(*, sampling: bool = False, polling: bool = False, **settings: Any) -> Any:
     """The demo server: arithmetic, echo, a tool that reports progress and one that raises.
 
     `sampling` (mcp 2.x) adds `summarize`, which samples the client's LLM: a `sampling/createMessage`
     request on the POST's stream (handshake revisions) or an `input_required` round trip (2026-07-28).
+    `polling` (mcp 2.x, with an event store) adds `poll_later`, which closes its POST's stream early.
     """
     server = MCPServer("tripwire-demo", **settings)
     if sampling:
         add_sampling_tool(server)
+    if polling:
+
+        @server.tool()
+        async def poll_later(ctx: Context) -> str:
+            """Close the POST's SSE stream first (2025-11-25 polling): the result comes on the resumed GET."""
+            await ctx.close_sse_stream()
+            await anyio.sleep(0.1)
+            return "ready after polling"
 
     @server.tool()
     def add(a: int, b: int) -> int:
@@ -81,6 +93,29 @@ def add_sampling_tool(server: Any) -> None:
         return f"summary of {topic}: {getattr(content, 'text', content)}"
 
 
+class MemoryEventStore(EventStore):
+    """Every event kept, so a client resuming with Last-Event-ID gets what it missed (resumability)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, Any]] = []  # (event id, stream id, message or None)
+
+    async def store_event(self, stream_id: str, message: Any) -> str:
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> str | None:
+        ids = [e[0] for e in self.events]
+        if last_event_id not in ids:
+            return None
+        at = ids.index(last_event_id)
+        stream = self.events[at][1]
+        for event_id, stream_id, message in self.events[at + 1 :]:
+            if stream_id == stream and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream
+
+
 class ServerThread:
     def __init__(self, app: Any) -> None:
         import uvicorn
@@ -110,17 +145,23 @@ def serve(
     json_response: bool = False,
     stateless: bool = False,
     sampling: bool = False,
+    resumable: bool = False,
 ) -> Iterator[str]:
     """Yield the server's endpoint URL (`.../mcp` for Streamable HTTP, `.../sse` for legacy SSE)."""
     if MCP_MAJOR == 1:
         server = build_server(json_response=json_response, stateless_http=stateless)
         app = server.sse_app() if transport == "sse" else server.streamable_http_app()
     else:
-        server = build_server(sampling=sampling)
+        server = build_server(sampling=sampling, polling=resumable)
         app = (
             server.sse_app()
             if transport == "sse"
-            else server.streamable_http_app(json_response=json_response, stateless_http=stateless)
+            else server.streamable_http_app(
+                json_response=json_response,
+                stateless_http=stateless,
+                event_store=MemoryEventStore() if resumable else None,
+                retry_interval=50 if resumable else None,
+            )
         )
     thread = ServerThread(app)
     base = thread.start()
@@ -142,6 +183,24 @@ async def connect(transport: str, url: str) -> AsyncIterator[Any]:
     else:
         async with Client(url, mode="auto" if transport == "auto" else "legacy", cache=None) as client:
             yield client
+
+
+@asynccontextmanager
+async def served_as_in_production(tw: Any) -> AsyncIterator[str]:
+    """Tripwire's proxy app for `tw`'s engine on a runner set up as `tripwire serve` sets it up
+    (proxy/app.py: no handler cancellation on a client hang-up; aiohttp's TestServer cancels)."""
+    from aiohttp import web
+
+    from proxy.app import make_proxy_app
+
+    runner = web.AppRunner(make_proxy_app(tw.engine), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 class PolicyStage(BaseStage):

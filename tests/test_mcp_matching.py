@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import StartTripwire
+from tests.mcp_servers import served_as_in_production
 
 SESSION = "sess-42"
 RESULT = {"content": [{"type": "text", "text": "done"}], "structuredContent": {"ok": True}}
@@ -108,9 +109,9 @@ async def test_result_on_the_resumed_get_stream(
 ) -> None:
     _, upstream = tricky
     tw = await start_tripwire(mcp={"t": {"url": upstream}})
-    async with aiohttp.ClientSession() as http:
-        post = asyncio.create_task(http.post(f"{tw.url}/mcp/t", json=call(7, "break"), headers=HEADERS))
-        async with http.get(f"{tw.url}/mcp/t", headers={**HEADERS, "Last-Event-ID": "e2"}) as g:
+    async with served_as_in_production(tw) as base, aiohttp.ClientSession() as http:
+        post = asyncio.create_task(http.post(f"{base}/mcp/t", json=call(7, "break"), headers=HEADERS))
+        async with http.get(f"{base}/mcp/t", headers={**HEADERS, "Last-Event-ID": "e2"}) as g:
             resumed = await g.read()
         async with await post as r:
             assert r.status == 200

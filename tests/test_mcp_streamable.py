@@ -15,7 +15,7 @@ pytest.importorskip("mcp.server.mcpserver")  # 2.x only; the mcp<2 environment r
 from mcp import Client  # noqa: E402
 
 from tests.conftest import StartTripwire  # noqa: E402
-from tests.mcp_servers import install_policy, serve  # noqa: E402
+from tests.mcp_servers import install_policy, serve, served_as_in_production  # noqa: E402
 
 
 async def session_calls(url: str, mode: str) -> dict[str, Any]:
@@ -264,3 +264,27 @@ async def test_input_required_round_trip_is_one_call_for_the_limits(start_tripwi
     assert [e["event_type"] for e in tw.events() if e["event_type"] in ("TOOL_CALL", "ERROR")] == [
         "TOOL_CALL"
     ]
+
+
+async def test_result_after_the_server_closed_the_posts_stream_early(start_tripwire: StartTripwire) -> None:
+    """2025-11-25 polling: the server ends the POST's SSE stream cleanly before the result (a priming
+    event with an id and `retry`); the client resumes on a GET with Last-Event-ID and the result comes
+    there. That is a disconnection, not an answer without a result: one TOOL_CALL, status ok."""
+    with serve(resumable=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        async with (
+            served_as_in_production(tw) as base,
+            Client(f"{base}/agents/bot/sessions/s1/mcp/demo", mode="legacy", cache=None) as client,
+        ):
+            # the SDK resumes over the POST's keep-alive connection unless Tripwire releases it
+            result = await asyncio.wait_for(client.call_tool("poll_later", {}), 10)
+        for _ in range(100):  # the POST's pipeline records once the resumed GET delivered the result
+            await tw.flush()
+            if tw.run_ids() and any(e["event_type"] == "TOOL_CALL" for e in tw.events()):
+                break
+            await asyncio.sleep(0.02)
+
+    assert result.content[0].text == "ready after polling"
+    (call,) = tool_events(tw.events())
+    assert call["payload"]["status"] == "ok"
+    assert call["payload"]["result"]["content"][0]["text"] == "ready after polling"

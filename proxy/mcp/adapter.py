@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from proxy.engine import Engine
     from proxy.sessions import Session
 
-# A POST's SSE stream broke before the result: the client may resume on a GET stream; wait this long.
+# A POST's SSE stream broke (or the server closed it early) before the result: the client may resume
+# on a GET stream; wait this long.
 RESUME_WAIT_S = 30.0
 
 
@@ -113,8 +114,10 @@ class MCPProtocol:
                 return
             if self.legacy is not None:
                 wait = self.engine.settings.ttfb_timeout_s
-            elif not ex.stream_complete:
+            elif not ex.stream_complete or (call.mcp_session_id and getattr(ex.observer, "resumable", False)):
+                # broken, or closed early by the server (2025-11-25 polling): the client resumes on a GET
                 wait = RESUME_WAIT_S
+                release_client_connection(ex)
             else:
                 ex.result = jsonrpc.failure_result(
                     f"MCP server {call.server!r} answered without a result for this call",
@@ -149,6 +152,15 @@ class MCPProtocol:
         )
         if event_id is not None:
             ex.extra["tool_event_id"] = event_id
+
+
+def release_client_connection(ex: Exchange) -> None:
+    """The POST's answer has ended, but this handler waits on for the result. aiohttp serves the next
+    request of a keep-alive connection only once the handler returns, so a client that resumes on a
+    GET over the same connection would wait for the wait: close it, the GET opens a fresh one."""
+    transport = ex.request.transport
+    if transport is not None and not transport.is_closing():
+        transport.close()
 
 
 def record_tool_call(

@@ -43,6 +43,7 @@ class MessageObserver:
         self._json = bytearray()
         self._decoder = SSEDecoder()
         self.messages_seen = 0
+        self.resumable = False  # an SSE event carried an id: the client can resume with Last-Event-ID
 
     @property
     def rewrites(self) -> bool:
@@ -102,6 +103,8 @@ class MessageObserver:
         return self.on_message(msg)
 
     def _event(self, event: SSEEvent) -> bytes:
+        if event.id:
+            self.resumable = True
         if event.data is None:
             return event.raw  # keep-alive comments, retry hints
         if event.type == "endpoint" and self.on_endpoint is not None:
