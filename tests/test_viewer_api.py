@@ -536,6 +536,8 @@ async def test_real_engine_through_the_proxy(start_tripwire: Any, fake_upstream:
             assert r.status == 200
         async with s.post(f"/api/runs/{run_id}/terminate", headers=auth) as r:
             assert r.status == 409
+        async with s.get(f"/api/runs/{run_id}/guard-stats", headers=auth) as r:
+            assert await r.json() == {"run_id": run_id, "live": False, "stats": None}
         with pytest.raises(openai.RateLimitError):
             await llm.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "again"}]

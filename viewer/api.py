@@ -284,13 +284,18 @@ async def terminate_run(request: web.Request) -> web.Response:
 
 
 async def guard_stats(request: web.Request) -> web.Response:
+    """The live session's guard counters; an ended run (terminated, over budget, idle) is not live,
+    even while the engine still holds its session to refuse later calls."""
     run_id = _run_id(request)
     engine = _engine(request)
     stats = engine.guard_stats(run_id)
     live = engine.recorder.is_open(run_id)
-    if stats is None and not live:
-        await _load_run(request, run_id)
-    return _json({"run_id": run_id, "live": live or stats is not None, "stats": stats})
+    if not live:
+        meta = await _load_run(request, run_id)  # 404 when there is no such run at all
+        # a run the recorder ended is over, even before its run.json says so on disk
+        ended_here = bool(engine.recorder.summary(run_id))
+        live = stats is not None and meta.get("status") == "running" and not ended_here
+    return _json({"run_id": run_id, "live": live, "stats": stats if live else None})
 
 
 # --- agents and the guard API (SPEC §5.4, LangSight's bodies) -------------------------------
