@@ -188,12 +188,13 @@ async def connect(transport: str, url: str) -> AsyncIterator[Any]:
 @asynccontextmanager
 async def served_as_in_production(tw: Any) -> AsyncIterator[str]:
     """Tripwire's proxy app for `tw`'s engine on a runner set up as `tripwire serve` sets it up
-    (proxy/app.py: no handler cancellation on a client hang-up; aiohttp's TestServer cancels)."""
+    (proxy/app.py: no handler cancellation on a client hang-up; aiohttp's TestServer cancels); a
+    short shutdown, as a GET stream whose client left ends only at the next upstream event."""
     from aiohttp import web
 
     from proxy.app import make_proxy_app
 
-    runner = web.AppRunner(make_proxy_app(tw.engine), access_log=None)
+    runner = web.AppRunner(make_proxy_app(tw.engine), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

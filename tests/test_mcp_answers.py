@@ -111,3 +111,38 @@ async def test_warned_json_answer_larger_than_max_body_bytes_reaches_the_client_
     answer = orjson.loads(body)  # the whole answer, not the first max_body_bytes of it
     assert answer["id"] == 3
     assert answer["result"]["content"][0]["text"] == big
+
+
+async def test_sampling_during_a_legacy_sse_call(start_tripwire: StartTripwire) -> None:
+    """Legacy HTTP+SSE: the tool's sampling request comes on the SSE stream and the client answers it
+    with a POST, over the keep-alive connection of its tools/call POST, whose handler still waits for
+    the result: Tripwire lets that connection go, so the answer reaches the server (no deadlock)."""
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.sse import sse_client
+    from mcp.types import CreateMessageResult, TextContent
+
+    from tests.mcp_servers import served_as_in_production
+
+    async def sampler(context: Any, params: Any) -> CreateMessageResult:
+        return CreateMessageResult(
+            role="assistant", content=TextContent(type="text", text="fine"), model="fake"
+        )
+
+    with serve("sse", sampling=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        async with (
+            served_as_in_production(tw) as base,
+            Client(
+                sse_client(f"{base}/mcp/demo"), mode="legacy", cache=None, sampling_callback=sampler
+            ) as client,
+        ):
+            result = await asyncio.wait_for(client.call_tool("summarize", {"topic": "t"}), 10)
+            again = await client.call_tool("add", {"a": 1, "b": 2})  # the session goes on
+        await tw.flush()
+
+    assert result.content[0].text == "summary of t: fine"
+    assert again.structured_content == {"result": 3}
+    calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert [(e["name"], e["payload"]["status"]) for e in calls] == [("summarize", "ok"), ("add", "ok")]

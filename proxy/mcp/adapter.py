@@ -114,6 +114,12 @@ class MCPProtocol:
                 return
             if self.legacy is not None:
                 wait = self.engine.settings.ttfb_timeout_s
+                # the client answers a server request (sampling) with a POST, maybe over this POST's
+                # keep-alive connection: it must not queue behind this wait (the call needs the answer)
+                if self.pending.server_asked:
+                    release_client_connection(ex)
+                else:
+                    self.pending.on_server_request = lambda: release_client_connection(ex)
             elif not ex.stream_complete or (call.mcp_session_id and getattr(ex.observer, "resumable", False)):
                 # broken, or closed early by the server (2025-11-25 polling): the client resumes on a GET
                 wait = RESUME_WAIT_S
@@ -156,8 +162,9 @@ class MCPProtocol:
 
 def release_client_connection(ex: Exchange) -> None:
     """The POST's answer has ended, but this handler waits on for the result. aiohttp serves the next
-    request of a keep-alive connection only once the handler returns, so a client that resumes on a
-    GET over the same connection would wait for the wait: close it, the GET opens a fresh one."""
+    request of a keep-alive connection only once the handler returns, so a client's next request over
+    the same connection (a resume GET, the answer to a sampling request) would wait for the wait:
+    close it, the client opens a fresh one."""
     transport = ex.request.transport
     if transport is not None and not transport.is_closing():
         transport.close()

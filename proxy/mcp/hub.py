@@ -40,6 +40,8 @@ INPUT_REQUIRED_TTL_S = 3600.0
 class Pending:
     call: jsonrpc.MCPToolCall
     future: asyncio.Future[dict[str, Any]]
+    server_asked: bool = False  # the server sent its session a request (sampling, elicitation) meanwhile
+    on_server_request: Callable[[], None] | None = None
 
 
 @dataclass
@@ -95,7 +97,12 @@ class McpHub:
 
         Returns the message to send instead (a WARN appends a text block), or None.
         """
-        if session_key is None or jsonrpc.kind(msg) != "response":
+        if session_key is None:
+            return None
+        kind = jsonrpc.kind(msg)
+        if kind == "request":
+            self.server_request(server, session_key)
+        if kind != "response":
             return None
         pending = self.pending.pop((server, session_key, jsonrpc.id_key(msg.get("id"))), None)
         if pending is None:
@@ -105,6 +112,14 @@ class McpHub:
         if pending.call.append_text:
             return jsonrpc.append_text_block(msg, pending.call.append_text)
         return None
+
+    def server_request(self, server: str, session_key: str) -> None:
+        """The server asked the client something: calls waiting on this session may depend on the answer."""
+        for key, pending in self.pending.items():
+            if key[0] == server and key[1] == session_key:
+                pending.server_asked = True
+                if pending.on_server_request is not None:
+                    pending.on_server_request()
 
     def fail_session(self, server: str, session_key: str, message: str) -> None:
         """A legacy stream closed: calls still waiting on it will not get an answer."""
