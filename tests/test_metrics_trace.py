@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy import storage
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import Reply
+from tests.viewer_fixtures import immutable
 
 
 def totals(text: str, family: str, sample: str, **match: str) -> dict[tuple[str, ...], float]:
@@ -175,3 +176,38 @@ async def test_live_sessions_follow_terminate_and_delete_at_once(
     assert gauge(text, "tripwire_live_sessions") == 0
     assert gauge(text, "tripwire_llm_calls", "tripwire_llm_calls_total") == 1
     assert totals(text, "tripwire_guard_decisions", "tripwire_guard_decisions_total", guard="kill_switch")
+
+
+async def test_read_only_runs_dir_reported_while_traffic_goes_on(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """The same with a real filesystem refusal (an immutable runs/ directory: no run dir can be made)."""
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/a/v1", api_key=AGENT_KEY, max_retries=0)
+    ask = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
+    runs = tw.data_dir / "runs"
+    runs.mkdir(exist_ok=True)
+    async with aiohttp.ClientSession(base_url=tw.admin_url) as s:
+        with immutable(runs):
+            for _ in range(2):
+                assert (await llm.chat.completions.create(**ask)).choices[0].message.content
+            await tw.flush()
+            async with s.get("/healthz") as r:
+                health = await r.json()
+            async with s.get("/readyz") as r:
+                assert r.status == 200
+            async with s.get("/metrics") as r:
+                assert gauge(await r.text(), "tripwire_event_store_healthy") == 0
+        assert (
+            health["status"] == "degraded"
+            and "Operation not permitted" in health["trace_store"]["last_error"]
+        )
+        assert health["trace_store"]["write_errors"] >= 1
+        # writable again: the run is written from here on
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "y"}])
+        await tw.flush()
+        async with s.get("/healthz") as r:
+            assert (await r.json())["status"] == "ok"
+    # the first calls' events were lost (counted in write_errors); the run goes on from the next one
+    assert [e["event_type"] for e in tw.events()].count("LLM_CALL") == 1

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
 from tests.conftest import AGENT_KEY
-from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
+from tests.viewer_fixtures import T0, FakeEngine, immutable, many_events, write_run
 from viewer.api import setup_admin
 
 Client = TestClient
@@ -655,3 +655,21 @@ async def test_run_dir_escaping_the_runs_base_is_a_400_as_in_agentdbg(
         r = await c.request("POST" if path == "terminate" else "GET", f"/api/runs/{run_id}/{path}")
         assert r.status == 400, path
     assert (outside / "runs" / run_id / "run.json").is_file()
+
+
+async def test_rename_and_delete_the_disk_refuses_answer_json(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    """A rename or delete the filesystem refuses is a JSON error the UI can show, not a text 500."""
+    c = await make_client()
+    run_id = write_run(tmp_path)
+    run_json = tmp_path / "runs" / run_id / "run.json"
+    with immutable(run_json):
+        r = await c.post(f"/api/runs/{run_id}/rename", json={"run_name": "new"})
+        assert (r.status, r.content_type) == (503, "application/json")
+        assert "not renamed" in (await r.json())["detail"]
+        r = await c.delete(f"/api/runs/{run_id}")
+        assert (r.status, r.content_type) == (503, "application/json")
+        assert "not deleted" in (await r.json())["detail"]
+    assert orjson.loads(run_json.read_bytes())["run_name"] != "new"
+    assert (await c.delete(f"/api/runs/{run_id}")).status == 204  # once the disk lets it

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
@@ -222,3 +227,14 @@ class FakeEngine:
 
     def guard_stats(self, run_id: str) -> dict | None:
         return self.live.get(run_id)
+
+
+@contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """chattr +i: even root cannot replace or delete the file, nor add to the directory (a real EPERM)."""
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+        pytest.skip("chattr +i not available on this filesystem")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)

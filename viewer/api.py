@@ -254,7 +254,12 @@ async def rename_run(request: web.Request) -> web.Response:
     if not name.strip():
         return _detail(400, "run_name must be non-empty")
     # through the recorder: an open run's run.json is rewritten from its memory, not from disk
-    meta = await _engine(request).recorder.rename_run(run_id, name)
+    try:
+        meta = await _engine(request).recorder.rename_run(run_id, name)
+    except FileNotFoundError:
+        meta = None
+    except OSError as e:  # a full or read-only data dir: say so, as JSON the UI can show
+        return _detail(503, f"run not renamed: {e.strerror or e}")
     if meta is None:
         return _detail(404, "run not found")
     return _json(meta)
@@ -271,6 +276,8 @@ async def delete_run(request: web.Request) -> web.Response:
         await asyncio.to_thread(_reader(request).delete, run_id)
     except FileNotFoundError:
         return _detail(404, "run not found")
+    except OSError as e:
+        return _detail(503, f"run not deleted: {e.strerror or e}")
     return web.Response(status=204)
 
 
