@@ -288,3 +288,46 @@ async def test_result_after_the_server_closed_the_posts_stream_early(start_tripw
     (call,) = tool_events(tw.events())
     assert call["payload"]["status"] == "ok"
     assert call["payload"]["result"]["content"][0]["text"] == "ready after polling"
+
+
+async def test_a_get_stream_the_client_left_is_closed_upstream(start_tripwire: StartTripwire) -> None:
+    """A client that drops its GET stream and opens a new one: the server allows one GET stream per
+    session, so Tripwire must end the upstream stream when its client leaves (else 409 Conflict)."""
+    import aiohttp
+
+    from tests.mcp_servers import served_as_in_production
+
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    with serve() as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}})
+        async with served_as_in_production(tw) as base:
+            url = f"{base}/mcp/demo"
+            async with aiohttp.ClientSession() as http:
+                async with http.post(url, json=init, headers=headers) as r:
+                    session = {**headers, "Mcp-Session-Id": r.headers["Mcp-Session-Id"]}
+                    await r.read()
+                initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+                async with http.post(url, json=initialized, headers=session) as r:
+                    assert r.status == 202
+            async with aiohttp.ClientSession() as http:
+                first = await http.get(url, headers=session)
+                assert first.status == 200
+                first.close()  # the client goes away without a word
+            statuses = []
+            for _ in range(10):
+                await asyncio.sleep(0.2)
+                async with aiohttp.ClientSession() as http, http.get(url, headers=session) as again:
+                    statuses.append(again.status)
+                    if again.status == 200:
+                        break
+    assert statuses[-1] == 200, statuses

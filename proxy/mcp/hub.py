@@ -10,6 +10,7 @@ carry a method and never complete a call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tripwire.mcp")
 
 PendingKey = tuple[str, str, str]  # (server, session key, id key)
+# How often a relayed GET stream checks that its client is still connected.
+CLIENT_CHECK_S = 0.25
 # A call answered `input_required` that the client never resends is forgotten after this long.
 INPUT_REQUIRED_TTL_S = 3600.0
 
@@ -207,9 +210,21 @@ class McpHub:
             on_endpoint=on_endpoint,
             take_injected=legacy.take_queued,
         )
+        forward = asyncio.ensure_future(engine.forwarder.forward(ex, url, headers, b""))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
-            await engine.forwarder.forward(ex, url, headers, b"")
+            await asyncio.wait({forward, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if forward.done():
+                forward.result()  # what the relay raised, as before
+            else:
+                # the client left a silent stream: end the upstream one too, or the server keeps it
+                # as the session's stream (and answers the client's next GET 409 Conflict)
+                forward.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await forward
         finally:
+            forward.cancel()
+            gone.cancel()
             if legacy.client_endpoint is not None:
                 self.legacy.pop((legacy.server, *legacy.client_endpoint), None)
                 self.fail_session(legacy.server, legacy.session_key, "the legacy SSE stream closed")
@@ -218,3 +233,14 @@ class McpHub:
         if ex.answer is not None:
             return ex.answer.to_response()
         return web.Response(status=502)
+
+
+async def client_gone(request: web.Request) -> None:
+    """Returns once the client's connection is closed. aiohttp does not cancel a handler when its
+    client hangs up (`tripwire serve` runs without handler cancellation), and a relay only notices
+    on its next write, which on a quiet stream may be minutes away."""
+    while True:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+        await asyncio.sleep(CLIENT_CHECK_S)
