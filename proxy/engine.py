@@ -169,7 +169,9 @@ class Engine:
             self.end_session(session, status="ok", reason="idle_timeout")
         self.metrics.set_live_sessions(len(self.sessions.live()))
         health = self.recorder.health()
-        self.metrics.set_store(health.get("queue_depth", 0), health.get("write_errors", 0))
+        self.metrics.set_store(
+            health.get("queue_depth", 0), health.get("write_errors", 0), healthy=health.get("ok")
+        )
 
     # --- sessions ----------------------------------------------------------------------------
 
@@ -308,7 +310,7 @@ class Engine:
 
     def guard_stats(self, run_id: str) -> dict[str, Any] | None:
         session = self.sessions.by_run_id(run_id)
-        if session is None or session.guards is None:
+        if session is None or session.guards is None or session.ended:
             return None
         return session.guards.stats()
 

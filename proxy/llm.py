@@ -262,7 +262,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
             parent_id=pending.llm_event_id,
             ts=ex.started_wall,
         )
-        engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok")
+        engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", pending.name)
 
 
 def record_llm_call(ex: Exchange, engine: Engine) -> None:

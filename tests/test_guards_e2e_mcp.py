@@ -552,6 +552,8 @@ async def test_a_loop_warning_reaches_the_alert_webhook_once_per_streak(
         await server.close()
     assert [len(r.content) for r in results] == [1, 1, 2, 2]  # warned from the 3rd call on
     assert [w["payload"]["kind"] for w in guard_warnings(events)] == ["repetition"]
-    assert [(a["guardrail"], a["action"], a["threshold"], a["actual"]) for a in got] == [
-        ("loop_detection", "warn", 3, 3)
-    ]
+    # AgentDbg's cycle pattern (TOOL_CALL:fetch_user x3) alerts once on its own; the repetition once
+    assert [
+        (a["guardrail"], a["action"], a["threshold"], a["actual"]) for a in got if a["kind"] != "cycle"
+    ] == [("loop_detection", "warn", 3, 3)]
+    assert len([a for a in got if a["kind"] == "cycle"]) <= 1
