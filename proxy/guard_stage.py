@@ -93,6 +93,10 @@ class GuardStage(BaseStage):
         session = ex.session
         if ex.protocol is None or session is None:
             return
+        if is_tool_call(ex) and ex.protocol.continues(ex):
+            # an MCP resend after `input_required`: the same call going on, admitted and counted once
+            ex.extra["guards_skipped"] = True
+            return
         now = time.monotonic()
         guards = session_guards(self.engine, session, now)
         estimate = ex.protocol.reservation_estimate(ex)
@@ -259,7 +263,7 @@ class GuardStage(BaseStage):
 
     async def settle(self, ex: Exchange) -> None:
         session = ex.session
-        if ex.protocol is None or session is None or session.guards is None:
+        if ex.protocol is None or session is None or session.guards is None or ex.extra.get("guards_skipped"):
             return
         guards = session.guards
         now = time.monotonic()

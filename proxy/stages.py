@@ -65,7 +65,9 @@ class ForwardStage(BaseStage):
         url = ex.extra.get("upstream_url") or join_upstream(
             upstream.url, route.path, ex.request.rel_url.raw_query_string
         )
-        headers = request_headers(ex.request.headers, upstream, identity_encoding=ex.protocol is not None)
+        headers = request_headers(
+            ex.request.headers, upstream, identity_encoding=ex.protocol is not None or ex.observer is not None
+        )
         body = ex.upstream_body if ex.upstream_body is not None else ex.body
         try:
             await self.engine.forwarder.forward(ex, url, headers, body)

@@ -239,10 +239,6 @@ async def test_sampling_mid_call_and_input_required(start_tripwire: StartTripwir
         assert calls[0]["meta"]["mcp_protocol_version"] == "2026-07-28"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="guard_stage.GuardStage.request must skip a call for which ex.protocol.continues(ex) (owner: guards)",
-)
 async def test_input_required_round_trip_is_one_call_for_the_limits(start_tripwire: StartTripwire) -> None:
     """2026-07-28: the resend after `input_required` continues the same call; with max_tool_calls 1
     it must go through (one TOOL_CALL, one call counted), not be refused as a second call."""
