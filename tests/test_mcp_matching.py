@@ -15,7 +15,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import StartTripwire
-from tests.mcp_servers import served_as_in_production
+
+# tests/mcp_servers imports the mcp SDK, which the mitmproxy environment does not install
+pytest.importorskip("mcp")
+from tests.mcp_servers import served_as_in_production  # noqa: E402
 
 SESSION = "sess-42"
 RESULT = {"content": [{"type": "text", "text": "done"}], "structuredContent": {"ok": True}}
