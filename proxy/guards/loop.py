@@ -239,14 +239,13 @@ class LoopDetector:
         self.new_history_calls = 0
         for k, step in enumerate(steps):
             for call_id, name, args in step:
-                if call_id in self._seen_ids:
+                first = self._first_sight(call_id, name, args)
+                if first is None:
                     continue
-                self._seen_ids.add(call_id)
+                sig, claimed_by_mcp = first
                 new_calls += 1
-                sig = signature(name, args)
                 self._id_sig[call_id] = sig
-                if self._mcp_unclaimed[sig] > 0:  # already counted as the MCP call it was
-                    self._mcp_unclaimed[sig] -= 1
+                if claimed_by_mcp:  # already counted as the MCP call it was
                     if k >= turn_start:
                         self._turn_ids.add(call_id)
                     continue
@@ -282,15 +281,24 @@ class LoopDetector:
         self.new_history_calls = 0
         for k, step in enumerate(steps):
             for call_id, name, args in step:
-                if call_id in self._seen_ids:
-                    continue
-                self._seen_ids.add(call_id)
-                sig = signature(name, args)
-                if self._mcp_unclaimed[sig] > 0:
-                    self._mcp_unclaimed[sig] -= 1
-                elif k >= turn_start or self._history_seen:
+                first = self._first_sight(call_id, name, args)
+                if first is not None and not first[1] and (k >= turn_start or self._history_seen):
                     self.new_history_calls += 1
         self._history_seen = True
+
+    def _first_sight(self, call_id: str, name: str, args: Any) -> tuple[str, bool] | None:
+        """A history call not seen before: (its signature, whether an MCP call already counted it).
+
+        None when the call id was seen in an earlier request (histories repeat every call).
+        """
+        if call_id in self._seen_ids:
+            return None
+        self._seen_ids.add(call_id)
+        sig = signature(name, args)
+        if self._mcp_unclaimed[sig] > 0:
+            self._mcp_unclaimed[sig] -= 1
+            return sig, True
+        return sig, False
 
     # -- AgentDbg cycle --------------------------------------------------------------------------
 
