@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,15 +66,22 @@ class Running:
 StartTripwire = Callable[..., Awaitable[Running]]
 
 
-@pytest.fixture
-async def fake_upstream() -> AsyncIterator[tuple[FakeUpstream, str]]:
-    fake = FakeUpstream(default=Reply(text="Hello from the fake upstream"))
+@asynccontextmanager
+async def serve_fake(default: Reply) -> AsyncIterator[tuple[FakeUpstream, str]]:
+    """A FakeUpstream on 127.0.0.1: (the fake, its base URL)."""
+    fake = FakeUpstream(default=default)
     server = TestServer(fake.app, host="127.0.0.1")
     await server.start_server()
     try:
         yield fake, str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+@pytest.fixture
+async def fake_upstream() -> AsyncIterator[tuple[FakeUpstream, str]]:
+    async with serve_fake(Reply(text="Hello from the fake upstream")) as pair:
+        yield pair
 
 
 @pytest.fixture

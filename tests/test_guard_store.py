@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from proxy.guard_store import FILE_NAME, GuardConfigStore, GuardStoreError, config_body, config_from_body
 from proxy.guards.config import BudgetConfig, GuardConfig, LoopDetectionConfig
+from tests.reference_bodies import LANGSIGHT_BODY
 
 STATIC = GuardConfig(loop_detection=LoopDetectionConfig(threshold=7))
 STATIC_AGENT = GuardConfig(budget=BudgetConfig(max_cost_usd=2.0))
@@ -98,16 +99,7 @@ def test_bad_file_refuses_start_naming_field(tmp_path: Path) -> None:
 
 
 def test_body_round_trip_langsight_shape() -> None:
-    body = {
-        "loop_detection": {"enabled": True, "threshold": 3, "action": "terminate", "max_steps": 50},
-        "budget": {"max_cost_usd": 0.50, "soft_alert_threshold_usd": 0.40, "max_wall_time_seconds": 120},
-        "circuit_breaker": {
-            "enabled": True,
-            "open_after_failures": 5,
-            "cooldown_seconds": 30,
-            "half_open_max_calls": 3,
-        },
-    }
+    body = LANGSIGHT_BODY
     cfg = config_from_body(body)
     assert cfg.loop_detection.max_steps == 50
     assert cfg.limits.max_llm_calls is None  # Tripwire's extra section takes its defaults

@@ -10,9 +10,8 @@ from typing import Any
 
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
 
-from tests.conftest import AGENT_KEY, Running, StartTripwire
+from tests.conftest import AGENT_KEY, Running, StartTripwire, serve_fake
 from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 from tests.schema import assert_run_valid
@@ -126,13 +125,8 @@ async def test_max_llm_calls_lets_exactly_n_through(
 
 @pytest.fixture
 async def second_upstream() -> AsyncIterator[tuple[FakeUpstream, str]]:
-    fake = FakeUpstream(default=Reply(text="from the other upstream"))
-    server = TestServer(fake.app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield fake, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serve_fake(Reply(text="from the other upstream")) as pair:
+        yield pair
 
 
 def transitions(events: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -14,18 +14,8 @@ import pytest
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
+from tests.reference_bodies import LANGSIGHT_BODY
 
-# LangSight's documented example (reference seed 004), as sent with PUT
-LANGSIGHT_BODY: dict[str, Any] = {
-    "loop_detection": {"enabled": True, "threshold": 3, "action": "terminate", "max_steps": 50},
-    "budget": {"max_cost_usd": 0.50, "soft_alert_threshold_usd": 0.40, "max_wall_time_seconds": 120},
-    "circuit_breaker": {
-        "enabled": True,
-        "open_after_failures": 5,
-        "cooldown_seconds": 30,
-        "half_open_max_calls": 3,
-    },
-}
 AGENT = "/api/agents/research-agent/prevention-config"
 PROJECT = "/api/projects/prevention-config"
 HELLO = [{"role": "user", "content": "hello"}]

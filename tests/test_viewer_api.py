@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
 from tests.conftest import AGENT_KEY
+from tests.reference_bodies import LANGSIGHT_BODY
 from tests.viewer_fixtures import T0, FakeEngine, immutable, many_events, write_run
 from viewer.api import setup_admin
 
@@ -239,18 +240,6 @@ async def test_terminate_and_guard_stats(make_client: MakeClient, tmp_path: Path
     assert r.status == 200
     assert await r.json() == {"run_id": run_id, "terminated": True}
     assert c.engine.terminated == [run_id]  # type: ignore[attr-defined]
-
-
-LANGSIGHT_BODY = {
-    "loop_detection": {"enabled": True, "threshold": 3, "action": "terminate", "max_steps": 50},
-    "budget": {"max_cost_usd": 0.50, "soft_alert_threshold_usd": 0.40, "max_wall_time_seconds": 120},
-    "circuit_breaker": {
-        "enabled": True,
-        "open_after_failures": 5,
-        "cooldown_seconds": 30,
-        "half_open_max_calls": 3,
-    },
-}
 
 
 async def test_agent_prevention_config(make_client: MakeClient, tmp_path: Path) -> None:
