@@ -580,11 +580,12 @@ async def test_a_call_answered_with_the_next_user_message_counts_toward_max_tool
 async def test_per_tool_escalation_of_function_calling_tools(
     start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
 ) -> None:
-    """A mutating tool the agent runs itself, other arguments each time: the request whose history
-    holds its 3rd call of the turn is warned (forwarded), the one holding the 5th is blocked."""
+    """`per_tool_mode: count` (Loop Guard's rule): a mutating tool the agent runs itself, other
+    arguments each time: the request whose history holds its 3rd call of the turn is warned
+    (forwarded), the one holding the 5th is blocked. The default (progress) leaves it alone."""
     fake, url = fake_upstream
     fake.replies = [Reply(tool_calls=[(f"call_{i}", "write_note", {"text": f"n{i}"})]) for i in range(9)]
-    tw = await start_tripwire(upstream={"url": url})
+    tw = await start_tripwire(upstream={"url": url}, guards={"loop_detection": {"per_tool_mode": "count"}})
     _, answer = await agent_loop(tw.url)
     assert answer.choices[0].message.content.startswith("[tripwire] blocked:")
     assert len(fake.calls(CHAT)) == 5

@@ -167,9 +167,11 @@ async def test_paging_is_never_stopped(start_tripwire: StartTripwire) -> None:
     assert all(w["payload"]["action"] == "warn" for w in only(events, "LOOP_WARNING"))
 
 
-async def test_idempotent_tool_escalates_warn_block_halt(start_tripwire: StartTripwire) -> None:
+async def test_count_mode_escalates_an_idempotent_tool_warn_block_halt(start_tripwire: StartTripwire) -> None:
+    """`per_tool_mode: count` is Loop Guard's rule: every call of a tool in the turn counts, whatever
+    its arguments (the default counts calls without progress, and leaves this paging alone)."""
     with shop() as upstream:
-        tw = await start(start_tripwire, upstream, action="warn")
+        tw = await start(start_tripwire, upstream, action="warn", per_tool_mode="count")
         outcomes: list[str] = []
         async with Client(tw.url + SESSION_URL, cache=None) as client:
             for i in range(1, 14):
@@ -209,9 +211,9 @@ async def test_a_pause_longer_than_turn_gap_starts_a_new_turn(start_tripwire: St
     assert [w for w in guard_warnings(events) if w["payload"]["kind"] == "per_tool"] == []
 
 
-async def test_mutating_tool_escalates_three_five_seven(start_tripwire: StartTripwire) -> None:
+async def test_count_mode_escalates_a_mutating_tool_three_five_seven(start_tripwire: StartTripwire) -> None:
     with shop() as upstream:
-        tw = await start(start_tripwire, upstream, action="warn")
+        tw = await start(start_tripwire, upstream, action="warn", per_tool_mode="count")
         outcomes: list[str] = []
         async with Client(tw.url + SESSION_URL, cache=None) as client:
             for i in range(1, 8):
@@ -465,7 +467,8 @@ async def test_mcp_calls_of_an_llm_session_count_in_its_turns_not_by_pauses(
 ) -> None:
     """Where the LLM traffic passes through Tripwire, turns come from its history: a pause longer
     than turn_gap_s between MCP calls does not start a new turn, a new user message does; each
-    call counts once (as MCP), so the 5th get_record of the turn is the one warned."""
+    call counts once (as MCP), so under `per_tool_mode: count` the 5th get_record of the turn is
+    the one warned."""
     import json
 
     import httpx2
@@ -482,7 +485,7 @@ async def test_mcp_calls_of_an_llm_session_count_in_its_turns_not_by_pauses(
     ]
     fake.default = Reply(text="done again")
     headers = {"X-Tripwire-Session": "turns-1", "X-Tripwire-Agent": "mixed"}
-    loop = {"turn_gap_s": 0.1, "max_repeated_tool_steps": 50}
+    loop = {"turn_gap_s": 0.1, "max_repeated_tool_steps": 50, "per_tool_mode": "count"}
     with shop() as upstream:
         tw = await start_tripwire(
             upstream={"url": llm_url}, mcp={"shop": {"url": upstream}}, guards={"loop_detection": loop}

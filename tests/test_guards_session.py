@@ -22,18 +22,18 @@ def test_a_quiet_call_is_allowed_with_a_reservation() -> None:
 
 
 def test_mcp_loop_block_refuses_without_reserving_and_lists_each_firing() -> None:
-    g = guards(loop_detection=LoopDetectionConfig(threshold=3, action="block"))
+    g = guards(loop_detection=LoopDetectionConfig(threshold=3, action="block", no_progress_warn=3))
     for i in range(2):
         v = g.before_tool_call("write_file", {"p": "x"}, now=float(i))
         assert not v.refused
         g.after_tool_call(
-            v.reservation, "write_file", {"p": "x"}, result_fingerprint=f"r{i}", error=None, now=float(i)
+            v.reservation, "write_file", {"p": "x"}, result_fingerprint="r", error=None, now=float(i)
         )
     v = g.before_tool_call("write_file", {"p": "x"}, now=3.0)
     assert v.refused and v.reservation is None
-    assert {d.kind for d in v.decisions} == {"repetition", "per_tool"}  # mutating: warn at 3
+    assert {d.kind for d in v.decisions} == {"repetition", "no_progress"}
     assert v.decision.kind == "repetition" and v.decision.action is Action.BLOCK
-    assert [d.kind for d in v.loop_findings] == ["repetition", "per_tool"]
+    assert [d.kind for d in v.loop_findings] == ["repetition", "no_progress"]
     assert v.tags == ("loop_detected",)
     assert g.stats()["budget"]["tool_calls"] == 2  # the refused call was never forwarded
 
@@ -105,7 +105,7 @@ def test_soft_alert_comes_after_the_call_once() -> None:
 
 
 def test_observe_event_counts_events_and_feeds_the_cycle() -> None:
-    g = guards(limits=LimitsConfig(max_events=7))
+    g = guards(limits=LimitsConfig(max_events=7), loop_detection=LoopDetectionConfig(agentdbg_cycle=True))
     fired = [
         g.observe_event(t, n, f"e{i}") for i, (t, n) in enumerate([("LLM_CALL", "m"), ("TOOL_CALL", "t")] * 3)
     ]
@@ -199,7 +199,7 @@ def test_the_dialects_own_request_types_are_accepted() -> None:
     results: list[ToolResult] = []
     verdict = None
     for i in range(3):
-        steps.append([ToolCall(f"c{i}", "deploy", {"env": "prod", "try": i})])
+        steps.append([ToolCall(f"c{i}", "deploy", {"env": f"prod-{i}"})])
         results.append(ToolResult(f"c{i}", [{"type": "text", "text": "HTTP 503"}], is_error=True))
         verdict = g.before_llm_call(steps, 0, results, estimate_usd=0, now=float(i))
     # the third attempt after two identical failures is the one answered

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 LoopAction = Literal["warn", "block", "terminate"]
+PerToolMode = Literal["progress", "count"]
 
 
 class _Section(BaseModel):
@@ -23,14 +24,17 @@ class LoopDetectionConfig(_Section):
     threshold: int = Field(5, ge=2)
     action: LoopAction = "warn"
     max_steps: PositiveInt | None = None
-    # AgentDbg cycle detection
+    # AgentDbg cycle detection (name-only, over events): opt-in, `stop_on_loop` turns it on
     window: int = Field(12, ge=2)
     repetitions: int = Field(3, ge=2)
+    agentdbg_cycle: bool = False
     stop_on_loop: bool = False
     stop_on_loop_min_repetitions: int = Field(3, ge=2)
     # Loop Guard no-progress polls and per-tool escalation
     no_progress_warn: PositiveInt = 4
     no_progress_halt: PositiveInt = 8
+    # progress: a tool's calls without progress in the turn; count: every call (Loop Guard exactly)
+    per_tool_mode: PerToolMode = "progress"
     idempotent: tuple[PositiveInt, PositiveInt, PositiveInt] = (5, 8, 12)
     mutating: tuple[PositiveInt, PositiveInt, PositiveInt] = (3, 5, 7)
     idempotent_tools: tuple[str, ...] = ()
@@ -48,6 +52,9 @@ class LoopDetectionConfig(_Section):
                 raise ValueError(
                     f"{name}: thresholds must be warn <= block <= halt, got {[warn, block, halt]}"
                 )
+        if self.stop_on_loop and not self.agentdbg_cycle:
+            # stop_on_loop ends a run on AgentDbg's cycle, so it implies that detector
+            object.__setattr__(self, "agentdbg_cycle", True)
         if self.no_progress_warn > self.no_progress_halt:
             raise ValueError("no_progress_warn must not exceed no_progress_halt")
         return self

@@ -1,16 +1,36 @@
-"""Loop detection for one session (SPEC §5.1): every pattern, and exactly when it fires.
+"""Loop detection for one session (SPEC §5.1): progress, not counts.
 
-Tool calls reach the detector two ways and count once:
-- MCP `tools/call`: `check_tool_call()` before forwarding (the attempt counts even if refused),
-  then `record_tool_result()` with what came back;
-- function-calling tools the agent ran itself: `check_llm_history()` with the request's
-  assistant steps; each `tool_call_id` counts once however often the history repeats it, and a
-  call already seen as MCP (same bare tool name + canonical arguments) is not counted again.
-`observe_event()` feeds AgentDbg's cycle detector with every LLM_CALL / TOOL_CALL recorded.
+A call *makes progress* when it learns something new or changes something new. Precisely, with a
+call's identity being its tool and arguments without per-call noise (`stable_signature`: no
+request ids, nonces, timestamps, counters) and its result a fingerprint without such noise:
 
-Each firing is a `Decision` (kind, pattern, repetitions, window_size, evidence). A streak writes
-one LOOP_WARNING: `new_finding` is True only for its first decision (per level, for the
-graduated patterns), while every further call in it gets the same action.
+- a call is *stale* when the same identity had already come back before it was made (in this turn)
+  and its result is one that tool had already returned by then (in this turn);
+- a stale call makes *no progress* unless a change (a mutating tool called with arguments not yet
+  used in the turn) came back since that identity's last call: re-checking after a change is news.
+
+"Before it was made" means among the calls answered before it started, so the parallel calls of one
+step (one assistant message, or MCP calls in flight together) never count against each other: a
+fan-out is not a repetition. A new user turn (for an MCP-only session, a pause of `turn_gap_s`)
+starts from nothing.
+
+The patterns, each judged on the attempt *before* it is forwarded (so for MCP it can be refused):
+- repetition / ping_pong: the turn's last calls repeat a block of m = 1..5 calls, and every call
+  after the block's first round was stale; fires once that run spans max(threshold, 2m) calls;
+- no_progress (Loop Guard's poll): the same call came back with the same result, without
+  progress, `no_progress_warn` - 1 times in a row: the next attempt warns (halt at `_halt`);
+- retry_no_progress: the same tool failed with the same error `threshold` - 1 times in a row
+  (whatever its arguments: a failure changes nothing and teaches nothing new), no change since;
+- per_tool: a tool's calls without progress in the turn reach 5/8/12 (idempotent) or 3/5/7
+  (mutating) -> warn/block/terminate; `per_tool_mode: count` counts every call, as Loop Guard;
+- identical_step (seed 003): the same set of calls in consecutive assistant steps, stale;
+- cycle (AgentDbg, opt-in `agentdbg_cycle`): name-only event signatures over a window.
+An attempt whose identity has come back before, with no change since, is presumed to make no
+progress (its own result is not known yet): "the T-th attempt after T-1 results without progress".
+
+Tool calls reach the detector two ways and count once: MCP `check_tool_call()` then
+`record_tool_result()`; function-calling tools in an LLM request's history, `check_llm_history()`
+(each `tool_call_id` once; a call already seen as MCP is not counted again).
 
 Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
 """
@@ -25,22 +45,35 @@ from typing import Any
 
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision
-from proxy.guards.signatures import content_text, normalize_tool_name, result_fingerprint, signature
+from proxy.guards.signatures import (
+    content_text,
+    normalize_tool_name,
+    result_fingerprint,
+    signature,
+    stable_error,
+    stable_signature,
+)
 
 GUARD = "loop_detection"
 TAG_LOOP = "loop_detected"
 TAG_TERMINATED = "terminated"
 PATTERN_CHARS = 80
 MAX_EVIDENCE = 50
-MAX_CYCLE_PERIOD = 4
+MAX_CYCLE_PERIOD = 5
+HISTORY = 64  # a turn's last attempts kept for cycles and evidence
+MAX_TURN_KEYS = 8192  # identities / results remembered per turn (forgetting only makes calls look new)
 
-IDEMPOTENT_WORDS = ("read", "get", "list", "search", "status", "fetch", "query")
+IDEMPOTENT_WORDS = (
+    "read", "get", "list", "search", "status", "fetch", "query", "check", "find", "lookup", "view",
+    "show", "describe", "inspect", "count", "test", "lint", "verify", "validate", "diff", "poll",
+    "wait", "sleep", "ping", "health", "browse", "open", "load", "download", "scan",
+)  # fmt: skip
 MUTATING_WORDS = ("write", "edit", "delete", "execute", "shell", "commit", "push", "insert", "install")
 # Well-known names the word heuristic would misplace (Loop Guard ships similar lists): read-only
 # shell and git commands, and code runners whose names carry none of the words above.
 KNOWN_IDEMPOTENT = frozenset(
     "grep glob ls cat head tail find pwd which whoami date git_log git_diff git_show git_branch"
-    " view describe help".split()
+    " git_status view describe help".split()
 )
 KNOWN_MUTATING = frozenset(
     "bash exec eval run_python run_command subprocess mkdir rm mv cp touch create_file move_file"
@@ -86,7 +119,8 @@ def classify_tool(name: str, config: LoopDetectionConfig) -> str:
     """Idempotent or mutating: the config's lists, well-known names, then the name's words.
 
     Mutating words win over idempotent ones (`read_then_write`); a name the heuristic cannot
-    place is treated as mutating, the stricter side, as Loop Guard does.
+    place is treated as mutating, as Loop Guard does: the stricter side for its escalation counts,
+    and the lenient side for progress (a new call of it is a change).
     """
     bare = normalize_tool_name(name)
     if name in config.mutating_tools or bare in config.mutating_tools:
@@ -106,21 +140,67 @@ def classify_tool(name: str, config: LoopDetectionConfig) -> str:
     return "mutating"
 
 
-@dataclass
-class _Occurrence:
-    sig: str
-    tool: str
+@dataclass(eq=False)
+class _Attempt:
+    """One tool call of the turn: what was known when it was made, and (once back) its staleness."""
+
+    ident: str  # stable signature: the call without per-call noise
+    sig: str  # exact canonical signature (MCP results are matched back by it)
+    tool: str  # bare tool name
     evidence: str | None  # event id when known, else the tool_call_id
+    index: int  # its number in the turn, from 0
+    known: int  # answers of the turn that had come back when it was made
+    seen: bool  # the same identity had come back before it was made
+    changed: bool  # and news came back after that identity's last answer
+    stale: bool | None = None  # None while in flight; refused attempts are stale
+
+    @property
+    def presumed_stale(self) -> bool:
+        """Judged before its result: the same call again, with nothing changed since."""
+        return self.seen and not self.changed
 
 
 @dataclass
 class _Streak:
-    """A run of identical failures / identical results, numbered so one LOOP_WARNING is written."""
+    """Consecutive identical results (or failures) of one identity, numbered for one warning each."""
 
     key: Any
-    count: int = 0
-    serial: int = 0
+    count: int
+    serial: int
     evidence: list[str] = field(default_factory=list)
+    at: int = 0  # the turn's answer serial of its latest member
+
+
+class _Turn:
+    """Everything progress is measured against: it starts from nothing at each user turn."""
+
+    def __init__(self, number: int, started_at: float | None) -> None:
+        self.number = number
+        self.started_at = started_at
+        self.attempts: deque[_Attempt] = deque(maxlen=HISTORY)
+        self.count = 0  # attempts so far
+        self.serial = 0  # answers so far
+        self.answered: dict[str, int] = {}  # identity -> serial of its first answer
+        # "after" is by epoch, the answers a call had seen when it was made: the calls of one step
+        # share it, so a fan-out's answers are never news to each other
+        self.last_answer: dict[str, int] = {}  # identity -> epoch of its latest answer
+        self.results: dict[tuple[str, str], int] = {}  # (tool, fingerprint) -> first serial
+        self.last_news = -1  # epoch of the last answer that was progress and no failure
+        self.no_progress: Counter[str] = Counter()  # tool -> calls without progress
+        self.calls: Counter[str] = Counter()  # tool -> every attempt
+        self.same: dict[str, _Streak] = {}  # identity -> identical results in a row
+        self.fails: dict[str, _Streak] = {}  # tool -> identical failures in a row
+        self.pending: dict[str, list[_Attempt]] = {}  # exact signature -> MCP calls in flight
+        self.periodic = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
+        self.ids: set[str] = set()  # tool_call_ids of this turn
+
+    def forget_if_large(self) -> None:
+        if len(self.answered) > MAX_TURN_KEYS or len(self.results) > MAX_TURN_KEYS:
+            self.answered.clear()
+            self.last_answer.clear()
+            self.results.clear()
+            self.same.clear()
+            self.fails.clear()
 
 
 class LoopDetector:
@@ -128,27 +208,14 @@ class LoopDetector:
 
     def __init__(self, config: LoopDetectionConfig) -> None:
         self.config = config
-        self._serial = 0
-        # every tool-call attempt, in order (bounded: only tails are ever looked at)
-        self._seq: deque[_Occurrence] = deque(maxlen=256)
-        self._index = -1  # global index of the last occurrence
-        self._run_len = 0  # repetition: identical signatures at the end
-        self._periodic: dict[int, int] = {m: 0 for m in range(2, MAX_CYCLE_PERIOD + 1)}
+        self._serial = 0  # numbers streaks, so each writes one LOOP_WARNING
         self._reported: set[Any] = set()  # streak keys that already wrote their LOOP_WARNING
-        # retry without progress: consecutive (tool, error) failures across the session's results
-        self._fail = _Streak(key=None)
-        # no-progress poll: per signature, consecutive identical results
-        self._results: dict[str, _Streak] = {}
-        # per-tool escalation within a turn
-        self.turn = 0
-        self.turn_started_at: float | None = None
-        self.turn_counts: Counter[str] = Counter()
-        self._turn_ids: set[str] = set()
+        self._turn = _Turn(0, None)
         self._last_mcp_at: float | None = None
         self._llm_seen = False
         # function-calling bookkeeping
         self._seen_ids: set[str] = set()
-        self._id_sig: dict[str, str] = {}
+        self._by_id: dict[str, _Attempt] = {}
         self._mcp_unclaimed: Counter[str] = Counter()
         self._answers: dict[tuple[str, ...], list[Decision]] = {}  # last request's decisions
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
@@ -165,6 +232,19 @@ class LoopDetector:
         self.config = config
         if self._window.maxlen != max(2, config.window):
             self._window = deque(self._window, maxlen=max(2, config.window))
+
+    # the turn, as the session's stats and turn-time limit read it
+    @property
+    def turn(self) -> int:
+        return self._turn.number
+
+    @property
+    def turn_started_at(self) -> float | None:
+        return self._turn.started_at
+
+    @property
+    def turn_counts(self) -> Counter[str]:
+        return self._turn.calls
 
     # -- MCP tool calls --------------------------------------------------------------------------
 
@@ -183,9 +263,13 @@ class LoopDetector:
             if self._last_mcp_at is None or now - self._last_mcp_at > gap:
                 self._new_turn(now)
         self._last_mcp_at = now
-        decisions = self._count_call(sig, normalize_tool_name(tool), evidence)
-        decisions += self._turn_time(now)
-        return self._finish(decisions)
+        attempt = self._attempt(tool, args, sig, evidence)
+        self._turn.pending.setdefault(sig, []).append(attempt)
+        decisions = self._judge(attempt) + self._turn_time(now)
+        decisions = self._finish(decisions)
+        if any(d.action >= Action.BLOCK for d in decisions):
+            self._refused(attempt)
+        return decisions
 
     def record_tool_result(
         self,
@@ -197,15 +281,18 @@ class LoopDetector:
         *,
         event_id: str | None = None,
     ) -> None:
-        """After an MCP call answered: feeds retry-without-progress and no-progress poll."""
+        """After an MCP call answered: whether it made progress, for the patterns that follow."""
         self._last_mcp_at = now  # the pause that ends an MCP-only turn runs from the last activity
-        sig = signature(tool, args)
+        waiting = self._turn.pending.get(signature(tool, args))
+        if not waiting:
+            return  # detection off when it was made, or a turn began since: nothing to measure against
+        attempt = waiting.pop(0)
+        if not waiting:
+            del self._turn.pending[attempt.sig]
         if event_id is not None:
-            for occ in reversed(self._seq):
-                if occ.sig == sig:
-                    occ.evidence = event_id
-                    break
-        self._record_result(sig, normalize_tool_name(tool), result_fingerprint, error, event_id)
+            attempt.evidence = event_id
+        self._resolve(attempt, result_fingerprint, error)
+        self._apply(attempt, result_fingerprint, error)
 
     # -- function-calling tools in an LLM request's history ---------------------------------------
 
@@ -231,23 +318,23 @@ class LoopDetector:
         self._llm_seen = True
         inside = [c[0] for step in steps[turn_start:] for c in step]
         before = [c[0] for step in steps[:turn_start] for c in step]
-        if not inside or self._turn_ids.intersection(before) or self.turn_started_at is None:
+        if not inside or self._turn.ids.intersection(before) or self._turn.started_at is None:
             self._new_turn(now)
 
         decisions: list[Decision] = []
         new_calls = 0
         self.new_history_calls = 0
         for k, step in enumerate(steps):
+            made: list[tuple[_Attempt, tuple[str, str | None] | None]] = []
             for call_id, name, args in step:
                 first = self._first_sight(call_id, name, args)
                 if first is None:
                     continue
                 sig, claimed_by_mcp = first
                 new_calls += 1
-                self._id_sig[call_id] = sig
                 if claimed_by_mcp:  # already counted as the MCP call it was
                     if k >= turn_start:
-                        self._turn_ids.add(call_id)
+                        self._turn.ids.add(call_id)
                     continue
                 if k < turn_start:
                     # an earlier turn: not judged now; a call Tripwire never saw before, in a
@@ -255,12 +342,19 @@ class LoopDetector:
                     # next user message): a tool call of the session all the same (limits)
                     self.new_history_calls += int(self._history_seen)
                     continue
-                self._turn_ids.add(call_id)
+                self._turn.ids.add(call_id)
                 self.new_history_calls += 1
-                decisions += self._count_call(sig, normalize_tool_name(name), call_id)
-                if call_id in tool_results:
-                    fingerprint, error = tool_results[call_id]
-                    self._record_result(sig, normalize_tool_name(name), fingerprint, error, call_id)
+                attempt = self._attempt(name, args, sig, call_id)
+                self._by_id[call_id] = attempt
+                decisions += self._judge(attempt)
+                result = tool_results.get(call_id)
+                if result is not None:
+                    self._resolve(attempt, *result)  # known now: the step's next calls see it
+                made.append((attempt, result))
+            # the calls of one step were made together: what they returned counts from the next step
+            for attempt, result in made:
+                if result is not None:
+                    self._apply(attempt, *result)
 
         # the request's shape: the same history sent again gets the same answer
         last_ids = (str(turn_start), str(len(steps)), *(c[0] for c in steps[-1])) if steps else ()
@@ -303,8 +397,8 @@ class LoopDetector:
     # -- AgentDbg cycle --------------------------------------------------------------------------
 
     def observe_event(self, event_type: str, name: str, event_id: str) -> Decision | None:
-        """After an event is recorded: AgentDbg's cycle over `window` event signatures."""
-        if not self.config.enabled:
+        """After an event is recorded: AgentDbg's cycle over `window` event signatures (opt-in)."""
+        if not self.config.enabled or not self.config.agentdbg_cycle:
             return None
         if event_type in ("LLM_CALL", "TOOL_CALL"):
             sig = f"{event_type}:{name or 'UNKNOWN'}"
@@ -352,36 +446,315 @@ class LoopDetector:
             return decision
         return None
 
-    # -- the shared counting ---------------------------------------------------------------------
+    # -- attempts and their results --------------------------------------------------------------
 
     def _new_turn(self, now: float) -> None:
-        self.turn += 1
-        self.turn_started_at = now
-        self.turn_counts.clear()
-        self._turn_ids = set()
+        self._turn = _Turn(self._turn.number + 1, now)
 
-    def _count_call(self, sig: str, tool: str, evidence: str | None) -> list[Decision]:
-        """One more attempt: the patterns that fire on it, before it is forwarded."""
-        prev = self._seq[-1].sig if self._seq else None
-        self._index += 1
-        self._seq.append(_Occurrence(sig, tool, evidence))
-        self._run_len = self._run_len + 1 if sig == prev else 1
-        for m in self._periodic:
-            if self._index >= m and self._seq[-1 - m].sig == sig:
-                self._periodic[m] += 1
+    def _attempt(self, tool: str, args: Any, sig: str, evidence: str | None) -> _Attempt:
+        """One more call of the turn, with what was known when it was made."""
+        t = self._turn
+        ident = stable_signature(tool, args)
+        bare = normalize_tool_name(tool)
+        last = t.last_answer.get(ident)
+        attempt = _Attempt(
+            ident=ident,
+            sig=sig,
+            tool=bare,
+            evidence=evidence,
+            index=t.count,
+            known=t.serial,
+            seen=last is not None,
+            changed=last is not None and t.last_news > last,
+        )
+        for m in t.periodic:
+            if t.count >= m and len(t.attempts) >= m and t.attempts[-m].ident == ident:
+                t.periodic[m] += 1
             else:
-                self._periodic[m] = min(self._index + 1, m)
-        self.turn_counts[tool] += 1
-        self.tool_totals[tool] += 1
+                t.periodic[m] = min(t.count + 1, m)
+        t.count += 1
+        t.attempts.append(attempt)
+        t.calls[bare] += 1
+        self.tool_totals[bare] += 1
+        return attempt
 
-        out = [d for d in (self._repetition(), self._ping_pong()) if d is not None]
-        out += self._per_tool(tool)
-        out += self._pending_results(sig, tool)
+    def _resolve(self, attempt: _Attempt, fingerprint: str, error: str | None) -> None:
+        """Stale: the same call had come back, and so had this result, before it was made."""
+        first = self._turn.results.get((attempt.tool, fingerprint))
+        attempt.stale = attempt.seen and first is not None and first <= attempt.known
+
+    def _apply(self, attempt: _Attempt, fingerprint: str, error: str | None) -> None:
+        """What the answer teaches the turn: news (progress that did not fail), the results each tool
+        has returned, and the streaks of identical answers."""
+        t = self._turn
+        t.serial += 1
+        epoch = attempt.known
+        ident = attempt.ident
+        no_progress = bool(attempt.stale) and not attempt.changed
+        t.answered.setdefault(ident, t.serial)
+        t.last_answer[ident] = epoch
+        t.results.setdefault((attempt.tool, fingerprint), t.serial)
+        if not attempt.stale and error is None:
+            t.last_news = max(t.last_news, epoch)
+        if no_progress:
+            t.no_progress[attempt.tool] += 1
+        same = t.same.get(ident)
+        if no_progress and same is not None and same.key == fingerprint:
+            same.count += 1
+        else:
+            same = t.same[ident] = _Streak(fingerprint, 1, self._next_serial())
+        if attempt.evidence:
+            same.evidence.append(attempt.evidence)
+        if error is None:
+            t.fails.pop(attempt.tool, None)
+        else:
+            # a failure is no progress whatever its arguments: nothing changed, nothing was learned
+            key = stable_error(error)
+            fail = t.fails.get(attempt.tool)
+            if fail is not None and fail.key == key and t.last_news <= fail.at:
+                fail.count += 1
+            else:
+                fail = t.fails[attempt.tool] = _Streak(key, 1, self._next_serial())
+            fail.at = epoch
+            if attempt.evidence:
+                fail.evidence.append(attempt.evidence)
+        t.forget_if_large()
+
+    def _refused(self, attempt: _Attempt) -> None:
+        """A refused MCP call never ran: it learned nothing, and the streak it belongs to goes on."""
+        attempt.stale = True
+        waiting = self._turn.pending.get(attempt.sig)
+        if waiting and attempt in waiting:
+            waiting.remove(attempt)
+            if not waiting:
+                del self._turn.pending[attempt.sig]
+        self._turn.no_progress[attempt.tool] += 1
+
+    def _next_serial(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    # -- the patterns ----------------------------------------------------------------------------
+
+    def _judge(self, attempt: _Attempt) -> list[Decision]:
+        """The patterns that fire on this attempt, before it is forwarded."""
+        out = [d for d in (self._periodic(attempt),) if d is not None]
+        if attempt.presumed_stale:
+            out += self._no_progress(attempt)
+        out += self._retry(attempt)
+        out += self._per_tool(attempt)
         return out
 
-    def _evidence(self, count: int) -> tuple[str, ...]:
-        tail = list(self._seq)[-min(count, MAX_EVIDENCE) :]
-        return tuple(o.evidence for o in tail if o.evidence)
+    def _trailing_stale(self) -> int:
+        """How many calls before the current one, back from it, came back stale (or were refused)."""
+        n = 0
+        attempts = self._turn.attempts
+        for i in range(len(attempts) - 2, -1, -1):
+            a = attempts[i]
+            # in flight (an MCP fan-out): the same call again is presumed stale, as it is judged
+            if not (a.stale or (a.stale is None and a.seen)):
+                break
+            n += 1
+        return n
+
+    def _periodic(self, attempt: _Attempt) -> Decision | None:
+        """Repetition (m = 1) and cycles of m = 2..5 calls: the turn's tail repeats a block of m
+        calls, and every call after the block's first round came back stale."""
+        t = self._turn
+        threshold = self.config.threshold
+        stale_run: int | None = None
+        for m, periodic_len in t.periodic.items():
+            need = max(threshold, 2 * m)
+            if periodic_len < need:
+                continue
+            if stale_run is None:
+                stale_run = self._trailing_stale()
+            length = min(periodic_len, stale_run + m + 1, len(t.attempts))
+            if length < need:
+                continue
+            tail = list(t.attempts)[-length:]
+            block = [a.ident for a in tail[:m]]  # in the order the loop began
+            if m > 1 and any(
+                all(block[i] == block[i % p] for i in range(m)) for p in range(1, m) if m % p == 0
+            ):
+                continue  # a shorter period repeats: that one is the loop
+            start = attempt.index - length + 1
+            evidence = tuple(a.evidence for a in tail[-MAX_EVIDENCE:] if a.evidence)
+            if m == 1:
+                return self._loop(
+                    "repetition",
+                    ("repetition", t.number, start),
+                    _ACTIONS[self.config.action],
+                    f"{attempt.tool} was called {length} times in a row with the same arguments"
+                    " and nothing new came back",
+                    pattern=attempt.sig,
+                    threshold=threshold,
+                    actual=length,
+                    repetitions=length,
+                    window_size=length,
+                    evidence=evidence,
+                )
+            tools = " -> ".join(a.tool for a in tail[:m])
+            return self._loop(
+                "ping_pong",
+                ("ping_pong", t.number, m, start),
+                _ACTIONS[self.config.action],
+                f"the calls {tools} repeat as a cycle ({length} calls, {length // m} rounds)"
+                " and nothing new came back",
+                pattern=" -> ".join(a.sig for a in tail[:m]),
+                threshold=need,
+                actual=length,
+                repetitions=length // m,
+                window_size=length,
+                evidence=evidence,
+            )
+        return None
+
+    def _no_progress(self, attempt: _Attempt) -> list[Decision]:
+        """Loop Guard's poll: the same call, the same result, again and again."""
+        cfg = self.config
+        same = self._turn.same.get(attempt.ident)
+        if same is None:
+            return []
+        number = same.count + 1  # this attempt's number in the streak
+        if number >= cfg.no_progress_halt:
+            action, limit = Action.TERMINATE, cfg.no_progress_halt
+        elif number >= cfg.no_progress_warn:
+            action, limit = Action.WARN, cfg.no_progress_warn
+        else:
+            return []
+        times = "once" if same.count == 1 else f"{same.count} times in a row"
+        return [
+            self._loop(
+                "no_progress",
+                ("no_progress", same.serial, action),
+                action,
+                f"{attempt.tool} returned the same result {times}; this is call {number}",
+                pattern=attempt.sig,
+                threshold=limit,
+                actual=number,
+                repetitions=number,
+                window_size=number,
+                evidence=tuple(same.evidence[-MAX_EVIDENCE:]),
+            )
+        ]
+
+    def _retry(self, attempt: _Attempt) -> list[Decision]:
+        """The same tool failed with the same error threshold - 1 times in a row, and no news came
+        back since: this attempt is the T-th."""
+        threshold = self.config.threshold
+        fail = self._turn.fails.get(attempt.tool)
+        if fail is None or fail.count + 1 < threshold or self._turn.last_news > fail.at:
+            return []
+        return [
+            self._loop(
+                "retry_no_progress",
+                ("retry_no_progress", fail.serial),
+                _ACTIONS[self.config.action],
+                f"{attempt.tool} failed {fail.count} times in a row with the same error: {fail.key}",
+                pattern=f"{attempt.tool}: {fail.key}",
+                threshold=threshold,
+                actual=fail.count + 1,
+                repetitions=fail.count + 1,
+                window_size=fail.count + 1,
+                evidence=tuple(fail.evidence[-MAX_EVIDENCE:]),
+            )
+        ]
+
+    def _per_tool(self, attempt: _Attempt) -> list[Decision]:
+        """Loop Guard's graduated escalation: by calls without progress, or every call (`count`)."""
+        tool = attempt.tool
+        t = self._turn
+        if self.config.per_tool_mode == "count":
+            count, counted = t.calls[tool], "called"
+        elif attempt.presumed_stale:
+            count, counted = t.no_progress[tool] + 1, "called without progress"
+        else:
+            return []
+        kind = classify_tool(tool, self.config)
+        warn, block, halt = self.config.idempotent if kind == "idempotent" else self.config.mutating
+        if count >= halt:
+            action, limit = Action.TERMINATE, halt
+        elif count >= block:
+            action, limit = Action.BLOCK, block
+        elif count >= warn:
+            action, limit = Action.WARN, warn
+        else:
+            return []
+        picked = [a.evidence for a in reversed(t.attempts) if a.tool == tool and a.evidence]
+        return [
+            self._loop(
+                "per_tool",
+                ("per_tool", t.number, tool, action),
+                action,
+                f"{kind} tool {tool} was {counted} {count} times in this turn",
+                pattern=tool,
+                threshold=limit,
+                actual=count,
+                repetitions=count,
+                window_size=count,
+                evidence=tuple(reversed(picked[:MAX_EVIDENCE])),
+            )
+        ]
+
+    def _identical_step(self, steps: Sequence[Sequence[HistoryCall]], turn_start: int) -> list[Decision]:
+        """003's guard: the same set of calls in consecutive assistant steps of this turn, each step
+        after the first of the run stale (the same calls, the same results)."""
+        limit = self.config.max_repeated_tool_steps
+        turn = list(steps[turn_start:])
+        if not turn or not turn[-1]:
+            return []
+        attempts = [[self._by_id.get(c[0]) for c in step] for step in turn]
+        keys = [tuple(sorted(self._ident_of(c) for c in step)) for step in turn]
+        run = 1
+        while run < len(keys) and keys[-1 - run] == keys[-1]:
+            run += 1
+        repeated = run - 1
+        if repeated < limit:
+            return []
+        middle = attempts[len(turn) - run + 1 : -1]
+        if not all(a is not None and a.stale for row in middle for a in row):
+            return []  # something new came back on the way: the agent is getting somewhere
+        first_step = turn[len(turn) - run]
+        ids = tuple(c[0] for step in turn[-run:] for c in step)
+        return [
+            self._loop(
+                "identical_step",
+                ("identical_step", first_step[0][0]),
+                _ACTIONS[self.config.action],
+                f"the same tool calls were repeated in {run} consecutive steps and nothing new came back",
+                pattern=" + ".join(keys[-1]),
+                threshold=limit,
+                actual=repeated,
+                repetitions=run,
+                window_size=run,
+                evidence=ids[-MAX_EVIDENCE:],
+            )
+        ]
+
+    def _ident_of(self, call: tuple[str, str, Any]) -> str:
+        attempt = self._by_id.get(call[0])
+        return attempt.ident if attempt is not None else stable_signature(call[1], call[2])
+
+    def _turn_time(self, now: float) -> list[Decision]:
+        """Loop Guard's max_time_per_turn, for turns the conversation history shows."""
+        limit = self.config.max_time_per_turn
+        started = self._turn.started_at
+        if limit is None or not self._llm_seen or started is None:
+            return []
+        elapsed = now - started
+        if elapsed <= limit:
+            return []
+        d = Decision(
+            Action.BLOCK,
+            "max_time_per_turn",
+            f"this turn has run {elapsed:.3g}s, longer than {limit:g}s",
+            threshold=limit,
+            actual=round(elapsed, 3),
+        )
+        return [d]
+
+    # -- decisions -------------------------------------------------------------------------------
 
     def _loop(self, kind: str, key: Any, action: Action, message: str, **kw: Any) -> Decision:
         new = key not in self._reported
@@ -398,193 +771,6 @@ class LoopDetector:
             tags=tags,
             **kw,
         )
-
-    def _repetition(self) -> Decision | None:
-        t = self.config.threshold
-        if self._run_len < t:
-            return None
-        sig = self._seq[-1].sig
-        return self._loop(
-            "repetition",
-            ("repetition", self._index - self._run_len + 1),
-            _ACTIONS[self.config.action],
-            f"{self._seq[-1].tool} was called {self._run_len} times in a row with the same arguments",
-            pattern=sig,
-            threshold=t,
-            actual=self._run_len,
-            repetitions=self._run_len,
-            window_size=self._run_len,
-            evidence=self._evidence(self._run_len),
-        )
-
-    def _ping_pong(self) -> Decision | None:
-        t = self.config.threshold
-        for m, length in self._periodic.items():
-            if length < 2 * m or length < t:
-                continue
-            block = [o.sig for o in list(self._seq)[-m:]]
-            if len(set(block)) != m:
-                continue
-            start = self._index - length + 1
-            block = [o.sig for o in list(self._seq)[-length:][:m]]  # in the order the cycle began
-            tools = " -> ".join(normalize_tool_name(s.split("(", 1)[0]) for s in block)
-            return self._loop(
-                "ping_pong",
-                ("ping_pong", m, start),
-                _ACTIONS[self.config.action],
-                f"the calls {tools} repeat as a cycle ({length} calls, {length // m} rounds)",
-                pattern=" -> ".join(block),
-                threshold=t,
-                actual=length,
-                repetitions=length // m,
-                window_size=length,
-                evidence=self._evidence(length),
-            )
-        return None
-
-    def _per_tool(self, tool: str) -> list[Decision]:
-        kind = classify_tool(tool, self.config)
-        warn, block, halt = self.config.idempotent if kind == "idempotent" else self.config.mutating
-        count = self.turn_counts[tool]
-        if count >= halt:
-            action, limit = Action.TERMINATE, halt
-        elif count >= block:
-            action, limit = Action.BLOCK, block
-        elif count >= warn:
-            action, limit = Action.WARN, warn
-        else:
-            return []
-        return [
-            self._loop(
-                "per_tool",
-                ("per_tool", self.turn, tool, action),
-                action,
-                f"{kind} tool {tool} was called {count} times in this turn",
-                pattern=tool,
-                threshold=limit,
-                actual=count,
-                repetitions=count,
-                window_size=count,
-                evidence=self._evidence_of(tool, count),
-            )
-        ]
-
-    def _evidence_of(self, tool: str, count: int) -> tuple[str, ...]:
-        picked = [o.evidence for o in reversed(self._seq) if o.tool == tool and o.evidence]
-        return tuple(reversed(picked[: min(count, MAX_EVIDENCE)]))
-
-    def _pending_results(self, sig: str, tool: str) -> list[Decision]:
-        """Result-dependent patterns: the T-th identical attempt after T-1 identical results."""
-        out: list[Decision] = []
-        cfg = self.config
-        f = self._fail
-        if f.key is not None and f.key[0] == tool and f.count + 1 >= cfg.threshold:
-            out.append(
-                self._loop(
-                    "retry_no_progress",
-                    ("retry_no_progress", f.serial),
-                    _ACTIONS[cfg.action],
-                    f"{tool} failed {f.count} times in a row with the same error: {f.key[1]}",
-                    pattern=f"{tool}: {f.key[1]}",
-                    threshold=cfg.threshold,
-                    actual=f.count + 1,
-                    repetitions=f.count + 1,
-                    window_size=f.count + 1,
-                    evidence=tuple(f.evidence[-MAX_EVIDENCE:]),
-                )
-            )
-        r = self._results.get(sig)
-        if r is not None:
-            attempt = r.count + 1
-            if attempt >= cfg.no_progress_halt:
-                action, limit = Action.TERMINATE, cfg.no_progress_halt
-            elif attempt >= cfg.no_progress_warn:
-                action, limit = Action.WARN, cfg.no_progress_warn
-            else:
-                return out
-            out.append(
-                self._loop(
-                    "no_progress",
-                    ("no_progress", r.serial, action),
-                    action,
-                    f"{tool} returned the same result {r.count} times in a row",
-                    pattern=sig,
-                    threshold=limit,
-                    actual=attempt,
-                    repetitions=attempt,
-                    window_size=attempt,
-                    evidence=tuple(r.evidence[-MAX_EVIDENCE:]),
-                )
-            )
-        return out
-
-    def _record_result(
-        self, sig: str, tool: str, fingerprint: str, error: str | None, evidence: str | None
-    ) -> None:
-        if error is None:
-            self._fail = _Streak(key=None)
-        elif self._fail.key == (tool, error):
-            self._fail.count += 1
-        else:
-            self._serial += 1
-            self._fail = _Streak(key=(tool, error), count=1, serial=self._serial)
-        if error is not None and evidence:
-            self._fail.evidence.append(evidence)
-        r = self._results.get(sig)
-        if r is not None and r.key == fingerprint:
-            r.count += 1
-        else:
-            self._serial += 1
-            r = self._results[sig] = _Streak(key=fingerprint, count=1, serial=self._serial)
-        if evidence:
-            r.evidence.append(evidence)
-
-    def _identical_step(self, steps: Sequence[Sequence[HistoryCall]], turn_start: int) -> list[Decision]:
-        """003's guard: the same set of calls in consecutive assistant steps of this turn."""
-        limit = self.config.max_repeated_tool_steps
-        turn = list(steps[turn_start:])
-        if not turn or not turn[-1]:
-            return []
-        keys = [tuple(sorted(self._id_sig.get(c[0]) or signature(c[1], c[2]) for c in step)) for step in turn]
-        run = 1
-        while run < len(keys) and keys[-1 - run] == keys[-1]:
-            run += 1
-        repeated = run - 1
-        if repeated < limit:
-            return []
-        first_step = turn[len(turn) - run]
-        ids = tuple(c[0] for step in turn[-run:] for c in step)
-        return [
-            self._loop(
-                "identical_step",
-                ("identical_step", first_step[0][0]),
-                _ACTIONS[self.config.action],
-                f"the same tool calls were repeated in {run} consecutive steps",
-                pattern=" + ".join(keys[-1]),
-                threshold=limit,
-                actual=repeated,
-                repetitions=run,
-                window_size=run,
-                evidence=ids[-MAX_EVIDENCE:],
-            )
-        ]
-
-    def _turn_time(self, now: float) -> list[Decision]:
-        """Loop Guard's max_time_per_turn, for turns the conversation history shows."""
-        limit = self.config.max_time_per_turn
-        if limit is None or not self._llm_seen or self.turn_started_at is None:
-            return []
-        elapsed = now - self.turn_started_at
-        if elapsed <= limit:
-            return []
-        d = Decision(
-            Action.BLOCK,
-            "max_time_per_turn",
-            f"this turn has run {elapsed:.3g}s, longer than {limit:g}s",
-            threshold=limit,
-            actual=round(elapsed, 3),
-        )
-        return [d]
 
     def _finish(self, decisions: list[Decision]) -> list[Decision]:
         decisions = self._dedupe(decisions)
@@ -612,13 +798,15 @@ class LoopDetector:
 
     def stats(self, now: float | None = None) -> dict[str, Any]:
         """Loop Guard's get_stats(): per-tool counts, the current turn, decisions so far."""
+        t = self._turn
         out: dict[str, Any] = {
-            "turn": self.turn,
-            "turn_tool_counts": dict(self.turn_counts),
+            "turn": t.number,
+            "turn_tool_counts": dict(t.calls),
+            "turn_no_progress_counts": dict(t.no_progress),
             "tool_counts": dict(self.tool_totals),
             "decisions": dict(self.decision_counts),
-            "tool_calls_seen": self._index + 1,
+            "tool_calls_seen": sum(self.tool_totals.values()),
         }
-        if now is not None and self.turn_started_at is not None:
-            out["turn_elapsed_s"] = round(now - self.turn_started_at, 3)
+        if now is not None and t.started_at is not None:
+            out["turn_elapsed_s"] = round(now - t.started_at, 3)
         return out

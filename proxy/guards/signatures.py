@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from proxy.guards.volatile import stable_text, stable_value
+
 FLOAT_DIGITS = 6
 
 
@@ -65,7 +67,10 @@ def canonical_args(args: Any) -> str:
     parsed = _parse_if_json(args)
     if parsed is None:
         parsed = {}
-    value = canonical_value(parsed)
+    return _dumps(canonical_value(parsed))
+
+
+def _dumps(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:  # ints beyond 64 bits: orjson refuses them, the stdlib does not
@@ -77,9 +82,31 @@ def signature(tool: str, args: Any) -> str:
     return f"{normalize_tool_name(tool)}({canonical_args(args)})"
 
 
+def stable_signature(tool: str, args: Any) -> str:
+    """The call's identity for progress: its signature without per-call noise (`volatile`).
+
+    A fresh `request_id`, a timestamp or a nonce does not make a call new, and short strings are
+    compared case- and space-folded ("Weather in Paris?" is "weather in paris").
+    """
+    parsed = _parse_if_json(args)
+    value = canonical_value(stable_value({} if parsed is None else parsed, fold_case=True))
+    return f"{normalize_tool_name(tool)}({_dumps(value)})"
+
+
 def result_fingerprint(content: Any) -> str:
-    """A short stable hash of a tool result (no-progress poll compares these, not the content)."""
-    return hashlib.blake2b(canonical_args(content).encode(), digest_size=12).hexdigest()
+    """A short stable hash of a tool result, without per-call noise (ids, times, timings).
+
+    Loop detection compares these, never the content: a status that differs only by its
+    `checked_at`, or a test run only by "in 0.31s", is the same result.
+    """
+    parsed = _parse_if_json(content)
+    value = canonical_value(stable_value(parsed))
+    return hashlib.blake2b(_dumps(value).encode(), digest_size=12).hexdigest()
+
+
+def stable_error(text: str | None) -> str | None:
+    """An error message without per-call noise, so the same failure compares equal."""
+    return None if text is None else stable_text(text)
 
 
 def content_text(content: Any, limit: int = 500) -> str:

@@ -1,0 +1,222 @@
+"""Feeds the loop corpus (`loop_corpus.py`) through the pure session guards, as an agent would.
+
+Two ways, as Tripwire sees traffic:
+- `mcp`: each call an MCP `tools/call` (checked before it is forwarded, its result read by the real
+  JSON-RPC reader after); the calls of a `Parallel` step are all sent before any answer comes back;
+  a user turn is a pause longer than `turn_gap_s` (an MCP-only session has no other sign of one);
+- `fc`: function-calling; after each assistant step the agent sends the whole history with the
+  step's results, and the request is judged (the decision lands on that step's calls).
+A refused call stops the agent (it got a blocked answer or a refusal); a warning lets it go on.
+
+`python tests/corpus_runner.py` prints the accuracy table of docs/guards.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loop_corpus import SESSIONS, Call, Parallel, Pause, Session, User  # noqa: E402
+
+from proxy.guards.config import GuardConfig  # noqa: E402
+from proxy.guards.decision import Action, Decision  # noqa: E402
+from proxy.guards.session import SessionGuards  # noqa: E402
+from proxy.guards.signatures import result_fingerprint  # noqa: E402
+from proxy.mcp.jsonrpc import tool_result  # noqa: E402
+
+SECONDS_PER_CALL = 0.5  # agents take a moment between calls; turns of the corpus stay realistic
+USER_PAUSE_S = 90.0  # a person reading and answering: longer than turn_gap_s
+
+
+@dataclass
+class Outcome:
+    """What the guards did to one session."""
+
+    session: Session
+    transport: str
+    calls: int = 0  # calls the agent made (up to the first refusal)
+    fired: list[tuple[int, Decision]] = field(default_factory=list)  # (call number, decision)
+
+    def first(self, action: Action = Action.WARN, *, loop_only: bool = True) -> int | None:
+        """The call number of the first decision at least `action` (loop patterns only by default)."""
+        for n, d in self.fired:
+            if d.action >= action and (d.kind is not None or not loop_only):
+                return n
+        return None
+
+    @property
+    def touched(self) -> bool:
+        """Any decision at all: a warning, a refusal, an ended session, from any guard."""
+        return any(d.action > Action.ALLOW for _, d in self.fired)
+
+    def caught_after(self, action: Action = Action.WARN) -> int | None:
+        """Calls from the loop's start to the first decision, counting both (None: never caught)."""
+        first = self.first(action)
+        start = self.session.loop_start or 1
+        return None if first is None else first - start + 1
+
+
+def bound(session: Session, threshold: int) -> int:
+    """SPEC §5.1: caught within max(threshold + 1, 2k) calls of the loop's start."""
+    return max(threshold + 1, 2 * (session.round_len or 1))
+
+
+def transports(session: Session) -> list[str]:
+    return ["mcp", "fc"] if session.transport == "both" else [session.transport]
+
+
+def _events(outcome: Outcome, guards: SessionGuards, event_type: str, name: str, number: int) -> None:
+    """Feed AgentDbg's cycle detector as the recorder would (it fires after the event is written)."""
+    event_id = f"ev{len(outcome.fired)}-{number}-{event_type}"
+    d = guards.observe_event(event_type, name, event_id)
+    if d is not None:
+        outcome.fired.append((number, d))
+
+
+def _mcp_answer(call: Call) -> dict[str, Any]:
+    text = call.error if call.error is not None else call.result
+    if not isinstance(text, str):
+        text = orjson.dumps(text).decode()
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
+    if call.error is not None:
+        result["isError"] = True
+    elif isinstance(call.result, dict):
+        result["structuredContent"] = call.result
+    return {"jsonrpc": "2.0", "id": 1, "result": result}
+
+
+def _fc_content(call: Call) -> str:
+    value = call.error if call.error is not None else call.result
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _steps(session: Session) -> Iterator[Call | Parallel | User | Pause]:
+    yield from session.steps
+
+
+def run_mcp(session: Session, config: GuardConfig) -> Outcome:
+    guards = SessionGuards(config, started_at=0.0)
+    out = Outcome(session, "mcp")
+    now = 0.0
+    for step in _steps(session):
+        if isinstance(step, User):
+            now += USER_PAUSE_S
+            continue
+        if isinstance(step, Pause):
+            now += step.seconds
+            continue
+        batch = step.calls if isinstance(step, Parallel) else (step,)
+        admitted = []
+        for call in batch:  # all sent before any answer comes back
+            out.calls += 1
+            now += SECONDS_PER_CALL / len(batch)
+            verdict = guards.before_tool_call(call.tool, call.args, now=now)
+            out.fired += [(out.calls, d) for d in verdict.decisions]
+            if verdict.refused:
+                return out
+            admitted.append((out.calls, call, verdict))
+        for number, call, verdict in admitted:
+            answer = tool_result(_mcp_answer(call))
+            out.fired += [
+                (number, d)
+                for d in guards.after_tool_call(
+                    verdict.reservation,
+                    call.tool,
+                    call.args,
+                    result_fingerprint=answer.fingerprint or "",
+                    error=answer.error_text if answer.status == "error" else None,
+                    now=now,
+                    event_id=f"tool-{number}",
+                )
+            ]
+            _events(out, guards, "TOOL_CALL", call.tool, number)
+    return out
+
+
+def run_fc(session: Session, config: GuardConfig) -> Outcome:
+    guards = SessionGuards(config, started_at=0.0)
+    out = Outcome(session, "fc")
+    steps: list[list[tuple[str, str, str]]] = []
+    results: dict[str, tuple[str, str | None]] = {}
+    turn_start = 0
+    now = 0.0
+    _events(out, guards, "LLM_CALL", "gpt-4o", 0)  # the request that asked for the first step
+    for step in _steps(session):
+        if isinstance(step, User):
+            now += USER_PAUSE_S
+            turn_start = len(steps)
+            _events(out, guards, "LLM_CALL", "gpt-4o", out.calls)
+            continue
+        if isinstance(step, Pause):
+            now += step.seconds
+            continue
+        batch = step.calls if isinstance(step, Parallel) else (step,)
+        row = []
+        for call in batch:
+            out.calls += 1
+            call_id = f"call_{out.calls}"
+            row.append((call_id, call.tool, orjson.dumps(call.args).decode()))
+            content = _fc_content(call)
+            results[call_id] = (result_fingerprint(content), content if call.error is not None else None)
+            _events(out, guards, "TOOL_CALL", call.tool, out.calls)
+        steps.append(row)
+        now += SECONDS_PER_CALL * len(batch)
+        verdict = guards.before_llm_call(steps, turn_start, results, estimate_usd=0.0, now=now)
+        out.fired += [(out.calls, d) for d in verdict.decisions]
+        if verdict.refused:
+            return out
+        guards.after_llm_call(verdict.reservation, cost_usd=0.0, tokens=0, now=now)
+        _events(out, guards, "LLM_CALL", "gpt-4o", out.calls)
+    return out
+
+
+RUNNERS = {"mcp": run_mcp, "fc": run_fc}
+
+
+def run(session: Session, transport: str, loop_detection: dict[str, Any] | None = None) -> Outcome:
+    config = GuardConfig.model_validate({"loop_detection": loop_detection or {}})
+    return RUNNERS[transport](session, config)
+
+
+# -- the accuracy table of docs/guards.md ----------------------------------------------------------
+
+RULES: dict[str, dict[str, Any]] = {
+    "default (progress)": {},
+    "`per_tool_mode: count`": {"per_tool_mode": "count"},
+    "`agentdbg_cycle: true`": {"agentdbg_cycle": True},
+}
+
+
+def _cell(outcome: Outcome) -> str:
+    if not outcome.session.stuck:
+        first = outcome.first(Action.WARN, loop_only=False)
+        return "untouched" if first is None else f"**warned at {first}**"
+    after = outcome.caught_after()
+    return "**missed**" if after is None else f"call {after}"
+
+
+def table() -> str:
+    """One row per session: where each rule first fires (stuck: calls from the loop's start)."""
+    head = "| session | shape | stuck | bound | " + " | ".join(RULES) + " |"
+    lines = [head, "|" + "---|" * (4 + len(RULES))]
+    for session in SESSIONS:
+        cells = []
+        for overrides in RULES.values():
+            per = [_cell(run(session, t, overrides)) for t in transports(session)]
+            cells.append(" / ".join(dict.fromkeys(per)))
+        b = str(bound(session, 5)) if session.stuck else ""
+        stuck = "stuck" if session.stuck else "honest"
+        lines.append(f"| `{session.name}` | {session.shape} | {stuck} | {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
