@@ -120,7 +120,13 @@ class GuardStage(BaseStage):
                 history = self.chains.history(call)  # a previous_response_id stands for a history
                 steps, turn_start, results = history.steps, history.turn_start, history.results
             verdict = guards.before_llm_call(
-                steps, turn_start, results, estimate_usd=estimate, estimate_tokens=token_estimate(ex), now=now
+                steps,
+                turn_start,
+                results,
+                estimate_usd=estimate,
+                estimate_tokens=token_estimate(ex),
+                now=now,
+                event_ids=session.conversation.tool_event_ids,
             )
         ex.reservation = verdict.reservation
         ex.decisions.extend(verdict.decisions)

@@ -241,7 +241,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         pending = session.conversation.pending_tool_calls.pop(tr.tool_call_id, None)
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
-        engine.record_event(
+        session.conversation.tool_event_ids[tr.tool_call_id] = engine.record_event(
             session,
             "TOOL_CALL",
             pending.name,

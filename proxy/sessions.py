@@ -35,6 +35,8 @@ class Conversation:
     mcp_signatures: dict[str, int] = field(default_factory=dict)
     # Responses API: tool calls per response id, since `previous_response_id` chains carry no history
     response_tool_calls: dict[str, list[Any]] = field(default_factory=dict)
+    # function-calling tool_call_id -> its TOOL_CALL event id (a LOOP_WARNING's evidence)
+    tool_event_ids: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -160,3 +160,16 @@ def test_stats_report_settled_and_in_flight() -> None:
     s = b.stats(now=1002.0)
     assert s["cost_usd"] == 0.25 and s["tokens"] == 40 and s["llm_calls"] == 1
     assert s["in_flight"]["tool"] == 1 and s["elapsed_s"] == 2.0
+
+
+def test_budget_messages_show_enough_digits_to_tell_small_amounts_apart() -> None:
+    b = _budget(BudgetConfig(max_cost_usd=0.00002, soft_alert_threshold_usd=0.00001))
+    d, res = b.check("llm", 0.0, 1000.0)
+    (soft,) = b.settle(res, 0.0000123, 10, 1000.0)
+    assert soft.message == "session cost $0.0000123 reached the $0.0000100 soft alert"
+    b.settle(b.check("llm", 0.0, 1000.0)[1], 0.0000123, 10, 1000.0)
+    refused = _call(b)
+    assert refused.message == "session cost $0.0000250 reached the $0.0000200 budget"
+    big = _budget(BudgetConfig(max_cost_usd=2.5))
+    big.settle(big.check("llm", 0.0, 1000.0)[1], 3.0, 10, 1000.0)
+    assert _call(big).message == "session cost $3.0000 reached the $2.5000 budget"

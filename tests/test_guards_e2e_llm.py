@@ -160,6 +160,9 @@ async def test_identical_step_blocks_at_its_own_count(
     _, events = await one_run(tw)
     (warning,) = loop_warnings(events, "repetition", "identical_step")
     assert warning["payload"]["kind"] == "identical_step"
+    # evidence names events (the TOOL_CALLs of the repeated steps), never tool_call_ids
+    tool_calls = [e["event_id"] for e in only(events, "TOOL_CALL")]
+    assert warning["payload"]["evidence_event_ids"] == tool_calls[-4:]
     (error,) = only(events, "ERROR")
     assert error["payload"]["threshold"] == 3
 

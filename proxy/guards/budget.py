@@ -14,6 +14,7 @@ Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +24,14 @@ from proxy.guards.decision import ALLOW, Action, Decision
 CallKind = Literal["llm", "tool"]
 TAG_EXCEEDED = "budget_exceeded"
 TAG_WARNING = "budget_warning"
+
+
+def dollars(amount: float) -> str:
+    """Dollars with enough digits to tell small amounts apart: $1.2500, $0.0000123 (never $0.0000)."""
+    if amount == 0:
+        return "$0"
+    digits = max(4, min(10, 2 - math.floor(math.log10(abs(amount)))))
+    return f"${amount:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ class SessionBudget:
             spent = round(self.cost_usd + usd, 6)
             return _stop(
                 "max_cost_usd",
-                f"session cost ${spent:.4f} reached the ${b.max_cost_usd:.4f} budget",
+                f"session cost {dollars(spent)} reached the {dollars(b.max_cost_usd)} budget",
                 b.max_cost_usd,
                 spent,
                 budget=True,
@@ -191,7 +200,7 @@ class SessionBudget:
                 Decision(
                     Action.WARN,
                     "soft_alert_threshold_usd",
-                    f"session cost ${self.cost_usd:.4f} reached the ${soft:.4f} soft alert",
+                    f"session cost {dollars(self.cost_usd)} reached the {dollars(soft)} soft alert",
                     threshold=soft,
                     actual=round(self.cost_usd, 6),
                     tags=(TAG_WARNING,),

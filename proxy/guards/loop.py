@@ -1,32 +1,34 @@
 """Loop detection for one session (SPEC §5.1): progress, not counts.
 
-A call *makes progress* when it learns something new or changes something new. Precisely, with a
-call's identity being its tool and arguments without per-call noise (`stable_signature`: no
-request ids, nonces, timestamps, counters) and its result a fingerprint without such noise:
+A call's *identity* is its tool and arguments without per-call noise (`stable_signature`: no request
+ids, nonces, timestamps, counters); its result is a fingerprint without such noise. Then:
 
-- a call is *stale* when the same identity had already come back before it was made (in this turn)
-  and its result is one that tool had already returned by then (in this turn);
-- a stale call makes *no progress* unless a change (a mutating tool called with arguments not yet
-  used in the turn) came back since that identity's last call: re-checking after a change is news.
+- a call is *stale* when, by the time it was made, the same identity had already come back in this
+  turn and so had its result from that tool; every other call makes progress (a new call, or a
+  known call with something new to say: a test run whose failure changed);
+- *news* is an answer that made progress and did not fail; a stale call counts as *without
+  progress* unless news came back since that identity's last answer (checking again after
+  something happened is not a loop: the write-then-check, the poll with a sleep between).
 
-"Before it was made" means among the calls answered before it started, so the parallel calls of one
-step (one assistant message, or MCP calls in flight together) never count against each other: a
-fan-out is not a repetition. A new user turn (for an MCP-only session, a pause of `turn_gap_s`)
-starts from nothing.
+"By the time it was made" means among the answers that had come back when it started, so the
+calls of one step (one assistant message, or MCP calls in flight together) never count against each
+other: a fan-out is not a repetition. A new user turn (MCP-only: a pause over `turn_gap_s`) starts
+from nothing.
 
-The patterns, each judged on the attempt *before* it is forwarded (so for MCP it can be refused):
-- repetition / ping_pong: the turn's last calls repeat a block of m = 1..5 calls, and every call
-  after the block's first round was stale; fires once that run spans max(threshold, 2m) calls;
+The patterns, each judged on the attempt before it is forwarded (so an MCP call can be refused):
+- repetition (m = 1) and ping_pong (cycles of m = 2..5 calls): the turn's last calls repeat a block
+  of m, and every call after the block's first round was stale; fires once that run spans
+  max(threshold, 2m) calls, so a loop of k calls a round is caught within max(threshold + 1, 2k);
 - no_progress (Loop Guard's poll): the same call came back with the same result, without
-  progress, `no_progress_warn` - 1 times in a row: the next attempt warns (halt at `_halt`);
-- retry_no_progress: the same tool failed with the same error `threshold` - 1 times in a row
-  (whatever its arguments: a failure changes nothing and teaches nothing new), no change since;
+  progress, `no_progress_warn` - 1 times in a row: the next attempt warns (`no_progress_halt` ends);
+- retry_no_progress: the same tool failed with the same error `threshold` - 1 times in a row, with
+  no news since (whatever the arguments: a failure changes nothing and teaches nothing new);
 - per_tool: a tool's calls without progress in the turn reach 5/8/12 (idempotent) or 3/5/7
   (mutating) -> warn/block/terminate; `per_tool_mode: count` counts every call, as Loop Guard;
-- identical_step (seed 003): the same set of calls in consecutive assistant steps, stale;
+- identical_step (seed 003): the same set of calls in consecutive assistant steps, each stale;
 - cycle (AgentDbg, opt-in `agentdbg_cycle`): name-only event signatures over a window.
-An attempt whose identity has come back before, with no change since, is presumed to make no
-progress (its own result is not known yet): "the T-th attempt after T-1 results without progress".
+An attempt whose identity has come back before, with no news since, is presumed stale: its own
+result is not known yet ("the T-th attempt after T-1 results without progress").
 
 Tool calls reach the detector two ways and count once: MCP `check_tool_call()` then
 `record_tool_result()`; function-calling tools in an LLM request's history, `check_llm_history()`
@@ -119,8 +121,7 @@ def classify_tool(name: str, config: LoopDetectionConfig) -> str:
     """Idempotent or mutating: the config's lists, well-known names, then the name's words.
 
     Mutating words win over idempotent ones (`read_then_write`); a name the heuristic cannot
-    place is treated as mutating, as Loop Guard does: the stricter side for its escalation counts,
-    and the lenient side for progress (a new call of it is a change).
+    place is treated as mutating, as Loop Guard does (the stricter side for escalation counts).
     """
     bare = normalize_tool_name(name)
     if name in config.mutating_tools or bare in config.mutating_tools:
@@ -151,12 +152,12 @@ class _Attempt:
     index: int  # its number in the turn, from 0
     known: int  # answers of the turn that had come back when it was made
     seen: bool  # the same identity had come back before it was made
-    changed: bool  # and news came back after that identity's last answer
+    changed: bool  # news came back after that identity's last answer (by epoch)
     stale: bool | None = None  # None while in flight; refused attempts are stale
 
     @property
     def presumed_stale(self) -> bool:
-        """Judged before its result: the same call again, with nothing changed since."""
+        """Judged before its result: the same call again, with no news since."""
         return self.seen and not self.changed
 
 
@@ -218,6 +219,7 @@ class LoopDetector:
         self._by_id: dict[str, _Attempt] = {}
         self._mcp_unclaimed: Counter[str] = Counter()
         self._answers: dict[tuple[str, ...], list[Decision]] = {}  # last request's decisions
+        self._event_ids: Mapping[str, str] | None = None  # tool_call_id -> TOOL_CALL event id
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
         self._history_seen = False  # a request's history was read before (later unseen ids are new)
         # AgentDbg cycle: event signatures in a sliding window
@@ -302,13 +304,17 @@ class LoopDetector:
         turn_start: int,
         tool_results: HistoryResults,
         now: float,
+        event_ids: Mapping[str, str] | None = None,
     ) -> list[Decision]:
         """Before forwarding an LLM request: the tool calls its history holds, new ones counted once.
 
         `steps` are the assistant steps (oldest first), `turn_start` the index of the first step
         after the last real user message, `tool_results` maps tool_call_id -> (fingerprint, error)
         for the results the request carries. Sending the same history again gives the same answer.
+        `event_ids` maps tool_call_id -> the id of its TOOL_CALL event, for the evidence of a
+        LOOP_WARNING (a call without one is left out); without it the evidence is tool_call_ids.
         """
+        self._event_ids = event_ids
         steps = [[_call_tuple(c) for c in step] for step in steps]
         tool_results = _results_map(tool_results)
         turn_start = max(0, min(turn_start, len(steps)))
@@ -344,7 +350,7 @@ class LoopDetector:
                     continue
                 self._turn.ids.add(call_id)
                 self.new_history_calls += 1
-                attempt = self._attempt(name, args, sig, call_id)
+                attempt = self._attempt(name, args, sig, self._evidence_id(call_id))
                 self._by_id[call_id] = attempt
                 decisions += self._judge(attempt)
                 result = tool_results.get(call_id)
@@ -369,6 +375,9 @@ class LoopDetector:
         turn_time = self._turn_time(now)
         self._tally(turn_time)
         return self._dedupe(decisions + turn_time)
+
+    def _evidence_id(self, call_id: str) -> str | None:
+        return call_id if self._event_ids is None else self._event_ids.get(call_id)
 
     def _count_ids_only(self, steps: Sequence[Sequence[HistoryCall]], turn_start: int) -> None:
         """Detection off: still tell the budget which history calls are new (limits stay on)."""
@@ -716,7 +725,7 @@ class LoopDetector:
         if not all(a is not None and a.stale for row in middle for a in row):
             return []  # something new came back on the way: the agent is getting somewhere
         first_step = turn[len(turn) - run]
-        ids = tuple(c[0] for step in turn[-run:] for c in step)
+        ids = tuple(e for step in turn[-run:] for c in step if (e := self._evidence_id(c[0])))
         return [
             self._loop(
                 "identical_step",

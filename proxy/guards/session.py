@@ -13,7 +13,7 @@ The circuit breaker is not here: it belongs to agent x upstream, not to a sessio
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,14 +86,16 @@ class SessionGuards:
         estimate_usd: float,
         now: float,
         estimate_tokens: int = 0,
+        event_ids: Mapping[str, str] | None = None,
     ) -> Verdict:
         """Before forwarding an LLM request: its history's tool calls, then budgets and limits.
 
         Pass `LLMRequest.steps`, `.turn_start` and `.tool_results` as they are (ToolCall /
         ToolResult objects), or tuples (tool_call_id, name, arguments) and a mapping
-        tool_call_id -> (result fingerprint, error text or None).
+        tool_call_id -> (result fingerprint, error text or None). `event_ids` (tool_call_id ->
+        TOOL_CALL event id) makes a LOOP_WARNING's evidence event ids.
         """
-        decisions = self.loop.check_llm_history(steps, turn_start, tool_results, now)
+        decisions = self.loop.check_llm_history(steps, turn_start, tool_results, now, event_ids)
         self.budget.count_history_tool_calls(self.loop.new_history_calls)
         return self._admit("llm", decisions, estimate_usd, estimate_tokens, now)
 
