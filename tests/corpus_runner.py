@@ -8,7 +8,8 @@ Two ways, as Tripwire sees traffic:
   step's results, and the request is judged (the decision lands on that step's calls).
 A refused call stops the agent (it got a blocked answer or a refusal); a warning lets it go on.
 
-`python tests/corpus_runner.py` prints the accuracy table of docs/guards.md.
+`python tests/corpus_runner.py` prints the accuracy tables of docs/guards.md (a test checks they
+are current: regenerate them after growing the corpus).
 """
 
 from __future__ import annotations
@@ -197,10 +198,18 @@ RULES: dict[str, dict[str, Any]] = {
 
 def _cell(outcome: Outcome) -> str:
     if not outcome.session.stuck:
-        first = outcome.first(Action.WARN, loop_only=False)
-        return "untouched" if first is None else f"**warned at {first}**"
+        touched = [(n, d) for n, d in outcome.fired if d.action > Action.ALLOW]
+        if not touched:
+            return "untouched"
+        n, d = touched[0]
+        verb = {Action.WARN: "warned", Action.BLOCK: "blocked", Action.TERMINATE: "ended"}[d.action]
+        return f"**{verb} at {n}**"
     after = outcome.caught_after()
-    return "**missed**" if after is None else f"call {after}"
+    if after is None:
+        return "**missed**"
+    if after < 1:
+        return f"**fired before the loop** (call {outcome.first()})"
+    return f"call {after}"
 
 
 def table() -> str:
@@ -218,5 +227,28 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def summary() -> str:
+    """Per rule: honest sessions left alone, stuck sessions caught within the bound (and at all)."""
+    lines = [
+        "| rule | honest sessions untouched | stuck caught within the bound | stuck caught at all |",
+        "|---|---|---|---|",
+    ]
+    honest = [(s, t) for s in SESSIONS if not s.stuck for t in transports(s)]
+    stuck = [(s, t) for s in SESSIONS if s.stuck for t in transports(s)]
+    for rule, overrides in RULES.items():
+        untouched = sum(not run(s, t, overrides).touched for s, t in honest)
+        afters = [(s, run(s, t, overrides).caught_after()) for s, t in stuck]
+        within = sum(a is not None and 1 <= a <= bound(s, 5) for s, a in afters)
+        caught = sum(a is not None for _, a in afters)
+        n, m = len(honest), len(stuck)
+        lines.append(f"| {rule} | {untouched} / {n} | {within} / {m} | {caught} / {m} |")
+    return "\n".join(lines)
+
+
+def report() -> str:
+    """The block of docs/guards.md between its corpus markers (a test keeps it current)."""
+    return summary() + "\n\n" + table()
+
+
 if __name__ == "__main__":
-    print(table())
+    print(report())

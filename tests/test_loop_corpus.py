@@ -9,8 +9,10 @@ and firing on honest work, which is why they are opt-in.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from corpus_runner import SESSIONS, Outcome, bound, run, transports
+from corpus_runner import SESSIONS, Outcome, bound, report, run, transports
 from loop_corpus import Parallel
 
 from proxy.guards.decision import Action
@@ -120,3 +122,14 @@ def test_agentdbg_cycle_is_name_only_and_warns_on_honest_paging(
     assert cycles[0][1].repetitions == 3 and cycles[0][1].window_size <= 12
     assert len({d.pattern for _, d in cycles}) == len(cycles)  # one LOOP_WARNING per distinct pattern
     assert run(BY_NAME[name], transport).fired == []  # the default rule leaves it alone
+
+
+def _docs_report() -> str:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "guards.md").read_text()
+    start, end = "<!-- corpus-report:start -->\n", "<!-- corpus-report:end -->"
+    return text[text.index(start) + len(start) : text.index(end)].strip()
+
+
+def test_the_accuracy_tables_in_the_docs_are_current() -> None:
+    """docs/guards.md shows what the corpus gives today: `python tests/corpus_runner.py` regenerates it."""
+    assert _docs_report() == report().strip()
