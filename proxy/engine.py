@@ -223,7 +223,17 @@ class Engine:
         return event_id
 
     def on_cycle(self, session: Session, decision: Decision) -> None:
-        self.metrics.observe_decision(decision.guard, decision.action.name)
+        shadow = bool(session.guards is not None and session.guards.shadow)
+        self.metrics.observe_decision(decision.guard, decision.action.name, shadow=shadow)
+        if shadow:  # recorded as enforce mode would, and nothing more (SPEC §5.7)
+            if decision.new_finding and decision.kind is not None:
+                name, payload = loop_warning(decision)
+                self.recorder.record(session.run_id, "LOOP_WARNING", name, {**payload, "shadow": True})
+            if decision.action == Action.TERMINATE:
+                payload = guard_error(decision, shadow=True)
+                self.recorder.record(session.run_id, "ERROR", decision.guard, payload)
+            self.recorder.add_tags(session.run_id, "shadow_fired")
+            return
         if decision.new_finding and decision.kind is not None:
             name, payload = loop_warning(decision)
             self.recorder.record(session.run_id, "LOOP_WARNING", name, payload)

@@ -49,6 +49,7 @@ class Exchange:
     reservation: Any = None
     breaker_ticket: Any = None
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
+    guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay
 
     # answering
     answer: Answer | None = None  # set to answer without the upstream

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy import guard_trace
 from proxy.exchange import Exchange
 from proxy.guard_events import guard_error, loop_warning
 from proxy.guards.breaker import CircuitBreaker, Transition
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tripwire.guards")
 
 LOOP_TAG = "loop_detected"
+SHADOW_TAG = "shadow_fired"
 CIRCUIT_TAG = "circuit_breaker_open"
 RESPONSES = "openai_responses"
 
@@ -102,6 +104,8 @@ class GuardStage(BaseStage):
         estimate = ex.protocol.reservation_estimate(ex)
         if is_tool_call(ex):
             call = ex.call
+            inputs = guard_trace.mcp_inputs(call.tool_name, call.arguments, ex.route.upstream, estimate)
+            seen = (guards.events_seen, guards.calls_settled)
             verdict = guards.before_tool_call(
                 call.tool_name, call.arguments, now=now, server=ex.route.upstream, estimate_usd=estimate
             )
@@ -119,18 +123,27 @@ class GuardStage(BaseStage):
             if is_responses(ex):
                 history = self.chains.history(call)  # a previous_response_id stands for a history
                 steps, turn_start, results = history.steps, history.turn_start, history.results
+            tokens = token_estimate(ex)
+            conversation = session.conversation
+            inputs, conversation.guard_history = guard_trace.llm_inputs(
+                conversation.guard_history, steps, turn_start, results, estimate, tokens
+            )
+            seen = (guards.events_seen, guards.calls_settled)
             verdict = guards.before_llm_call(
                 steps,
                 turn_start,
                 results,
                 estimate_usd=estimate,
-                estimate_tokens=token_estimate(ex),
+                estimate_tokens=tokens,
                 now=now,
-                event_ids=session.conversation.tool_event_ids,
+                event_ids=conversation.tool_event_ids,
             )
+        ex.guard_trace = self.trace(ex, guards, verdict, inputs, seen, now)
         ex.reservation = verdict.reservation
         ex.decisions.extend(verdict.decisions)
         self.write_findings(ex, verdict)
+        if verdict.shadow:
+            self.write_shadow_refusal(ex, verdict)
         if verdict.refused:
             guards.release(ex.reservation)
             ex.reservation = None
@@ -139,29 +152,80 @@ class GuardStage(BaseStage):
         self.warn_agent(ex, verdict)
         self.check_breaker(ex, now)
 
+    def trace(
+        self,
+        ex: Exchange,
+        guards: SessionGuards,
+        verdict: Verdict,
+        inputs: dict[str, Any],
+        seen: tuple[int, int],
+        now: float,
+    ) -> guard_trace.GuardTrace:
+        """What the call's event keeps so a replay decides as the guards just did (SPEC §5.7)."""
+        session = ex.session
+        assert session is not None
+        fields = guard_trace.begin(
+            guards,
+            session.started_mono,
+            now,
+            inputs,
+            events_before=seen[0],
+            settled_before=seen[1],
+            config_rev=guards.config_rev,
+            config_recorded=session.conversation.configs_recorded,
+        )
+        fields["decisions"] = guard_trace.decision_list(verdict.decisions)
+        return guard_trace.GuardTrace(verdict.call_seq, fields, guards, session.started_mono)
+
     def write_findings(self, ex: Exchange, verdict: Verdict) -> None:
         session = ex.session
         assert session is not None
         for d in verdict.decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name)
+            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=verdict.shadow)
         winner = verdict.decision
         for finding in verdict.loop_findings:
             name, payload = loop_warning(finding)
+            if verdict.shadow:
+                payload["shadow"] = True
             event_id = self.engine.record_event(session, "LOOP_WARNING", name, payload)
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
-            if not (verdict.refused and finding is winner):  # a refusal alerts with its ERROR
-                self.engine.alert(session, finding)
+            if not verdict.shadow and not (verdict.refused and finding is winner):
+                self.engine.alert(session, finding)  # a refusal alerts with its ERROR
+        fired = verdict.loop_findings or any(d.action > Action.ALLOW for d in verdict.decisions)
+        if verdict.shadow:
+            if fired:
+                self.engine.recorder.add_tags(session.run_id, SHADOW_TAG)
+            return
         tags = set(verdict.tags)
         if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
             tags.add(LOOP_TAG)
         if tags:
             self.engine.recorder.add_tags(session.run_id, *sorted(tags))
 
+    def write_shadow_refusal(self, ex: Exchange, verdict: Verdict) -> None:
+        """Shadow mode: the ERROR enforce mode would write, marked shadow, once per streak; the call
+        goes on untouched (SPEC §5.7)."""
+        session = ex.session
+        assert session is not None and session.guards is not None
+        if not verdict.would_refuse:
+            return
+        decision = verdict.decision
+        if decision.kind is not None:
+            if not decision.new_finding:
+                return
+        elif decision.guard in session.guards.shadow_reported:
+            return
+        session.guards.shadow_reported.add(decision.guard)
+        payload = guard_error(decision, call=call_summary(ex), shadow=True)
+        self.engine.record_event(session, "ERROR", decision.guard, payload, parent_id=ex.guard_event_id)
+
     def warn_agent(self, ex: Exchange, verdict: Verdict) -> None:
         """A loop WARN lets the call through; an MCP result carries the warning as an extra text block."""
         decision = verdict.decision
+        if verdict.shadow:
+            return  # shadow alters nothing, not even with a warning
         if decision.action == Action.WARN and is_tool_call(ex):
             ex.call.append_text = describe(decision, self.engine.settings.expose_guard_details)
 
@@ -178,6 +242,8 @@ class GuardStage(BaseStage):
             assert session is not None
             session.guards.release(ex.reservation)
             ex.reservation = None
+            if ex.guard_trace is not None:
+                ex.guard_trace.fields["breaker"] = True  # admitted, then refused by the circuit
             ex.decisions.append(decision)
             self.engine.metrics.observe_decision(decision.guard, decision.action.name)
             self.engine.recorder.add_tags(session.run_id, CIRCUIT_TAG)
@@ -235,6 +301,8 @@ class GuardStage(BaseStage):
             sig = signature(ex.call.tool_name, ex.call.arguments)
             sigs[sig] = sigs.get(sig, 0) + 1
         payload = guard_error(decision, call=call_summary(ex))
+        if ex.guard_trace is not None:
+            payload.update(ex.guard_trace.payload())  # a refused call's event is this ERROR
         self.engine.record_event(session, "ERROR", decision.guard, payload, parent_id=ex.guard_event_id)
         self.engine.alert(session, decision)
 
@@ -273,6 +341,8 @@ class GuardStage(BaseStage):
             return
         guards = session.guards
         now = time.monotonic()
+        if ex.guard_trace is not None:
+            now = guard_trace.mark_settled(ex, ex.guard_trace, now)
         if ex.refused or not ex.forwarded:
             guards.release(ex.reservation)
             self.release_breaker(ex)
@@ -300,9 +370,11 @@ class GuardStage(BaseStage):
                 now=now,
             )
         for d in decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name)
+            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
             if d.tags:
-                self.engine.recorder.add_tags(session.run_id, *d.tags)
+                self.engine.recorder.add_tags(
+                    session.run_id, *(d.tags if not guards.shadow else (SHADOW_TAG,))
+                )
             self.engine.record_event(
                 session,
                 "STATE_UPDATE",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy import guard_trace
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
 from proxy.exchange import Answer, Exchange
@@ -290,6 +291,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         "stream": call.stream,
         "endpoint": call.dialect,
         "http_status": ex.upstream_status,
+        **guard_trace.call_fields(ex),
     }
     if usage is not None and usage.estimated:
         payload["usage_estimated"] = True

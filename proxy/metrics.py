@@ -137,8 +137,9 @@ class Metrics:
         )
         self.decisions = Counter(
             "tripwire_guard_decisions",
-            "Guard decisions other than allow, by guard and action (warn/block/terminate).",
-            ["guard", "action"],
+            "Guard decisions other than allow, by guard, action (warn/block/terminate) and whether they "
+            "were taken in shadow mode (recorded, not enforced).",
+            ["guard", "action", "shadow"],
             registry=r,
         )
         self.open_circuits = Gauge(
@@ -193,11 +194,11 @@ class Metrics:
         """outcome: ok / error / blocked (or any short fixed word the pipeline uses)."""
         self.tool_calls.labels(server, self._tool(tool), outcome).inc()
 
-    def observe_decision(self, guard: str, action: str) -> None:
+    def observe_decision(self, guard: str, action: str, *, shadow: bool = False) -> None:
         """A guard's decision ("WARN" or "warn"); allow decisions are not counted."""
         action = action.lower()
         if action != "allow":
-            self.decisions.labels(guard, action).inc()
+            self.decisions.labels(guard, action, "true" if shadow else "false").inc()
 
     def set_open_circuits(self, counts: Mapping[str, int]) -> None:
         """Upstream name -> number of agents whose circuit to it is open; absent names read 0."""

@@ -37,6 +37,10 @@ class Conversation:
     response_tool_calls: dict[str, list[Any]] = field(default_factory=dict)
     # function-calling tool_call_id -> its TOOL_CALL event id (a LOOP_WARNING's evidence)
     tool_event_ids: dict[str, str] = field(default_factory=dict)
+    # replay (proxy.guard_trace): the previous request's history as step ids, and the config
+    # revisions already written into the trace
+    guard_history: list[tuple[str, ...]] = field(default_factory=list)
+    configs_recorded: set[int] = field(default_factory=set)
 
 
 @dataclass

@@ -63,8 +63,12 @@ def test_allow_decisions_not_counted() -> None:
     m = Metrics()
     m.observe_decision("loop_detection", "ALLOW")
     m.observe_decision("max_cost_usd", "TERMINATE")
+    m.observe_decision("loop_detection", "WARN", shadow=True)
     labels = [s.labels for s in families(m)["tripwire_guard_decisions"].samples if s.name.endswith("_total")]
-    assert labels == [{"guard": "max_cost_usd", "action": "terminate"}]
+    assert labels == [
+        {"guard": "max_cost_usd", "action": "terminate", "shadow": "false"},
+        {"guard": "loop_detection", "action": "warn", "shadow": "true"},
+    ]
 
 
 def test_circuits_absent_upstream_reads_zero() -> None:

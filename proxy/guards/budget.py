@@ -72,15 +72,24 @@ class SessionBudget:
     # -- before a call ---------------------------------------------------------------------------
 
     def check(
-        self, kind: CallKind, estimate_usd: float, now: float, *, estimate_tokens: int = 0
+        self,
+        kind: CallKind,
+        estimate_usd: float,
+        now: float,
+        *,
+        estimate_tokens: int = 0,
+        reserve_anyway: bool = False,
     ) -> tuple[Decision, Reservation | None]:
-        """Can this call go? ALLOW with a reservation, or TERMINATE naming the guard that fired."""
+        """Can this call go? ALLOW with a reservation, or TERMINATE naming the guard that fired.
+
+        `reserve_anyway` (shadow mode): the call goes on whatever was decided, so it reserves too.
+        """
         refusal = self._refusal(kind, now)
-        if refusal is not None:
+        if refusal is not None and not reserve_anyway:
             return refusal, None
         res = Reservation(next(self._ids), kind, max(0.0, estimate_usd), max(0, estimate_tokens))
         self._inflight[res.id] = res
-        return ALLOW, res
+        return refusal or ALLOW, res
 
     def refusal(self, kind: CallKind, now: float) -> Decision | None:
         """The refusal `check()` would give, without reserving (for a call another guard refused)."""

@@ -94,6 +94,9 @@ class CircuitBreakerConfig(_Section):
 class GuardConfig(_Section):
     """One prevention config: the project default or one agent's whole override."""
 
+    # evaluate and record every guard, refuse nothing (SPEC §5.7); an agent override that omits it
+    # inherits the project default's value (the guard store resolves that)
+    shadow: bool = False
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     budget: BudgetConfig = BudgetConfig()
     limits: LimitsConfig = LimitsConfig()

@@ -48,12 +48,11 @@ from typing import Any
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.signatures import (
+    call_keys,
     content_text,
+    error_fingerprint,
     normalize_tool_name,
     result_fingerprint,
-    signature,
-    stable_error,
-    stable_signature,
 )
 
 GUARD = "loop_detection"
@@ -89,13 +88,13 @@ HistoryCall = Any
 HistoryResults = Mapping[str, tuple[str, str | None]] | Iterable[Any]
 
 
-def _call_tuple(call: Any) -> tuple[str, str, Any]:
+def call_tuple(call: Any) -> tuple[str, str, Any]:
     if isinstance(call, tuple | list):
         return str(call[0]), str(call[1]), call[2]
     return str(call.id), str(call.name), call.arguments
 
 
-def _results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]:
+def results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]:
     """ToolResult objects -> (fingerprint, error text when is_error) by tool_call_id."""
     if isinstance(results, Mapping):
         return results
@@ -169,7 +168,8 @@ class _Streak:
     count: int
     serial: int
     evidence: list[str] = field(default_factory=list)
-    at: int = 0  # the turn's answer serial of its latest member
+    at: int = 0  # the turn's answer epoch of its latest member
+    text: str = ""  # what the streak repeats, as a message can show it
 
 
 class _Turn:
@@ -251,10 +251,21 @@ class LoopDetector:
     # -- MCP tool calls --------------------------------------------------------------------------
 
     def check_tool_call(
-        self, tool: str, args: Any, now: float, *, server: str | None = None, evidence: str | None = None
+        self,
+        tool: str,
+        args: Any,
+        now: float,
+        *,
+        server: str | None = None,
+        evidence: str | None = None,
+        enforced: bool = True,
     ) -> list[Decision]:
-        """Before forwarding an MCP `tools/call`: the attempt counts (even when refused)."""
-        sig = signature(tool, args)
+        """Before forwarding an MCP `tools/call`: the attempt counts (even when refused).
+
+        `args` may be the call's recorded `Fingerprinted` arguments (replay). `enforced` False
+        (shadow mode): a refusal is only recorded, the call goes on and its result will come.
+        """
+        sig, ident = call_keys(tool, args)
         if len(self._mcp_unclaimed) > 10_000:  # an MCP-only session never claims them: stay bounded
             self._mcp_unclaimed.clear()
         self._mcp_unclaimed[sig] += 1  # the history that shows it later does not count it again
@@ -265,11 +276,11 @@ class LoopDetector:
             if self._last_mcp_at is None or now - self._last_mcp_at > gap:
                 self._new_turn(now)
         self._last_mcp_at = now
-        attempt = self._attempt(tool, args, sig, evidence)
+        attempt = self._attempt(tool, sig, ident, evidence)
         self._turn.pending.setdefault(sig, []).append(attempt)
         decisions = self._judge(attempt) + self._turn_time(now)
         decisions = self._finish(decisions)
-        if any(d.action >= Action.BLOCK for d in decisions):
+        if enforced and any(d.action >= Action.BLOCK for d in decisions):
             self._refused(attempt)
         return decisions
 
@@ -285,7 +296,7 @@ class LoopDetector:
     ) -> None:
         """After an MCP call answered: whether it made progress, for the patterns that follow."""
         self._last_mcp_at = now  # the pause that ends an MCP-only turn runs from the last activity
-        waiting = self._turn.pending.get(signature(tool, args))
+        waiting = self._turn.pending.get(call_keys(tool, args)[0])
         if not waiting:
             return  # detection off when it was made, or a turn began since: nothing to measure against
         attempt = waiting.pop(0)
@@ -315,8 +326,8 @@ class LoopDetector:
         LOOP_WARNING (a call without one is left out); without it the evidence is tool_call_ids.
         """
         self._event_ids = event_ids
-        steps = [[_call_tuple(c) for c in step] for step in steps]
-        tool_results = _results_map(tool_results)
+        steps = [[call_tuple(c) for c in step] for step in steps]
+        tool_results = results_map(tool_results)
         turn_start = max(0, min(turn_start, len(steps)))
         if not self.config.enabled:
             self._count_ids_only(steps, turn_start)
@@ -350,7 +361,7 @@ class LoopDetector:
                     continue
                 self._turn.ids.add(call_id)
                 self.new_history_calls += 1
-                attempt = self._attempt(name, args, sig, self._evidence_id(call_id))
+                attempt = self._attempt(name, sig, call_keys(name, args)[1], self._evidence_id(call_id))
                 self._by_id[call_id] = attempt
                 decisions += self._judge(attempt)
                 result = tool_results.get(call_id)
@@ -397,7 +408,7 @@ class LoopDetector:
         if call_id in self._seen_ids:
             return None
         self._seen_ids.add(call_id)
-        sig = signature(name, args)
+        sig = call_keys(name, args)[0]
         if self._mcp_unclaimed[sig] > 0:
             self._mcp_unclaimed[sig] -= 1
             return sig, True
@@ -460,10 +471,9 @@ class LoopDetector:
     def _new_turn(self, now: float) -> None:
         self._turn = _Turn(self._turn.number + 1, now)
 
-    def _attempt(self, tool: str, args: Any, sig: str, evidence: str | None) -> _Attempt:
+    def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> _Attempt:
         """One more call of the turn, with what was known when it was made."""
         t = self._turn
-        ident = stable_signature(tool, args)
         bare = normalize_tool_name(tool)
         last = t.last_answer.get(ident)
         attempt = _Attempt(
@@ -518,12 +528,12 @@ class LoopDetector:
             t.fails.pop(attempt.tool, None)
         else:
             # a failure is no progress whatever its arguments: nothing changed, nothing was learned
-            key = stable_error(error)
+            key = error_fingerprint(error)
             fail = t.fails.get(attempt.tool)
             if fail is not None and fail.key == key and t.last_news <= fail.at:
                 fail.count += 1
             else:
-                fail = t.fails[attempt.tool] = _Streak(key, 1, self._next_serial())
+                fail = t.fails[attempt.tool] = _Streak(key, 1, self._next_serial(), text=error)
             fail.at = epoch
             if attempt.evidence:
                 fail.evidence.append(attempt.evidence)
@@ -660,8 +670,8 @@ class LoopDetector:
                 "retry_no_progress",
                 ("retry_no_progress", fail.serial),
                 _ACTIONS[self.config.action],
-                f"{attempt.tool} failed {fail.count} times in a row with the same error: {fail.key}",
-                pattern=f"{attempt.tool}: {fail.key}",
+                f"{attempt.tool} failed {fail.count} times in a row with the same error: {fail.text}",
+                pattern=f"{attempt.tool}: {fail.text}",
                 threshold=threshold,
                 actual=fail.count + 1,
                 repetitions=fail.count + 1,
@@ -743,7 +753,7 @@ class LoopDetector:
 
     def _ident_of(self, call: tuple[str, str, Any]) -> str:
         attempt = self._by_id.get(call[0])
-        return attempt.ident if attempt is not None else stable_signature(call[1], call[2])
+        return attempt.ident if attempt is not None else call_keys(call[1], call[2])[1]
 
     def _turn_time(self, now: float) -> list[Decision]:
         """Loop Guard's max_time_per_turn, for turns the conversation history shows."""

@@ -33,6 +33,8 @@ class Verdict:
 
     decisions: list[Decision] = field(default_factory=list)  # every firing, in order
     reservation: Reservation | None = None  # hold it until after_*() or release()
+    call_seq: int = 0  # the call's arrival number in the session, from 1
+    shadow: bool = False  # evaluated and recorded only: nothing is refused or altered
 
     @property
     def decision(self) -> Decision:
@@ -41,7 +43,12 @@ class Verdict:
 
     @property
     def refused(self) -> bool:
-        """Do not forward: answer with a block (BLOCK) or a refusal (TERMINATE)."""
+        """Do not forward: answer with a block (BLOCK) or a refusal (TERMINATE). Never in shadow."""
+        return not self.shadow and self.would_refuse
+
+    @property
+    def would_refuse(self) -> bool:
+        """What enforce mode would do: refuse this call."""
         return self.decision.action >= Action.BLOCK
 
     @property
@@ -66,14 +73,32 @@ class SessionGuards:
         self.budget = SessionBudget(config.budget, config.limits, config.loop_detection.max_steps, started_at)
         self.decision_counts: Counter[str] = Counter()
         self.terminated_by: Decision | None = None
+        # what a replay needs to put the calls back in the order the guards saw them (SPEC §5.7)
+        self.calls_seen = 0  # calls judged so far: the next one's call_seq is this + 1
+        self.calls_settled = 0  # answers settled so far
+        self.events_seen = 0  # events observed so far
+        self.config_rev = 0  # changes of the config in force
+        self.shadow_reported: set[str] = set()  # shadow mode: guards whose ERROR was written
 
-    def configure(self, config: GuardConfig) -> None:
-        """The config in force changed (admin API): effective on the next call, counts kept."""
+    def configure(self, config: GuardConfig) -> bool:
+        """The config in force changed (admin API): effective on the next call, counts kept.
+        True when it did change."""
         if config == self.config:
-            return
+            return False
         self.config = config
+        self.config_rev += 1
         self.loop.configure(config.loop_detection)
         self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
+        return True
+
+    @property
+    def shadow(self) -> bool:
+        return self.config.shadow
+
+    def next_settle(self) -> int:
+        """The rank of the answer being settled now (1, 2, ...), recorded for replay."""
+        self.calls_settled += 1
+        return self.calls_settled
 
     # -- LLM calls -------------------------------------------------------------------------------
 
@@ -117,7 +142,7 @@ class SessionGuards:
         estimate_usd: float = 0.0,
     ) -> Verdict:
         """Before forwarding an MCP `tools/call`: loop patterns (the attempt counts), then limits."""
-        decisions = self.loop.check_tool_call(tool, args, now, server=server)
+        decisions = self.loop.check_tool_call(tool, args, now, server=server, enforced=not self.shadow)
         return self._admit("tool", decisions, estimate_usd, 0, now)
 
     def after_tool_call(
@@ -148,6 +173,7 @@ class SessionGuards:
 
     def observe_event(self, event_type: str, name: str, event_id: str) -> Decision | None:
         """Call for every event written to the session's trace, after writing it."""
+        self.events_seen += 1
         self.budget.count_event()
         if event_type not in CYCLE_EVENTS:
             return None
@@ -161,8 +187,9 @@ class SessionGuards:
     def _admit(
         self, kind: CallKind, decisions: list[Decision], estimate_usd: float, estimate_tokens: int, now: float
     ) -> Verdict:
-        verdict = Verdict(list(decisions))
-        if verdict.refused:
+        self.calls_seen += 1
+        verdict = Verdict(list(decisions), call_seq=self.calls_seen, shadow=self.shadow)
+        if verdict.refused and not self.shadow:
             # refused by a loop guard: the budget still says whether it would have stopped it too,
             # without reserving anything
             refusal = self.budget.refusal(kind, now)
@@ -170,7 +197,7 @@ class SessionGuards:
                 verdict.decisions.append(refusal)
         else:
             decision, reservation = self.budget.check(
-                kind, estimate_usd, now, estimate_tokens=estimate_tokens
+                kind, estimate_usd, now, estimate_tokens=estimate_tokens, reserve_anyway=self.shadow
             )
             if decision.action is not Action.ALLOW:
                 verdict.decisions.append(decision)
@@ -181,7 +208,7 @@ class SessionGuards:
     def _count(self, decisions: list[Decision]) -> list[Decision]:
         for d in decisions:
             self.decision_counts[f"{d.guard}:{d.action.name.lower()}"] += 1
-            if d.action is Action.TERMINATE and self.terminated_by is None:
+            if d.action is Action.TERMINATE and self.terminated_by is None and not self.shadow:
                 self.terminated_by = d
         return decisions
 

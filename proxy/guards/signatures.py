@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -104,9 +104,44 @@ def result_fingerprint(content: Any) -> str:
     return hashlib.blake2b(_dumps(value).encode(), digest_size=12).hexdigest()
 
 
-def stable_error(text: str | None) -> str | None:
-    """An error message without per-call noise, so the same failure compares equal."""
-    return None if text is None else stable_text(text)
+class Fingerprinted(NamedTuple):
+    """A call's arguments as the trace keeps them for replay: hashes of its exact signature and of
+    its identity (`call_fingerprints`), computed from the full arguments before any truncation or
+    redaction. Loop detection only compares these, so a replay decides as the live guards did."""
+
+    sig: str
+    ident: str
+
+
+def fingerprint_text(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def call_keys(tool: str, args: Any) -> tuple[str, str]:
+    """(exact signature, identity) of a call, or its recorded fingerprints when replayed."""
+    if isinstance(args, Fingerprinted):
+        return args.sig, args.ident
+    return signature(tool, args), stable_signature(tool, args)
+
+
+def call_fingerprints(tool: str, args: Any) -> Fingerprinted:
+    """What the trace records of a call's arguments for replay."""
+    sig, ident = call_keys(tool, args)
+    return Fingerprinted(fingerprint_text(sig), fingerprint_text(ident))
+
+
+class RecordedError(str):
+    """A failure as the trace keeps it (its `error_fingerprint`), fed back by a replay."""
+
+
+def error_fingerprint(text: str | None) -> str | None:
+    """A failure without per-call noise, hashed: what the guards compare, and what the trace
+    records for replay (so the same failure compares equal live and replayed)."""
+    if text is None:
+        return None
+    if isinstance(text, RecordedError):
+        return str(text)
+    return fingerprint_text(stable_text(text))
 
 
 def content_text(content: Any, limit: int = 500) -> str:

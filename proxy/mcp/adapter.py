@@ -13,6 +13,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from proxy import guard_trace
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision
 from proxy.guards.signatures import signature
@@ -154,7 +155,15 @@ class MCPProtocol:
         ex.extra["mcp_recorded"] = True
         end = ex.extra.get("mcp_result_at") or ex.upstream_done or time.monotonic()
         event_id = record_tool_call(
-            engine, self.hub, session, ex.call, result, ex.started, ex.started_wall, end
+            engine,
+            self.hub,
+            session,
+            ex.call,
+            result,
+            ex.started,
+            ex.started_wall,
+            end,
+            guard_fields=guard_trace.call_fields(ex),
         )
         if event_id is not None:
             ex.extra["tool_event_id"] = event_id
@@ -179,15 +188,22 @@ def record_tool_call(
     started: float,
     started_wall: float,
     end: float,
+    guard_fields: dict[str, Any] | None = None,
 ) -> str | None:
-    """Write the TOOL_CALL of a completed call; None while it waits for an input_required resend."""
+    """Write the TOOL_CALL of a completed call; None while it waits for an input_required resend.
+
+    `guard_fields` (call_seq, fingerprints, guard_input) come from the round trip the guards judged:
+    the first one when the call went through `input_required`.
+    """
     key = waiting_key(session.run_id, call)
     if result.input_required:
-        hub.await_input(key, started, started_wall)
+        hub.await_input(key, started, started_wall, guard_fields)
         return None
     prior = hub.awaiting_input.pop(key, None) if call.continuation else None
     if prior is not None:
         started, started_wall = prior.started, prior.started_wall
+        if prior.guard_fields:
+            guard_fields = {**prior.guard_fields, "result_fingerprint": result.fingerprint}
     payload = {
         "tool_name": call.tool_name,
         "args": call.arguments,
@@ -196,6 +212,7 @@ def record_tool_call(
         "error": result.error,
         "source": "mcp",
         "server": call.server,
+        **(guard_fields or {}),
     }
     meta: dict[str, Any] = {
         "agent": session.agent,

@@ -74,6 +74,7 @@ class AwaitingInput:
 
     started: float  # monotonic
     started_wall: float
+    guard_fields: dict[str, Any] | None = None  # the first round trip's guard record (replay)
 
 
 class McpHub:
@@ -131,11 +132,17 @@ class McpHub:
             if not pending.future.done():
                 pending.future.set_exception(ConnectionError(message))
 
-    def await_input(self, key: tuple[Any, ...], started: float, started_wall: float) -> None:
+    def await_input(
+        self,
+        key: tuple[Any, ...],
+        started: float,
+        started_wall: float,
+        guard_fields: dict[str, Any] | None = None,
+    ) -> None:
         """Remember a call answered `input_required` until the client resends it (pruned after a TTL)."""
         for old in [k for k, v in self.awaiting_input.items() if started - v.started > INPUT_REQUIRED_TTL_S]:
             del self.awaiting_input[old]
-        self.awaiting_input.setdefault(key, AwaitingInput(started, started_wall))
+        self.awaiting_input.setdefault(key, AwaitingInput(started, started_wall, guard_fields))
 
     # --- legacy HTTP+SSE ---------------------------------------------------------------------
 

@@ -1,0 +1,193 @@
+"""What the trace keeps of each guarded call, so `tripwire replay` decides as the live guards did.
+
+The session guards are pure and deterministic: fed the same inputs in the same order, they take the
+same decisions. So each call's event (LLM_CALL, TOOL_CALL, or the ERROR of a refused call) carries
+(SPEC §5.7), in its payload:
+
+- `call_seq`: the call's arrival number in the run, from 1 (replay's `call_index`);
+- `args_fingerprint` / `result_fingerprint`: hashes of the full arguments and result (MCP), from
+  before any truncation or redaction, so a `--no-record-content` run replays the same;
+- `guard_input`: what the guards were given and when, compactly:
+  `t` (seconds since the session started, on the clock the guards read), `ev` (events the guards
+  had observed), `done` (answers settled before it), `cfg` (config revision; the config itself the
+  first time a revision is used), the call's inputs (MCP: tool, identity fingerprints, reservation
+  estimate; LLM: the history's change since the previous request, estimates), the decisions the live
+  guards took, and, once answered, `rank` (its place among settled answers) with what the answer
+  brought (`t_end`, result and error fingerprints, or cost and tokens).
+
+The history of an LLM request is recorded as a delta: `keep` steps of the previous request's history
+(compared by tool_call_ids) plus the steps `add`ed, each call `[tool_call_id, tool, sig, ident]`, and
+the results of the added calls. Agents resend their whole history; the trace grows with what is new.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.guards.decision import Action, Decision
+from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
+from proxy.guards.session import SessionGuards
+from proxy.guards.signatures import call_fingerprints, error_fingerprint
+
+T_DIGITS = 6
+
+
+def decision_list(decisions: Iterable[Decision]) -> list[list[Any]]:
+    """[guard, kind, action] of every decision other than ALLOW, as recorded and as replayed."""
+    return [[d.guard, d.kind, d.action.name.lower()] for d in decisions if d.action > Action.ALLOW]
+
+
+@dataclass
+class GuardTrace:
+    """One call's guard record, built when it is judged and completed when its answer settles."""
+
+    call_seq: int
+    fields: dict[str, Any]
+    guards: SessionGuards
+    started_at: float  # the session's monotonic start (t = now - started_at)
+    rank: int | None = None
+    settled_at: float | None = None
+    settle: dict[str, Any] = field(default_factory=dict)
+
+    def settle_now(self, now: float) -> float:
+        """Take this answer's rank among the session's settled answers; returns the `now` to settle at.
+
+        Called when the call's event is written; the guards settle it right after, on the same tick,
+        so the ranks are the order the guards saw the answers in.
+        """
+        if self.rank is None:
+            self.rank = self.guards.next_settle()
+            self.settled_at = now
+        assert self.settled_at is not None
+        return self.settled_at
+
+    def payload(self) -> dict[str, Any]:
+        """The fields the call's event carries."""
+        guard_input = dict(self.fields)
+        if self.rank is not None and self.settled_at is not None:
+            guard_input["rank"] = self.rank
+            guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)
+            guard_input.update(self.settle)
+        out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
+        if "sig" in self.fields:
+            out["args_fingerprint"] = self.fields["sig"]
+        if "res" in self.settle:
+            out["result_fingerprint"] = self.settle["res"]
+        return out
+
+
+def begin(
+    guards: SessionGuards,
+    started_at: float,
+    now: float,
+    inputs: dict[str, Any],
+    *,
+    events_before: int,
+    settled_before: int,
+    config_rev: int,
+    config_recorded: set[int],
+) -> dict[str, Any]:
+    """The fields every judged call records (before the guards judge it)."""
+    fields: dict[str, Any] = {
+        "t": round(now - started_at, T_DIGITS),
+        "ev": events_before,
+        "done": settled_before,
+        "cfg": config_rev,
+        **inputs,
+    }
+    if config_rev not in config_recorded:
+        # the config in force, the first time a call runs under it: replay follows every change
+        config_recorded.add(config_rev)
+        fields["config"] = guards.config.model_dump(mode="json")
+    return fields
+
+
+def mcp_inputs(tool: str, args: Any, server: str | None, estimate_usd: float) -> dict[str, Any]:
+    fp = call_fingerprints(tool, args)
+    return {
+        "kind": "tool",
+        "tool": tool,
+        "server": server,
+        "sig": fp.sig,
+        "id": fp.ident,
+        "est": estimate_usd,
+    }
+
+
+def llm_inputs(
+    previous: list[tuple[str, ...]],
+    steps: Sequence[Sequence[HistoryCall]],
+    turn_start: int,
+    results: HistoryResults,
+    estimate_usd: float,
+    estimate_tokens: int,
+) -> tuple[dict[str, Any], list[tuple[str, ...]]]:
+    """The request's history as a delta from the previous request's; returns (inputs, its step ids)."""
+    rows = [[call_tuple(c) for c in step] for step in steps]
+    ids = [tuple(c[0] for c in row) for row in rows]
+    keep = 0
+    while keep < min(len(previous), len(ids)) and previous[keep] == ids[keep]:
+        keep += 1
+    added = rows[keep:]
+    by_id = results_map(results)
+    add: list[list[list[Any]]] = []
+    got: dict[str, list[Any]] = {}
+    for row in added:
+        step = []
+        for call_id, name, args in row:
+            fp = call_fingerprints(name, args)
+            step.append([call_id, name, fp.sig, fp.ident])
+            if call_id in by_id:
+                fingerprint, error = by_id[call_id]
+                got[call_id] = [fingerprint, error_fingerprint(error)]
+        add.append(step)
+    inputs = {
+        "kind": "llm",
+        "hist": {"keep": keep, "add": add, "turn_start": turn_start, "results": got},
+        "est": estimate_usd,
+        "tok": estimate_tokens,
+    }
+    return inputs, ids
+
+
+def settle_fields_tool(result_fingerprint: str, error: str | None) -> dict[str, Any]:
+    return {"res": result_fingerprint, "err": error_fingerprint(error)}
+
+
+def settle_fields_llm(cost_usd: float, tokens: int) -> dict[str, Any]:
+    return {"cost": cost_usd, "tokens": tokens}
+
+
+def call_fields(ex: Any) -> dict[str, Any]:
+    """The guard fields of a call's event (LLM_CALL / TOOL_CALL), written when it is recorded.
+
+    Takes the call's settle rank now: the guard stage settles it right after, with these values.
+    """
+    trace: GuardTrace | None = ex.guard_trace
+    if trace is None:
+        return {}
+    mark_settled(ex, trace, time.monotonic())
+    return trace.payload()
+
+
+def mark_settled(ex: Any, trace: GuardTrace, now: float) -> float:
+    """Rank the answer (once) and note what the guards are told of it; returns the `now` to use."""
+    first = trace.rank is None
+    now = trace.settle_now(now)
+    if not first:
+        return now
+    if ex.refused or not ex.forwarded:
+        trace.settle["released"] = True  # it never reached the upstream: its reservation goes back
+    elif trace.fields.get("kind") == "tool":
+        result = ex.result
+        failed = result is not None and result.status == "error"
+        fingerprint = (result.fingerprint or "") if result is not None else ""
+        trace.settle.update(settle_fields_tool(fingerprint, result.error_text if failed else None))
+    else:
+        trace.settle.update(
+            settle_fields_llm(float(ex.extra.get("cost_usd", 0.0)), int(ex.extra.get("tokens", 0)))
+        )
+    return now
