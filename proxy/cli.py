@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_flags(serve)
     add_intercept_parser(sub)
+    add_replay_parser(sub)
     return parser
 
 
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "intercept":
         return run_intercept(args, argv)
+    if args.command == "replay":
+        return run_replay(args)
     if args.command != "serve":
         parser.print_help()
         return 0 if args.command is None else 2
@@ -281,3 +284,81 @@ def run_intercept(args: argparse.Namespace, argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# --- tripwire replay: recorded runs through fresh guards (SPEC §5.7, docs/guards.md "Tuning") --------
+
+REPLAY_EPILOG = """\
+Replays each run's calls, in arrival order and with their recorded times, through fresh session
+guards (loop detection, budgets, limits, turn time) and prints every decision other than allow.
+By default each call is judged under the guard config that was in force for it, as recorded in the
+run: the replay then takes exactly the decisions the live guards took. --config FILE (a YAML file in
+the serve config's format; its guard sections and agent overrides) asks what that config would have
+done instead. The circuit breaker and the kill switch are listed as recorded, not recomputed.
+--json prints one array: {run_id, call_index, event_id, guard, kind, action} per decision
+("replayed": false on the recorded-only ones). Exit 0 whether or not anything fired.
+"""
+
+
+def add_replay_parser(sub: Any) -> None:
+    replay = sub.add_parser(
+        "replay",
+        help="replay recorded runs through the guards (what would this config have done?)",
+        description="Feed recorded runs through fresh session guards and print what fired.",
+        epilog=REPLAY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a = replay.add_argument
+    a("runs", nargs="*", metavar="RUN_ID_OR_DIR", help="run ids (in the data dir) or run directories")
+    a("--all", action="store_true", help="replay every run of the data dir and print a summary")
+    a("--data-dir", type=Path, help="where the runs are (env TRIPWIRE_DATA_DIR, default ~/.tripwire)")
+    a("--config", type=Path, metavar="FILE", help="judge under this YAML's guard config instead")
+    a("--json", action="store_true", help="print one JSON array of decisions")
+
+
+def guard_configs_from_file(path: Path) -> dict[str, Any]:
+    """The guard configs of a serve YAML: "" -> the project default, agent name -> its override."""
+    from pydantic import ValidationError
+
+    from proxy.guards.config import GuardConfig
+    from proxy.settings import format_validation_error, yaml_source
+
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    data = yaml_source(path)
+    out: dict[str, Any] = {}
+    try:
+        out[""] = GuardConfig.model_validate(data.get("guards") or {})
+        for name, body in (data.get("agents") or {}).items():
+            out[str(name)] = GuardConfig.model_validate(body)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {format_validation_error(e)}") from e
+    return out
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    import os
+
+    from proxy import replay
+
+    data_dir = args.data_dir or Path(os.environ.get("TRIPWIRE_DATA_DIR") or Path.home() / ".tripwire")
+    data_dir = Path(data_dir).expanduser()
+    if not args.runs and not args.all:
+        print("tripwire replay: name runs (RUN_ID_OR_DIR ...) or --all", file=sys.stderr)
+        return 2
+    try:
+        override = guard_configs_from_file(args.config) if args.config else None
+        dirs = replay.all_runs(data_dir) if args.all else [replay.resolve_run(r, data_dir) for r in args.runs]
+        replays = [replay.replay_dir(d, override) for d in dirs]
+    except (ConfigError, replay.ReplayError) as e:
+        print(f"tripwire replay: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(replay.as_json(replays).decode() + "\n")
+        return 0
+    label = f"--config {args.config}" if args.config else "the recorded config"
+    for r in replays:
+        print(replay.as_text(r, label))
+    if args.all:
+        print(replay.summary(replays))
+    return 0

@@ -65,7 +65,7 @@ class GuardConfigStore:
         """The config the agent's next call uses, and whether it is an agent override."""
         override = self._api_agents.get(agent) or self._static_agents.get(agent)
         if override is not None:
-            return override, True
+            return override.inheriting_shadow(self.project()), True
         return self.project(), False
 
     def project(self) -> GuardConfig:
@@ -120,8 +120,8 @@ class GuardConfigStore:
         read-only disk) changes nothing, so the caller's error answer tells the truth."""
         snapshot = {
             "version": FORMAT_VERSION,
-            "project": None if project is None else project.model_dump(mode="json"),
-            "agents": {name: cfg.model_dump(mode="json") for name, cfg in sorted(agents.items())},
+            "project": None if project is None else project.dump(),
+            "agents": {name: cfg.dump() for name, cfg in sorted(agents.items())},
         }
         self._write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2))
         self._api_project, self._api_agents = project, agents

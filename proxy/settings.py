@@ -28,7 +28,8 @@ from pydantic import (
 
 from proxy.guards.config import GuardConfig
 
-GUARD_SECTIONS = ("loop_detection", "budget", "limits", "circuit_breaker")
+# the guard config's top-level keys (LangSight's sections and `shadow`), accepted at the YAML's top level
+GUARD_SECTIONS = ("shadow", "loop_detection", "budget", "limits", "circuit_breaker")
 DEFAULT_UPSTREAM = "https://api.openai.com"
 
 

@@ -144,3 +144,16 @@ def test_failed_write_changes_nothing(tmp_path: Path) -> None:
     assert store.effective("research") == (proj, False)
     assert store.project_source() == "api"
     assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]  # no temp file left behind
+
+
+def test_an_override_that_omits_shadow_inherits_the_projects_across_a_restart(tmp_path: Path) -> None:
+    store = make(tmp_path)
+    store.put_project(config_from_body({"shadow": True, **LANGSIGHT_BODY}))
+    store.put_agent("quiet", config_from_body(LANGSIGHT_BODY))  # no `shadow`: inherits
+    store.put_agent("loud", config_from_body({"shadow": False, **LANGSIGHT_BODY}))  # its own
+    for s in (store, make(tmp_path)):
+        assert s.effective("quiet")[0].shadow is True
+        assert s.effective("loud")[0].shadow is False
+        assert s.effective("yaml-agent")[0].shadow is True  # a static override omits it too
+    store.put_project(config_from_body(LANGSIGHT_BODY))
+    assert store.effective("quiet")[0].shadow is False

@@ -95,8 +95,23 @@ class GuardConfig(_Section):
     """One prevention config: the project default or one agent's whole override."""
 
     # evaluate and record every guard, refuse nothing (SPEC §5.7); an agent override that omits it
-    # inherits the project default's value (the guard store resolves that)
+    # (not in `model_fields_set`) inherits the project default's value (`GuardConfigStore`)
     shadow: bool = False
+
+    @property
+    def in_shadow(self) -> bool:
+        return self.shadow
+
+    def inheriting_shadow(self, project: GuardConfig) -> GuardConfig:
+        """This agent override as in force under `project`: `shadow` from the project when omitted."""
+        if "shadow" in self.model_fields_set or self.shadow == project.shadow:
+            return self
+        return self.model_copy(update={"shadow": project.shadow})
+
+    def dump(self) -> dict[str, object]:
+        """JSON for persistence, keeping an omitted `shadow` omitted (it stays inherited)."""
+        return self.model_dump(mode="json", exclude=None if "shadow" in self.model_fields_set else {"shadow"})
+
     loop_detection: LoopDetectionConfig = LoopDetectionConfig()
     budget: BudgetConfig = BudgetConfig()
     limits: LimitsConfig = LimitsConfig()

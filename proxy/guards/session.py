@@ -93,7 +93,7 @@ class SessionGuards:
 
     @property
     def shadow(self) -> bool:
-        return self.config.shadow
+        return self.config.in_shadow
 
     def next_settle(self) -> int:
         """The rank of the answer being settled now (1, 2, ...), recorded for replay."""

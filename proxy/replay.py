@@ -1,0 +1,450 @@
+"""`tripwire replay`: recorded runs fed through fresh session guards (SPEC §5.7).
+
+A run recorded by Tripwire carries, on each guarded call's event, what its guards were given and
+when (`proxy.guard_trace`). Replay puts those inputs back in the order the live guards saw them:
+calls by `call_seq`; before each call, the answers settled before it (by `rank`) and the events
+observed before it (`ev`); each under the config in force (`cfg`), or the one `--config` gives. So
+under the recorded config it decides exactly as the live guards did, and under another config it
+answers "what would this have done?":
+
+- a call the replay refuses is not forwarded: its recorded answer is not fed to the guards;
+- a call refused live but admitted by the replay has no answer to feed: it stays unanswered;
+- the circuit breaker (state per agent and upstream, outside the run) and the kill switch (an
+  operator's act) are not recomputed: their recorded decisions are listed, `replayed: false`.
+
+Runs written by AgentDbg's own SDK carry none of this: their LLM_CALL and TOOL_CALL events are
+replayed one after the other, in file order, with the arguments and results they hold (each call
+answered before the next; times from the events' `ts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.guards.config import GuardConfig
+from proxy.guards.decision import Action, Decision
+from proxy.guards.session import SessionGuards
+from proxy.guards.signatures import Fingerprinted, RecordedError, content_text, result_fingerprint
+from proxy.storage import EVENTS_JSONL, TRIPWIRE_JSON, parse_events, parse_iso, read_json, run_dir
+
+# events the live guards never observed (written outside `Engine.record_event`): the session's
+# start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
+# wrote after the fact
+NOT_OBSERVED_GUARDRAILS = frozenset({"stop_on_loop", "kill_switch"})
+RECORDED_ONLY_GUARDRAILS = frozenset({"circuit_breaker", "kill_switch"})
+
+
+@dataclass(frozen=True)
+class ReplayDecision:
+    run_id: str
+    call_index: int | None
+    event_id: str | None
+    guard: str
+    kind: str | None
+    action: str
+    message: str = ""
+    replayed: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        """The stable `--json` object (SPEC §5.7)."""
+        out: dict[str, Any] = {
+            "run_id": self.run_id,
+            "call_index": self.call_index,
+            "event_id": self.event_id,
+            "guard": self.guard,
+            "kind": self.kind,
+            "action": self.action,
+        }
+        if not self.replayed:
+            out["replayed"] = False
+        return out
+
+
+@dataclass
+class RunReplay:
+    run_id: str
+    calls: int = 0
+    decisions: list[ReplayDecision] = field(default_factory=list)
+    # call_seq -> [[guard, kind, action], ...]: what the live guards decided before each call
+    live: dict[int, list[list[Any]]] = field(default_factory=dict)
+    replayed_checks: dict[int, list[list[Any]]] = field(default_factory=dict)
+    recorded_by: str = "tripwire"  # or "agentdbg": no guard inputs recorded
+
+    def first(self, action: Action = Action.WARN) -> ReplayDecision | None:
+        for d in self.decisions:
+            if Action[d.action.upper()] >= action:
+                return d
+        return None
+
+
+class ReplayError(ValueError):
+    """A run that cannot be replayed (no such run, no events)."""
+
+
+# -- locating and loading runs ---------------------------------------------------------------------
+
+
+def resolve_run(target: str, data_dir: Path) -> Path:
+    """A run directory: a path to one (holding events.jsonl), or a run id under `data_dir`."""
+    path = Path(target)
+    if (path / EVENTS_JSONL).is_file():
+        return path
+    try:
+        d = run_dir(data_dir, target)
+    except ValueError as e:
+        raise ReplayError(f"{target}: not a run directory nor a run id ({e})") from e
+    if not (d / EVENTS_JSONL).is_file():
+        raise ReplayError(f"{target}: no such run in {data_dir}")
+    return d
+
+
+def all_runs(data_dir: Path) -> list[Path]:
+    base = data_dir / "runs"
+    try:
+        return sorted(p for p in base.iterdir() if (p / EVENTS_JSONL).is_file())
+    except OSError:
+        return []
+
+
+def replay_dir(d: Path, override: GuardConfig | dict[str, GuardConfig] | None = None) -> RunReplay:
+    events = parse_events(d / EVENTS_JSONL, d.name)
+    meta = read_json(d / TRIPWIRE_JSON) or {}
+    run_id = next((str(e.get("run_id")) for e in events if e.get("run_id")), d.name)
+    return replay_events(run_id, events, meta, resolve_override(override, meta))
+
+
+def resolve_override(
+    override: GuardConfig | dict[str, GuardConfig] | None, meta: dict[str, Any]
+) -> GuardConfig | None:
+    """`--config` for this run: its agent's override if the file has one, else its project default."""
+    if override is None or isinstance(override, GuardConfig):
+        return override
+    project = override.get("") or GuardConfig()
+    agent = override.get(str(meta.get("agent_name") or ""))
+    return project if agent is None else agent.inheriting_shadow(project)
+
+
+# -- replaying -----------------------------------------------------------------------------------
+
+
+def replay_events(
+    run_id: str, events: list[dict[str, Any]], meta: dict[str, Any], override: GuardConfig | None = None
+) -> RunReplay:
+    calls: dict[int, dict[str, Any]] = {}
+    for ev in events:
+        payload = ev.get("payload") or {}
+        if isinstance(payload.get("call_seq"), int) and isinstance(payload.get("guard_input"), dict):
+            calls.setdefault(payload["call_seq"], ev)
+    if not calls:
+        return _replay_agentdbg(run_id, events, meta, override)
+    return _Replayer(run_id, events, calls, meta, override).run()
+
+
+def _decision(run_id: str, call: int | None, event_id: str | None, d: Decision) -> ReplayDecision:
+    return ReplayDecision(run_id, call, event_id, d.guard, d.kind, d.action.name.lower(), d.message)
+
+
+def _listed(decisions: list[Decision]) -> list[list[Any]]:
+    return [[d.guard, d.kind, d.action.name.lower()] for d in decisions if d.action > Action.ALLOW]
+
+
+class _Replayer:
+    def __init__(
+        self,
+        run_id: str,
+        events: list[dict[str, Any]],
+        calls: dict[int, dict[str, Any]],
+        meta: dict[str, Any],
+        override: GuardConfig | None,
+    ) -> None:
+        self.run_id = run_id
+        self.events = events
+        self.calls = calls
+        self.override = override
+        self.out = RunReplay(run_id, calls=len(calls))
+        self.configs: dict[int, GuardConfig] = {}
+        for seq in sorted(calls):
+            fields = calls[seq]["payload"]["guard_input"]
+            if isinstance(fields.get("config"), dict):
+                self.configs.setdefault(
+                    int(fields.get("cfg", 0)), GuardConfig.model_validate(fields["config"])
+                )
+        if 0 not in self.configs and isinstance(meta.get("guard_config"), dict):
+            self.configs[0] = GuardConfig.model_validate(meta["guard_config"])
+        self.settles = sorted(
+            (seq for seq, ev in calls.items() if "rank" in ev["payload"]["guard_input"]),
+            key=lambda s: calls[s]["payload"]["guard_input"]["rank"],
+        )
+        self.settled = 0
+        self.reservations: dict[int, Any] = {}
+        self.history: list[list[tuple[str, str, Fingerprinted]]] = []
+        self.results: dict[str, tuple[str, str | None]] = {}
+        self.observable = self._observable()
+        self.last_call: int | None = None
+        self.guards: SessionGuards | None = None
+
+    def _observable(self) -> Iterator[dict[str, Any]]:
+        for ev in self.events:
+            kind = ev.get("event_type")
+            payload = ev.get("payload") or {}
+            if kind in ("RUN_START", "RUN_END"):
+                continue
+            if kind == "LOOP_WARNING" and payload.get("kind") == "cycle":
+                continue
+            if kind == "ERROR" and payload.get("guardrail") in NOT_OBSERVED_GUARDRAILS:
+                continue
+            yield ev
+
+    def config(self, rev: int) -> GuardConfig:
+        if self.override is not None:
+            return self.override
+        if rev in self.configs:
+            return self.configs[rev]
+        earlier = [r for r in self.configs if r <= rev]
+        return self.configs[max(earlier)] if earlier else GuardConfig()
+
+    def run(self) -> RunReplay:
+        for seq in sorted(self.calls):
+            ev = self.calls[seq]
+            fields = ev["payload"]["guard_input"]
+            guards = self._guards(int(fields.get("cfg", 0)))
+            while self.settled < len(self.settles) and self._rank(self.settles[self.settled]) <= fields.get(
+                "done", 0
+            ):
+                self._settle(self.settles[self.settled])
+            self._observe_until(int(fields.get("ev", 0)))
+            guards.configure(self.config(int(fields.get("cfg", 0))))
+            self.last_call = seq
+            self._check(seq, ev, fields)
+        while self.settled < len(self.settles):
+            self._settle(self.settles[self.settled])
+        self._observe_until(None)
+        self._list_recorded_only()
+        return self.out
+
+    def _guards(self, rev: int) -> SessionGuards:
+        if self.guards is None:
+            self.guards = SessionGuards(self.config(rev), started_at=0.0)
+            self.guards.budget.count_event()  # RUN_START, as live
+        return self.guards
+
+    def _rank(self, seq: int) -> int:
+        return int(self.calls[seq]["payload"]["guard_input"]["rank"])
+
+    def _observe_until(self, count: int | None) -> None:
+        guards = self.guards
+        if guards is None:
+            return
+        while count is None or guards.events_seen < count:
+            ev = next(self.observable, None)
+            if ev is None:
+                return
+            d = guards.observe_event(
+                str(ev.get("event_type")), str(ev.get("name") or ""), str(ev.get("event_id"))
+            )
+            if d is not None:
+                seq = (ev.get("payload") or {}).get("call_seq", self.last_call)
+                self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
+
+    def _check(self, seq: int, ev: dict[str, Any], fields: dict[str, Any]) -> None:
+        guards = self.guards
+        assert guards is not None
+        now = float(fields.get("t", 0.0))
+        if fields.get("kind") == "tool":
+            args = Fingerprinted(str(fields["sig"]), str(fields["id"]))
+            verdict = guards.before_tool_call(
+                str(fields.get("tool")),
+                args,
+                now=now,
+                server=fields.get("server"),
+                estimate_usd=float(fields.get("est", 0.0)),
+            )
+        else:
+            hist = fields.get("hist") or {}
+            added = [
+                [(str(c[0]), str(c[1]), Fingerprinted(str(c[2]), str(c[3]))) for c in step]
+                for step in hist.get("add", [])
+            ]
+            self.history = self.history[: int(hist.get("keep", 0))] + added
+            for call_id, (fingerprint, error) in (hist.get("results") or {}).items():
+                self.results[call_id] = (str(fingerprint), None if error is None else RecordedError(error))
+            verdict = guards.before_llm_call(
+                self.history,
+                int(hist.get("turn_start", 0)),
+                self.results,
+                estimate_usd=float(fields.get("est", 0.0)),
+                estimate_tokens=int(fields.get("tok", 0)),
+                now=now,
+            )
+        self.out.live[seq] = list(fields.get("decisions") or [])
+        self.out.replayed_checks[seq] = _listed(verdict.decisions)
+        for d in verdict.decisions:
+            if d.action > Action.ALLOW:
+                self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
+        refused_live = ev.get("event_type") == "ERROR" or fields.get("breaker")
+        if verdict.refused or refused_live:
+            guards.release(verdict.reservation)  # not forwarded: no answer to settle
+        else:
+            self.reservations[seq] = verdict.reservation
+
+    def _settle(self, seq: int) -> None:
+        self.settled += 1
+        if seq not in self.reservations:
+            return  # refused here (or live): its answer never came
+        guards = self.guards
+        assert guards is not None
+        reservation = self.reservations.pop(seq)
+        ev = self.calls[seq]
+        fields = ev["payload"]["guard_input"]
+        now = float(fields.get("t_end", fields.get("t", 0.0)))
+        if fields.get("released"):
+            guards.release(reservation)
+            return
+        if fields.get("kind") == "tool":
+            error = fields.get("err")
+            after = guards.after_tool_call(
+                reservation,
+                str(fields.get("tool")),
+                Fingerprinted(str(fields["sig"]), str(fields["id"])),
+                result_fingerprint=str(fields.get("res", "")),
+                error=None if error is None else RecordedError(error),
+                now=now,
+                event_id=ev.get("event_id"),
+            )
+        else:
+            after = guards.after_llm_call(
+                reservation,
+                cost_usd=float(fields.get("cost", 0.0)),
+                tokens=int(fields.get("tokens", 0)),
+                now=now,
+            )
+        for d in after:
+            if d.action > Action.ALLOW:
+                self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
+
+    def _list_recorded_only(self) -> None:
+        """The breaker's and the kill switch's decisions, as they happened (not recomputed)."""
+        last: int | None = None
+        for ev in self.events:
+            payload = ev.get("payload") or {}
+            if isinstance(payload.get("call_seq"), int):
+                last = payload["call_seq"]
+            if ev.get("event_type") != "ERROR" or payload.get("guardrail") not in RECORDED_ONLY_GUARDRAILS:
+                continue
+            self.out.decisions.append(
+                ReplayDecision(
+                    self.run_id,
+                    payload.get("call_seq", last),
+                    ev.get("event_id"),
+                    str(payload["guardrail"]),
+                    payload.get("kind"),
+                    str(payload.get("action") or "terminate"),
+                    str(payload.get("message") or ""),
+                    replayed=False,
+                )
+            )
+        self.out.decisions.sort(key=lambda d: d.call_index if d.call_index is not None else 0)
+
+
+def _replay_agentdbg(
+    run_id: str, events: list[dict[str, Any]], meta: dict[str, Any], override: GuardConfig | None
+) -> RunReplay:
+    """A run without guard inputs (AgentDbg's SDK): its calls one after the other, in file order."""
+    config = override
+    if config is None and isinstance(meta.get("guard_config"), dict):
+        config = GuardConfig.model_validate(meta["guard_config"])
+    guards = SessionGuards(config or GuardConfig(), started_at=0.0)
+    out = RunReplay(run_id, recorded_by="agentdbg")
+    start = next((parse_iso(e.get("ts")) for e in events if e.get("event_type") == "RUN_START"), None)
+    for ev in events:
+        kind = ev.get("event_type")
+        payload = ev.get("payload") or {}
+        ts = parse_iso(ev.get("ts"))
+        now = 0.0 if ts is None or start is None else max(0.0, ts - start)
+        if kind == "RUN_START":
+            guards.budget.count_event()
+            continue
+        if kind in ("LLM_CALL", "TOOL_CALL"):
+            out.calls += 1
+            got = _agentdbg_call(guards, kind, payload, now)
+            out.decisions += [_decision(run_id, out.calls, ev.get("event_id"), d) for d in got]
+        d = guards.observe_event(str(kind), str(ev.get("name") or ""), str(ev.get("event_id")))
+        if d is not None:
+            out.decisions.append(_decision(run_id, out.calls or None, ev.get("event_id"), d))
+    return out
+
+
+def _agentdbg_call(guards: SessionGuards, kind: str, payload: dict[str, Any], now: float) -> list[Decision]:
+    if kind == "LLM_CALL":
+        verdict = guards.before_llm_call([], 0, {}, estimate_usd=0.0, now=now)
+        usage = payload.get("usage") or {}
+        after = guards.after_llm_call(
+            verdict.reservation,
+            cost_usd=float(payload.get("cost_usd") or 0.0),
+            tokens=int(usage.get("total_tokens") or 0) if isinstance(usage, dict) else 0,
+            now=now,
+        )
+        return [d for d in verdict.decisions + after if d.action > Action.ALLOW]
+    tool = str(payload.get("tool_name") or "unknown")
+    args = payload.get("args")
+    verdict = guards.before_tool_call(tool, args, now=now)
+    if verdict.refused:
+        return [d for d in verdict.decisions if d.action > Action.ALLOW]
+    error = None
+    if payload.get("status") == "error":
+        err = payload.get("error")
+        error = content_text(err.get("message") if isinstance(err, dict) else err) or "error"
+    after = guards.after_tool_call(
+        verdict.reservation,
+        tool,
+        args,
+        result_fingerprint=result_fingerprint(payload.get("result")),
+        error=error,
+        now=now,
+    )
+    return [d for d in verdict.decisions + after if d.action > Action.ALLOW]
+
+
+# -- printing ------------------------------------------------------------------------------------
+
+
+def as_json(replays: list[RunReplay]) -> bytes:
+    return orjson.dumps([d.as_json() for r in replays for d in r.decisions], option=orjson.OPT_INDENT_2)
+
+
+def as_text(replay: RunReplay, config_label: str) -> str:
+    lines = [f"run {replay.run_id}: {replay.calls} calls replayed under {config_label}"]
+    if replay.recorded_by == "agentdbg":
+        lines[0] += " (no guard inputs recorded: its calls one after the other)"
+    if not replay.decisions:
+        lines.append("  nothing fired")
+    for d in replay.decisions:
+        where = "-" if d.call_index is None else str(d.call_index)
+        note = "" if d.replayed else "  [recorded, not replayed]"
+        lines.append(
+            f"  call {where:>4}  event {d.event_id}  {d.guard}  {d.kind or '-'}  {d.action}  {d.message}{note}"
+        )
+    return "\n".join(lines)
+
+
+def summary(replays: list[RunReplay]) -> str:
+    """--all: runs that would be warned / blocked / ended, and each run's first firing."""
+    ended = [r for r in replays if r.first(Action.TERMINATE)]
+    blocked = [r for r in replays if r.first(Action.BLOCK) and r not in ended]
+    warned = [r for r in replays if r.first(Action.WARN) and r not in ended and r not in blocked]
+    lines = [
+        f"{len(replays)} runs: {len(warned)} would be warned, {len(blocked)} blocked, {len(ended)} ended, "
+        f"{len(replays) - len(warned) - len(blocked) - len(ended)} untouched"
+    ]
+    for r in replays:
+        first = r.first()
+        if first is not None:
+            lines.append(
+                f"  {r.run_id}: first at call {first.call_index}: {first.guard} {first.kind or '-'} {first.action}"
+            )
+    return "\n".join(lines)
