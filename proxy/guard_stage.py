@@ -384,9 +384,11 @@ class GuardStage(BaseStage):
                     "diff": {"budget_warning": True},
                     "guardrail": d.guard,
                     "message": d.message,
+                    **({"shadow": True} if guards.shadow else {}),
                 },
             )
-            self.engine.alert(session, d)
+            if not guards.shadow:
+                self.engine.alert(session, d)
 
     def settle_breaker(self, ex: Exchange, now: float) -> None:
         breaker = self.breaker_for(ex) if ex.breaker_ticket is not None else None

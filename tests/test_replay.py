@@ -244,3 +244,35 @@ async def test_switching_an_agent_from_shadow_to_enforce_applies_on_the_next_cal
     assert enforced.is_error and text_of(enforced)[0].startswith("[tripwire] blocked:")
     replay = replay_dir(d)
     assert_replays_live(replay)  # the change of config is recorded and followed
+
+
+async def test_an_over_budget_agent_in_shadow_is_never_refused(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="expensive", prompt_tokens=100_000, completion_tokens=0)  # $0.25 each
+    budget = {"max_cost_usd": 0.6, "soft_alert_threshold_usd": 0.3}
+    tw = await start_tripwire(upstream={"url": url}, guards={"shadow": True, "budget": budget})
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=HEADERS)
+    for _ in range(6):  # enforce mode refuses the 4th (see test_guards_e2e_budget)
+        answer = await llm.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.choices[0].message.content == "expensive"
+    assert len(fake.calls(CHAT)) == 6
+    d, events = await run_dir_of(tw)
+    errors = [e["payload"] for e in events if e["event_type"] == "ERROR"]
+    assert [(e["guardrail"], e["action"], e["shadow"]) for e in errors] == [
+        ("max_cost_usd", "terminate", True)
+    ]
+    soft = [e["payload"] for e in events if e["event_type"] == "STATE_UPDATE"]
+    assert [s.get("shadow") for s in soft if s.get("guardrail") == "soft_alert_threshold_usd"] == [True]
+    assert events[-1]["event_type"] == "LLM_CALL"  # no RUN_END: nothing was ended
+    assert tw.tripwire_json(d.name)["health_tags"] == ["shadow_fired"]
+    replay = replay_dir(d)
+    assert_replays_live(replay)
+    assert [(x.call_index, x.guard) for x in replay.decisions if x.action == "terminate"] == [
+        (4, "max_cost_usd"),
+        (5, "max_cost_usd"),
+        (6, "max_cost_usd"),
+    ]
