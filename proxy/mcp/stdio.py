@@ -54,6 +54,8 @@ class StdioBridge:
         self.by_id: dict[str, _Exchange] = {}
         self.inflight: list[_Exchange] = []
         self.initialize: dict[str, Any] | None = None
+        self._initialize_asked: dict[str, dict[str, Any]] = {}  # initialize requests awaiting their answer
+        self.replay_timeouts = 0
         self.initialized_sent = False
         self._internal: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._supervisor: asyncio.Task[None] | None = None
@@ -150,6 +152,8 @@ class StdioBridge:
         try:
             await self._write({**self.initialize, "id": msg_id})
             await asyncio.wait({future, exited}, timeout=READY_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            if not future.done() and not exited.done():
+                self.replay_timeouts += 1  # a live child that never answered (not one that died)
             if future.done() and self.initialized_sent:
                 await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
         except ConnectionError:
@@ -190,6 +194,9 @@ class StdioBridge:
                 if not internal.done():
                     internal.set_result(msg)
                 return
+            asked = self._initialize_asked.pop(key, None)
+            if asked is not None and isinstance(msg.get("result"), dict):
+                self.initialize = asked
             ex = self.by_id.pop(key, None)
             if ex is not None:
                 ex.waiting.discard(key)
@@ -223,6 +230,7 @@ class StdioBridge:
             ex.waiting.discard(key)
         self.by_id.clear()
         self.inflight.clear()
+        self._initialize_asked.clear()
 
     async def _write(self, msg: Any) -> None:
         proc = self.proc
@@ -254,7 +262,13 @@ class StdioBridge:
         for m in requests:
             self.by_id[jsonrpc.id_key(m.get("id"))] = ex
             if m.get("method") == "initialize":
-                self.initialize = {k: v for k, v in m.items() if k != "id"}
+                # kept for a restart only once the child accepts it: an mcp 2.x client in auto mode
+                # may send `initialize` after a probe it gave up on, which the child (already serving
+                # the 2026-07-28 era) refuses; replaying that handshake would put a restarted child in
+                # the wrong era and it would refuse every enveloped request of the client
+                self._initialize_asked[jsonrpc.id_key(m.get("id"))] = {
+                    k: v for k, v in m.items() if k != "id"
+                }
         if requests:
             self.inflight.append(ex)
         try:
