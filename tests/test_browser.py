@@ -359,3 +359,71 @@ async def test_polling_pauses_when_hidden_and_stops_for_finished_runs(
         assert count("/api/runs?") > before
     finally:
         await server.close()
+
+
+async def test_guard_replay_on_the_run_view(browser: Browser, start_tripwire: Any, tmp_path: Path) -> None:
+    """A run recorded through Tripwire (an MCP agent polling an unchanging status), replayed from its
+    run view: under the recorded config the firings sit on the calls beside the live ones; under an
+    edited config (loop detection off) the table shows what would not have fired."""
+    pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+    from mcp import Client
+
+    from tests.test_guards_e2e_mcp import SESSION_URL, shop
+
+    with shop() as upstream:
+        tw = await start_tripwire(mcp={"shop": {"url": upstream}}, admin_token="hunter2")
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            for _ in range(6):
+                await client.call_tool("job_status", {"job_id": "j1"})
+        await tw.flush()
+    (run_id,) = tw.run_ids()
+    call4 = next(e["event_id"] for e in tw.events(run_id) if e["payload"].get("call_seq") == 4)
+
+    page = await new_page(browser)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    await page.add_init_script("sessionStorage.setItem('tripwire_admin_token', 'hunter2')")
+    await page.goto(f"{tw.admin_url}/?run={run_id}")
+    await expect(page.locator('.event[data-type="TOOL_CALL"]')).to_have_count(6)
+
+    await page.locator("#replay-panel > summary").click()
+    await expect(page.get_by_label("the recorded config (as it ran live)")).to_be_checked()
+    await page.get_by_role("button", name="Replay guards").click()
+    await expect(page.locator("#replay-summary")).to_contain_text(
+        "6 calls replayed under the recorded config"
+    )
+    await expect(page.locator("#replay-summary")).to_contain_text("Every call decided as live")
+    row = page.locator('#replay-table tr[data-call="4"]')
+    await expect(row).to_contain_text("warn loop_detection · no_progress")
+    await expect(page.locator("#replay-table tr.diff")).to_have_count(0)
+    await expect(page.locator("#replay-panel")).not_to_contain_text("null")
+    marks = page.locator(f'.event[data-event-id="{call4}"] .ev-marks')
+    await expect(marks.locator(".mark-live")).to_have_text(["live: warn no_progress"])
+    await expect(marks.locator(".mark-replay")).to_have_text(["replay: warn no_progress"])
+    assert await page.locator('.event[data-type="LOOP_WARNING"]').count() >= 1  # live warnings stay
+    shot = tmp_path / "run-replay.png"
+    await page.locator("#replay-panel").screenshot(path=str(shot))
+    save_copy(shot)
+
+    # an edited config, filled from the current one: an invalid value is refused naming the field
+    await page.get_by_label("an edited config").check()
+    threshold = page.locator("#r-loop_detection-threshold")
+    await expect(threshold).to_have_value("5")
+    await threshold.fill("1")
+    await page.get_by_role("button", name="Replay guards").click()
+    await expect(page.locator("#replay-error")).to_contain_text("config.loop_detection.threshold")
+    await expect(page.locator("#replay-form .field.invalid #r-loop_detection-threshold")).to_have_count(1)
+    await threshold.fill("5")
+    await page.locator("#r-loop_detection-enabled").uncheck()
+    await page.get_by_role("button", name="Replay guards").click()
+    await expect(page.locator("#replay-summary")).to_contain_text("under the edited config: nothing fired")
+    await expect(row).to_have_class("diff")
+    await expect(marks.locator(".mark-replay")).to_have_text(["replay: nothing"])
+    await expect(marks.locator(".mark-live")).to_have_text(["live: warn no_progress"])
+    # the edit was for the replay only: the agent's guards are as they were
+    assert tw.engine.guard_config("bot").loop_detection.enabled is True
+
+    await page.get_by_role("button", name="Clear replay").click()
+    await expect(page.locator(".ev-marks")).to_have_count(0)
+    await expect(page.locator("#replay-result")).to_be_hidden()
+    assert errors == []

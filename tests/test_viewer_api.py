@@ -171,6 +171,7 @@ async def test_large_run_page_is_cheap(make_client: MakeClient, tmp_path: Path) 
         ("DELETE", ""),
         ("POST", "/terminate"),
         ("GET", "/guard-stats"),
+        ("POST", "/replay"),
     ],
 )
 async def test_malformed_ids_are_400(
@@ -358,6 +359,7 @@ async def test_token_rule(make_client: MakeClient, tmp_path: Path) -> None:
         ("GET", "/api/agents"),
         ("PUT", "/api/projects/prevention-config"),
         ("GET", "/api/agents/a/prevention-config"),
+        ("POST", f"/api/runs/{run_id}/replay"),
     ]:
         r = await c.request(method, path, json={})
         assert r.status == 401, (method, path)
@@ -383,6 +385,8 @@ async def test_cross_site_writes_refused(make_client: MakeClient, tmp_path: Path
     assert r.status == 403
     r = await c.put(url, json=LANGSIGHT_BODY, headers={"Sec-Fetch-Site": "same-site"})
     assert r.status == 403
+    r = await c.post(f"/api/runs/{run_id}/replay", json={}, headers={"Origin": "http://evil.example"})
+    assert r.status == 403  # a POST like the others, though it changes nothing
     assert (tmp_path / "runs" / run_id).is_dir()
     assert not c.engine.guard_store.effective("a")[1]  # type: ignore[attr-defined]
     # reads are not refused, and the UI's own same-origin writes pass
@@ -662,3 +666,113 @@ async def test_rename_and_delete_the_disk_refuses_answer_json(
         assert "not deleted" in (await r.json())["detail"]
     assert orjson.loads(run_json.read_bytes())["run_name"] != "new"
     assert (await c.delete(f"/api/runs/{run_id}")).status == 204  # once the disk lets it
+
+
+# --- POST /api/runs/{run_id}/replay (SPEC §5.7) ------------------------------------------------
+
+
+def firings(items: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return sorted((d["call_index"], d["guard"], d["kind"], d["action"]) for d in items)
+
+
+async def test_replay_a_run_recorded_through_tripwire(start_tripwire: Any) -> None:
+    """An MCP agent polls an unchanging status through a running Tripwire; the viewer's replay
+    endpoint then decides as the live guards did, and under another config as that one would."""
+    pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+    from mcp import Client
+
+    from tests.test_guards_e2e_mcp import SESSION_URL, shop
+
+    with shop() as upstream:
+        tw = await start_tripwire(mcp={"shop": {"url": upstream}}, admin_token="hunter2")
+        async with Client(tw.url + SESSION_URL, cache=None) as client:
+            for _ in range(6):
+                await client.call_tool("job_status", {"job_id": "j1"})
+        await tw.flush()
+    (run_id,) = tw.run_ids()
+    events = tw.events(run_id)
+    calls = {e["payload"]["call_seq"]: e["event_id"] for e in events if e["event_type"] == "TOOL_CALL"}
+    warned = {e["payload"]["kind"] for e in events if e["event_type"] == "LOOP_WARNING"}
+    assert sorted(calls) == [1, 2, 3, 4, 5, 6] and "no_progress" in warned
+    on_disk = (tw.data_dir / "runs" / run_id / "events.jsonl").read_bytes()
+    url = f"/api/runs/{run_id}/replay"
+
+    async with ClientSession(base_url=tw.admin_url, headers={"Authorization": "Bearer hunter2"}) as s:
+        # no body: each call under the config recorded for it, i.e. what happened live
+        async with s.post(url) as r:
+            assert r.status == 200, await r.text()
+            recorded = await r.json()
+        assert {k: recorded[k] for k in ("run_id", "calls", "recorded_by", "config")} == {
+            "run_id": run_id,
+            "calls": 6,
+            "recorded_by": "tripwire",
+            "config": "recorded",
+        }
+        assert recorded["live"] and firings(recorded["checks"]) == firings(recorded["live"])
+        assert firings(recorded["decisions"]) == firings(recorded["live"])  # nothing fired after an answer
+        assert {d["kind"] for d in recorded["live"]} == warned  # the LOOP_WARNINGs written live
+        assert (4, "loop_detection", "no_progress", "warn") in firings(recorded["live"])
+        for d in recorded["decisions"]:
+            assert d["event_id"] == calls[d["call_index"]]  # the call's own TOOL_CALL event
+            assert d["replayed"] is True and d["message"]
+        async with s.post(url, json={}) as r:
+            assert (await r.json())["decisions"] == recorded["decisions"]
+
+        # an edited config: loop detection off, nothing fires; what happened live is unchanged
+        async with s.post(url, json={"config": {"loop_detection": {"enabled": False}}}) as r:
+            assert r.status == 200
+            custom = await r.json()
+        assert custom["config"] == "custom"
+        assert [d for d in custom["decisions"] if d["guard"] == "loop_detection"] == []
+        assert custom["checks"] == [] and custom["live"] == recorded["live"]
+        # a GET answer's echo fields are ignored, as by the PUT endpoints
+        got = dict(LANGSIGHT_BODY, agent_name="bot", is_agent_override=True, source="api")
+        async with s.post(url, json={"config": got}) as r:
+            assert r.status == 200
+            assert (3, "loop_detection", "repetition", "terminate") in firings((await r.json())["decisions"])
+
+        # an invalid config is a 422 naming the field, as the PUT endpoints answer
+        async with s.post(url, json={"config": {"loop_detection": {"threshold": 1}}}) as r:
+            assert r.status == 422
+            err = await r.json()
+        assert err["detail"][0]["loc"] == ["config", "loop_detection", "threshold"]
+        assert "config.loop_detection.threshold" in err["message"]
+        for bad in ({"config": 5}, {"config": "newest"}, {"confg": "current"}, [1]):
+            async with s.post(url, json=bad) as r:
+                assert r.status == 422, bad
+        async with s.post(url, data=b"{oops", headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 422
+
+        # "current": the config in force now for the run's agent (here an override set meanwhile)
+        async with s.post(url, json={"config": "current"}) as r:
+            current = await r.json()
+        assert current["config"] == "current" and current["decisions"] == recorded["decisions"]
+        off = {"loop_detection": {"enabled": False}}
+        async with s.put("/api/agents/bot/prevention-config", json=off) as r:
+            assert r.status == 200
+        async with s.post(url, json={"config": "current"}) as r:
+            assert (await r.json())["decisions"] == []
+
+        # bad and missing run ids as on every run route
+        async with s.post("/api/runs/..%2F..%2Fetc/replay") as r:
+            assert r.status == 400 and (await r.json())["detail"] == "invalid run_id"
+        async with s.post(f"/api/runs/{MISSING}/replay") as r:
+            assert r.status == 404 and (await r.json())["detail"] == "run not found"
+        async with ClientSession(base_url=tw.admin_url) as anonymous, anonymous.post(url) as r:
+            assert r.status == 401
+
+    # a replay changes nothing
+    assert (tw.data_dir / "runs" / run_id / "events.jsonl").read_bytes() == on_disk
+
+
+async def test_replay_a_run_agentdbg_wrote(make_client: MakeClient, tmp_path: Path) -> None:
+    """A run without guard inputs (AgentDbg's SDK) replays call by call; nothing was recorded live."""
+    c = await make_client()
+    run_id = write_run(tmp_path)
+    r = await c.post(f"/api/runs/{run_id}/replay")
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    assert body["recorded_by"] == "agentdbg" and body["config"] == "recorded"
+    assert body["calls"] == 3 and body["live"] == [] and body["checks"] == []
+    r = await c.post(f"/api/runs/{run_id}/replay", json={"config": "current"})
+    assert r.status == 200 and (await r.json())["config"] == "current"

@@ -5,6 +5,9 @@ run_id, events}`, 400 for a malformed id, 404 for a missing run, `{"detail": ...
 UI and scripts work against Tripwire; what Tripwire adds is additive: a `tripwire` object per run,
 and filters and paging that only change the answer when their parameters are given.
 
+`POST /api/runs/{run_id}/replay` runs `tripwire replay` on one run (SPEC §5.7) for the UI's
+guard replay: under the recorded config, the config in force now, or a config in the body.
+
 `setup_admin(app, engine)` reads from the engine: `data_dir`, `recorder`, `guard_store`,
 `metrics`, `admin_token`, `health()`, `await terminate_run(run_id) -> bool`,
 `guard_stats(run_id) -> dict | None` (None: no live session), and optionally `ready` (bool,
@@ -28,10 +31,11 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from proxy import storage
+from proxy import replay, storage
 from proxy.appkeys import ENGINE
 from proxy.constants import SPEC_VERSION
 from proxy.guard_store import config_body, config_from_body, validation_message
+from proxy.guards.config import GuardConfig
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from viewer.runs import RunReader, is_valid_run_id
 
@@ -305,6 +309,113 @@ async def guard_stats(request: web.Request) -> web.Response:
     return _json({"run_id": run_id, "live": live, "stats": stats if live else None})
 
 
+# --- replay (SPEC §5.7): the run's recorded calls through fresh guards -----------------------
+
+REPLAY_KEYS = frozenset({"config"})
+
+
+def _body_error(loc: list[Any], msg: str, kind: str) -> web.Response:
+    where = ".".join(str(p) for p in loc[1:]) or "(body)"
+    return _detail(422, [{"loc": loc, "msg": msg, "type": kind}], message=f"{where}: {msg}")
+
+
+async def _optional_json(request: web.Request) -> Any:
+    """The body as JSON, {} when there is none; a 422 answer when it is not JSON."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _body_error(["body"], "invalid JSON", "json_invalid")
+
+
+def _replay_config(
+    body: Any, engine: Any, agent: str | None
+) -> tuple[str, GuardConfig | None] | web.Response:
+    """("recorded" | "current" | "custom", the override) from a replay body, or a 422 naming the field."""
+    if not isinstance(body, dict):
+        return _body_error(["body"], "Input should be an object", "dict_type")
+    for key in body:
+        if key not in REPLAY_KEYS:
+            return _body_error(["body", key], "Extra inputs are not permitted", "extra_forbidden")
+    choice = body.get("config")
+    store = engine.guard_store
+    if choice is None or choice == "recorded":
+        return "recorded", None
+    if choice == "current":
+        return "current", store.effective(agent)[0] if agent else store.project()
+    if not isinstance(choice, dict):
+        return _body_error(
+            ["body", "config"], 'Input should be "recorded", "current" or a prevention config', "config_type"
+        )
+    try:
+        cfg = config_from_body(choice)
+    except ValidationError as e:
+        errors = [
+            {"loc": ["config", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in e.errors()
+        ]
+        message = "; ".join(".".join(str(p) for p in err["loc"]) + ": " + err["msg"] for err in errors)
+        return _detail(422, errors, message=message)
+    # as an agent override would be: an omitted `shadow` is the project default's
+    return "custom", cfg.inheriting_shadow(store.project())
+
+
+def _replay_answer(run_id: str, label: str, result: replay.RunReplay) -> dict[str, Any]:
+    def flat(checks: dict[int, list[list[Any]]]) -> list[dict[str, Any]]:
+        return [
+            {"call_index": seq, "guard": d[0], "kind": d[1], "action": d[2]}
+            for seq in sorted(checks)
+            for d in checks[seq]
+        ]
+
+    return {
+        "run_id": run_id,
+        "calls": result.calls,
+        "recorded_by": result.recorded_by,
+        "config": label,
+        "decisions": [
+            {
+                "call_index": d.call_index,
+                "event_id": d.event_id,
+                "guard": d.guard,
+                "kind": d.kind,
+                "action": d.action,
+                "message": d.message,
+                "replayed": d.replayed,
+            }
+            for d in result.decisions
+        ],
+        "live": flat(result.live),
+        "checks": flat(result.replayed_checks),
+    }
+
+
+async def replay_run(request: web.Request) -> web.Response:
+    """Replay the run's calls under the recorded, the current or a given guard config (changes nothing)."""
+    run_id = _run_id(request)
+    await _load_run(request, run_id)
+    body = await _optional_json(request)
+    if isinstance(body, web.Response):
+        return body
+    reader = _reader(request)
+    tw = await asyncio.to_thread(reader.load_tripwire, run_id)
+    chosen = _replay_config(body, _engine(request), tw.get("agent_name"))
+    if isinstance(chosen, web.Response):
+        return chosen
+    label, override = chosen
+    try:
+        result = await asyncio.to_thread(replay.replay_dir, reader.run_dir(run_id), override)
+    except FileNotFoundError:
+        return _detail(404, "run not found")
+    except OSError as e:
+        return _detail(503, f"run not replayed: {e.strerror or e}")
+    except (ValueError, KeyError, TypeError) as e:  # a trace this version cannot read (ValidationError too)
+        log.warning("replay.failed run_id=%s error=%r", run_id, e, exc_info=True)
+        return _detail(422, f"run cannot be replayed: {e}")
+    return _json(_replay_answer(run_id, label, result))
+
+
 # --- agents and the guard API (SPEC §5.4, LangSight's bodies) -------------------------------
 
 
@@ -510,6 +621,7 @@ def setup_admin(app: web.Application, engine: Any) -> None:
     r.add_post("/api/runs/{run_id}/rename", rename_run)
     r.add_post("/api/runs/{run_id}/terminate", terminate_run)
     r.add_get("/api/runs/{run_id}/guard-stats", guard_stats)
+    r.add_post("/api/runs/{run_id}/replay", replay_run)
     r.add_get("/api/agents", list_agents)
     r.add_get("/api/agents/{name}/prevention-config", get_agent_config)
     r.add_put("/api/agents/{name}/prevention-config", put_agent_config)

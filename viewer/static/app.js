@@ -1,4 +1,4 @@
-/* Tripwire viewer: run list, run timeline (paged), agents and their Guards. Plain JS, no build. */
+/* Tripwire viewer: run list, run timeline (paged), guard replay, agents and their Guards. Plain JS, no build. */
 'use strict';
 
 const $ = (id) => document.getElementById(id);
@@ -211,6 +211,8 @@ const state = {
   expanded: new Set(),
   sparks: new Map(), // run_id -> {key, points}
   agentNames: new Set(),
+  replay: null, // the open run's last guard replay (POST /api/runs/{id}/replay answer)
+  replayBase: null, // the config the edited-config form was filled from
 };
 
 function runFilters() {
@@ -418,7 +420,8 @@ function eventRow(ev, index) {
     el('span', { class: 'ev-type', text: type.replace('_', ' ') }),
     el('span', { class: 'ev-name', text: ev.name }),
     el('span', { class: 'ev-time muted small', text: fmtClock(ev.ts) })),
-    eventSummary(ev));
+    eventSummary(ev),
+    replayMarks(ev));
   if (open) li.append(jsonBlock(ev));
   return li;
 }
@@ -509,6 +512,7 @@ async function openRun(runId, push) {
   state.runId = runId;
   if (first) {
     state.events = []; state.total = 0; state.expanded.clear();
+    resetReplay();
     const off = parseInt(param('offset') || '', 10);
     state.offset = !push && !Number.isNaN(off) ? off : 0;
     state.follow = false;
@@ -526,6 +530,7 @@ async function openRun(runId, push) {
     }
     renderRunHead();
     loadGuardState();
+    $('replay-current-src').textContent = '(' + replayAgentLabel() + ')';
     if (first && state.follow) {
       const peek = await api(`/api/runs/${runId}/events?offset=0&limit=1`);
       state.offset = lastPageOffset(peek.total);
@@ -580,6 +585,175 @@ async function deleteRun() {
     setParams({ run: null, offset: null }, true);
     loadRuns();
   } catch (e) { alert('Delete failed: ' + e.message); }
+}
+
+/* ---------- guard replay (POST /api/runs/{id}/replay, SPEC §5.7) ---------- */
+
+const REPLAY_LABELS = { recorded: 'the recorded config', current: 'the current config', custom: 'the edited config' };
+
+function replayAgent() { return ((state.run || {}).tripwire || {}).agent_name || null; }
+function replayAgentLabel() {
+  const a = replayAgent();
+  return a ? `in force now for ${a}` : 'the project default in force now';
+}
+function firing(d) { return `${d.action} ${d.kind || d.guard}`; }
+function firingKey(d) { return [d.call_index, d.guard, d.kind, d.action].join('|'); }
+
+function mark(side, d) {
+  const recordedOnly = d.replayed === false;
+  return el('span', {
+    class: `mark mark-${side} act-${d.action}`,
+    title: (side === 'live' ? 'Live guards, before the call: ' : recordedOnly ? 'Recorded, not recomputed: ' : 'Replay: ')
+      + d.guard + (d.kind ? ' / ' + d.kind : '') + (d.message ? ' — ' + d.message : ''),
+    text: `${recordedOnly ? 'recorded' : side}: ${firing(d)}`,
+  });
+}
+
+/* The replay's firings on the event they refer to; on a guarded call's own event, the live side too. */
+function replayMarks(ev) {
+  const r = state.replay;
+  if (!r) return null;
+  const p = ev.payload || {};
+  const seq = Number.isInteger(p.call_seq) && p.guard_input ? p.call_seq : null;
+  const replayed = r.decisions.filter((d) => d.event_id && d.event_id === ev.event_id);
+  const live = seq == null ? [] : r.live.filter((d) => d.call_index === seq);
+  if (!replayed.length && !live.length) return null;
+  const none = (side) => el('span', { class: `mark mark-${side} mark-none`, text: `${side}: nothing` });
+  const marks = [];
+  if (seq != null) marks.push(...(live.length ? live.map((d) => mark('live', d)) : [none('live')]));
+  marks.push(...(replayed.length ? replayed.map((d) => mark('replay', d)) : [none('replay')]));
+  return el('div', { class: 'ev-marks', 'data-replay-marks': '' }, marks);
+}
+
+function replayRows(r) {
+  const agentdbg = r.recorded_by === 'agentdbg';
+  // what each call's check decided: live (recorded) vs replayed; an AgentDbg run has no live inputs
+  const checks = agentdbg ? r.decisions.filter((d) => d.call_index != null) : r.checks;
+  const rows = new Map();
+  const row = (i) => { if (!rows.has(i)) rows.set(i, { live: [], replay: [] }); return rows.get(i); };
+  for (const d of r.live) row(d.call_index).live.push(d);
+  for (const d of checks) row(d.call_index).replay.push(d);
+  // the other firings: after a call's answer, on an event, or recorded only (breaker, kill switch)
+  const pending = new Map();
+  for (const d of checks) pending.set(firingKey(d), (pending.get(firingKey(d)) || 0) + 1);
+  const others = [];
+  for (const d of r.decisions) {
+    const n = pending.get(firingKey(d)) || 0;
+    if (n > 0 && d.replayed !== false) pending.set(firingKey(d), n - 1); else others.push(d);
+  }
+  return { rows: [...rows.entries()].sort((a, b) => a[0] - b[0]), others, agentdbg };
+}
+
+function renderReplay() {
+  const r = state.replay;
+  const box = $('replay-result');
+  $('btn-replay-clear').hidden = !r;
+  if (!r) { box.hidden = true; box.replaceChildren(); return; }
+  const { rows, others, agentdbg } = replayRows(r);
+  const same = (a, b) => a.map(firing).join(',') === b.map(firing).join(',');
+  const differing = rows.filter(([, x]) => !same(x.live, x.replay)).length;
+  const n = r.decisions.length;
+  const summary = `${fmtInt(r.calls)} call${r.calls === 1 ? '' : 's'} replayed under ${REPLAY_LABELS[r.config] || r.config}: `
+    + `${n ? fmtInt(n) + ' firing' + (n === 1 ? '' : 's') : 'nothing fired'}. `
+    + (agentdbg ? 'Recorded by AgentDbg\'s SDK: no live guard inputs, its calls were replayed one after the other.'
+      : differing ? `${differing} call${differing === 1 ? '' : 's'} decided differently than live.`
+        : 'Every call decided as live.');
+  const cells = (list) => (list.length ? list.map((d) => el('span', { class: `mark mark-plain act-${d.action}`,
+    title: d.message || '', text: `${d.action} ${d.guard}${d.kind ? ' · ' + d.kind : ''}` })) : el('span', { class: 'muted', text: '—' }));
+  const table = el('table', { class: 'replay-table', id: 'replay-table' },
+    el('caption', { class: 'small muted', text: 'Live vs replay: what the guards decided before each call was forwarded' }),
+    el('thead', {}, el('tr', {},
+      el('th', { scope: 'col', text: 'Call' }), el('th', { scope: 'col', text: 'Live' }), el('th', { scope: 'col', text: 'Replay' }))),
+    el('tbody', {}, rows.length ? rows.map(([i, x]) => el('tr', {
+      class: same(x.live, x.replay) ? '' : 'diff', 'data-call': String(i) },
+    el('td', { class: 'mono', text: '#' + i }), el('td', {}, cells(x.live)), el('td', {}, cells(x.replay))))
+      : el('tr', {}, el('td', { colspan: '3', class: 'muted', text: 'Nothing fired, live or in the replay.' }))));
+  const other = others.length ? el('div', { class: 'replay-others' },
+    el('div', { class: 'small muted', text: 'Other replay firings (after a call\'s answer, on an event, or recorded and not recomputed):' }),
+    el('ul', { class: 'small' }, others.map((d) => el('li', {},
+      el('span', { class: 'mono', text: d.call_index != null ? `call #${d.call_index} ` : '' }), mark('replay', d),
+      d.message ? el('span', { class: 'muted', text: ' ' + d.message }) : null)))) : null;
+  box.replaceChildren(...[el('p', { class: 'replay-summary', id: 'replay-summary', text: summary }), table, other].filter(Boolean));
+  box.hidden = false;
+}
+
+async function loadReplayForm() {
+  const runId = state.runId;
+  const agent = replayAgent();
+  const cfg = await api(configUrl(agent || PROJECT));
+  if (runId !== state.runId) return;
+  state.replayBase = cfg;
+  renderGuardForm(cfg, $('replay-form'), 'r');
+}
+
+/* The edited form over the config it was filled from (fields the form does not show stay as they were). */
+function editedConfig() {
+  const base = state.replayBase || {};
+  const out = Object.assign({}, base);
+  for (const [section, values] of Object.entries(readGuardForm($('replay-form')))) {
+    out[section] = Object.assign({}, base[section] || {}, values);
+  }
+  return out;
+}
+
+function replayChoice() { return document.querySelector('input[name="replay-config"]:checked').value; }
+
+async function onReplayChoice() {
+  const custom = replayChoice() === 'custom';
+  $('replay-form').hidden = !custom;
+  if (custom && !state.replayBase) {
+    try { await loadReplayForm(); } catch (e) {
+      $('replay-error').textContent = 'Cannot load the current config: ' + e.message;
+      $('replay-error').hidden = false;
+    }
+  }
+}
+
+async function runReplay() {
+  const runId = state.runId;
+  if (!runId) return;
+  const choice = replayChoice();
+  const status = $('replay-status');
+  $('replay-error').hidden = true;
+  $('btn-replay').disabled = true;
+  status.textContent = 'Replaying…';
+  try {
+    if (choice === 'custom' && !state.replayBase) await loadReplayForm();
+    const json = choice === 'current' ? { config: 'current' } : choice === 'custom' ? { config: editedConfig() } : {};
+    const body = await api(`/api/runs/${runId}/replay`, { method: 'POST', json });
+    if (runId !== state.runId) return;
+    state.replay = body;
+    $('replay-form').querySelectorAll('.invalid').forEach((n) => n.classList.remove('invalid'));
+    status.textContent = 'Replayed. Firings are marked on the timeline.';
+    renderReplay();
+    renderTimeline();
+  } catch (e) {
+    if (runId !== state.runId) return;
+    status.textContent = '';
+    $('replay-error').replaceChildren(el('strong', { text: 'Replay failed: ' }), e.message);
+    markInvalid($('replay-form'), e, 1); // loc is ["config", section, field]
+    $('replay-error').hidden = false;
+  } finally {
+    $('btn-replay').disabled = false;
+  }
+}
+
+function clearReplay() {
+  state.replay = null;
+  $('replay-status').textContent = '';
+  renderReplay();
+  renderTimeline();
+}
+
+function resetReplay() {
+  state.replay = null;
+  state.replayBase = null;
+  $('replay-recorded').checked = true;
+  $('replay-form').replaceChildren();
+  $('replay-form').hidden = true;
+  $('replay-status').textContent = '';
+  $('replay-error').hidden = true;
+  renderReplay();
 }
 
 /* ---------- agents view and Guards ---------- */
@@ -664,8 +838,8 @@ async function loadAgents() {
   }
 }
 
-function fieldInput(section, [key, kind, label], value) {
-  const id = `f-${section}-${key}`;
+function fieldInput(section, [key, kind, label], value, prefix = 'f') {
+  const id = `${prefix}-${section}-${key}`;
   let input;
   if (kind === 'bool') {
     input = el('input', { type: 'checkbox', id, name: `${section}.${key}`, checked: !!value });
@@ -681,17 +855,16 @@ function fieldInput(section, [key, kind, label], value) {
   return el('label', { class: 'field' + (kind === 'bool' ? ' field-bool' : ''), for: id }, el('span', { text: label }), input);
 }
 
-function renderGuardForm(cfg) {
-  const form = $('guard-form');
+function renderGuardForm(cfg, form = $('guard-form'), prefix = 'f') {
   form.replaceChildren(...Object.entries(GUARD_FIELDS).map(([section, fields]) =>
     el('fieldset', { class: 'guard-section', 'data-section': section },
       el('legend', { text: SECTION_TITLES[section] }),
-      el('div', { class: 'fields' }, fields.map((f) => fieldInput(section, f, (cfg[section] || {})[f[0]]))))));
+      el('div', { class: 'fields' }, fields.map((f) => fieldInput(section, f, (cfg[section] || {})[f[0]], prefix))))));
 }
 
-function readGuardForm() {
+function readGuardForm(form = $('guard-form')) {
   const out = {};
-  for (const input of $('guard-form').querySelectorAll('input, select')) {
+  for (const input of form.querySelectorAll('input, select')) {
     const [section, key] = input.name.split('.');
     out[section] = out[section] || {};
     const kind = input.dataset.kind;
@@ -749,17 +922,21 @@ async function openAgent(name, push) {
   }
 }
 
-function showGuardError(e) {
-  const box = $('guard-error');
-  box.replaceChildren();
-  $('guard-form').querySelectorAll('.invalid').forEach((n) => n.classList.remove('invalid'));
+/* Mark the form fields a 422 names (`loc` [section, field], after `skip` leading parts). */
+function markInvalid(form, e, skip = 0) {
+  form.querySelectorAll('.invalid').forEach((n) => n.classList.remove('invalid'));
   const errs = Array.isArray(e.body?.detail) ? e.body.detail : [];
-  box.append(el('strong', { text: 'Not saved: ' }), e.message);
   for (const err of errs) {
-    const loc = (err.loc || []).filter((p) => typeof p === 'string');
-    const input = $('guard-form').querySelector(`[name="${loc.slice(0, 2).join('.')}"]`);
+    const loc = (err.loc || []).slice(skip).filter((p) => typeof p === 'string');
+    const input = form.querySelector(`[name="${loc.slice(0, 2).join('.')}"]`);
     if (input) input.closest('.field').classList.add('invalid');
   }
+}
+
+function showGuardError(e) {
+  const box = $('guard-error');
+  box.replaceChildren(el('strong', { text: 'Not saved: ' }), e.message);
+  markInvalid($('guard-form'), e);
   box.hidden = false;
 }
 
@@ -837,6 +1014,10 @@ $('btn-expand-all').addEventListener('click', () => {
 $('btn-terminate').addEventListener('click', terminateRun);
 $('btn-rename').addEventListener('click', renameRun);
 $('btn-delete').addEventListener('click', deleteRun);
+$('btn-replay').addEventListener('click', runReplay);
+$('btn-replay-clear').addEventListener('click', clearReplay);
+document.querySelectorAll('input[name="replay-config"]').forEach((i) => i.addEventListener('change', onReplayChoice));
+$('replay-form').addEventListener('submit', (e) => { e.preventDefault(); runReplay(); });
 $('btn-save-guards').addEventListener('click', saveGuards);
 $('btn-reset-guards').addEventListener('click', resetGuards);
 $('guard-form').addEventListener('submit', (e) => { e.preventDefault(); saveGuards(); });
