@@ -9,6 +9,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+import aiohttp
+import aiohttp.http_exceptions
 import orjson
 from aiohttp import web
 
@@ -59,7 +61,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             "error": {
                 "message": route.message,
                 "type": "tripwire_route",
-                "code": "not_found",
+                "code": "not_found" if route.status == 404 else "bad_path",
                 "configured": list(route.known),
             }
         }
@@ -70,7 +72,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if streaming_handler is not None:
         return await streaming_handler(request, route)
     try:
-        body = await request.read()
+        body = await read_body(request, engine.settings.max_body_bytes, engine.settings.body_idle_timeout_s)
     except web.HTTPRequestEntityTooLarge:
         limit = engine.settings.max_body_bytes
         return json_error(
@@ -79,6 +81,15 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             "tripwire_request_too_large",
             "request_too_large",
         ).to_response()
+    except TimeoutError:
+        log.info("a client sent no body byte for %.0fs: 408", engine.settings.body_idle_timeout_s)
+        answer = json_error(408, "request body timed out", "tripwire_request_timeout", "body_timeout")
+        answer.headers["Connection"] = "close"
+        return answer.to_response()
+    except (ConnectionError, aiohttp.ClientPayloadError, aiohttp.http_exceptions.HttpProcessingError) as e:
+        # the client hung up (or broke its framing) mid-body: nobody to answer, nothing to record
+        log.debug("client went away while sending its body: %r", e)
+        return web.Response(status=400, text="incomplete request body")
     ex = Exchange(request=request, route=route, body=body, started=started, started_wall=started_wall)
     engine.call_started()
     try:
@@ -90,6 +101,23 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if ex.answer is not None:
         return ex.answer.to_response()
     return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
+
+
+async def read_body(request: web.Request, limit: int, idle_timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes (413 past it), each read waiting at most `idle_timeout`
+    (TimeoutError): a client that trickles or stalls its body cannot hold a handler forever."""
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await asyncio.wait_for(request.content.readany(), idle_timeout)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        chunks.append(chunk)
 
 
 async def draining_answer(request: web.Request, route: Route) -> Answer:
@@ -119,7 +147,11 @@ def engine_stream_handler(
 
 def make_proxy_app(engine: Engine) -> web.Application:
     app = web.Application(
-        client_max_size=engine.settings.max_body_bytes, handler_args={"max_field_size": 65536}
+        client_max_size=engine.settings.max_body_bytes,
+        # aiohttp closes a connection that has not completed a request head within its keep-alive
+        # timeout (also the idle time allowed between keep-alive requests): a slow-header client
+        # (slowloris) holds a socket at most that long
+        handler_args={"max_field_size": 65536, "keepalive_timeout": engine.settings.header_timeout_s},
     )
     app[ENGINE] = engine
     app[PIPELINES] = {kind: Pipeline(default_stages(engine, kind)) for kind in ("llm", "mcp")}

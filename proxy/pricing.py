@@ -34,6 +34,7 @@ _PROVIDER_HINTS = ("openai", "anthropic", "google")
 
 # bound the per-name caches: model names come from clients, so they are not a fixed set
 _CACHE_LIMIT = 4096
+UNKNOWN_MODEL_WARNINGS = 100  # distinct unknown models warned about per process, then one line
 
 _DATE_SUFFIX = re.compile(r"[-@](\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
 
@@ -106,16 +107,22 @@ class Pricing:
         cost = _per_million(
             usage.prompt_tokens, usage.completion_tokens, (FALLBACK_INPUT_PER_1M, FALLBACK_OUTPUT_PER_1M)
         )
-        if model not in self._warned:
-            if len(self._warned) >= _CACHE_LIMIT:
-                self._warned.clear()
+        if model not in self._warned and len(self._warned) <= UNKNOWN_MODEL_WARNINGS:
             self._warned.add(model)
-            self._log.warning(
-                'budget.unknown_model_cost_estimated model_id=%s estimated_cost_usd=%.6f hint="%s"',
-                model,
-                cost,
-                "Add this model to pricing_table to get accurate cost tracking",
-            )
+            if len(self._warned) > UNKNOWN_MODEL_WARNINGS:
+                # an agent (or an attacker) naming endless models must not flood the log
+                self._log.warning(
+                    "budget.unknown_model_warnings_suppressed limit=%d: further unknown models are charged "
+                    "the fallback price without a warning",
+                    UNKNOWN_MODEL_WARNINGS,
+                )
+            else:
+                self._log.warning(
+                    'budget.unknown_model_cost_estimated model_id=%s estimated_cost_usd=%.6f hint="%s"',
+                    model,
+                    cost,
+                    "Add this model to pricing_table to get accurate cost tracking",
+                )
         return PriceQuote(cost, model, False, "fallback")
 
     def estimate(self, usage: Usage, models: list[str | None]) -> float:

@@ -98,10 +98,22 @@ class Settings(BaseModel):
     data_dir: Path = Path("~/.tripwire")
     admin_token: str | None = None
 
+    @field_validator("admin_token")
+    @classmethod
+    def _token_not_blank(cls, value: str | None) -> str | None:
+        # a blank token would lock everyone out (no client sends a blank bearer) while looking set
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty or only whitespace (unset it to run without a token on loopback)")
+        return value
+
     session_idle_timeout_s: PositiveFloat = 300
     terminated_ttl_s: PositiveFloat = 24 * 3600
     connect_timeout_s: PositiveFloat = 10
     ttfb_timeout_s: PositiveFloat = 600
+    # the agent's side: a connection that has not sent a whole request head (or sits idle between
+    # keep-alive requests) this long is closed; a body that sends no byte this long gets a 408
+    header_timeout_s: PositiveFloat = 60
+    body_idle_timeout_s: PositiveFloat = 60
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     drain_grace_s: float = Field(20, ge=0)
     ca_bundle: Path | None = None

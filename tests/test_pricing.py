@@ -58,6 +58,18 @@ def test_unknown_model_fallback_is_exact_and_warned_once(caplog: pytest.LogCaptu
     assert caplog.records[0].levelno == logging.WARNING
 
 
+def test_unknown_model_warnings_are_capped(caplog: pytest.LogCaptureFixture) -> None:
+    from proxy.pricing import UNKNOWN_MODEL_WARNINGS
+
+    pricing = Pricing()
+    with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
+        quotes = [pricing.cost(Usage(prompt_tokens=1000), [f"made-up-{i}"]) for i in range(2000)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == UNKNOWN_MODEL_WARNINGS + 1
+    assert lines[-1].startswith("budget.unknown_model_warnings_suppressed limit=100")
+    assert all(q.cost_usd == pytest.approx(0.01) for q in quotes)  # every one still charged
+
+
 def test_fallback_never_zero_and_warns_per_model(caplog: pytest.LogCaptureFixture) -> None:
     pricing = Pricing()
     with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
@@ -161,7 +173,7 @@ def test_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     pricing = Pricing(logger=logging.getLogger("test.pricing.bounded"))
     for i in range(25):
         assert not pricing.cost(Usage(prompt_tokens=1), [f"random-model-{i}"]).known
-    assert len(pricing._found) <= 10 and len(pricing._warned) <= 10
+    assert len(pricing._found) <= 10 and len(pricing._warned) <= pricing_module.UNKNOWN_MODEL_WARNINGS + 1
     assert pricing.cost(Usage(prompt_tokens=1), ["gpt-4o"]).known
 
 

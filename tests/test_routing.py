@@ -55,3 +55,10 @@ def test_join_upstream_does_not_double_v1() -> None:
     assert join_upstream("https://h/v1/", "/v1/models", "a=1") == "https://h/v1/models?a=1"
     assert join_upstream("https://h/v1", "/v1beta/x", "") == "https://h/v1/v1beta/x"
     assert join_upstream("http://h/mcp", "", "") == "http://h/mcp"
+
+
+def test_dot_segments_are_refused_even_percent_encoded() -> None:
+    for path in ("/v1/%2e%2e/admin", "/v1/%2E%2e/x", "/llm/openai/./v1/models", "/mcp/files/../secret", "/v1/.%2e"):
+        r = resolve(path, {}, **NAMES)
+        assert isinstance(r, RouteError) and r.status == 400, path
+    assert isinstance(resolve("/v1/files/a..b", {}, **NAMES), Route)  # dots inside a segment are fine

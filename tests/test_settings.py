@@ -116,3 +116,8 @@ def test_upstream_key_from_env_and_file(tmp_path: Path) -> None:
     finally:
         del os.environ["K"]
     assert s.llm["b"].api_key() == "sk-from-file"
+
+
+def test_a_blank_admin_token_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="admin_token: .*empty or only whitespace"):
+        load_settings({"admin_token": "  "}, environ={}, cwd=tmp_path, home=tmp_path)
