@@ -19,7 +19,7 @@ from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
 from tests.conftest import AGENT_KEY
 from tests.reference_bodies import LANGSIGHT_BODY
-from tests.viewer_fixtures import T0, FakeEngine, immutable, many_events, write_run
+from tests.viewer_fixtures import T0, FakeEngine, event, immutable, iso, llm_payload, many_events, write_run
 from viewer.api import setup_admin
 
 Client = TestClient
@@ -128,6 +128,29 @@ async def test_run_meta_events_paths(make_client: MakeClient, tmp_path: Path) ->
 
     series = (await (await c.get(f"/api/runs/{run_id}/cost-series")).json())["points"]
     assert [round(p["cost_usd"], 6) for p in series] == [0.0012, 0.0032]
+
+
+async def test_cost_curve_of_concurrent_calls_rises_over_end_times(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    """Calls finish out of start order (file order): each point is when a call ended, and the
+    curve only rises (it was drawn against start times in file order: a zig-zag)."""
+
+    run_id = "6f1c2a9e-1d2b-4c3d-8e4f-5a6b7c8d9e0f"
+    s = timedelta(seconds=1)
+    events = [
+        event(run_id, "RUN_START", "r", {"run_name": "r"}, T0),
+        # started at +2 s, done at +3 s; then the call started at +1 s, done at +9 s; then one at +4..+5 s
+        event(run_id, "LLM_CALL", "gpt-4o", llm_payload("gpt-4o", 0.1), T0 + 2 * s, duration_ms=1000),
+        event(run_id, "LLM_CALL", "gpt-4o", llm_payload("gpt-4o", 0.2), T0 + s, duration_ms=8000),
+        event(run_id, "LLM_CALL", "gpt-4o", llm_payload("gpt-4o", 0.4), T0 + 4 * s, duration_ms=1000),
+    ]
+    write_run(tmp_path, events=events, run_id=run_id)
+    c = await make_client()
+    points = (await (await c.get(f"/api/runs/{run_id}/cost-series")).json())["points"]
+    assert [round(p["cost_usd"], 6) for p in points] == [0.1, 0.5, 0.7]
+    stamps = [p["ts"] for p in points]
+    assert stamps == sorted(stamps) and stamps[0] == iso(T0 + 3 * s) and stamps[-1] == iso(T0 + 9 * s)
 
 
 async def test_events_follow_a_growing_file(make_client: MakeClient, tmp_path: Path) -> None:
@@ -482,6 +505,16 @@ async def test_index_and_static(make_client: MakeClient) -> None:
         assert (await c.get(path)).headers["Cache-Control"] == "no-cache", path
     assert (await c.get("/static/../api.py")).status in (403, 404)
     assert (await c.get("/static/%2e%2e/api.py")).status in (403, 404)
+
+
+async def test_the_admin_ui_cannot_be_framed_or_run_injected_scripts(make_client: MakeClient) -> None:
+    c = await make_client()
+    for path in ("/", "/static/app.js", "/api/runs"):
+        headers = (await c.get(path)).headers
+        csp = headers["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, path
+        assert "unsafe-inline" not in csp
+        assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
 
 
 async def test_real_engine_through_the_proxy(start_tripwire: Any, fake_upstream: Any) -> None:

@@ -129,13 +129,29 @@ async def admin_guard(request: web.Request, handler: Handler) -> web.StreamRespo
     return await handler(request)
 
 
+# the UI loads nothing from elsewhere and runs no inline script or style: say so, so an injected
+# script cannot run, and no other site can frame the admin UI (clickjacking its buttons)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
 @web.middleware
 async def static_no_cache(request: web.Request, handler: Handler) -> web.StreamResponse:
     """UI files are revalidated on every load (as AgentDbg serves its app.js and styles.css): after an
-    upgrade the browser must not pair a new index.html with a heuristically cached old app.js."""
+    upgrade the browser must not pair a new index.html with a heuristically cached old app.js.
+    Every answer carries the security headers."""
     resp = await handler(request)
     if request.path.startswith("/static/"):
         resp.headers.setdefault("Cache-Control", "no-cache")
+    for name, value in SECURITY_HEADERS.items():
+        resp.headers.setdefault(name, value)
     return resp
 
 

@@ -39,7 +39,9 @@ class _EventIndex:
     scanned: int = 0  # bytes covered by complete lines
     offsets: array = field(default_factory=lambda: array("q"))
     cost: float = 0.0
-    cost_points: list[tuple[str, float]] = field(default_factory=list)
+    # (when the call ended, its cost) per LLM_CALL: cost accrues when an answer settles, and calls
+    # finish out of start order, so the curve is drawn over end times, cumulated in that order
+    cost_calls: list[tuple[float, float]] = field(default_factory=list)
 
 
 def _mtime(path: Path) -> int:
@@ -207,7 +209,12 @@ class RunReader:
         """Cumulative LLM cost after each LLM_CALL, thinned to at most `max_points` (last kept)."""
         with self._lock:
             idx, _ = self._index(run_id)
-            points = list(idx.cost_points)
+            calls = sorted(idx.cost_calls, key=lambda c: c[0])
+        points: list[tuple[str, float]] = []
+        total = 0.0
+        for ended, cost in calls:
+            total += cost
+            points.append((storage.iso_ms(ended), round(total, 9)))
         if len(points) <= max_points:
             return points
         step = len(points) / max_points
@@ -225,6 +232,11 @@ def _add_cost(idx: _EventIndex, line: bytes) -> None:
         return
     payload = ev.get("payload") or {}
     cost = payload.get("cost_usd") if isinstance(payload, dict) else None
-    if isinstance(cost, int | float):
-        idx.cost += float(cost)
-    idx.cost_points.append((str(ev.get("ts") or ""), round(idx.cost, 9)))
+    cost = float(cost) if isinstance(cost, int | float) else 0.0
+    idx.cost += cost
+    started = storage.parse_iso(ev.get("ts"))
+    if started is None:
+        return
+    duration = ev.get("duration_ms")
+    ended = started + (duration / 1000 if isinstance(duration, int | float) and duration > 0 else 0.0)
+    idx.cost_calls.append((ended, cost))
