@@ -59,7 +59,9 @@ def resolve(
     segments = [unquote(s) for s in raw_segments]
     if any(part in (".", "..") for s in segments for part in s.split("/")):
         # `..` (or `%2e%2e`) would reach the upstream verbatim and climb out of the API's base path
-        return RouteError(400, "dot segments ('.', '..', also percent-encoded) are not allowed in the path", ())
+        return RouteError(
+            400, "dot segments ('.', '..', also percent-encoded) are not allowed in the path", ()
+        )
     path_agent, path_session, rest = _take_identity(segments)
     consumed = len(segments) - len(rest)
     agent = headers.get(AGENT_HEADER) or path_agent or default_agent

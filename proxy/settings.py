@@ -103,7 +103,9 @@ class Settings(BaseModel):
     def _token_not_blank(cls, value: str | None) -> str | None:
         # a blank token would lock everyone out (no client sends a blank bearer) while looking set
         if value is not None and not value.strip():
-            raise ValueError("must not be empty or only whitespace (unset it to run without a token on loopback)")
+            raise ValueError(
+                "must not be empty or only whitespace (unset it to run without a token on loopback)"
+            )
         return value
 
     session_idle_timeout_s: PositiveFloat = 300

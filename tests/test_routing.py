@@ -58,7 +58,13 @@ def test_join_upstream_does_not_double_v1() -> None:
 
 
 def test_dot_segments_are_refused_even_percent_encoded() -> None:
-    for path in ("/v1/%2e%2e/admin", "/v1/%2E%2e/x", "/llm/openai/./v1/models", "/mcp/files/../secret", "/v1/.%2e"):
+    for path in (
+        "/v1/%2e%2e/admin",
+        "/v1/%2E%2e/x",
+        "/llm/openai/./v1/models",
+        "/mcp/files/../secret",
+        "/v1/.%2e",
+    ):
         r = resolve(path, {}, **NAMES)
         assert isinstance(r, RouteError) and r.status == 400, path
     assert isinstance(resolve("/v1/files/a..b", {}, **NAMES), Route)  # dots inside a segment are fine
