@@ -7,21 +7,25 @@ result, and how an answer becomes LLM_CALL and TOOL_CALL events.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from dataclasses import replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy import guard_trace
+from proxy import guard_trace, jsonparse
+from proxy.constants import DEPTH_LIMIT, TRUNCATED_MARKER
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision
 from proxy.guards.signatures import signature
 from proxy.pipeline import BaseStage
-from proxy.sessions import PendingToolCall, Session
+from proxy.redact import valid_unicode
+from proxy.sessions import Conversation, PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
@@ -65,12 +69,20 @@ class LLMProtocol:
         self.engine = engine
 
     def render_block(self, ex: Exchange, decision: Decision, text: str) -> Answer:
-        content_type, body = self.dialect.render_blocked(ex.call, text, decision.guard)
+        # the answer quotes the request (model, tool names): no lone surrogate may reach orjson
+        call = replace(
+            ex.call,
+            model=valid_unicode(ex.call.model) if ex.call.model else ex.call.model,
+            previous_response_id=valid_unicode(ex.call.previous_response_id)
+            if ex.call.previous_response_id
+            else None,
+        )
+        content_type, body = self.dialect.render_blocked(call, valid_unicode(text), decision.guard)
         # 200 with a synthetic answer, except where the SDK cannot accept one (embeddings: 429)
         return Answer(self.dialect.BLOCKED_STATUS, body, content_type, {"X-Tripwire-Guard": decision.guard})
 
     def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer:
-        return refusal_429(decision, text, self.engine.settings.expose_guard_details)
+        return refusal_429(decision, valid_unicode(text), self.engine.settings.expose_guard_details)
 
     def reservation_estimate(self, ex: Exchange) -> float:
         """USD to reserve against budgets before forwarding: prompt estimate + max_tokens."""
@@ -116,8 +128,53 @@ def refusal_429(decision: Decision, text: str, expose_details: bool) -> Answer:
     return Answer(429, orjson.dumps({"error": error}), "application/json", headers)
 
 
+def read_body(raw: bytes) -> tuple[Any, bool]:
+    """(the parsed body, whether orjson read it); ValueError when json.loads would refuse it.
+
+    orjson first (fast); what it refuses is read as `json.loads(bytes)` reads it, at any depth
+    (`proxy.jsonparse`, SPEC §4.2). An empty body is `{}`, judged like any other call.
+    """
+    if not raw:
+        return {}, True
+    try:
+        return orjson.loads(raw), True
+    except orjson.JSONDecodeError:
+        return jsonparse.loads_lenient(raw), False
+
+
+def bad_request(dialect: ModuleType, message: str) -> Answer:
+    """A 400 in the protocol's own error shape, so each SDK raises its own BadRequestError."""
+    error: dict[str, Any]
+    if getattr(dialect, "DIALECT", None) == "anthropic":
+        error = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    else:
+        error = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+    return Answer(400, orjson.dumps(error), "application/json", {"x-should-retry": "false"})
+
+
+def fallback_request(dialect: ModuleType, body: dict[str, Any]) -> LLMRequest:
+    """What the guards judge when the dialect cannot read a body: the call, without its history."""
+    model = body.get("model")
+    return LLMRequest(
+        dialect=getattr(dialect, "DIALECT", dialect.__name__.rsplit(".", 1)[-1]),
+        model=model if isinstance(model, str) else None,
+        stream=body.get("stream") is True,
+        messages=[],
+        temperature=None,
+        max_tokens=None,
+        tool_results=[],
+        steps=[],
+        turn_start=0,
+    )
+
+
 class LLMParseStage(BaseStage):
-    """Find the dialect from the path and parse the body; unknown endpoints forward unrecorded."""
+    """Find the dialect from the path and parse the body; unknown endpoints forward unrecorded.
+
+    A call of a known endpoint is never forwarded unjudged (SPEC §4.2): a body `json.loads` would
+    refuse (or that is not a JSON object) is answered 400 here and recorded as an ERROR; one the
+    dialect fails to read is judged as a call without history.
+    """
 
     name = "parse_llm"
 
@@ -129,22 +186,64 @@ class LLMParseStage(BaseStage):
         if dialect is None:
             return
         try:
-            body = orjson.loads(ex.body) if ex.body else {}
-        except orjson.JSONDecodeError:
-            return  # let the upstream say what is wrong with it; we only record what we understand
+            body, exact = read_body(ex.body)
+        except ValueError as e:  # invalid UTF-8, an integer beyond the digit limit, not JSON
+            self.refuse(ex, dialect, f"the request body is not valid JSON: {str(e)[:300]}")
+            return
         if not isinstance(body, dict):
+            self.refuse(ex, dialect, "the request body must be a JSON object")
             return
         try:
             call: LLMRequest = dialect.parse_request(body)
         except Exception:
-            log.exception("could not parse a %s request; forwarding it unrecorded", dialect.__name__)
-            return
+            log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
+            call = fallback_request(dialect, body)
         ex.protocol = LLMProtocol(dialect, self.engine)
         ex.call = call
         rewritten = dialect.upstream_body(call, body)
         if rewritten is not None:
-            ex.upstream_body = orjson.dumps(rewritten)
+            # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
+            ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
         ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
+
+    def refuse(self, ex: Exchange, dialect: ModuleType, message: str) -> None:
+        """Answer 400 and record an ERROR in the session's run, when the call names one."""
+        text = f"[tripwire] {message}"
+        ex.answer = bad_request(dialect, text)
+        route = ex.route
+        session: Session | None = None
+        if route.session is not None:
+            opened = self.engine.open_session(route.agent, route.session, wall=ex.started_wall)
+            session = None if isinstance(opened, Refused) else opened
+        else:  # the agent's automatic session, when there is exactly one to speak of
+            live = [
+                s
+                for s in self.engine.sessions.live()
+                if s.agent == route.agent and not s.explicit and not s.terminated
+            ]
+            session = live[0] if len(live) == 1 else None
+        if session is None or session.ended:
+            log.warning(
+                "refused an unreadable %s request of agent %s: %s", dialect.__name__, route.agent, message
+            )
+            return
+        self.engine.record_event(
+            session,
+            "ERROR",
+            "invalid_request_body",
+            {
+                "error_type": "invalid_request_body",
+                "message": text,
+                "stack": None,
+                "guardrail": None,
+                "threshold": None,
+                "actual": None,
+                "http_status": 400,
+                "endpoint": getattr(dialect, "DIALECT", None),
+                "upstream": route.upstream,
+            },
+            ts=ex.started_wall,
+        )
 
 
 def llm_result(ex: Exchange) -> LLMResult:
@@ -187,17 +286,43 @@ def llm_result(ex: Exchange) -> LLMResult:
     return result
 
 
-def new_prompt_messages(session: Session, call: LLMRequest, full: bool) -> list[Any]:
-    """The messages new since the session's previous LLM call (all of them on the first call).
+def _message_bytes(message: Any) -> bytes:
+    try:
+        return orjson.dumps(message)
+    except TypeError:  # nesting deeper than orjson writes, integers beyond 64 bits, lone surrogates
+        return jsonparse.dumps_text(message).encode("utf-8")
 
-    Storing only the new part keeps a long conversation's trace linear, not quadratic.
+
+def prompt_digests(messages: list[Any], prefix: int) -> tuple[str | None, str]:
+    """(digest of messages[:prefix] or None when there are fewer, digest of all of them): one pass."""
+    h = hashlib.blake2b(digest_size=16)
+    head = None
+    for i, message in enumerate(messages):
+        if i == prefix:
+            head = h.hexdigest()
+        raw = _message_bytes(message)
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
+    full = h.hexdigest()
+    return (full if prefix == len(messages) else head), full
+
+
+def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool) -> tuple[list[Any], str]:
+    """The messages new since the session's previous LLM call, and the digest of this call's.
+
+    New means after the previous call's messages, when this call's history starts with exactly
+    them (compared by content, not by count); otherwise (the first call, another conversation,
+    an edited history) all of them. Storing only the new part keeps a long conversation's trace
+    linear, not quadratic.
     """
-    seen = session.conversation.prompt_messages_seen
+    seen = conversation.prompt_messages_seen
     messages = call.messages
+    head, digest = prompt_digests(messages, seen)
+    continues = seen > 0 and head is not None and head == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
-    if full or seen == 0 or len(messages) < seen or call.previous_response_id:
-        return list(messages)
-    return list(messages[seen:])
+    if full or not continues or call.previous_response_id:
+        return list(messages), digest
+    return list(messages[seen:]), digest
 
 
 def usage_dict(usage: Usage | None) -> dict[str, int]:
@@ -233,6 +358,15 @@ def mcp_already_recorded(session: Session, name: str, arguments: Any) -> bool:
     return False
 
 
+def error_text(content: Any, limit: int = 500) -> str:
+    """A failed tool's result as a short text; a deeply nested one as JSON (its repr recurses)."""
+    if isinstance(content, str):
+        return content[:limit]
+    if jsonparse.max_depth(content) > DEPTH_LIMIT:
+        return jsonparse.dumps_text(jsonparse.cap_depth(content, DEPTH_LIMIT, TRUNCATED_MARKER))[:limit]
+    return str(content)[:limit]
+
+
 def record_tool_results(ex: Exchange, engine: Engine) -> None:
     """Function-calling tools: a result in this request completes a call an earlier answer asked for."""
     session = ex.session
@@ -251,7 +385,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
                 "args": pending.arguments,
                 "result": tr.content,
                 "status": "error" if tr.is_error else "ok",
-                "error": {"error_type": "ToolError", "message": str(tr.content)[:500]}
+                "error": {"error_type": "ToolError", "message": error_text(tr.content)}
                 if tr.is_error
                 else None,
                 "source": "llm",
@@ -275,9 +409,13 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     usage = result.usage
     model = result.model or call.model or "unknown"
     ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
+    prompt, prompt_digest = new_prompt_messages(session.conversation, call, settings.record_full_prompts)
+    # a body may nest 10,000 levels deep: the trace keeps DEPTH_LIMIT of them (as sanitize does),
+    # so nothing that walks the payload recursively (record_content: false) meets the rest
+    prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
     payload: dict[str, Any] = {
         "model": model,
-        "prompt": new_prompt_messages(session, call, settings.record_full_prompts),
+        "prompt": prompt,
         "prompt_messages_total": len(call.messages),
         "response": {"text": result.text, "tool_calls": tool_calls_payload(result)},
         "usage": usage_dict(usage),
@@ -334,6 +472,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         )
     engine.recorder.add_usage(session.run_id, payload["cost_usd"], usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
+    session.conversation.prompt_digest = prompt_digest
     remember_tool_calls(session, result, event_id, time.time())
     engine.metrics.observe_llm(
         session.agent,

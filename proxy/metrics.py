@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.redact import valid_unicode
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
 MAX_LABEL_LEN = 120
@@ -35,7 +37,7 @@ class LabelFolder:
         self._lock = threading.Lock()
 
     def __call__(self, value: str | None) -> str:
-        v = (value or "unknown")[:MAX_LABEL_LEN]
+        v = valid_unicode((value or "unknown")[:MAX_LABEL_LEN])  # a lone surrogate breaks the exposition
         if v in self._seen:
             return v
         with self._lock:

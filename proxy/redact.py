@@ -189,8 +189,24 @@ _SCRUB_MARGIN = 16384
 _EDGE_ROOM = 8192
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(s: str) -> str:
+    """`s` with each lone surrogate (from a `"\\ud83d"` escape, what JSON.stringify writes for a cut
+    emoji) replaced by U+FFFD: the trace is UTF-8, which cannot hold one (orjson refuses it)."""
+    if s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", s)
+    return s
+
+
 def _sanitize_str(s: str, max_field_bytes: int) -> str:
     """Scrub, then truncate: a cut first could leave a key prefix too short for the patterns to see."""
+    s = valid_unicode(s)
     if max_field_bytes > 0 and len(s) > max_field_bytes + _SCRUB_MARGIN:
         head = scrub_text(s[: max_field_bytes + _SCRUB_MARGIN])
         # The kept part is at most max_field_bytes chars; a secret cut in two at the pre-cut edge went
@@ -215,7 +231,7 @@ def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
         for k, v in obj.items():
-            key = k if isinstance(k, str) else str(k)
+            key = valid_unicode(k if isinstance(k, str) else str(k))
             if v is not None and is_secret_key(key):
                 out[key] = REDACTED_MARKER
             else:

@@ -28,7 +28,10 @@ class PendingToolCall:
 class Conversation:
     """What the proxy remembers of a session's LLM traffic between calls."""
 
+    # the previous LLM call's messages: how many, and a digest of them, so the next call records
+    # only what is new when it continues that conversation, and all of it when it does not
     prompt_messages_seen: int = 0
+    prompt_digest: str | None = None
     pending_tool_calls: dict[str, PendingToolCall] = field(default_factory=dict)
     # MCP tool calls recorded in this session, by signature, so the same call seen again as a
     # function-calling result in the LLM history is recorded once (SPEC §4.1 TOOL_CALL).

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from proxy import jsonparse
+
 # Characters per token for estimates (OpenAI's rule of thumb for English text; tokenizers are
 # not shipped, and an estimate only has to be in the right range for a budget reservation).
 CHARS_PER_TOKEN = 4
@@ -89,14 +91,18 @@ class ToolCallBuilder:
 
 
 def parse_arguments(raw: Any) -> Any:
-    """Tool arguments as JSON when they parse; the raw value otherwise (models emit broken JSON)."""
+    """Tool arguments as JSON when they parse; the raw value otherwise (models emit broken JSON).
+
+    Read as `json.loads` reads them (lone surrogates, NaN, any depth: `proxy.jsonparse`), so the
+    guards compare the same structure whatever parser would have refused it.
+    """
     if not isinstance(raw, str | bytes):
         return raw
     if isinstance(raw, str) and raw == "":
         return {}
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        return jsonparse.loads(raw)
+    except ValueError:
         return raw
 
 
@@ -160,14 +166,25 @@ _BASE64 = re.compile(rb"[A-Za-z0-9+/=_-]+")
 
 
 def estimate_value_tokens(value: Any) -> int:
-    if isinstance(value, str):
-        tokens = estimate_text_tokens(value)
-        return min(tokens, ATTACHMENT_TOKENS) if _is_attachment(value) else tokens
-    if isinstance(value, dict):
-        return sum(estimate_value_tokens(v) + 1 for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(estimate_value_tokens(v) for v in value)
-    return 1 if value is not None else 0
+    """chars/4 of every string in a JSON-like value, one per other scalar and per dict member.
+
+    Walked with an explicit stack, not recursion: a request body may nest 10,000 levels deep.
+    """
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            tokens = estimate_text_tokens(v)
+            total += min(tokens, ATTACHMENT_TOKENS) if _is_attachment(v) else tokens
+        elif isinstance(v, dict):
+            total += len(v)
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+        elif v is not None:
+            total += 1
+    return total
 
 
 def _is_attachment(text: str) -> bool:
@@ -197,11 +214,22 @@ def stream_incomplete(terminator: str) -> dict:
 def estimate_usage(req: LLMRequest | None, text: str, tool_calls: list[ToolCall]) -> Usage:
     """Usage for an answer that reported none: chars/4 of the prompt and of the output."""
     prompt = estimate_prompt_tokens(req) if req is not None else 0
-    out = text + "".join(orjson.dumps(c.arguments, default=str).decode() + c.name for c in tool_calls)
+    out = text + "".join(_arguments_text(c.arguments) + c.name for c in tool_calls)
     completion = estimate_text_tokens(out)
     return Usage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion, estimated=True
     )
+
+
+def _arguments_text(arguments: Any) -> str:
+    """Arguments as JSON text for a size estimate, whatever their depth or content."""
+    try:
+        return orjson.dumps(arguments, default=str).decode()
+    except TypeError:  # deeper than orjson writes, integers beyond 64 bits, lone surrogates
+        try:
+            return jsonparse.dumps_text(arguments)
+        except TypeError:
+            return str(arguments)
 
 
 def openai_usage(raw: Any) -> Usage | None:

@@ -4,17 +4,20 @@ A model can dodge an exact-match loop detector by nudging a float (`1.0`, `0.999
 reordering keys, and OpenAI sends arguments as a JSON *string* while MCP sends an object; so
 arguments are parsed, keys sorted and floats rounded to 6 decimals before they are compared.
 Integers, booleans, strings and null are left exactly as they are.
+
+Arguments may nest thousands of levels deep (a model's JSON string, MCP arguments): every walk
+here uses an explicit stack, never recursion, so a deep call is judged like any other (SPEC §4.2).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from typing import Any, NamedTuple
 
 import orjson
 
+from proxy import jsonparse
 from proxy.guards.volatile import stable_text, stable_value
 
 FLOAT_DIGITS = 6
@@ -32,8 +35,7 @@ def normalize_tool_name(name: str) -> str:
     return name
 
 
-def canonical_value(value: Any) -> Any:
-    """Recursively: dict keys as str, floats rounded, tuples as lists; everything else unchanged."""
+def _canonical_scalar(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, int | str):
         return value
     if isinstance(value, float):
@@ -41,11 +43,36 @@ def canonical_value(value: Any) -> Any:
             return repr(value)  # not JSON; keep it comparable
         rounded = round(value, FLOAT_DIGITS)
         return 0.0 if rounded == 0 else rounded  # -0.0 and 0.0 are the same argument
-    if isinstance(value, dict):
-        return {str(k): canonical_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [canonical_value(v) for v in value]
     return str(value)
+
+
+def canonical_value(value: Any) -> Any:
+    """At every depth: dict keys as str, floats rounded, tuples as lists; everything else unchanged.
+
+    Iterative (an explicit stack of (source, target container, slot)), so any depth is fine.
+    """
+    if not isinstance(value, dict | list | tuple):
+        return _canonical_scalar(value)
+    root: list[Any] = [None]
+    work: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while work:
+        v, parent, slot = work.pop()
+        if isinstance(v, dict):
+            out: dict[str, Any] = {}
+            parent[slot] = out
+            members = []
+            for k, child in v.items():
+                key = str(k)
+                out[key] = None  # keeps the source's key order
+                members.append((child, out, key))
+            work.extend(reversed(members))  # filled in order: of two keys with one str(), the last wins
+        elif isinstance(v, list | tuple):
+            items: list[Any] = [None] * len(v)
+            parent[slot] = items
+            work.extend((child, items, i) for i, child in enumerate(v))
+        else:
+            parent[slot] = _canonical_scalar(v)
+    return root[0]
 
 
 def _parse_if_json(args: Any) -> Any:
@@ -56,8 +83,8 @@ def _parse_if_json(args: Any) -> Any:
         if not text:
             return {}
         try:
-            return orjson.loads(text)
-        except orjson.JSONDecodeError:
+            return jsonparse.loads(text)
+        except ValueError:
             return args  # a raw string argument: compared as it is
     return args
 
@@ -73,8 +100,10 @@ def canonical_args(args: Any) -> str:
 def _dumps(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError:  # ints beyond 64 bits: orjson refuses them, the stdlib does not
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except TypeError:
+        # what orjson refuses (ints beyond 64 bits, nesting deeper than 254, lone surrogates):
+        # json.dumps(sort_keys=True, compact, ensure_ascii=False)'s text, written iteratively
+        return jsonparse.dumps_text(value, sort_keys=True)
 
 
 def signature(tool: str, args: Any) -> str:
@@ -101,7 +130,7 @@ def result_fingerprint(content: Any) -> str:
     """
     parsed = _parse_if_json(content)
     value = canonical_value(stable_value(parsed))
-    return hashlib.blake2b(_dumps(value).encode(), digest_size=12).hexdigest()
+    return fingerprint_text(_dumps(value))
 
 
 class Fingerprinted(NamedTuple):
@@ -114,7 +143,8 @@ class Fingerprinted(NamedTuple):
 
 
 def fingerprint_text(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    # surrogatepass: a lone surrogate (read from a `\ud83d` escape) hashes instead of raising
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 def call_keys(tool: str, args: Any) -> tuple[str, str]:
@@ -148,23 +178,37 @@ def content_text(content: Any, limit: int = 500) -> str:
     """The text of a result (MCP content blocks, OpenAI/Anthropic tool message parts), cut to `limit`.
 
     Used as the error "key" of retry-without-progress: the same failure gives the same text.
+    A list joins its parts' texts (each cut to `limit`); a dict is its `text`, else the text of its
+    `content`, else its `message`, else its canonical JSON. Evaluated with an explicit stack.
     """
-    if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        parts = [content_text(p, limit) for p in content]
-        text = "\n".join(p for p in parts if p)
-    elif isinstance(content, dict):
-        if isinstance(content.get("text"), str):
-            text = content["text"]
-        elif "content" in content:
-            text = content_text(content["content"], limit)
-        elif isinstance(content.get("message"), str):  # a JSON-RPC error object
-            text = content["message"]
+    done: list[str] = []  # texts of finished nodes, in order
+    # (node, None) to visit a node; (None, n) to join the last n texts into one list's text
+    work: list[tuple[Any, int | None]] = [(content, None)]
+    while work:
+        node, join = work.pop()
+        if join is not None:
+            parts = done[len(done) - join :] if join else []
+            del done[len(done) - join :]
+            done.append("\n".join(p for p in parts if p).strip()[:limit])
+            continue
+        while isinstance(node, dict) and not isinstance(node.get("text"), str) and "content" in node:
+            node = node["content"]  # a wrapper's text is its content's text
+        if isinstance(node, list):
+            work.append((None, len(node)))
+            work.extend((part, None) for part in reversed(node))
+            continue
+        if isinstance(node, str):
+            text = node
+        elif isinstance(node, dict):
+            if isinstance(node.get("text"), str):
+                text = node["text"]
+            elif isinstance(node.get("message"), str):  # a JSON-RPC error object
+                text = node["message"]
+            else:
+                text = canonical_args(node)
+        elif node is None:
+            text = ""
         else:
-            text = canonical_args(content)
-    elif content is None:
-        text = ""
-    else:
-        text = canonical_args(content)
-    return text.strip()[:limit]
+            text = canonical_args(node)
+        done.append(text.strip()[:limit])
+    return done[-1]

@@ -125,37 +125,74 @@ def _epoch_like(value: float) -> bool:
     return any(lo <= value < hi for lo, hi in _EPOCH_RANGES)
 
 
+def _epoch_at_time_key(key: str, value: Any) -> bool:
+    """An epoch number (seconds or milliseconds) under a time-like key: per-call noise."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not _key(key).endswith(_TIME_KEY_ENDS)
+    ):
+        return False
+    try:
+        return _epoch_like(float(value))
+    except OverflowError:  # an integer beyond any float (json.loads reads up to 4,300 digits)
+        return False
+
+
+def _stable_text(value: str, fold_case: bool) -> str:
+    text = stable_text(value)
+    if fold_case and len(text) <= 200:
+        text = " ".join(text.lower().split()).rstrip(".?!")
+    return text
+
+
+def _json_text(value: str) -> Any:
+    """The JSON a string holds (tool results often are JSON sent as text), else _NOT_JSON."""
+    if value[:1] in ("{", "[") and len(value) < JSON_TEXT_LIMIT:
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
+    return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
 def stable_value(value: Any, *, fold_case: bool = False) -> Any:
     """JSON-like `value` without volatile fields and shapes; the rest unchanged.
 
     `fold_case` also folds short strings (queries, names) to lower case with single spaces and no
     trailing punctuation, for the identity of a call: "Weather in Paris?" is "weather in paris".
+    Walked with an explicit stack of (source, target container, slot): any depth is fine.
     """
-    if isinstance(value, str):
-        if value[:1] in ("{", "[") and len(value) < JSON_TEXT_LIMIT:  # JSON sent as text (tool results)
-            try:
-                return stable_value(orjson.loads(value), fold_case=fold_case)
-            except orjson.JSONDecodeError:
-                pass
-        text = stable_text(value)
-        if fold_case and len(text) <= 200:
-            text = " ".join(text.lower().split()).rstrip(".?!")
-        return text
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            key = str(k)
-            if is_volatile_key(key):
-                continue
-            if (
-                isinstance(v, int | float)
-                and not isinstance(v, bool)
-                and _epoch_like(float(v))
-                and _key(key).endswith(_TIME_KEY_ENDS)
-            ):
-                continue
-            out[key] = stable_value(v, fold_case=fold_case)
-        return out
-    if isinstance(value, list | tuple):
-        return [stable_value(v, fold_case=fold_case) for v in value]
-    return value
+    root: list[Any] = [None]
+    work: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while work:
+        v, parent, slot = work.pop()
+        if isinstance(v, str):
+            parsed = _json_text(v)
+            if parsed is not _NOT_JSON:
+                work.append((parsed, parent, slot))  # JSON sent as text: its value, made stable
+            else:
+                parent[slot] = _stable_text(v, fold_case)
+        elif isinstance(v, dict):
+            out: dict[str, Any] = {}
+            parent[slot] = out
+            members = []
+            for k, child in v.items():
+                key = str(k)
+                if is_volatile_key(key):
+                    continue
+                if _epoch_at_time_key(key, child):
+                    continue
+                out[key] = None  # keeps the source's key order
+                members.append((child, out, key))
+            work.extend(reversed(members))  # filled in order: of two keys with one str(), the last wins
+        elif isinstance(v, list | tuple):
+            items: list[Any] = [None] * len(v)
+            parent[slot] = items
+            work.extend((child, items, i) for i, child in enumerate(v))
+        else:
+            parent[slot] = v
+    return root[0]

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-
+from proxy import jsonparse
 from proxy.guards.signatures import content_text, result_fingerprint
 
 PARSE_ERROR = -32700
@@ -24,10 +23,13 @@ MessageKind = Literal["request", "notification", "response", "invalid"]
 
 
 def parse_body(body: bytes) -> tuple[list[Any], bool] | None:
-    """The messages of a POST body and whether it was a batch; None when it is not JSON."""
+    """The messages of a POST body and whether it was a batch; None when it is not JSON.
+
+    JSON as `json.loads(bytes)` reads it, at any depth (SPEC §4.2, `proxy.jsonparse`).
+    """
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        data = jsonparse.loads(body)
+    except ValueError:
         return None
     if isinstance(data, list):
         return data, True
@@ -46,7 +48,7 @@ def kind(msg: Any) -> MessageKind:
 
 
 def id_key(msg_id: Any) -> str:
-    return orjson.dumps(msg_id).decode()
+    return jsonparse.dumps(msg_id).decode()  # any id json.loads reads (big integers, surrogates)
 
 
 @dataclass
@@ -136,14 +138,15 @@ def failure_result(message: str, *, upstream_failure: bool = True) -> MCPToolRes
 
 
 def render_result(msg_id: Any, result: dict[str, Any]) -> bytes:
-    return orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result})
+    # jsonparse.dumps: what the client sent (a lone surrogate in a tool name) may be quoted back
+    return jsonparse.dumps({"jsonrpc": "2.0", "id": msg_id, "result": result})
 
 
 def render_error(msg_id: Any, code: int, message: str, data: Any = None) -> bytes:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
-    return orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "error": error})
+    return jsonparse.dumps({"jsonrpc": "2.0", "id": msg_id, "error": error})
 
 
 def sse_message(data: bytes) -> bytes:
