@@ -97,7 +97,7 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle_drained.wait(), grace_s)
         if self.inflight:
-            # grace is over: end the streams cleanly towards the clients; each call records itself
+            # grace is over: cut the streams (their clients see them end abnormally); each call records itself
             cut = self.forwarder.abort_all()
             log.warning("drain grace over: cutting %d stream(s) still open", cut)
             with contextlib.suppress(TimeoutError):

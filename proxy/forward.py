@@ -2,8 +2,17 @@
 
 One `aiohttp.ClientSession` per app. The answer is relayed as it arrives: each chunk goes through
 the exchange's observer (which may drop an injected event, never hold a stream back) and straight
-to the client. A stream that breaks mid-way is closed cleanly towards the client and marked
-incomplete, so the call is still recorded (with status "error").
+to the client.
+
+An answer the upstream compressed although Tripwire asked for `identity` (gzip, deflate; br when a
+brotli module is installed) is decoded for the observer only: the client gets the upstream's bytes
+and headers as they were sent. An observer that rewrites the stream (the injected usage chunk) sees
+the decoded stream and its output is compressed again with the same coding.
+
+A stream that breaks mid-way (or that drain has to cut) is ended the way the upstream ended it:
+abnormally, the connection closed without the chunked body's clean end, so the client's SDK raises
+as it would without Tripwire (SPEC §4.2); the call is still recorded (status "error"). MCP answers
+are the exception: a broken MCP stream is ended cleanly, its client resumes it with Last-Event-ID.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -78,6 +89,9 @@ def request_headers(
         if identity_encoding and low == "accept-encoding":
             continue
         out.add(name, value)
+    if identity_encoding:
+        # without the header any coding is acceptable (RFC 9110 §12.5.3): say so explicitly
+        out["Accept-Encoding"] = "identity"
     key = upstream.api_key()
     if key:
         for h in AUTH_HEADERS:
@@ -98,6 +112,178 @@ def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) 
             continue
         out.add(name, value)
     return out
+
+
+try:  # optional, as for aiohttp itself: br answers are decoded only when one is installed
+    import brotli as _brotli  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the environment
+    try:
+        import brotlicffi as _brotli  # type: ignore[import-not-found,no-redef]
+    except ImportError:
+        _brotli = None
+
+# decoded output is handed to the observer in pieces of at most this size (a small compressed
+# chunk can expand a thousandfold; the observer's memory must not follow)
+DECODE_PIECE = 256 * 1024
+
+
+_GZIP_WBITS = zlib.MAX_WBITS | 16
+
+
+class ContentDecodeError(Exception):
+    pass
+
+
+class _Coding:
+    """One content coding of an answer: decode it incrementally; encode again (re-compression)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._dec: Any = None
+        self._head = b""  # deflate: the first bytes, until the zlib header check can be made
+        self._enc: Any = None
+
+    @staticmethod
+    def supported(name: str) -> bool:
+        return name in ("gzip", "x-gzip", "deflate") or (name == "br" and _brotli is not None)
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        try:
+            if self.name == "br":
+                out = self._brotli_dec().process(data)
+                if out:
+                    yield out
+                return
+            yield from self._inflate(data)
+        except zlib.error as e:
+            raise ContentDecodeError(f"{self.name}: {e}") from e
+        except Exception as e:  # brotli raises its own error classes
+            if self.name != "br":
+                raise
+            raise ContentDecodeError(f"br: {e}") from e
+
+    def _inflate(self, data: bytes) -> Iterator[bytes]:
+        if self._dec is None:
+            if self.name != "deflate":
+                self._dec = zlib.decompressobj(_GZIP_WBITS)
+            else:
+                # "deflate" is zlib-wrapped by the RFC, raw deflate in practice now and then
+                self._head += data
+                if len(self._head) < 2:
+                    return
+                data, self._head = self._head, b""
+                zlib_header = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+                self._dec = zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+        while True:
+            if self._dec.eof:
+                data = self._dec.unused_data + data
+                if not data or self.name == "deflate":
+                    return  # (bytes after the end of a deflate stream are ignored, as zlib does)
+                self._dec = zlib.decompressobj(_GZIP_WBITS)  # concatenated gzip members
+            out = self._dec.decompress(data, DECODE_PIECE)
+            data = self._dec.unconsumed_tail
+            if out:
+                yield out
+            if not self._dec.eof and not data and len(out) < DECODE_PIECE:
+                return
+
+    def _brotli_dec(self) -> Any:
+        if self._dec is None:
+            dec = _brotli.Decompressor()
+            self._dec = dec if hasattr(dec, "process") else _BrotliCffi(dec)
+        return self._dec
+
+    def encode(self, data: bytes, final: bool) -> bytes:
+        if self._enc is None and not data:
+            return b""  # nothing to send yet (or at all: an empty body stays empty)
+        if self.name == "br":
+            if self._enc is None:
+                self._enc = _brotli.Compressor()
+            enc = self._enc
+            out = enc.process(data) if hasattr(enc, "process") else enc.compress(data)
+            return out + (enc.finish() if final else enc.flush())
+        if self._enc is None:
+            wbits = zlib.MAX_WBITS if self.name == "deflate" else _GZIP_WBITS
+            self._enc = zlib.compressobj(wbits=wbits)
+        return self._enc.compress(data) + self._enc.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
+
+
+class _BrotliCffi:
+    def __init__(self, dec: Any) -> None:
+        self.process = dec.decompress
+
+
+def content_codings(headers: Mapping[str, str]) -> list[str]:
+    """The answer's content codings in the order they were applied (identity left out)."""
+    values = headers.getall("content-encoding", []) if hasattr(headers, "getall") else []
+    names = [c.strip().lower() for v in values for c in v.split(",")]
+    return [c for c in names if c and c != "identity"]
+
+
+class Tap:
+    """Feeds the observer the answer as it arrives (decoded) and says what the client gets.
+
+    Without a content coding the observer's output is what the client gets, as always. With one
+    Tripwire can decode, the observer reads the decoded bytes; the client gets the upstream's own
+    bytes, unless the observer rewrites the stream (then its output, compressed again). A coding
+    Tripwire cannot decode is fed to the observer as it is (it will not parse: recorded as such).
+    """
+
+    def __init__(self, observer: Any, codings: list[str]) -> None:
+        self.observer = observer
+        self.rewrites = bool(getattr(observer, "rewrites", False))
+        self.codings: list[_Coding] | None = None
+        if observer is not None and codings and all(_Coding.supported(c) for c in codings):
+            self.codings = [_Coding(c) for c in codings]
+        self.decode_error: str | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        observer = self.observer
+        if observer is None:
+            return chunk
+        if self.codings is None:
+            return observer.feed(chunk) if self.decode_error is None else chunk
+        out = bytearray()
+        try:
+            for piece in self._decode(chunk):
+                kept = observer.feed(piece)
+                if self.rewrites:
+                    out += self._encode(kept, final=False)  # piece by piece: memory stays bounded
+        except ContentDecodeError as e:
+            # the client gets the upstream's broken bytes as they are; the observer no more of them
+            self.decode_error = str(e)
+            self.codings = None
+            log.warning("could not decode an upstream answer for recording: %s", e)
+            return chunk
+        return bytes(out) if self.rewrites else chunk
+
+    def flush(self) -> bytes:
+        """At the end of the upstream body: what the client still gets (an observer's held tail)."""
+        observer = self.observer
+        if observer is None:
+            return b""
+        tail = observer.flush() if hasattr(observer, "flush") and self.decode_error is None else b""
+        if self.codings is None:
+            return tail
+        return self._encode(tail, final=True) if self.rewrites else b""
+
+    def _decode(self, chunk: bytes) -> Iterator[bytes]:
+        pieces: Iterable[bytes] = [chunk]
+        for coding in reversed(self.codings or []):  # the last coding applied comes off first
+            pieces = _chain(coding, pieces)
+        return iter(pieces)
+
+    def _encode(self, data: bytes, final: bool) -> bytes:
+        for coding in self.codings or []:
+            if not data and not final:
+                return b""
+            data = coding.encode(data, final)
+        return data
+
+
+def _chain(coding: _Coding, pieces: Iterable[bytes]) -> Iterator[bytes]:
+    for piece in pieces:
+        yield from coding.decode(piece)
 
 
 RETRY_STATUSES = frozenset({502, 503})
@@ -167,19 +353,19 @@ class Forwarder:
         A client that hangs up is not an upstream failure (it must not trip the breaker): stop
         reading (the upstream stops generating) and let the call be recorded as incomplete.
         """
-        observer = ex.observer
+        tap = Tap(ex.observer, content_codings(upstream.headers))
         try:
             async for chunk in upstream.content.iter_any():
-                out = observer.feed(chunk) if observer is not None else chunk
+                out = tap.feed(chunk)
                 if out and not await self._write(ex, response, out):
                     break
             else:
-                if observer is not None and hasattr(observer, "flush"):
-                    tail = observer.flush()
-                    if tail:
-                        await self._write(ex, response, tail)
+                tail = tap.flush()
+                if tail:
+                    await self._write(ex, response, tail)
         except (aiohttp.ClientError, TimeoutError) as e:
-            # The upstream broke mid-answer: end the client's stream cleanly, record an error.
+            # The upstream broke mid-answer: record an error; forward() ends the client's stream
+            # abnormally, as the upstream's ended
             ex.stream_complete = False
             ex.upstream_error = f"upstream stream broke: {type(e).__name__}: {e}".rstrip(": ")
         except asyncio.CancelledError:
@@ -188,6 +374,9 @@ class Forwarder:
             ex.extra["client_disconnected"] = True
             ex.extra.setdefault("incomplete_reason", "the client disconnected before the answer ended")
             raise
+        finally:
+            if tap.decode_error is not None:
+                ex.extra["content_decode_error"] = tap.decode_error
         if ex.extra.get("drain_aborted"):
             ex.stream_complete = False
             ex.upstream_error = None
@@ -204,8 +393,29 @@ class Forwarder:
             ex.extra["incomplete_reason"] = "the client disconnected before the answer ended"
             return False
 
+    @staticmethod
+    def _broken(ex: Exchange) -> bool:
+        """The answer did not end cleanly (the upstream broke, or drain cut it): end it abnormally.
+
+        Not for MCP, whose clients resume a broken stream (Last-Event-ID) and are given a clean end.
+        """
+        if getattr(ex.protocol, "kind", None) == "mcp":
+            return False
+        return ex.upstream_error is not None or bool(ex.extra.get("drain_aborted"))
+
+    @staticmethod
+    def _cut(ex: Exchange, response: web.StreamResponse) -> None:
+        """Close the client's connection without the body's clean end (no last chunk, or short of
+        Content-Length): what was relayed still goes out first, then the client sees the break."""
+        response.force_close()
+        transport = ex.request.transport
+        if transport is not None:
+            transport.close()
+        ex.extra["client_cut"] = True
+
     def abort_all(self) -> int:
-        """Drain grace is over: cut the streams still relaying; each records itself as incomplete."""
+        """Drain grace is over: cut the streams still relaying; each records itself as incomplete
+        and its client's answer is ended abnormally (SPEC §4.2)."""
         for ex, upstream in list(self._active.values()):
             ex.extra["drain_aborted"] = True
             upstream.close()
@@ -274,7 +484,8 @@ class Forwarder:
         """Send the request upstream and relay the answer into `ex.response`.
 
         Failures before any byte reached the client become `ex.answer` (502/504); a failure mid-stream
-        ends the client's stream cleanly. Either way `ex.upstream_error` says what happened.
+        ends the client's stream abnormally, as the upstream's ended. Either way `ex.upstream_error`
+        says what happened.
         """
         assert self.session is not None, "Forwarder.start() not called"
         request = ex.request
@@ -327,6 +538,9 @@ class Forwarder:
         finally:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.extra.get("client_disconnected"):
+            if self._broken(ex):
+                self._cut(ex, response)
+                return
             try:
                 await response.write_eof()
             except (ConnectionResetError, RuntimeError):

@@ -50,6 +50,10 @@ class SessionStage(BaseStage):
             ex.session.last_seen = time.monotonic()
 
 
+# characters a stream observer keeps beyond max_field_bytes (see ForwardStage.request)
+TEXT_MARGIN = 32 * 1024
+
+
 class ForwardStage(BaseStage):
     """Send the call upstream and relay the answer; then let the protocol read the result."""
 
@@ -69,6 +73,11 @@ class ForwardStage(BaseStage):
             ex.request.headers, upstream, identity_encoding=ex.protocol is not None or ex.observer is not None
         )
         body = ex.upstream_body if ex.upstream_body is not None else ex.body
+        limit_text = getattr(ex.observer, "limit_text", None)
+        if limit_text is not None:
+            # the recorder cuts strings at max_field_bytes: a stream observer need keep no more
+            # (the margin leaves room for the redaction pass, which can shorten a string)
+            limit_text(self.engine.settings.max_field_bytes + TEXT_MARGIN)
         try:
             await self.engine.forwarder.forward(ex, url, headers, body)
             if ex.protocol is not None and hasattr(ex.protocol, "await_result"):

@@ -4,12 +4,18 @@
 Replies are scripted: each chat/responses/messages call pops the next `Reply` (text or tool calls),
 so a test drives a real SDK agent loop against it and knows exactly what usage each call reported.
 Every request is kept (method, path, headers, JSON body) for assertions.
+
+Faults a `Reply` can inject (all off by default): a stream that breaks or hangs after N frames, an
+answer compressed although nobody asked (`content_encoding`), LiteLLM's usage-chunk shape, and
+streams too big to hold (many large chunks, one very long SSE line), generated as they are sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +34,18 @@ class Reply:
     break_after_chunks: int | None = None  # streams: drop the connection after N data events
     finish_reason: str | None = None
     chunk_delay: float = 0.0  # streams: seconds between events (slow upstreams, drain tests)
+    # streams: after N frames send nothing more and keep the connection open until the peer closes it
+    hang_after_chunks: int | None = None
+    # compress the answer whatever Accept-Encoding says: "gzip", "deflate" (zlib-wrapped) or
+    # "deflate-raw" (raw deflate, labelled "deflate"); streams are flushed frame by frame
+    content_encoding: str | None = None
+    # chat streams: the usage chunk's `choices` (None: OpenAI's []; LiteLLM: [{"index": 0, "delta": {}}])
+    usage_chunk_choices: list[dict[str, Any]] | None = None
+    # chat streams: after the text, `bulk_chunks` more content deltas of `bulk_chunk_chars` "x" each
+    bulk_chunks: int = 0
+    bulk_chunk_chars: int = 0
+    # chat streams: then one content delta of this many "y" in a single SSE line, written 1 MiB at a time
+    long_line_chars: int = 0
 
 
 @dataclass
@@ -77,9 +95,7 @@ class FakeUpstream:
         reply = self.next_reply()
         model = reply.model or body.get("model", "gpt-4o-mini")
         if reply.status >= 400:
-            return web.json_response(
-                {"error": {"message": "boom", "type": "server_error"}}, status=reply.status
-            )
+            return self._json({"error": {"message": "boom", "type": "server_error"}}, reply, reply.status)
         usage = {
             "prompt_tokens": reply.prompt_tokens,
             "completion_tokens": reply.completion_tokens,
@@ -94,7 +110,7 @@ class FakeUpstream:
             message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
             if tool_calls:
                 message["tool_calls"] = tool_calls
-            return web.json_response(
+            return self._json(
                 {
                     "id": "chatcmpl-fake",
                     "object": "chat.completion",
@@ -102,7 +118,8 @@ class FakeUpstream:
                     "model": model,
                     "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                     "usage": usage,
-                }
+                },
+                reply,
             )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -140,25 +157,66 @@ class FakeUpstream:
             )
             for piece in _pieces(json.dumps(args)):
                 events.append(chunk({"tool_calls": [{"index": idx, "function": {"arguments": piece}}]}))
-        events.append(chunk({}, finish))
+        tail: list[dict[str, Any]] = [chunk({}, finish)]
         if include_usage:
             last = chunk(None)
+            if reply.usage_chunk_choices is not None:
+                last["choices"] = reply.usage_chunk_choices
             last["usage"] = usage
-            events.append(last)
-        return await self._sse(
-            request, [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"], reply
-        )
+            tail.append(last)
 
-    async def _sse(self, request: web.Request, frames: list[str], reply: Reply) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        def frames() -> Iterator[str | bytes]:
+            for e in events:
+                yield f"data: {json.dumps(e)}\n\n"
+            if reply.bulk_chunks:
+                bulk = f"data: {json.dumps(chunk({'content': 'x' * reply.bulk_chunk_chars}))}\n\n".encode()
+                for _ in range(reply.bulk_chunks):
+                    yield bulk
+            if reply.long_line_chars:
+                head, end = json.dumps(chunk({"content": "@"})).split("@")
+                yield f"data: {head}"
+                piece = b"y" * (1 << 20)
+                for start in range(0, reply.long_line_chars, len(piece)):
+                    yield piece[: reply.long_line_chars - start]
+                yield f"{end}\n\n"
+            for e in tail:
+                yield f"data: {json.dumps(e)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return await self._sse(request, frames(), reply)
+
+    def _json(self, data: Any, reply: Reply, status: int = 200) -> web.Response:
+        if reply.content_encoding is None:
+            return web.json_response(data, status=status)
+        coder = _Compressor(reply.content_encoding)
+        body = coder.compress(json.dumps(data).encode()) + coder.finish()
+        headers = {"Content-Type": "application/json", "Content-Encoding": coder.header}
+        return web.Response(body=body, status=status, headers=headers)
+
+    async def _sse(
+        self, request: web.Request, frames: Iterable[str | bytes], reply: Reply
+    ) -> web.StreamResponse:
+        headers = {"Content-Type": "text/event-stream"}
+        coder = _Compressor(reply.content_encoding) if reply.content_encoding else None
+        if coder is not None:
+            headers["Content-Encoding"] = coder.header
+        resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
         for n, frame in enumerate(frames):
             if reply.break_after_chunks is not None and n >= reply.break_after_chunks:
                 assert request.transport is not None
                 request.transport.abort()  # a broken stream: no terminator, connection dropped
                 return resp
-            await resp.write(frame.encode())
+            if reply.hang_after_chunks is not None and n >= reply.hang_after_chunks:
+                # an upstream gone silent, until the proxy hangs up (aiohttp has no event for that)
+                while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                return resp
+            data = frame.encode() if isinstance(frame, str) else frame
+            await resp.write(coder.compress(data) + coder.flush() if coder is not None else data)
             await asyncio.sleep(reply.chunk_delay)
+        if coder is not None:
+            await resp.write(coder.finish())
         await resp.write_eof()
         return resp
 
@@ -209,7 +267,7 @@ class FakeUpstream:
             },
         }
         if not body.get("stream"):
-            return web.json_response(response)
+            return self._json(response, reply)
         seq = iter(range(1000))
         frames = []
 
@@ -253,7 +311,7 @@ class FakeUpstream:
         stop = "tool_use" if reply.tool_calls else "end_turn"
         usage = {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens}
         if not body.get("stream"):
-            return web.json_response(
+            return self._json(
                 {
                     "id": "msg_fake",
                     "type": "message",
@@ -263,7 +321,8 @@ class FakeUpstream:
                     "stop_reason": stop,
                     "stop_sequence": None,
                     "usage": usage,
-                }
+                },
+                reply,
             )
         frames = []
 
@@ -342,6 +401,24 @@ class FakeUpstream:
             {"method": request.method, "path": request.path, "query": request.query_string, "body": body},
             headers={"X-Upstream-Echo": "1"},
         )
+
+
+class _Compressor:
+    """An answer's content coding, flushed frame by frame so a stream stays a stream."""
+
+    def __init__(self, coding: str) -> None:
+        wbits = {"gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS, "deflate-raw": -zlib.MAX_WBITS}
+        self.header = "deflate" if coding == "deflate-raw" else coding
+        self._obj = zlib.compressobj(wbits=wbits[coding])
+
+    def compress(self, data: bytes) -> bytes:
+        return self._obj.compress(data)
+
+    def flush(self) -> bytes:
+        return self._obj.flush(zlib.Z_SYNC_FLUSH)
+
+    def finish(self) -> bytes:
+        return self._obj.flush(zlib.Z_FINISH)
 
 
 def _pieces(text: str, size: int = 4) -> list[str]:

@@ -271,19 +271,19 @@ async def test_unparsed_routes_forward_unchanged(start_tripwire: StartTripwire, 
     assert tw.run_ids() == []  # nothing recorded for models/files: no empty runs
 
 
-async def test_broken_stream_ends_cleanly_and_is_recorded_as_error(
+async def test_broken_stream_ends_abnormally_and_is_recorded_as_error(
     start_tripwire: StartTripwire, fake_upstream
 ) -> None:
     fake, url = fake_upstream
     fake.replies = [Reply(text="this stream will break in the middle", break_after_chunks=3)]
     tw = await start_tripwire(upstream={"url": url})
-    # the client's stream ends (no exception, no hang) after the chunks that did arrive
-    got = [
-        c
+    # the client's stream breaks as the upstream's did (SPEC §4.2), after the chunks that did arrive
+    got = []
+    with pytest.raises(openai.APIConnectionError):
         async for c in await client(tw.url + "/v1").chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], stream=True
-        )
-    ]
+        ):
+            got.append(c)
     assert 1 <= len(got) < 5
     await tw.flush()
     llm = [e for e in tw.events() if e["event_type"] == "LLM_CALL"][0]["payload"]

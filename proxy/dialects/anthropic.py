@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
     BodySniffer,
     LLMRequest,
@@ -32,7 +33,7 @@ from proxy.dialects.base import (
     sse_frame,
     stream_incomplete,
 )
-from proxy.sse import SSEDecoder
+from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder
 
 __all__ = [
     "BLOCKED_STATUS",
@@ -153,7 +154,11 @@ def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> L
 
 
 class StreamAccumulator:
-    """Reads an Anthropic event stream as it is relayed; chunks pass through unchanged."""
+    """Reads an Anthropic event stream as it is relayed; chunks pass through unchanged.
+
+    Memory stays bounded: text and tool inputs are kept up to `limit_text()` characters, and an
+    event larger than `MAX_EVENT_BYTES` is skipped, not parsed (`__TRUNCATED__` marks the text).
+    """
 
     terminator = "message_stop"
 
@@ -161,8 +166,9 @@ class StreamAccumulator:
         self.req = req
         self.status: int | None = None  # the caller may set the upstream status for error bodies
         self._sniffer = BodySniffer()
-        self._decoder = SSEDecoder()
-        self._text: list[str] = []
+        self._decoder = SSEDecoder(MAX_EVENT_BYTES)
+        self._text = BoundedText()
+        self._skipping = False  # inside an oversized event
         self._tools: dict[int, ToolCallBuilder] = {}
         self._usage: dict[str, Any] = {}
         self._stop: str | None = None
@@ -175,9 +181,18 @@ class StreamAccumulator:
         if self._sniffer.feed(chunk):
             return chunk
         for event in self._decoder.feed(chunk):
-            if event.data is not None:
+            if event.oversized:
+                if not self._skipping:
+                    self._text.append(TRUNCATED_MARKER)
+                self._text.dropped += len(event.raw)
+                self._skipping = not event.complete
+            elif event.data is not None:
                 self._event(event.data)
         return chunk
+
+    def limit_text(self, chars: int) -> None:
+        """Keep at most `chars` characters of text and of each tool call's input."""
+        self._text.limit = chars
 
     def finish(self, complete: bool) -> LLMResult:
         if self._sniffer.mode == "body":  # a plain body (an error, usually) answered the stream request
@@ -193,7 +208,12 @@ class StreamAccumulator:
         error = self._error
         if not ok and error is None:
             error = stream_incomplete(self.terminator)
-        usage = usage_of(self._usage) if self._usage else estimate_usage(self.req, text, calls)
+        usage = usage_of(self._usage) if self._usage else None
+        if usage is None:
+            usage = estimate_usage(self.req, text, calls)
+            dropped = (self._text.dropped + sum(t.parts.dropped for t in self._tools.values())) // 4
+            usage.completion_tokens += dropped
+            usage.total_tokens += dropped
         return LLMResult(self._model, text, calls, usage, self._stop, self._id, error, ok)
 
     def _event(self, data_text: str) -> None:
@@ -209,7 +229,11 @@ class StreamAccumulator:
         elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
             block = data["content_block"]
             if block.get("type") == "tool_use":
-                builder = ToolCallBuilder(id=str(block.get("id") or ""), name=str(block.get("name") or ""))
+                builder = ToolCallBuilder(
+                    id=str(block.get("id") or ""),
+                    name=str(block.get("name") or ""),
+                    parts=BoundedText(self._text.limit),
+                )
                 self._tools[as_int(data.get("index"))] = builder
                 if block.get("input"):  # a complete input in the start block (not the usual {})
                     builder.parts.append(orjson.dumps(block["input"]).decode())

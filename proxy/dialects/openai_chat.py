@@ -1,9 +1,11 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`), plain JSON and SSE streams.
 
 Streaming usage must be exact even when the client did not ask for it (SPEC §4.2): the request
-sent upstream gets `stream_options.include_usage`, and the extra usage-only chunk
-(`"choices": []` with `usage`) is removed from what the client receives, so its SDK sees the
-same stream it would have seen without Tripwire.
+sent upstream gets `stream_options.include_usage`, and the extra usage-only chunk is removed from
+what the client receives, so its SDK sees the same stream it would have seen without Tripwire. A
+usage-only chunk is OpenAI's `"choices": []` with `usage`, or the shape LiteLLM's proxy sends,
+`"choices": [{"index": 0, "delta": {}}]` with `usage`: every choice without a finish_reason,
+logprobs or any non-empty delta field. A chunk carrying content or a finish_reason is never removed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
     BodySniffer,
     LLMRequest,
@@ -34,7 +37,7 @@ from proxy.dialects.base import (
     sse_frame,
     stream_incomplete,
 )
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
@@ -158,6 +161,11 @@ class StreamAccumulator:
     arrives, minus the usage-only chunk; only the current partial event is held back, and
     `flush()` hands it over when the upstream body ends. A plain (error) body answering the
     stream request passes through untouched.
+
+    Memory stays bounded whatever the stream: the text and each tool call's arguments are kept up
+    to `limit_text()` characters (the rest is counted for usage estimates), and an event larger
+    than `MAX_EVENT_BYTES` is relayed piece by piece as it arrives, not parsed (the recorded text
+    gets `__TRUNCATED__` where its content was skipped).
     """
 
     terminator = "[DONE]"
@@ -172,9 +180,10 @@ class StreamAccumulator:
         self.status: int | None = None  # the caller may set the upstream status for error bodies
         self._sniffer = BodySniffer()
         self.filtering = req.stream and not req.client_asked_usage
-        self._decoder = SSEDecoder()
-        self._text: list[str] = []
+        self._decoder = SSEDecoder(MAX_EVENT_BYTES)
+        self._text = BoundedText()
         self._calls: dict[int, ToolCallBuilder] = {}
+        self._skipping = False  # inside an oversized event
         self._usage: Usage | None = None
         self._stop: str | None = None
         self._model: str | None = None
@@ -186,6 +195,10 @@ class StreamAccumulator:
         self._prev_cr = False
         self._prev_sent = True
         self._strip_lf = False
+
+    def limit_text(self, chars: int) -> None:
+        """Keep at most `chars` characters of text and of each tool call's arguments."""
+        self._text.limit = chars
 
     def feed(self, chunk: bytes) -> bytes:
         if not chunk:
@@ -244,6 +257,9 @@ class StreamAccumulator:
         usage = self._usage
         if usage is None:
             usage = estimate_usage(self.req, text, calls)
+            dropped = (self._text.dropped + sum(c.parts.dropped for c in self._calls.values())) // 4
+            usage.completion_tokens += dropped
+            usage.total_tokens += dropped
         return LLMResult(self._model, text, calls, usage, self._stop, self._id, error, ok)
 
     @staticmethod
@@ -252,6 +268,12 @@ class StreamAccumulator:
 
     def _event(self, event: SSEEvent) -> bool:
         """Account for one event; True when it is the injected usage chunk to drop."""
+        if event.oversized:  # too big to parse (and never the usage chunk): its content is lost
+            if not self._skipping:
+                self._text.append(TRUNCATED_MARKER)
+            self._text.dropped += len(event.raw)
+            self._skipping = not event.complete
+            return False
         if event.data is None:
             return False
         if event.data.strip() == "[DONE]":
@@ -276,7 +298,7 @@ class StreamAccumulator:
         for choice in choices:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 self._choice(choice)
-        return self.filtering and not choices and usage is not None
+        return self.filtering and usage is not None and all(_usage_only_choice(c) for c in choices)
 
     def _choice(self, choice: dict) -> None:
         if choice.get("finish_reason"):
@@ -289,7 +311,10 @@ class StreamAccumulator:
         for part in delta.get("tool_calls") or []:
             if not isinstance(part, dict):
                 continue
-            builder = self._calls.setdefault(as_int(part.get("index")), ToolCallBuilder())
+            index = as_int(part.get("index"))
+            builder = self._calls.get(index)
+            if builder is None:
+                builder = self._calls[index] = ToolCallBuilder(parts=BoundedText(self._text.limit))
             if part.get("id"):
                 builder.id = str(part["id"])
             function = part.get("function")
@@ -298,6 +323,22 @@ class StreamAccumulator:
                     builder.name = str(function["name"])
                 if isinstance(function.get("arguments"), str):
                     builder.parts.append(function["arguments"])
+
+
+def _blank(value: Any) -> bool:
+    return value is None or value in ("", [], {})
+
+
+def _usage_only_choice(choice: Any) -> bool:
+    """A choice in a usage chunk: no finish_reason, no logprobs, no delta (or text) with content."""
+    if not isinstance(choice, dict):
+        return False
+    if not (_blank(choice.get("finish_reason")) and _blank(choice.get("logprobs"))):
+        return False
+    if not _blank(choice.get("text")):  # legacy completions
+        return False
+    delta = choice.get("delta")
+    return delta is None or (isinstance(delta, dict) and all(_blank(v) for v in delta.values()))
 
 
 def _body_result(acc: StreamAccumulator, complete: bool) -> LLMResult:

@@ -10,11 +10,14 @@ nothing is rewritten and every chunk passes through unchanged.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any
 
 import orjson
 
+from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
     BodySniffer,
     LLMRequest,
@@ -35,7 +38,7 @@ from proxy.dialects.base import (
     sse_frame,
     stream_incomplete,
 )
-from proxy.sse import SSEDecoder
+from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
@@ -60,6 +63,11 @@ SYNTHETIC_PREFIX = "resp_tripwire_"
 _CALL_TYPES = ("function_call", "custom_tool_call")
 _OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+# an oversized event's type, from its first bytes when it has no `event:` line
+_TYPE = re.compile(rb'"type"\s*:\s*"([A-Za-z0-9_.]+)"')
+_USAGE = re.compile(r'"usage"\s*:\s*')
+# how much of an oversized final event is kept to find its usage (the response's last fields)
+TAIL_BYTES = 64 * 1024
 
 
 def is_synthetic_response_id(response_id: str | None) -> bool:
@@ -214,7 +222,14 @@ def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> L
 
 
 class StreamAccumulator:
-    """Reads a Responses event stream as it is relayed; chunks pass through unchanged."""
+    """Reads a Responses event stream as it is relayed; chunks pass through unchanged.
+
+    Memory stays bounded: text and tool arguments are kept up to `limit_text()` characters, and an
+    event larger than `MAX_EVENT_BYTES` is not parsed. The final event repeats the whole output, so
+    a long answer makes it oversized: it still ends the stream, its usage is read from its last
+    `TAIL_BYTES` (where the response's `usage` field is), and the output is what the deltas said.
+    A skipped delta leaves `__TRUNCATED__` in the text.
+    """
 
     terminator = "response.completed"
 
@@ -222,8 +237,10 @@ class StreamAccumulator:
         self.req = req
         self.status: int | None = None  # the caller may set the upstream status for error bodies
         self._sniffer = BodySniffer()
-        self._decoder = SSEDecoder()
-        self._text: list[str] = []
+        self._decoder = SSEDecoder(MAX_EVENT_BYTES)
+        self._text = BoundedText()
+        self._big_kind: str | None = None  # the type of the oversized event being skipped
+        self._big_tail = b""
         self._calls: dict[int, ToolCallBuilder] = {}
         self._model: str | None = None
         self._id: str | None = None
@@ -234,9 +251,15 @@ class StreamAccumulator:
         if self._sniffer.feed(chunk):
             return chunk
         for event in self._decoder.feed(chunk):
-            if event.data is not None:
+            if event.oversized:
+                self._oversized(event)
+            elif event.data is not None:
                 self._event(event.data)
         return chunk
+
+    def limit_text(self, chars: int) -> None:
+        """Keep at most `chars` characters of text and of each tool call's arguments."""
+        self._text.limit = chars
 
     def finish(self, complete: bool) -> LLMResult:
         if self._sniffer.mode == "body":  # a plain body (an error, usually) answered the stream request
@@ -251,15 +274,50 @@ class StreamAccumulator:
         if final is None:
             calls = [self._calls[i].build() for i in sorted(self._calls)]
             text = "".join(self._text)
-            final = LLMResult(
-                self._model, text, calls, estimate_usage(self.req, text, calls), None, self._id, None, ok
-            )
+            final = LLMResult(self._model, text, calls, self._estimate(text, calls), None, self._id, None, ok)
         final.complete = ok
         if self._error is not None and final.error is None:
             final.error = self._error
         if not ok and final.error is None:
             final.error = stream_incomplete(self.terminator)
         return final
+
+    def _estimate(self, text: str, calls: list[ToolCall]) -> Usage:
+        usage = estimate_usage(self.req, text, calls)
+        dropped = (self._text.dropped + sum(c.parts.dropped for c in self._calls.values())) // 4
+        usage.completion_tokens += dropped
+        usage.total_tokens += dropped
+        return usage
+
+    def _oversized(self, event: SSEEvent) -> None:
+        """A piece of an event too large to parse: note its type; keep a final event's tail."""
+        if self._big_kind is None:
+            match = _TYPE.search(event.raw, 0, 4096)
+            self._big_kind = event.event or (match.group(1).decode() if match else "")
+            self._big_tail = b""
+            if self._big_kind.endswith(".delta"):  # its content is lost (the .done events repeat it)
+                self._text.append(TRUNCATED_MARKER)
+        if self._big_kind.endswith(".delta"):
+            self._text.dropped += len(event.raw)
+        elif self._big_kind in _TERMINAL:
+            self._big_tail = (self._big_tail + event.raw)[-TAIL_BYTES:]
+        if event.complete:
+            kind, tail = self._big_kind, self._big_tail
+            self._big_kind, self._big_tail = None, b""
+            if kind in _TERMINAL:
+                self._final = self._oversized_final(kind, tail)
+
+    def _oversized_final(self, kind: str, tail: bytes) -> LLMResult:
+        text = "".join(self._text)
+        calls = [self._calls[i].build() for i in sorted(self._calls)]
+        usage = usage_of(_usage_in(tail)) or self._estimate(text, calls)
+        error = None
+        if kind == "response.failed":
+            error = error_dict(
+                "response_failed", "the response failed (its final event was too large to read)"
+            )
+        stop = kind.removeprefix("response.")
+        return LLMResult(self._model, text, calls, usage, stop, self._id, error)
 
     def _event(self, data_text: str) -> None:
         data = loads_or_none(data_text)
@@ -279,7 +337,11 @@ class StreamAccumulator:
         elif kind == "response.output_item.added" and isinstance(data.get("item"), dict):
             item = data["item"]
             if item.get("type") in _CALL_TYPES:
-                builder = ToolCallBuilder(id=str(item.get("call_id") or ""), name=str(item.get("name") or ""))
+                builder = ToolCallBuilder(
+                    id=str(item.get("call_id") or ""),
+                    name=str(item.get("name") or ""),
+                    parts=BoundedText(self._text.limit),
+                )
                 if isinstance(item.get("arguments"), str) and item["arguments"]:
                     builder.parts.append(item["arguments"])
                 self._calls[as_int(data.get("output_index"))] = builder
@@ -290,7 +352,8 @@ class StreamAccumulator:
         elif kind == "response.function_call_arguments.done":
             builder = self._calls.get(as_int(data.get("output_index")))
             if builder is not None and isinstance(data.get("arguments"), str):
-                builder.parts = [data["arguments"]]
+                builder.parts = BoundedText(self._text.limit)
+                builder.parts.append(data["arguments"])
         elif kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
             self._text.append(data["delta"])
         elif kind == "error":
@@ -298,6 +361,22 @@ class StreamAccumulator:
             self._error = error_dict(
                 str(err.get("code") or err.get("type") or "error"), str(err.get("message") or ""), err
             )
+
+
+def _usage_in(tail: bytes) -> Any:
+    """The last `"usage": {...}` object in the tail of an event too large to parse whole, if any."""
+    text = tail.decode("utf-8", "replace")
+    for match in reversed(list(_USAGE.finditer(text))):
+        try:
+            value, _ = _JSON.raw_decode(text, match.end())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+_JSON = json.JSONDecoder()
 
 
 def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = None) -> tuple[str, bytes]:

@@ -1,0 +1,547 @@
+"""Reliability of relayed answers (issue 11, items 5, 8, 9, 10), through the real SDKs.
+
+- 5: an answer compressed although Tripwire asked for `identity` is relayed as sent and recorded
+  with its real usage (the observer decodes it);
+- 8: the stream observer's memory does not follow the answer's size (many large chunks, one very
+  long SSE line), measured with tracemalloc in this process, not with a clock;
+- 9: a stream the upstream breaks (or drain cuts) ends abnormally for the client, which raises
+  what it raises without Tripwire, and is recorded as an error the breaker counts;
+- 10: LiteLLM's usage chunk shape (`"choices": [{"index": 0, "delta": {}}]`) is removed like
+  OpenAI's when Tripwire asked for it, and a chunk with content or a finish_reason never is.
+"""
+
+from __future__ import annotations
+
+import gzip
+import tracemalloc
+import zlib
+from typing import Any
+
+import aiohttp
+import anthropic
+import openai
+import orjson
+import pytest
+from multidict import CIMultiDict
+
+from proxy.constants import TRUNCATED_MARKER
+from proxy.dialects import anthropic as anthropic_dialect
+from proxy.dialects import openai_chat, openai_responses
+from proxy.dialects.base import LLMRequest, Usage
+from proxy.forward import Tap, content_codings
+from proxy.pricing import Pricing
+from proxy.sse import BoundedText, SSEDecoder, SSEEvent
+from tests.conftest import AGENT_KEY, StartTripwire
+from tests.fakes import Reply
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+ONE_FAILURE_OPENS = {"circuit_breaker": {"open_after_failures": 1, "cooldown_seconds": 30}}
+MiB = 1024 * 1024
+
+
+def oai(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+
+
+def claude(base: str) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=base, api_key=AGENT_KEY, max_retries=0)
+
+
+def llm_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["payload"] for e in events if e["event_type"] == "LLM_CALL"]
+
+
+async def raw_post(url: str, body: dict[str, Any]) -> tuple[dict[str, str], bytes]:
+    """The answer's bytes and headers exactly as they came over the wire (nothing decoded)."""
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(url, json=body, headers={"Authorization": f"Bearer {AGENT_KEY}"}) as r:
+            return dict(r.headers), await r.read()
+
+
+# ---- 5: answers compressed without being asked -------------------------------------------------
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "deflate-raw"])
+async def test_compressed_answer_is_relayed_as_sent_and_recorded_with_its_usage(
+    start_tripwire: StartTripwire, fake_upstream, coding: str
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="squeezed", prompt_tokens=41, completion_tokens=9, content_encoding=coding)
+    tw = await start_tripwire(upstream={"url": url})
+    resp = await oai(tw.url).chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    assert resp.choices[0].message.content == "squeezed"
+    # byte for byte, headers included, as the upstream sent them
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    direct_headers, direct = await raw_post(url + "/v1/chat/completions", body)
+    via_headers, via = await raw_post(tw.url + "/v1/chat/completions", body)
+    assert via == direct and via_headers["Content-Encoding"] == direct_headers["Content-Encoding"]
+    assert via_headers["Content-Length"] == direct_headers["Content-Length"] == str(len(direct))
+    await tw.flush()
+    calls = llm_calls(tw.events())
+    assert len(calls) == 2
+    expected = Pricing().cost(Usage(41, 9, 50), ["gpt-4o-mini"]).cost_usd
+    for p in calls:
+        assert p["status"] == "ok" and p["error"] is None
+        assert p["usage"] == {"prompt_tokens": 41, "completion_tokens": 9, "total_tokens": 50}
+        assert p["response"]["text"] == "squeezed"
+        assert p["cost_usd"] == pytest.approx(expected) and expected > 0
+    # and Tripwire asked for no coding (without the header, any coding would do: RFC 9110 §12.5.3)
+    assert fake.calls("/v1/chat/completions")[0].headers["Accept-Encoding"] == "identity"
+
+
+async def test_compressed_streams_are_read_for_the_trace(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, llm={"anthropic": {"url": url}})
+    # Anthropic: nothing is rewritten, so the compressed bytes go through exactly as sent
+    fake.default = Reply(text="zipped claude", prompt_tokens=30, completion_tokens=5, content_encoding="gzip")
+    async with claude(tw.url + "/llm/anthropic").messages.stream(
+        model="claude-sonnet-4-5", max_tokens=50, messages=MESSAGES
+    ) as stream:
+        final = await stream.get_final_message()
+    assert final.content[0].text == "zipped claude"
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 50, "messages": MESSAGES, "stream": True}
+    direct_headers, direct = await raw_post(url + "/v1/messages", body)
+    via_headers, via = await raw_post(tw.url + "/llm/anthropic/v1/messages", body)
+    assert via == direct and via_headers["Content-Encoding"] == "gzip"
+    assert b"message_stop" in gzip.decompress(via)
+    # Chat with the usage chunk Tripwire asked for: it is still removed (the stream is compressed
+    # again); what the SDK parses is what it parses direct
+    fake.default = Reply(text="zipped gpt", prompt_tokens=20, completion_tokens=4, content_encoding="gzip")
+    kw: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    direct_chunks = [c.model_dump() async for c in await oai(url).chat.completions.create(**kw)]
+    via_chunks = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**kw)]
+    assert via_chunks == direct_chunks
+    assert "".join(c["choices"][0]["delta"]["content"] or "" for c in via_chunks) == "zipped gpt"
+    await tw.flush()
+    calls = llm_calls(tw.events())
+    assert [(p["status"], p["usage"]["total_tokens"], p["stream"]) for p in calls] == [
+        ("ok", 35, True),
+        ("ok", 35, True),
+        ("ok", 24, True),
+    ]
+    assert calls[0]["response"]["text"] == "zipped claude" and calls[2]["response"]["text"] == "zipped gpt"
+    assert "usage_estimated" not in calls[2]
+
+
+def test_tap_decodes_for_the_observer_and_relays_the_bytes() -> None:
+    """Every split of a gzip stream, with and without a rewriting observer; a corrupt one is relayed."""
+    plain = b"".join(f"data: {{'n': {n}}}\n\n".encode() for n in range(200))
+    packed = gzip.compress(plain) + gzip.compress(b"data: tail\n\n")  # two members, as allowed
+
+    class Keep:
+        rewrites = False
+
+        def __init__(self) -> None:
+            self.seen = bytearray()
+
+        def feed(self, chunk: bytes) -> bytes:
+            self.seen += chunk
+            return chunk
+
+    class DropTail(Keep):
+        rewrites = True
+
+        def feed(self, chunk: bytes) -> bytes:  # drops the second member's event
+            start = len(self.seen)
+            self.seen += chunk
+            return chunk[: max(0, len(plain) - start)]
+
+    assert content_codings(
+        CIMultiDict([("Content-Encoding", "gzip, identity"), ("content-encoding", "BR")])
+    ) == [
+        "gzip",
+        "br",
+    ]
+    for cut in range(0, len(packed), 7):
+        keep, drop = Keep(), DropTail()
+        taps = [Tap(keep, ["gzip"]), Tap(drop, ["gzip"])]
+        outs = [t.feed(packed[:cut]) + t.feed(packed[cut:]) + t.flush() for t in taps]
+        assert outs[0] == packed and bytes(keep.seen) == plain + b"data: tail\n\n"
+        assert zlib.decompress(outs[1], zlib.MAX_WBITS | 16) == plain  # re-compressed, tail dropped
+    broken = Tap(Keep(), ["gzip"])
+    assert broken.feed(b"not gzip at all") == b"not gzip at all"
+    assert broken.decode_error is not None and broken.feed(b"more") == b"more"
+    unknown = Keep()
+    assert Tap(unknown, ["zstd-unknown"]).feed(b"\x28\xb5") == b"\x28\xb5" and unknown.seen == b"\x28\xb5"
+
+
+# ---- 8: bounded memory ---------------------------------------------------------------------------
+
+
+async def measure_peak(url: str, body: dict[str, Any]) -> tuple[int, int, bytes]:
+    """Stream `body` through `url` with a raw client that keeps nothing: (peak bytes, bytes, tail).
+
+    A first small call warms Tripwire up (the one-off set-up of a first call is slow under tracemalloc
+    and is not what is measured); the fake upstream answers it with its scripted `replies` first.
+    """
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=body) as r:
+            assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+    received = 0
+    tail = b""
+    tracemalloc.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body) as r:
+                assert r.status == 200
+                async for chunk in r.content.iter_any():
+                    received += len(chunk)
+                    tail = (tail + chunk)[-4096:]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak, received, tail
+
+
+async def test_a_200_mb_stream_keeps_the_observer_memory_bounded(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    chunks, size = 3200, 64 * 1024  # 200 MiB of content in 64 KiB deltas
+    fake.replies = [Reply(text="warm-up")]
+    fake.default = Reply(
+        text="start ", prompt_tokens=12, completion_tokens=3456, bulk_chunks=chunks, bulk_chunk_chars=size
+    )
+    tw = await start_tripwire(upstream={"url": url})
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}  # filtered: no include_usage
+    peak, received, tail = await measure_peak(tw.url + "/v1/chat/completions", body)
+    assert received > chunks * size and tail.endswith(b"data: [DONE]\n\n")
+    assert b'"usage": {' not in tail  # the usage chunk Tripwire asked for was removed
+    # before: the observer kept all 200 MiB of text (peak > 200 MiB); the relay itself needs a few MiB
+    assert peak < 48 * MiB, f"peak {peak / MiB:.0f} MiB"
+    await tw.flush()
+    _, p = llm_calls(tw.events())  # after the warm-up call
+    assert p["status"] == "ok" and p["usage"] == {
+        "prompt_tokens": 12,
+        "completion_tokens": 3456,
+        "total_tokens": 3468,
+    }
+    text = p["response"]["text"]
+    assert text.startswith("start xxx") and text.endswith(TRUNCATED_MARKER)
+    assert len(text.encode()) <= tw.engine.settings.max_field_bytes
+
+
+async def test_one_very_long_sse_line_is_relayed_and_never_buffered_whole(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    line = 96 * MiB
+    fake.replies = [Reply(text="warm-up")]
+    fake.default = Reply(text="before ", prompt_tokens=7, completion_tokens=11, long_line_chars=line)
+    tw = await start_tripwire(upstream={"url": url})
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    peak, received, tail = await measure_peak(tw.url + "/v1/chat/completions", body)
+    assert received > line and tail.endswith(b"data: [DONE]\n\n")
+    # before: the whole line was held, copied and decoded (a peak of several times its size)
+    assert peak < 48 * MiB, f"peak {peak / MiB:.0f} MiB"
+    await tw.flush()
+    _, p = llm_calls(tw.events())  # after the warm-up call
+    assert p["status"] == "ok" and p["usage"]["total_tokens"] == 18
+    assert p["response"]["text"] == "before " + TRUNCATED_MARKER  # the skipped line is marked
+
+
+async def test_the_openai_sdk_reads_a_long_line_through_tripwire(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """An event over the observer's bound still reaches the SDK whole, byte for byte."""
+    fake, url = fake_upstream
+    fake.default = Reply(text="a", long_line_chars=3 * MiB + 5)
+    tw = await start_tripwire(upstream={"url": url})
+    kw: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    direct = [c.model_dump() async for c in await oai(url).chat.completions.create(**kw)]
+    via = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**kw)]
+    assert via == direct and via[2]["choices"][0]["delta"]["content"] == "y" * (3 * MiB + 5)
+
+
+def decode_pieces(stream: bytes, cuts: list[int], bound: int) -> list[SSEEvent]:
+    decoder = SSEDecoder(bound)
+    events: list[SSEEvent] = []
+    start = 0
+    for cut in [*cuts, len(stream)]:
+        events += decoder.feed(stream[start:cut])
+        start = cut
+    return events + decoder.flush()
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+def test_decoder_hands_out_oversized_events_in_pieces(eol: bytes) -> None:
+    small = b"event: a" + eol + b"data: 1" + eol + eol
+    big = b"event: big" + eol + b"data: " + b"z" * 300 + eol + b"data: more" + eol + eol
+    stream = small + big + small.replace(b"1", b"2")
+    for size in (1, 7, 40):  # bytes per chunk: the decoder holds at most the bound plus one chunk
+        for offset in range(size):
+            events = decode_pieces(stream, list(range(offset, len(stream), size)), bound=64)
+            assert b"".join(e.raw for e in events) == stream, (size, offset)  # every byte, in order
+            whole = [(e.event, e.data) for e in events if not e.oversized and e.data is not None]
+            assert whole == [("a", "1"), ("a", "2")], (size, offset)
+            pieces = [e for e in events if e.oversized]
+            assert pieces and all(e.event == "big" and e.data is None for e in pieces), (size, offset)
+            assert [e.complete for e in pieces] == [False] * (len(pieces) - 1) + [True], (size, offset)
+            assert max(len(e.raw) for e in pieces) <= 64 + size, (size, offset)
+
+
+def test_decoder_without_a_bound_and_an_unfinished_oversized_event() -> None:
+    data = b"data: " + b"q" * 5000 + b"\n\n"
+    (event,) = decode_pieces(data, [10], bound=None)  # type: ignore[arg-type]
+    assert event.data == "q" * 5000 and not event.oversized
+    events = decode_pieces(data[:-2], [100, 2000], bound=1000)
+    assert (
+        all(e.oversized and not e.complete for e in events) and b"".join(e.raw for e in events) == data[:-2]
+    )
+
+
+def test_bounded_text() -> None:
+    text = BoundedText(10)
+    for piece in ["abcd", "efgh", "ijkl", "mnop"]:
+        text.append(piece)
+    assert "".join(text) == "abcdefghij" and text.dropped == 6
+    many = BoundedText(100_000)
+    for _ in range(5000):
+        many.append("ab")
+    assert "".join(many) == "ab" * 5000 and len(list(many)) < 1024
+
+
+def sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    return (f"event: {event}\n".encode() if event else b"") + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def test_responses_stream_with_a_final_event_too_big_to_parse() -> None:
+    """The final event repeats the whole output: past the bound, usage comes from its tail."""
+    req = openai_responses.parse_request({"model": "gpt-4o", "input": "x", "stream": True})
+    big_text = "w" * (2 * MiB)
+    response = {"id": "resp_1", "model": "gpt-4o", "status": "in_progress", "output": [], "usage": None}
+    done = {
+        **response,
+        "status": "completed",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": big_text}]}],
+        "usage": {
+            "input_tokens": 5,
+            "input_tokens_details": {"cached_tokens": 2},
+            "output_tokens": 9,
+            "total_tokens": 14,
+        },
+        "user": None,
+    }
+    for with_event_lines in (True, False):
+        acc = openai_responses.StreamAccumulator(req)
+        acc.limit_text(1000)
+        stream = sse(
+            {"type": "response.created", "response": response},
+            "response.created" if with_event_lines else None,
+        )
+        for _ in range(2048):
+            stream += sse({"type": "response.output_text.delta", "output_index": 0, "delta": "w" * 1024})
+        stream += sse(
+            {"type": "response.completed", "response": done},
+            "response.completed" if with_event_lines else None,
+        )
+        for start in range(0, len(stream), 65536):
+            acc.feed(stream[start : start + 65536])
+        result = acc.finish(True)
+        assert result.complete and result.error is None and result.stop_reason == "completed"
+        assert result.usage == Usage(5, 9, 14, cached_tokens=2)
+        assert result.text == "w" * 1000 and result.response_id == "resp_1"
+
+
+def test_anthropic_text_and_tool_input_are_capped() -> None:
+    req = anthropic_dialect.parse_request(
+        {"model": "c", "max_tokens": 5, "messages": MESSAGES, "stream": True}
+    )
+    acc = anthropic_dialect.StreamAccumulator(req)
+    acc.limit_text(100)
+    stream = sse(
+        {"type": "message_start", "message": {"id": "m", "model": "c", "usage": {"input_tokens": 3}}}
+    )
+    stream += sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    for _ in range(50):
+        stream += sse(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "t" * 10}}
+        )
+    stream += sse(
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "tu", "name": "f", "input": {}},
+        }
+    )
+    stream += sse(
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"a": "' + "b" * 500 + '"}'},
+        }
+    )
+    stream += sse(
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "c" * (MiB + 10)}}
+    )
+    stream += sse(
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 77}}
+    )
+    stream += sse({"type": "message_stop"})
+    acc.feed(stream)
+    result = acc.finish(True)
+    assert result.complete and result.usage == Usage(3, 77, 80)
+    assert result.text == "t" * 100  # the oversized delta's marker fell beyond the cap too
+    assert result.tool_calls[0].arguments == '{"a": "' + "b" * 93  # cut: kept as the raw string
+
+
+# ---- 9: broken streams end abnormally ----------------------------------------------------------
+
+
+async def consume_openai(base: str) -> str:
+    stream = await oai(base).chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+async def test_a_broken_stream_raises_in_the_openai_sdk_as_it_does_direct(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="this stream will break in the middle", break_after_chunks=3)
+    tw = await start_tripwire(upstream={"url": url}, guards=ONE_FAILURE_OPENS)
+    with pytest.raises(Exception) as direct:
+        await consume_openai(url)
+    with pytest.raises(Exception) as via:
+        await consume_openai(tw.url)  # before: a truncated answer that looked complete
+    assert type(via.value) is type(direct.value)
+    await tw.flush()
+    (p,) = llm_calls(tw.events())
+    assert p["status"] == "error"
+    (error,) = [e["payload"] for e in tw.events() if e["event_type"] == "ERROR"]
+    assert "broke" in error["message"], "an upstream failure"
+    # the breaker counted it: the next call is refused at once
+    fake.default = Reply(text="fine")
+    with pytest.raises(openai.RateLimitError) as refused:
+        await oai(tw.url).chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    assert refused.value.response.headers["X-Tripwire-Guard"] == "circuit_breaker"
+
+
+async def test_a_broken_stream_raises_in_the_anthropic_sdk_as_it_does_direct(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="a claude stream that breaks", break_after_chunks=3)
+    tw = await start_tripwire(llm={"anthropic": {"url": url}})
+
+    async def consume(base: str) -> None:
+        async with claude(base).messages.stream(
+            model="claude-sonnet-4-5", max_tokens=9, messages=MESSAGES
+        ) as s:
+            await s.get_final_message()
+
+    with pytest.raises(Exception) as direct:
+        await consume(url)
+    with pytest.raises(Exception) as via:
+        await consume(tw.url + "/llm/anthropic")
+    assert type(via.value) is type(direct.value)
+    await tw.flush()
+    (p,) = llm_calls(tw.events())
+    assert p["status"] == "error"
+
+
+async def test_drain_cutting_a_stream_ends_it_abnormally(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="an answer the upstream never finishes", break_after_chunks=3)
+    with pytest.raises(Exception) as direct:  # how the SDK sees a stream that breaks
+        await consume_openai(url)
+    fake.default = Reply(text="an answer the upstream never finishes", hang_after_chunks=3)
+    tw = await start_tripwire(upstream={"url": url})
+    stream = await oai(tw.url).chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    first = await stream.__anext__()
+    assert first.choices[0].delta.role == "assistant"
+    await tw.engine.drain(0)  # grace over at once: the stream still open is cut
+    with pytest.raises(Exception) as via:  # before: the stream ended as if complete
+        async for _ in stream:
+            pass
+    assert type(via.value) is type(direct.value)
+    await tw.flush()
+    (p,) = llm_calls(tw.events())
+    assert p["status"] == "error" and "shut down" in p["error"]["message"]
+    assert not [e for e in tw.events() if e["event_type"] == "ERROR"], "drain is not the upstream's failure"
+
+
+# ---- 10: LiteLLM's usage chunk -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "choices",
+    [
+        [{"index": 0, "delta": {}}],  # LiteLLM's proxy
+        [{"index": 0, "delta": {"content": None, "role": None, "tool_calls": None}, "finish_reason": None}],
+        None,  # OpenAI's own `"choices": []`
+    ],
+    ids=["litellm", "litellm-nulls", "openai"],
+)
+async def test_the_usage_chunk_tripwire_asked_for_is_removed_in_every_shape(
+    start_tripwire: StartTripwire, fake_upstream, choices: list[dict[str, Any]] | None
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(
+        text="counted answer", prompt_tokens=13, completion_tokens=6, usage_chunk_choices=choices
+    )
+    tw = await start_tripwire(upstream={"url": url})
+    kw: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    direct = [c.model_dump() async for c in await oai(url).chat.completions.create(**kw)]
+    via = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**kw)]
+    assert via == direct  # before (LiteLLM's shape): one extra chunk, carrying the usage
+    assert fake.seen[-1].body["stream_options"] == {"include_usage": True}
+    # a client that asked for usage gets the chunk as the upstream sent it
+    asked = {**kw, "stream_options": {"include_usage": True}}
+    direct = [c.model_dump() async for c in await oai(url).chat.completions.create(**asked)]
+    via = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**asked)]
+    assert via == direct and via[-1]["usage"]["total_tokens"] == 19
+    await tw.flush()
+    calls = llm_calls(tw.events())
+    assert [p["usage"]["total_tokens"] for p in calls] == [19, 19] and "usage_estimated" not in calls[0]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"index": 0, "delta": {}, "finish_reason": "stop"},
+        {"index": 0, "delta": {"content": "!"}},
+        {"index": 0, "delta": {"role": "assistant"}},
+        {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}},
+        {"index": 0, "delta": {}, "logprobs": {"content": [{"token": "a"}]}},
+    ],
+)
+def test_a_chunk_with_content_or_a_finish_reason_is_never_removed(choice: dict[str, Any]) -> None:
+    req: LLMRequest = openai_chat.parse_request({"model": "m", "messages": MESSAGES, "stream": True})
+    acc = openai_chat.StreamAccumulator(req)
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    kept = sse({"id": "c", "choices": [choice], "usage": usage})
+    dropped = sse({"id": "c", "choices": [{"index": 0, "delta": {}}], "usage": usage})
+    assert acc.feed(kept + dropped + b"data: [DONE]\n\n") == kept + b"data: [DONE]\n\n"
+    assert acc.finish(True).usage == Usage(1, 2, 3)
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+def test_the_filter_relays_oversized_events_byte_for_byte(
+    monkeypatch: pytest.MonkeyPatch, eol: bytes
+) -> None:
+    """Every split, every line ending: all bytes but the usage chunk's reach the client, in order."""
+    monkeypatch.setattr(openai_chat, "MAX_EVENT_BYTES", 160)
+    req = openai_chat.parse_request({"model": "m", "messages": MESSAGES, "stream": True})
+
+    def event(data: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(data) + eol + eol
+
+    usage = {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+    head = event({"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}}]})
+    big = event({"id": "c", "choices": [{"index": 0, "delta": {"content": "z" * 400}}]})
+    usage_chunk = event({"id": "c", "choices": [{"index": 0, "delta": {}}], "usage": usage})
+    done = b"data: [DONE]" + eol + eol
+    stream = head + big + usage_chunk + done
+    for size in (1, 5, 33, 70):
+        for offset in range(0, size, 2):
+            acc = openai_chat.StreamAccumulator(req)
+            cuts = [0, *range(offset, len(stream), size), len(stream)]
+            out = b"".join(acc.feed(stream[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)) + acc.flush()
+            assert out == head + big + done, (size, offset)
+            result = acc.finish(True)
+            assert result.complete and result.usage == Usage(4, 5, 9), (size, offset)
+            assert result.text == "Hi" + TRUNCATED_MARKER, (size, offset)
