@@ -1,11 +1,25 @@
-"""The trace recorder: AgentDbg events and run bookkeeping, written off the event loop.
+"""The trace recorder: AgentDbg events and run bookkeeping, written off the request path.
 
 `record()` is sync and O(1) for the caller's purposes: it sanitises the payload, builds the envelope,
-updates the run's counts in memory and queues one encoded line. One background writer task takes
-everything pending per run and writes it in a worker thread (`asyncio.to_thread`): the lines appended
-in one write, then run.json and tripwire.json rewritten atomically (at most one pending rewrite per
-run, so a burst of events costs one rewrite). A full or read-only disk never raises into the request
-path: failures are logged (rate-limited), counted and reported by `health()`, and traffic goes on.
+updates the run's counts in memory and queues one encoded line. One background writer task makes
+passes: each pass takes everything pending in every run and appends each run's new lines with one
+`write()`. The appends happen on the event loop itself: a page-cache write takes microseconds, where
+a worker thread under load waits milliseconds for the GIL on every system call (measured: with 300
+busy sessions the thread fell seconds behind). Only the fsyncs go to a worker thread. run.json and
+tripwire.json are rewritten atomically at most once per run per `meta_interval_s` while the run is
+live (at once when it starts and ends, and on `flush()`), so a burst of events costs one rewrite.
+
+Durability: an event is in the OS page cache (safe from a kill -9 of the proxy) once the writer pass
+that took it completes: passes run back to back while there is work, so under load a kill -9 loses
+only what was answered during the last pass or two (measured in docs/trace-format.md). The writer's
+progress (passes, last sequence number written) is in this process's owner lock file (proxy/runlock.py).
+
+Disk trouble never raises into the request path and never leaves a partial or blank line: a failed
+append is cut back to the last good size. Out of space (ENOSPC, EDQUOT) keeps the run's lines in
+memory, in order, and retries them every `RETRY_S` (and on flush) until space is back; any other error
+drops the failed lines but keeps RUN_START and RUN_END, so a run on disk always starts with RUN_START.
+run.json's counts are always those of the events on disk. Failures are logged (rate-limited), counted
+and reported by `health()`; traffic goes on.
 
 fsync policy (SPEC §4.1), `fsync=`:
 - "never": data reaches the OS page cache within milliseconds; it survives a proxy crash or kill,
@@ -15,11 +29,16 @@ fsync policy (SPEC §4.1), `fsync=`:
   durable. No fsync per event, so the hot path pays nothing.
 - "always": fsync every batch (group commit: one fsync per file per writer pass, not per event).
   Durable within milliseconds at the cost of disk latency under load.
+
+Ownership (SPEC §2): a started recorder holds `<data_dir>/owners/<owner_id>.lock` and records its
+owner in each run's tripwire.json; recovery closes only runs whose owner is gone (proxy/runlock.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import heapq
 import json
 import logging
 import os
@@ -30,14 +49,14 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
-from proxy import storage
+from proxy import runlock, storage
 from proxy.constants import (
     COUNT_FOR_EVENT,
     DEFAULT_MAX_FIELD_BYTES,
@@ -73,6 +92,15 @@ STRUCTURE_KEYS = frozenset(
 _ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent end_run
 _LOG_EVERY_S = 10.0  # write-error log rate limit
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
+
+META_INTERVAL_S = 0.5  # a live run's run.json / tripwire.json are rewritten at most this often ...
+META_REWRITES_PER_S = 100.0  # ... and, with many live runs, at most this many runs' per second in all
+RETRY_S = 1.0  # a run whose writes failed is retried this often (and at every flush)
+RECOVER_INTERVAL_S = 5.0  # how often a started recorder looks for owners gone from the data dir
+_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # space comes back: keep the lines, retry
+_YIELD_EVERY = 512  # runs written per slice of a pass before other tasks get the loop
+_META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the rest wait for the next)
+_END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
 
 def _strip(obj: Any) -> Any:
@@ -130,6 +158,39 @@ def tool_names_only(text: str) -> str:
     return head if head and " " not in head else "(content not recorded)"
 
 
+class _Line(NamedTuple):
+    """One queued event: its encoded line (None for RUN_END, encoded when written) and what it counts."""
+
+    data: bytes | None
+    event_type: str
+    key: str | None  # run.json counts key, if the event counts
+    ts: float
+    ts_iso: str
+    size: int
+
+
+@dataclass
+class _Disk:
+    """What a run's files hold: run.json is written from this, never from what is only queued."""
+
+    counts: dict[str, int] = field(default_factory=default_counts)
+    last_ts: float = 0.0
+    last_event_ts: str | None = None
+    started: bool = False  # RUN_START is in events.jsonl
+    ended: bool = False  # RUN_END is in events.jsonl
+    size: int | None = None  # events.jsonl's size after the last good append (None: not known yet)
+
+    def add(self, line: _Line) -> None:
+        if line.key:
+            self.counts[line.key] += 1
+        if line.ts >= self.last_ts or self.last_event_ts is None:
+            self.last_ts, self.last_event_ts = line.ts, line.ts_iso
+        if line.event_type == EventType.RUN_START:
+            self.started = True
+        elif line.event_type == EventType.RUN_END:
+            self.ended = True
+
+
 @dataclass
 class _Run:
     """One open run, in memory. Only the event-loop thread touches it."""
@@ -138,7 +199,7 @@ class _Run:
     dir: Path
     run_name: str | None
     started: float
-    counts: dict[str, int] = field(default_factory=default_counts)
+    counts: dict[str, int] = field(default_factory=default_counts)  # every event accepted
     last_event_ts: str | None = None
     last_ts: float = 0.0
     status: str = STATUS_RUNNING
@@ -149,24 +210,36 @@ class _Run:
     total_tokens: int = 0
     tags: set[str] = field(default_factory=set)
     fields: dict[str, Any] = field(default_factory=dict)  # tripwire.json fields set by the caller
-    lines: list[bytes] = field(default_factory=list)
+    pending: list[_Line] = field(default_factory=list)  # queued, not yet on disk, in order
+    end_event: dict[str, Any] | None = None  # RUN_END, encoded when written (summary = what is on disk)
+    disk: _Disk = field(default_factory=_Disk)
     run_json_dirty: bool = True
     tripwire_dirty: bool = True
     dir_made: bool = False
-    needs_newline: bool = False  # a failed append may have left a torn line: start the next on a new one
+    torn: bool = False  # a failed append may have left bytes past disk.size: cut them before the next
+    tripwire_written: bool = False
+    run_json_written: bool = False
+    meta_due: float = 0.0  # monotonic time before which a live run's metadata rewrite waits
+    failing: bool = False  # its last write failed: retried at retry_at, or on flush
+    retry_at: float = 0.0
+    wait_due: float | None = None  # its entry in the writer's waiting heap
 
 
 @dataclass
 class _Job:
-    """What the worker thread writes for one run in one pass (built on the loop thread)."""
+    """What one run's writes are in one pass (built on the loop thread, written on it or in a thread)."""
 
     run_id: str
     dir: Path
     make_dir: bool
-    lines: list[bytes]
-    newline_first: bool
+    lines: list[_Line]
+    data: list[bytes]  # the lines encoded
+    after: _Disk  # the run's disk state once the lines are appended
+    size: int | None
+    torn: bool
     run_json: dict[str, Any] | None
     tripwire: dict[str, Any] | None
+    tripwire_first: bool  # run.json only once tripwire.json (its owner) is on disk
     fsync: bool
 
 
@@ -174,46 +247,73 @@ class _Job:
 class _JobResult:
     run_id: str
     dir_made: bool
-    lines_ok: bool | None  # None: there were no lines to write
-    lost: int  # events whose append failed
-    errors: list[str]
+    size: int | None
+    torn: bool
+    lines_ok: bool | None = None  # None: there were no lines to write
+    tripwire_ok: bool | None = None  # None: not written in this job
+    run_json_ok: bool | None = None
+    errno: int | None = None  # of the lines' failure
+    errors: list[str] = field(default_factory=list)
+
+    def fail(self, what: str, e: BaseException) -> None:
+        self.errors.append(f"{what}: {e!r}")
 
 
 def _write_job(job: _Job) -> _JobResult:
-    """Worker thread: one run's pending writes. Never raises; failures come back as strings."""
-    errors: list[str] = []
-    dir_made = not job.make_dir
+    """One run's pending writes. Never raises; failures come back in the result.
+
+    events.jsonl first (cut back to its last good size when an append fails, so no partial or blank
+    line is ever left), then tripwire.json, then run.json, whose counts describe the lines just written:
+    so when the lines fail, neither is written.
+    """
+    res = _JobResult(job.run_id, dir_made=not job.make_dir, size=job.size, torn=job.torn)
     if job.make_dir:
         try:
             job.dir.mkdir(parents=True, exist_ok=True)
-            dir_made = True
+            res.dir_made = True
         except Exception as e:  # any failure is reported, never raised
-            lost = f" ({len(job.lines)} events lost)" if job.lines else ""
-            return _JobResult(
-                job.run_id,
-                False,
-                False if job.lines else None,
-                len(job.lines),
-                [f"mkdir {job.dir}{lost}: {e!r}"],
-            )
-    lines_ok: bool | None = None
+            res.fail(f"mkdir {job.dir}", e)
+            if job.lines:
+                res.lines_ok = False
+                res.errno = getattr(e, "errno", None)
+            return res
     if job.lines:
-        data = [b"\n", *job.lines] if job.newline_first else job.lines
+        path = job.dir / EVENTS_JSONL
         try:
-            storage.append_lines(job.dir / EVENTS_JSONL, data, fsync=job.fsync)
-            lines_ok = True
+            if res.size is None:
+                res.size = storage.file_size(path)
+            if res.torn:
+                storage.truncate_file(path, res.size)
+                res.torn = False
+            storage.append_lines(path, job.data, fsync=job.fsync)
         except Exception as e:
-            lines_ok = False
-            errors.append(f"append {job.dir / EVENTS_JSONL} ({len(job.lines)} events lost): {e!r}")
-    for name, doc in ((RUN_JSON, job.run_json), (TRIPWIRE_JSON, job.tripwire)):
-        if doc is None:
-            continue
+            res.lines_ok = False
+            res.errno = getattr(e, "errno", None)
+            res.fail(f"append {path} ({len(job.lines)} events)", e)
+            if res.size is not None:
+                try:
+                    storage.truncate_file(path, res.size)  # no partial line stays behind
+                    res.torn = False
+                except Exception:
+                    res.torn = True  # cut before the next append
+            return res
+        res.lines_ok = True
+        res.size += sum(len(d) for d in job.data)
+    if job.tripwire is not None:
         try:
-            storage.write_json_atomic(job.dir / name, doc, fsync=job.fsync)
+            storage.write_json_atomic(job.dir / TRIPWIRE_JSON, job.tripwire, fsync=job.fsync)
+            res.tripwire_ok = True
         except Exception as e:
-            errors.append(f"write {job.dir / name}: {e!r}")
-    lost = len(job.lines) if lines_ok is False else 0
-    return _JobResult(job.run_id, dir_made, lines_ok, lost, errors)
+            res.tripwire_ok = False
+            res.fail(f"write {job.dir / TRIPWIRE_JSON}", e)
+    if job.run_json is not None and not (job.tripwire_first and not res.tripwire_ok):
+        try:
+            storage.write_json_atomic(job.dir / RUN_JSON, job.run_json, fsync=job.fsync)
+            res.run_json_ok = True
+        except Exception as e:
+            res.run_json_ok = False
+            res.fail(f"write {job.dir / RUN_JSON}", e)
+    return res
 
 
 def _write_jobs(jobs: list[_Job]) -> list[_JobResult]:
@@ -240,6 +340,9 @@ class TraceRecorder:
         fsync: FsyncPolicy = "run_end",
         clock: Callable[[], float] = time.time,
         max_pending_events: int = 200_000,
+        max_pending_bytes: int = 64 * 2**20,
+        meta_interval_s: float = META_INTERVAL_S,
+        recover_interval_s: float | None = RECOVER_INTERVAL_S,
     ) -> None:
         if fsync not in _FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {_FSYNC_POLICIES}, not {fsync!r}")
@@ -249,67 +352,95 @@ class TraceRecorder:
         self.fsync = fsync
         self.clock = clock
         self.max_pending_events = max_pending_events
+        self.max_pending_bytes = max_pending_bytes
+        self.meta_interval_s = meta_interval_s
+        self.recover_interval_s = recover_interval_s
+        self.owner = runlock.OwnerLock(self.data_dir)
         self._runs: dict[str, _Run] = {}
         self._ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._dirty: dict[str, None] = {}  # run ids with pending writes, in first-dirtied order
+        self._dirty: dict[str, None] = {}  # run ids with writes to do now, in first-dirtied order
+        self._waiting: list[tuple[float, str]] = []  # (when, run id): deferred metadata, retries
+        self._failing: set[str] = set()  # run ids whose last write failed
         self._pending_events = 0
+        self._pending_bytes = 0
         self._seq = 0  # bumped by every change queued
-        self._done_seq = 0  # every change up to this one is written (or has failed and been counted)
+        self._done_seq = 0  # every event queued up to this one is written (or failed and counted)
+        self._synced_seq = 0  # ... and so is every run.json / tripwire.json change (flush waits on this)
+        self._force = False  # the next pass writes deferred metadata and retries failing runs now
+        self._passes = 0
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._lock = asyncio.Lock()  # one writer pass at a time keeps lines in order
         self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._closed = False
         self.write_errors = 0
         self.dropped_events = 0
         self.last_error: str | None = None
         self.last_error_ts: float | None = None
-        self._last_pass_failed = False
         self._last_logged = float("-inf")
         self._unlogged = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the background writer task (idempotent)."""
+        """Take the owner lock and start the background writer task (idempotent)."""
+        self.owner.acquire()
+        loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._closing = self._closed = False
-            self._task = asyncio.get_running_loop().create_task(self._writer(), name="tripwire-trace-writer")
+            self._task = loop.create_task(self._writer(), name="tripwire-trace-writer")
+        if self.recover_interval_s and (self._watch is None or self._watch.done()):
+            self._watch = loop.create_task(self._watch_owners(), name="tripwire-owner-watch")
 
     async def close(self, *, end_open_runs: bool = True) -> None:
         """Write everything queued and stop the writer. Nothing recorded before close() is lost.
 
         Runs still open are ended first (status "ok", reason "shutdown") unless `end_open_runs=False`,
         in which case they stay "running" on disk and the next start closes them as interrupted.
+        Writes still failing after a last attempt are dropped (counted). The owner lock is released.
         """
         if end_open_runs:
             self.end_open_runs(status=STATUS_OK, reason=REASON_SHUTDOWN)
         self._closing = True
         self._wake.set()
-        if self._task is not None:
+        for attr in ("_watch", "_task"):
+            task = getattr(self, attr)
+            if task is None:
+                continue
+            if attr == "_watch":
+                task.cancel()
             try:
-                await self._task
+                await task
+            except asyncio.CancelledError:
+                pass
             except Exception:
-                logger.exception("trace writer task failed")
-            self._task = None
-        await self._drain()  # anything queued after the writer's last pass, or with no writer at all
+                logger.exception("trace %s task failed", attr.strip("_"))
+            setattr(self, attr, None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # anything queued after the writer's last pass, or with no writer at all; a last try for failures
+        await self._drain(force=True, final=True)
+        self.owner.release()
         self._closed = True
 
     async def flush(self) -> None:
-        """Return once everything queued so far is on disk (or its write has failed and been counted)."""
+        """Return once everything queued so far is on disk, run.json and tripwire.json included
+        (or its write has failed and been counted)."""
         target = self._seq
-        if self._done_seq >= target:
+        if self._synced_seq >= target:
             return
         if self._task is None or self._task.done():
-            while self._done_seq < target:
-                await self._drain()
+            while self._synced_seq < target:
+                await self._drain(force=True)
             return
+        self._force = True
         self._wake.set()
         async with self._progress:
-            await self._progress.wait_for(lambda: self._done_seq >= target)
-
-    # --- runs --------------------------------------------------------------------------------
+            await self._progress.wait_for(lambda: self._synced_seq >= target)
 
     def start_run(
         self,
@@ -350,6 +481,8 @@ class TraceRecorder:
             run.fields.update(clean_extra)  # tripwire.json fields, guard_config among them
         else:
             run.fields["guard_config"] = clean_extra
+        if self.owner.held:
+            run.fields["owner"] = self.owner.info()  # recovery elsewhere leaves the run alone while we live
         self._runs[run_id] = run
         payload = {
             "run_name": run_name,
@@ -448,8 +581,10 @@ class TraceRecorder:
         """
         run = self._runs.pop(run_id, None)
         if run is not None:
-            self._pending_events -= len(run.lines)
+            self._unqueue(run.pending)
+            run.pending = []
             self._dirty.pop(run_id, None)
+            self._failing.discard(run_id)
 
     async def discard_run(self, run_id: str) -> None:
         """forget_run, then wait out any writer pass in flight: afterwards nothing writes to the run's
@@ -462,6 +597,8 @@ class TraceRecorder:
     def end_run(self, run_id: str, *, status: str, reason: str, ts: float | None = None) -> str | None:
         """Close a run: RUN_END with its summary; run.json gets status, ended_at, duration_ms.
 
+        The summary's counts are those of the run's events on disk when RUN_END is written (the same
+        as run.json's), so they differ from the calls seen only when some events could not be written.
         Idempotent: ending a run that is not open does nothing and returns None.
         """
         if status not in (STATUS_OK, STATUS_ERROR):
@@ -497,49 +634,90 @@ class TraceRecorder:
         return dict(self._ended.get(run_id, {}))
 
     def health(self) -> dict[str, Any]:
-        """Trace-store health for /healthz and metrics: queue depth, write errors, last error."""
+        """Trace-store health for /healthz and metrics: queue depth, write errors, writer progress."""
         return {
-            "ok": not self._last_pass_failed,
+            "ok": not self._failing,
             "queue_depth": self._pending_events,
+            "queue_bytes": self._pending_bytes,
             "pending_runs": len(self._dirty),
+            "failing_runs": len(self._failing),
             "open_runs": sum(1 for r in self._runs.values() if r.status == STATUS_RUNNING),
             "write_errors": self.write_errors,
             "dropped_events": self.dropped_events,
             "last_error": self.last_error,
             "last_error_at": None if self.last_error_ts is None else storage.iso_ms(self.last_error_ts),
             "writer_running": self._task is not None and not self._task.done(),
+            "writer_passes": self._passes,
+            "written_seq": self._done_seq,
             "fsync": self.fsync,
+            "owner": self.owner.id if self.owner.held else None,
         }
 
-    # --- start-up recovery -------------------------------------------------------------------
+    # --- recovery: runs left "running" by a process that is gone -------------------------------
 
     def recover_interrupted(self) -> list[str]:
-        """At start-up: close runs a previous process left "running" as error / "interrupted".
+        """At start-up: close runs left "running" by processes that are gone, as error / "interrupted".
 
-        Sync (call before serving). A torn last line in events.jsonl is cut off first. The run is
-        taken to have ended at its last readable event. Returns the ids closed.
+        Sync (call before serving). Takes this recorder's owner lock first. A run whose tripwire.json
+        names an owner is closed only when that owner's lock is free (its process is gone); a run with
+        no owner (written before owners existed, or by a recorder that never started) is closed too.
+        Runs of live owners, another serve or intercept on the same data dir, are left alone.
+        A torn last line in events.jsonl is cut off first. The run is taken to have ended at its last
+        readable event. Returns the ids closed.
         """
+        self.owner.acquire()
+        return self._recover(None)
+
+    def recover_dead_owners(self) -> list[str]:
+        """Close the runs of owners whose lock file is still there but free (they died while running).
+
+        Cheap when no one died (one directory listing and a lock try per owner): a started recorder
+        calls it every `recover_interval_s`, in a worker thread, so a neighbour killed with -9 does not
+        leave its runs "running" until the next start.
+        """
+        dead = runlock.dead_owners(self.data_dir, exclude=self.owner.id)
+        return self._recover(set(dead)) if dead else []
+
+    def _recover(self, only: set[str] | None) -> list[str]:
         closed: list[str] = []
         base = storage.runs_base(self.data_dir)
-        try:
-            entries = sorted(base.iterdir())
-        except OSError:
-            return closed
-        for entry in entries:
-            rid = entry.name
-            if not storage.is_valid_run_id(rid) or rid in self._runs or not entry.is_dir():
-                continue
+        with runlock.recovery_lock(self.data_dir):
             try:
-                if self._recover_one(entry, rid):
+                entries = sorted(base.iterdir())
+            except OSError:
+                entries = []
+            alive: dict[str, bool] = dict.fromkeys(only or (), False)
+            for entry in entries:
+                rid = entry.name
+                if not storage.is_valid_run_id(rid) or rid in self._runs or not entry.is_dir():
+                    continue
+                try:
+                    meta = storage.read_json(entry / RUN_JSON)
+                    if meta is None or meta.get("status") != STATUS_RUNNING:
+                        continue
+                    tw = storage.read_json(entry / TRIPWIRE_JSON) or {}
+                    owner = runlock.owner_of(tw)
+                    if only is not None and owner not in only:
+                        continue
+                    if owner is not None:
+                        if owner == self.owner.id:
+                            continue
+                        if owner not in alive:
+                            alive[owner] = runlock.owner_alive(self.data_dir, owner)
+                        if alive[owner]:
+                            continue
+                    self._close_interrupted(entry, rid, meta, tw)
                     closed.append(rid)
-            except Exception:
-                logger.exception("could not recover interrupted run %s", rid)
+                except Exception:
+                    logger.exception("could not recover interrupted run %s", rid)
+            gone = {o for o, live in alive.items() if not live}
+            if only is None:
+                gone.update(runlock.dead_owners(self.data_dir, exclude=self.owner.id))
+            for owner in gone:
+                runlock.forget_owner(self.data_dir, owner)
         return closed
 
-    def _recover_one(self, d: Path, run_id: str) -> bool:
-        meta = storage.read_json(d / RUN_JSON)
-        if meta is None or meta.get("status") != STATUS_RUNNING:
-            return False
+    def _close_interrupted(self, d: Path, run_id: str, meta: dict[str, Any], tw: dict[str, Any]) -> None:
         fsync = self.fsync != "never"
         events_path = d / EVENTS_JSONL
         _repair_tail(events_path)
@@ -552,7 +730,6 @@ class TraceRecorder:
         started = storage.parse_iso(meta.get("started_at")) or self.clock()
         times = [t for t in (storage.parse_iso(ev.get("ts")) for ev in events) if t is not None]
         last = max([started, *times])
-        tw = storage.read_json(d / TRIPWIRE_JSON) or {}
         run_end = next((ev for ev in reversed(events) if ev.get("event_type") == EventType.RUN_END), None)
         if run_end is not None:
             # Died between appending RUN_END and rewriting run.json: the run did end, as RUN_END says.
@@ -589,9 +766,20 @@ class TraceRecorder:
         tw["end_reason"] = reason
         storage.write_json_atomic(d / TRIPWIRE_JSON, tw, fsync=fsync)
         logger.warning(
-            "run %s was left running by a previous process: closed as %s (%s)", run_id, status, reason
+            "run %s was left running by a process that is gone: closed as %s (%s)", run_id, status, reason
         )
-        return True
+
+    async def _watch_owners(self) -> None:
+        assert self.recover_interval_s
+        while True:
+            await asyncio.sleep(self.recover_interval_s)
+            try:
+                closed = await asyncio.to_thread(self.recover_dead_owners)
+            except Exception:
+                logger.exception("looking for runs of owners that are gone failed")
+                continue
+            if closed:
+                logger.warning("closed %d run(s) of a Tripwire process that died as interrupted", len(closed))
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -648,9 +836,6 @@ class TraceRecorder:
             meta=meta,
             ts=now,
         )
-        key = COUNT_FOR_EVENT.get(event_type)
-        if key:
-            run.counts[key] += 1
         if event_type == EventType.LLM_CALL and isinstance(payload, dict):
             usage = payload.get("usage")
             if isinstance(usage, dict):
@@ -661,16 +846,36 @@ class TraceRecorder:
             run.last_ts = now
             run.last_event_ts = event["ts"]
         bookend = event_type in (EventType.RUN_START, EventType.RUN_END)
-        if self._pending_events >= self.max_pending_events and not bookend:
-            # The writer cannot keep up (stuck disk): drop rather than grow without bound or block.
-            # RUN_START / RUN_END are always kept, so run.json and the events agree on how a run ended.
+        full = (
+            self._pending_events >= self.max_pending_events or self._pending_bytes >= self.max_pending_bytes
+        )
+        if full and not bookend:
+            # The writer cannot keep up (stuck or full disk): drop rather than grow without bound or
+            # block. RUN_START / RUN_END are always kept, so run.json and the events agree on how a run
+            # ended; a dropped event is not counted, so run.json's counts stay those of the events.
             self.dropped_events += 1
-            self._note_error(f"write queue full ({self.max_pending_events} events): event dropped")
+            self._note_error(
+                f"write queue full ({self._pending_events} events, {self._pending_bytes} bytes): event dropped"
+            )
         else:
-            run.lines.append(_encode(event))
+            key = COUNT_FOR_EVENT.get(event_type)
+            if key:
+                run.counts[key] += 1
+            if event_type == EventType.RUN_END:
+                run.end_event = event  # encoded when written: its summary counts the events on disk
+                line = _Line(None, event_type, key, now, event["ts"], _END_SIZE)
+            else:
+                data = _encode(event)
+                line = _Line(data, event_type, key, now, event["ts"], len(data))
+            run.pending.append(line)
             self._pending_events += 1
+            self._pending_bytes += line.size
         self._touch(run, run_json=True)
         return event["event_id"]
+
+    def _unqueue(self, lines: list[_Line]) -> None:
+        self._pending_events -= len(lines)
+        self._pending_bytes -= sum(line.size for line in lines)
 
     def _ts(self, ts: float | None) -> float:
         """The event time: the caller's wall-clock epoch seconds, else the clock."""
@@ -699,8 +904,11 @@ class TraceRecorder:
             }
         )
 
-    def _run_json(self, run: _Run) -> dict[str, Any]:
-        ended = run.ended is not None and run.status != STATUS_RUNNING
+    def _run_json(self, run: _Run, disk: _Disk | None = None) -> dict[str, Any]:
+        """run.json as the files are (or will be once the job's lines are appended): counts, last
+        event and end from the events on disk, never from events only queued."""
+        disk = disk or run.disk
+        ended = disk.ended and run.ended is not None and run.status != STATUS_RUNNING
         return {
             "spec_version": SPEC_VERSION,
             "run_id": run.run_id,
@@ -710,9 +918,9 @@ class TraceRecorder:
             "duration_ms": max(0, int((run.ended - run.started) * 1000))
             if ended and run.ended is not None
             else None,
-            "status": run.status,
-            "counts": dict(run.counts),
-            "last_event_ts": run.last_event_ts,
+            "status": run.status if ended else STATUS_RUNNING,
+            "counts": dict(disk.counts),
+            "last_event_ts": disk.last_event_ts,
         }
 
     def _tripwire_json(self, run: _Run) -> dict[str, Any]:
@@ -727,60 +935,220 @@ class TraceRecorder:
             "health_tags": sorted(run.tags),
         }
 
-    def _job(self, run: _Run) -> _Job:
+    def _encode_end(self, run: _Run, counts: dict[str, int]) -> bytes:
+        """RUN_END's line, its summary counting the events written before it."""
+        event = run.end_event or {}
+        payload = dict(event.get("payload") or {})
+        payload["summary"] = _summary_order({**(payload.get("summary") or {}), **counts})
+        return _encode({**event, "payload": payload})
+
+    # --- the writer --------------------------------------------------------------------------
+
+    def _job(self, run: _Run, now: float, force: bool, meta_ok: bool = True) -> _Job | None:
+        """Take a run's writes due in this pass; None when nothing is (the run then waits, see _settle).
+
+        `meta_ok` False: this pass's budget of metadata rewrites is spent; the run's waits for the next.
+        """
+        if run.failing and now < run.retry_at and not force:
+            return None
+        lines, run.pending = run.pending, []
+        disk = run.disk
+        data: list[bytes] = []
+        after = replace(disk, counts=dict(disk.counts))
+        for line in lines:
+            data.append(line.data if line.data is not None else self._encode_end(run, after.counts))
+            after.add(line)
         ending = run.status != STATUS_RUNNING
-        job = _Job(
+        run_json = tripwire = None
+        if run.run_json_dirty or run.tripwire_dirty or lines:
+            due = force or ending or not run.run_json_written or now >= run.meta_due
+            if due and meta_ok and after.started:  # no run.json before RUN_START is on disk
+                if run.tripwire_dirty or not run.tripwire_written:
+                    tripwire = self._tripwire_json(run)
+                run_json = self._run_json(run, after)
+                run.run_json_dirty = run.tripwire_dirty = False
+                # Renames are not free (ext4: ~0.2 ms when replacing a file): with many live runs each
+                # one's metadata waits longer, so the rewrites stay ~META_REWRITES_PER_S in all.
+                run.meta_due = now + max(self.meta_interval_s, len(self._runs) / META_REWRITES_PER_S)
+            else:
+                run.run_json_dirty = True
+                if due and after.started:
+                    run.meta_due = now  # due, but over this pass's budget: the next pass takes it
+        if not lines and run_json is None and tripwire is None:
+            return None
+        return _Job(
             run_id=run.run_id,
             dir=run.dir,
             make_dir=not run.dir_made,
-            lines=run.lines,
-            newline_first=run.needs_newline,
-            run_json=self._run_json(run) if run.run_json_dirty else None,
-            tripwire=self._tripwire_json(run) if run.tripwire_dirty else None,
+            lines=lines,
+            data=data,
+            after=after,
+            size=disk.size,
+            torn=run.torn,
+            run_json=run_json,
+            tripwire=tripwire,
+            tripwire_first=not run.tripwire_written,
             fsync=self.fsync == "always" or (self.fsync == "run_end" and (ending or self._closing)),
         )
-        self._pending_events -= len(run.lines)
-        run.lines = []
-        run.run_json_dirty = run.tripwire_dirty = False
-        return job
 
-    async def _drain(self) -> None:
-        """One writer pass: snapshot every dirty run on the loop, write them all in a worker thread."""
+    def _apply(self, job: _Job, res: _JobResult, now: float, final: bool) -> None:
+        """Back on the loop: what the job's writes did to the run's state."""
+        run = self._runs.get(job.run_id)
+        if run is None:  # forgotten while its writes were in flight
+            self._unqueue(job.lines)
+            return
+        run.dir_made = run.dir_made or res.dir_made
+        run.torn = res.torn
+        dropped = 0
+        if res.lines_ok is not False:
+            if job.lines:
+                run.disk = job.after
+                self._unqueue(job.lines)
+                if job.run_json is None:
+                    run.run_json_dirty = True  # counts changed: rewrite when due
+            run.disk.size = res.size
+        else:
+            run.disk.size = res.size
+            if res.errno in _SPACE_ERRNOS and not final:
+                keep = job.lines  # out of space: keep them all, in order, and retry
+            elif final:
+                keep = []
+            else:  # a refusal that waiting will not cure: drop, but a run on disk starts with RUN_START
+                keep = [
+                    line
+                    for line in job.lines
+                    if line.event_type == EventType.RUN_END
+                    or (line.event_type == EventType.RUN_START and not run.disk.started)
+                ]
+            dropped = len(job.lines) - len(keep)
+            if dropped:
+                self._unqueue([line for line in job.lines if line not in keep])
+                self.dropped_events += dropped
+            run.pending[:0] = keep
+            run.run_json_dirty |= job.run_json is not None
+            run.tripwire_dirty |= job.tripwire is not None
+        if res.tripwire_ok:
+            run.tripwire_written = True
+        elif job.tripwire is not None:
+            run.tripwire_dirty = True
+        if res.run_json_ok:
+            run.run_json_written = True
+        elif job.run_json is not None:
+            run.run_json_dirty = True
+        if res.errors:
+            if not run.failing or dropped:
+                what = f"{dropped} events dropped" if dropped else "kept and retried"
+                if final and not dropped:
+                    what = "given up at close"
+                self._note_error(f"{'; '.join(res.errors)} ({what})")
+            run.failing = True
+            run.retry_at = now + RETRY_S
+            self._failing.add(run.run_id)
+        elif run.failing:
+            run.failing = False
+            self._failing.discard(run.run_id)
+
+    def _settle(self, run: _Run, final: bool) -> None:
+        """After a run's turn in a pass: stay for the next pass (new lines), wait (deferred metadata, a
+        retry), or leave the writer's sets; an ended, fully written run leaves memory."""
+        self._dirty.pop(run.run_id, None)
+        if final:
+            if run.pending:
+                self._unqueue(run.pending)
+                self.dropped_events += len(run.pending)
+                run.pending = []
+            if run.status != STATUS_RUNNING:
+                self._retire(run)
+            return
+        meta = run.run_json_dirty or run.tripwire_dirty
+        if run.failing and (run.pending or meta):
+            self._wait(run, run.retry_at)
+        elif run.pending:
+            self._dirty[run.run_id] = None  # queued while its writes were in a worker thread
+        elif meta:
+            self._wait(run, run.meta_due)
+        elif run.status != STATUS_RUNNING and run.disk.ended:
+            self._retire(run)
+
+    def _wait(self, run: _Run, due: float) -> None:
+        if run.wait_due is None or due < run.wait_due:
+            run.wait_due = due
+            heapq.heappush(self._waiting, (due, run.run_id))
+
+    async def _drain(self, *, force: bool = False, final: bool = False) -> None:
+        """One writer pass: every run with writes to do, each run's new lines in one append.
+
+        Appends and rewrites happen here, on the loop, a slice of runs at a time; writes that fsync go
+        to a worker thread. A live run's run.json / tripwire.json wait their turn unless `force`;
+        `final` (close) gives up on writes that still fail, counting what is lost.
+        """
         async with self._lock:
             target = self._seq
+            force = force or final or self._force
+            self._force = False
+            now = time.monotonic()
+            while self._waiting and (force or self._waiting[0][0] <= now):
+                due, rid = heapq.heappop(self._waiting)
+                run = self._runs.get(rid)
+                if run is not None and run.wait_due == due:
+                    run.wait_due = None
+                    self._dirty[rid] = None
+            threaded: list[_Job] = []
+            budget = _META_PER_PASS  # rewrites are slow (a rename each): a pass stays short, lines first
             try:
-                jobs = [self._job(self._runs[rid]) for rid in self._dirty if rid in self._runs]
-                self._dirty.clear()
-                if jobs:
-                    results = await asyncio.to_thread(_write_jobs, jobs)
-                    self._apply(results)
+                for i, rid in enumerate(list(self._dirty)):
+                    run = self._runs.get(rid)
+                    if run is None:
+                        self._dirty.pop(rid, None)
+                        continue
+                    job = self._job(run, now, force, meta_ok=force or budget > 0)
+                    if job is not None and job.run_json is not None:
+                        budget -= 1
+                    if job is None:
+                        self._settle(run, final)
+                    elif job.fsync:
+                        self._dirty.pop(rid, None)
+                        threaded.append(job)
+                    else:
+                        self._apply(job, _write_job(job), now, final)
+                        self._settle(run, final)
+                    if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                        await asyncio.sleep(0)  # a pass over thousands of runs lets requests through
+                if threaded:
+                    results = await asyncio.to_thread(_write_jobs, threaded)
+                    for job, res in zip(threaded, results, strict=True):
+                        self._apply(job, res, now, final)
+                        run = self._runs.get(job.run_id)
+                        if run is not None:
+                            self._settle(run, final)
             except Exception as e:  # never let a bug here stop the writer: count it and go on
                 logger.exception("trace writer pass failed")
                 self._note_error(f"writer pass failed: {e!r}")
             finally:
                 self._done_seq = max(self._done_seq, target)
+                if force or not self._waiting:
+                    self._synced_seq = max(self._synced_seq, target)
+                self._passes += 1
+                self.owner.progress(self._passes, self._done_seq)
+            self._schedule()
         async with self._progress:
             self._progress.notify_all()
 
-    def _apply(self, results: list[_JobResult]) -> None:
-        failed = False
-        for res in results:
-            run = self._runs.get(res.run_id)
-            self.dropped_events += res.lost
-            if run is not None:
-                run.dir_made = run.dir_made or res.dir_made
-                if res.lines_ok is not None:
-                    run.needs_newline = not res.lines_ok
-            for err in res.errors:
-                failed = True
-                self._note_error(err)
-            if run is not None and run.status != STATUS_RUNNING and res.run_id not in self._dirty:
-                self._retire(run)
-        self._last_pass_failed = failed
+    def _schedule(self) -> None:
+        """Wake the writer when the first deferred rewrite or retry is due."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._waiting and self._task is not None and not self._closing:
+            delay = max(0.0, self._waiting[0][0] - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._wake.set)
 
     def _retire(self, run: _Run) -> None:
         """An ended run whose last writes are done leaves memory; its summary is kept for a while."""
         self._runs.pop(run.run_id, None)
+        self._dirty.pop(run.run_id, None)
+        self._failing.discard(run.run_id)
+        run.wait_due = None
         self._ended[run.run_id] = self._summary(run, run.ended if run.ended is not None else run.last_ts)
         while len(self._ended) > _ENDED_MEMORY:
             self._ended.popitem(last=False)
@@ -800,13 +1168,10 @@ class TraceRecorder:
             self._unlogged += 1
 
     async def _writer(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            await asyncio.sleep(0)  # let events queued in this loop iteration join the pass
+        while not self._closing:
+            await self._wake.wait()  # set by record(): the pass runs in the next loop iteration,
+            self._wake.clear()  # with every event queued in this one
             await self._drain()
-            if self._closing and not self._dirty:
-                return
 
 
 def _summary_order(s: dict[str, Any]) -> dict[str, Any]:

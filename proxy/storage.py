@@ -1,8 +1,9 @@
 """Run directories on disk: ids, paths, atomic JSON writes, JSONL appends, and readers for the viewer.
 
 Layout (AgentDbg's, plus tripwire.json): `<data_dir>/runs/<run_id>/{run.json, events.jsonl, tripwire.json}`.
-Sync file I/O in small functions: the recorder calls the writers from a worker thread, the viewer API
-calls the readers (via `asyncio.to_thread`). A run id is validated and its resolved path checked to be
+Sync file I/O in small functions: the recorder's writer calls the writers (appends and rewrites on the
+event loop, where page-cache writes take microseconds; anything that fsyncs in a worker thread), the
+viewer API calls the readers (via `asyncio.to_thread`). A run id is validated and its resolved path checked to be
 inside the runs base before any path is built from it, so an API argument can never name another file.
 """
 
@@ -125,14 +126,39 @@ def write_json_atomic(path: Path, data: dict[str, Any], *, fsync: bool = False) 
 
 
 def append_lines(path: Path, lines: list[bytes], *, fsync: bool = False) -> None:
-    """Append already-encoded JSONL lines (each ending in b"\\n") in one write, then flush."""
+    """Append already-encoded JSONL lines (each ending in b"\\n") with one `write()` (O_APPEND).
+
+    A short write is continued; an error (ENOSPC after part of the data) raises and may leave part of
+    the data behind: the caller knows the size before and cuts it back (`truncate_file`).
+    """
     if not lines:
         return
-    with open(path, "ab") as f:
-        f.write(b"".join(lines))
-        f.flush()
+    data = memoryview(b"".join(lines))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
         if fsync:
-            os.fsync(f.fileno())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_size(path: Path) -> int:
+    """The size of a file in bytes, 0 when it does not exist."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def truncate_file(path: Path, size: int) -> None:
+    """Cut a file back to `size` bytes (a failed append's partial line); nothing when it is not longer."""
+    try:
+        if os.stat(path).st_size > size:
+            os.truncate(path, size)
+    except FileNotFoundError:
+        pass
 
 
 def encode_line(obj: dict[str, Any]) -> bytes:
