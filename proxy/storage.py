@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -169,10 +169,22 @@ def encode_line(obj: dict[str, Any]) -> bytes:
 # --- readers ---------------------------------------------------------------------------------------
 
 
+def open_no_follow(path: Path) -> BinaryIO:
+    """Open a file of a run for reading, refusing a symlink (OSError ELOOP): a link planted in a run
+    dir must not make the viewer serve a file from elsewhere (`/etc/shadow` as events.jsonl)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.fdopen(fd, "rb")
+
+
+def read_no_follow(path: Path) -> bytes:
+    with open_no_follow(path) as f:
+        return f.read()
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object file, or None when missing, unreadable or not an object."""
+    """A JSON object file, or None when missing, unreadable (a symlink too) or not an object."""
     try:
-        data = orjson.loads(path.read_bytes())
+        data = orjson.loads(read_no_follow(path))
     except FileNotFoundError:
         return None
     except (OSError, orjson.JSONDecodeError) as e:
@@ -217,8 +229,11 @@ def list_runs(data_dir: Path, limit: int | None = None) -> list[dict[str, Any]]:
 def iter_event_lines(path: Path) -> list[tuple[bytes, bool]]:
     """The non-blank lines of a JSONL file as (line, ends_with_newline); [] when the file is missing."""
     try:
-        data = path.read_bytes()
+        data = read_no_follow(path)
     except FileNotFoundError:
+        return []
+    except OSError as e:  # a symlink (ELOOP), or unreadable
+        logger.warning("cannot read %s: %s", path, e)
         return []
     lines = data.split(b"\n")
     out = [(line, True) for line in lines[:-1] if line.strip()]

@@ -809,3 +809,22 @@ async def test_replay_a_run_agentdbg_wrote(make_client: MakeClient, tmp_path: Pa
     assert body["calls"] == 3 and body["live"] == [] and body["checks"] == []
     r = await c.post(f"/api/runs/{run_id}/replay", json={"config": "current"})
     assert r.status == 200 and (await r.json())["config"] == "current"
+
+
+async def test_a_symlink_planted_in_a_run_dir_is_not_followed(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    secret = tmp_path / "outside-secret.txt"
+    secret.write_text('{"event_type": "LLM_CALL", "payload": {"stolen": "hunter2"}}\n')
+    run_id = write_run(tmp_path)
+    d = tmp_path / "runs" / run_id
+    (d / "events.jsonl").unlink()
+    (d / "events.jsonl").symlink_to(secret)
+    c = await make_client()
+    r = await c.get(f"/api/runs/{run_id}/events")
+    assert "hunter2" not in await r.text()
+    other = write_run(tmp_path)
+    (tmp_path / "runs" / other / "run.json").unlink()
+    (tmp_path / "runs" / other / "run.json").symlink_to(tmp_path / "runs" / run_id / "run.json")
+    listed = (await (await c.get("/api/runs")).json())["runs"]
+    assert other not in {x["run_id"] for x in listed}

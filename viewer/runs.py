@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from array import array
 from collections import OrderedDict
@@ -148,8 +149,10 @@ class RunReader:
         else:
             self._indexes.move_to_end(run_id)
         try:
-            st = path.stat()
+            st = path.lstat()
         except FileNotFoundError:
+            st = None
+        if st is None or stat.S_ISLNK(st.st_mode):  # a planted symlink is no run file: nothing to read
             self._indexes[run_id] = _EventIndex()
             return self._indexes[run_id], path
         if st.st_ino != idx.inode or st.st_size < idx.scanned:
@@ -161,7 +164,7 @@ class RunReader:
 
     @staticmethod
     def _extend(idx: _EventIndex, path: Path, size: int) -> None:
-        with open(path, "rb") as f:
+        with storage.open_no_follow(path) as f:
             f.seek(idx.scanned)
             chunk = f.read(size - idx.scanned)
         pos = 0
@@ -192,7 +195,7 @@ class RunReader:
                 return [], total
             start_byte = idx.offsets[offset]
             end_byte = idx.offsets[end] if end < total else idx.scanned
-        with open(path, "rb") as f:
+        with storage.open_no_follow(path) as f:
             f.seek(start_byte)
             data = f.read(end_byte - start_byte)
         events = []
