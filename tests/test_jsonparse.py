@@ -18,7 +18,7 @@ from proxy import jsonparse
 from proxy.guards import signatures, volatile
 
 hypothesis = pytest.importorskip("hypothesis")  # in the dev extra; the mcp<2 env has only [test]
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 DEEP = 10_000
@@ -49,7 +49,7 @@ json_values = st.recursive(
 
 
 @given(json_values, st.booleans(), st.sampled_from([None, 0, 2]))
-@settings(max_examples=400, deadline=None, database=None)
+@settings(max_examples=400, deadline=None, database=None, derandomize=True)
 def test_iterative_parser_equals_json_loads_on_serialised_values(
     value: Any, ascii_only: bool, indent: Any
 ) -> None:
@@ -73,7 +73,7 @@ NEAR_JSON = '{}[]",:0123456789.eE+- \t\n\r\\/ubfnrtx\x00\x1fNaIyltsé٣\ud83d\ud
 
 
 @given(st.text(alphabet=NEAR_JSON, max_size=40))
-@settings(max_examples=1500, deadline=None, database=None)
+@settings(max_examples=1500, deadline=None, database=None, derandomize=True)
 def test_iterative_parser_equals_json_loads_on_near_json_text(text: str) -> None:
     assert outcome(jsonparse.loads_iterative, text) == outcome(json.loads, text)
     doc = text.encode("utf-8", "surrogatepass")
@@ -89,14 +89,14 @@ def assert_orjson_accepts_less(doc: bytes) -> None:
 
 
 @given(st.binary(max_size=40))
-@settings(max_examples=800, deadline=None, database=None)
+@settings(max_examples=800, deadline=None, database=None, derandomize=True)
 def test_iterative_parser_equals_json_loads_on_bytes(doc: bytes) -> None:
     assert outcome(jsonparse.loads_iterative, doc) == outcome(json.loads, doc)
     assert_orjson_accepts_less(doc)
 
 
 @given(st.lists(st.sampled_from(["list", "dict"]), min_size=1, max_size=700), json_values, st.booleans())
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
 def test_nested_documents_within_the_stdlib_limit_equal_json_loads(
     kinds: list[str], leaf: Any, broken: bool
 ) -> None:
@@ -109,7 +109,7 @@ def test_nested_documents_within_the_stdlib_limit_equal_json_loads(
 
 
 @given(json_values, st.sampled_from(["utf-16", "utf-16-le", "utf-32", "utf-32-be", "utf-8-sig"]))
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
 def test_other_encodings_as_json_loads(value: Any, encoding: str) -> None:
     doc = json.dumps(value).encode(encoding)  # ASCII text: every encoding can carry it
     assert outcome(jsonparse.loads_iterative, doc) == outcome(json.loads, doc)
@@ -117,7 +117,7 @@ def test_other_encodings_as_json_loads(value: Any, encoding: str) -> None:
 
 
 @given(json_values, st.booleans())
-@settings(max_examples=400, deadline=None, database=None)
+@settings(max_examples=400, deadline=None, database=None, derandomize=True)
 def test_dumps_text_equals_json_dumps(value: Any, sort_keys: bool) -> None:
     text = jsonparse.dumps_text(value, sort_keys=sort_keys)
     raw = text.encode("utf-8")  # never a lone surrogate in the output
@@ -313,7 +313,10 @@ values = st.recursive(
 
 
 @given(values, st.booleans())
-@settings(max_examples=500, deadline=None, database=None)
+@example(
+    {"content": [-10000, False]}, False
+)  # a wrapper's list text is cut and stripped twice, as recursion did
+@settings(max_examples=500, deadline=None, database=None, derandomize=True)
 def test_iterative_canonical_and_stable_values_equal_the_recursive_ones(value: Any, fold: bool) -> None:
     assert repr(signatures.canonical_value(value)) == repr(old_canonical_value(value))
     expected = old_stable_value(value, fold_case=fold)

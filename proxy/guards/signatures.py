@@ -182,20 +182,24 @@ def content_text(content: Any, limit: int = 500) -> str:
     `content`, else its `message`, else its canonical JSON. Evaluated with an explicit stack.
     """
     done: list[str] = []  # texts of finished nodes, in order
-    # (node, None) to visit a node; (None, n) to join the last n texts into one list's text
-    work: list[tuple[Any, int | None]] = [(content, None)]
+    # (node, None, _) to visit a node; (None, n, wrapped) to join the last n texts into one list's
+    # text (a wrapper dict around the list cuts and strips that text once more, as recursion did)
+    work: list[tuple[Any, int | None, bool]] = [(content, None, False)]
     while work:
-        node, join = work.pop()
+        node, join, wrapped = work.pop()
         if join is not None:
             parts = done[len(done) - join :] if join else []
             del done[len(done) - join :]
-            done.append("\n".join(p for p in parts if p).strip()[:limit])
+            text = "\n".join(p for p in parts if p).strip()[:limit]
+            done.append(text.strip()[:limit] if wrapped else text)
             continue
+        wrapper = False
         while isinstance(node, dict) and not isinstance(node.get("text"), str) and "content" in node:
             node = node["content"]  # a wrapper's text is its content's text
+            wrapper = True
         if isinstance(node, list):
-            work.append((None, len(node)))
-            work.extend((part, None) for part in reversed(node))
+            work.append((None, len(node), wrapper))
+            work.extend((part, None, False) for part in reversed(node))
             continue
         if isinstance(node, str):
             text = node
@@ -210,5 +214,6 @@ def content_text(content: Any, limit: int = 500) -> str:
             text = ""
         else:
             text = canonical_args(node)
-        done.append(text.strip()[:limit])
+        text = text.strip()[:limit]
+        done.append(text.strip()[:limit] if wrapper else text)
     return done[-1]
