@@ -19,7 +19,7 @@ from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage
+from proxy.llm import LLMParseStage, shaped
 from proxy.mcp import jsonrpc
 from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
@@ -27,6 +27,7 @@ from proxy.recovery import MaxTokensRecoveryStage
 from proxy.routing import Route, RouteError, resolve
 from proxy.settings import Settings, split_host_port
 from proxy.stages import ForwardStage, RecordStage, SessionStage
+from proxy.websocket import handle_websocket, is_websocket_upgrade
 
 log = logging.getLogger("tripwire")
 
@@ -68,6 +69,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         return web.Response(status=route.status, body=orjson.dumps(body), content_type="application/json")
     if engine.draining:
         return (await draining_answer(request, route)).to_response()
+    if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
+        return await handle_websocket(request, route, request.app[PIPELINES]["llm"])
     streaming_handler = engine_stream_handler(engine, route, request)
     if streaming_handler is not None:
         return await streaming_handler(request, route)
@@ -99,7 +102,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
     if ex.response is not None:
         return ex.response
     if ex.answer is not None:
-        return ex.answer.to_response()
+        return shaped(ex, ex.answer).to_response()  # Tripwire's own errors in the agent's protocol
     return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
 
 

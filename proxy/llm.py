@@ -82,7 +82,9 @@ class LLMProtocol:
         return Answer(self.dialect.BLOCKED_STATUS, body, content_type, {"X-Tripwire-Guard": decision.guard})
 
     def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer:
-        return refusal_429(decision, valid_unicode(text), self.engine.settings.expose_guard_details)
+        return refusal_429(
+            decision, valid_unicode(text), self.engine.settings.expose_guard_details, self.dialect
+        )
 
     def reservation_estimate(self, ex: Exchange) -> float:
         """USD to reserve against budgets before forwarding: prompt estimate + max_tokens."""
@@ -109,8 +111,37 @@ class LLMProtocol:
         record_llm_call(ex, engine)
 
 
-def refusal_429(decision: Decision, text: str, expose_details: bool) -> Answer:
-    """TERMINATE / budget / limits / open circuit for an LLM call (SPEC §5.5)."""
+def is_anthropic(dialect: Any) -> bool:
+    return getattr(dialect, "DIALECT", None) == "anthropic"
+
+
+# Anthropic's error type per HTTP status (its SDK picks the exception class by status; the body's
+# `type` is what a client shows)
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(dialect: Any, status: int, error: dict[str, Any]) -> bytes:
+    """An error in the protocol the agent speaks (SPEC §5.5): OpenAI's `{"error": {...}}`, or for the
+    Anthropic Messages dialect `{"type": "error", "error": {"type": ..., "message": ..., ...}}` with
+    Tripwire's fields inside `error`, so each SDK parses it as its own."""
+    if is_anthropic(dialect):
+        fields = {k: v for k, v in error.items() if k != "type"}
+        kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+        return orjson.dumps({"type": "error", "error": {"type": kind, **fields}})
+    return orjson.dumps({"error": error})
+
+
+def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: Any = None) -> Answer:
+    """TERMINATE / budget / limits / open circuit for an LLM call (SPEC §5.5), in the dialect's shape."""
     error: dict[str, Any] = {
         "message": text,
         "type": "tripwire_guard",
@@ -125,7 +156,22 @@ def refusal_429(decision: Decision, text: str, expose_details: bool) -> Answer:
         headers["Retry-After"] = str(max(1, int(decision.retry_after + 0.999)))
         # an open circuit is worth retrying later: the SDK honours Retry-After
         headers.pop("x-should-retry")
-    return Answer(429, orjson.dumps({"error": error}), "application/json", headers)
+    return Answer(429, error_body(dialect, 429, error), "application/json", headers)
+
+
+def shaped(ex: Exchange, answer: Answer) -> Answer:
+    """Tripwire's own OpenAI-style error answer (502, 504, 503, ...) in the shape of the call's dialect."""
+    dialect = getattr(ex.protocol, "dialect", None)
+    if answer.status < 400 or not is_anthropic(dialect):
+        return answer
+    try:
+        error = orjson.loads(answer.body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return answer
+    if not isinstance(error, dict):
+        return answer
+    answer.body = error_body(dialect, answer.status, error)
+    return answer
 
 
 def read_body(raw: bytes) -> tuple[Any, bool]:
@@ -144,12 +190,10 @@ def read_body(raw: bytes) -> tuple[Any, bool]:
 
 def bad_request(dialect: ModuleType, message: str) -> Answer:
     """A 400 in the protocol's own error shape, so each SDK raises its own BadRequestError."""
-    error: dict[str, Any]
-    if getattr(dialect, "DIALECT", None) == "anthropic":
-        error = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
-    else:
-        error = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
-    return Answer(400, orjson.dumps(error), "application/json", {"x-should-retry": "false"})
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    if is_anthropic(dialect):
+        error = {"message": message}
+    return Answer(400, error_body(dialect, 400, error), "application/json", {"x-should-retry": "false"})
 
 
 def fallback_request(dialect: ModuleType, body: dict[str, Any]) -> LLMRequest:
@@ -200,6 +244,7 @@ class LLMParseStage(BaseStage):
             call = fallback_request(dialect, body)
         ex.protocol = LLMProtocol(dialect, self.engine)
         ex.call = call
+        ex.extra["request_json"] = body  # the session stage reads the client's episode id in it
         rewritten = dialect.upstream_body(call, body)
         if rewritten is not None:
             # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth

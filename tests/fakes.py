@@ -302,6 +302,9 @@ class FakeUpstream:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = await self._seen(request)
         reply = self.next_reply()
+        if reply.status >= 400:
+            error = {"type": "error", "error": {"type": "api_error", "message": f"fake error {reply.status}"}}
+            return web.json_response(error, status=reply.status)
         model = reply.model or body.get("model", "claude-sonnet-4-5")
         content: list[dict[str, Any]] = []
         if reply.text:
