@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 
 
@@ -46,6 +46,9 @@ class Reply:
     bulk_chunk_chars: int = 0
     # chat streams: then one content delta of this many "y" in a single SSE line, written 1 MiB at a time
     long_line_chars: int = 0
+    # Responses WebSocket: after this many events, send nothing more until `resume` is set
+    pause_after_events: int | None = None
+    resume: asyncio.Event | None = None
 
 
 @dataclass
@@ -69,7 +72,16 @@ class FakeUpstream:
         r.add_post("/v1/messages", self.messages)
         r.add_post("/v1/embeddings", self.embeddings)
         r.add_get("/v1/models", self.models)
+        # the Responses API over WebSocket (a plain GET is echoed as before)
+        r.add_get("/v1/responses", self.responses_ws)
         r.add_route("*", "/{tail:.*}", self.echo)
+        # WebSockets: handshakes, client messages and the close codes the fake received
+        self.ws_handshakes: list[Seen] = []
+        self.ws_messages: list[Any] = []
+        self.ws_closes: list[tuple[int | None, str | None]] = []
+        self.ws_refuse_status: int | None = None  # answer upgrades with this status instead
+        self.ws_protocols: tuple[str, ...] = ()  # subprotocols the fake accepts
+        self.ws_response_headers: dict[str, str] = {}  # extra headers of the 101
 
     def next_reply(self) -> Reply:
         return self.replies.pop(0) if self.replies else self.default
@@ -225,6 +237,19 @@ class FakeUpstream:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._seen(request)
         reply = self.next_reply()
+        response, events = self._responses_answer(body, reply, f"resp_fake{len(self.seen)}")
+        if not body.get("stream"):
+            return self._json(response, reply)
+        frames = []
+        for n, (kind, data) in enumerate(events):
+            data = {"type": kind, "sequence_number": n, **data}
+            frames.append(f"event: {kind}\ndata: {json.dumps(data)}\n\n")
+        return await self._sse(request, frames, reply)
+
+    def _responses_answer(
+        self, body: dict[str, Any], reply: Reply, response_id: str
+    ) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+        """A Responses answer: the response object, and the events of its stream (SSE or WebSocket)."""
         model = reply.model or body.get("model", "gpt-4o")
         output: list[dict[str, Any]] = []
         if reply.text:
@@ -249,7 +274,7 @@ class FakeUpstream:
                 }
             )
         response = {
-            "id": f"resp_fake{len(self.seen)}",
+            "id": response_id,
             "object": "response",
             "created_at": 1700000000,
             "status": "completed",
@@ -266,14 +291,10 @@ class FakeUpstream:
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
             },
         }
-        if not body.get("stream"):
-            return self._json(response, reply)
-        seq = iter(range(1000))
-        frames = []
+        events: list[tuple[str, dict[str, Any]]] = []
 
         def ev(kind: str, data: dict[str, Any]) -> None:
-            data = {"type": kind, "sequence_number": next(seq), **data}
-            frames.append(f"event: {kind}\ndata: {json.dumps(data)}\n\n")
+            events.append((kind, data))
 
         ev(
             "response.created",
@@ -295,7 +316,85 @@ class FakeUpstream:
                     )
             ev("response.output_item.done", {"output_index": i, "item": item})
         ev("response.completed", {"response": response})
-        return await self._sse(request, frames, reply)
+        return response, events
+
+    async def responses_ws(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API over WebSocket: each `response.create` answered with the events of
+        the SSE stream, one JSON text message each (echoing its `stream_id`); a `generate: false`
+        warm-up gets an empty completed response; a Reply with status >= 400 an `error` event."""
+        ws = await self._ws_accept(request)
+        if not isinstance(ws, web.WebSocketResponse):
+            return ws
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            data = json.loads(msg.data)
+            self.ws_messages.append(data)
+            if not isinstance(data, dict) or data.get("type") != "response.create":
+                continue
+            lane = {"stream_id": data["stream_id"]} if "stream_id" in data else {}
+            rid = f"resp_ws{len(self.ws_messages)}"
+            if data.get("generate") is False:
+                reply = Reply(prompt_tokens=0, completion_tokens=0)
+                response, events = self._responses_answer(data, reply, rid)
+                events = [e for e in events if e[0] in ("response.created", "response.completed")]
+            else:
+                reply = self.next_reply()
+                if reply.status >= 400:
+                    error = {
+                        "type": "invalid_request_error",
+                        "code": "fake_error",
+                        "message": "boom",
+                        "param": None,
+                    }
+                    await ws.send_str(
+                        json.dumps({"type": "error", "status": reply.status, "error": error, **lane})
+                    )
+                    continue
+                response, events = self._responses_answer(data, reply, rid)
+            for n, (kind, event) in enumerate(events):
+                if reply.pause_after_events is not None and n == reply.pause_after_events:
+                    assert reply.resume is not None
+                    await reply.resume.wait()
+                await ws.send_str(json.dumps({"type": kind, "sequence_number": n, **event, **lane}))
+        self.ws_closes.append((ws.close_code, None))
+        return ws
+
+    async def _ws_accept(self, request: web.Request) -> web.StreamResponse:
+        """The upgrade of a WebSocket handshake (a plain request: the echo; refused when asked)."""
+        ws = web.WebSocketResponse(protocols=self.ws_protocols)
+        if not ws.can_prepare(request).ok:
+            return await self.echo(request)
+        self.ws_handshakes.append(
+            Seen(request.method, request.path, request.query_string, CIMultiDict(request.headers), None)
+        )
+        if self.ws_refuse_status is not None:
+            return web.json_response(
+                {"error": {"message": "no websockets here", "type": "invalid_request_error"}},
+                status=self.ws_refuse_status,
+                headers={"X-Upstream-Refusal": "1"},
+            )
+        ws.headers.update(self.ws_response_headers)
+        await ws.prepare(request)
+        return ws
+
+    async def echo_ws(self, request: web.Request) -> web.StreamResponse:
+        """Any other WebSocket: text and binary messages echoed; text `close:CODE` closes with CODE."""
+        ws = await self._ws_accept(request)
+        if not isinstance(ws, web.WebSocketResponse):
+            return ws
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                self.ws_messages.append(msg.data)
+                if msg.data.startswith("close:"):
+                    await ws.close(code=int(msg.data[6:]), message=b"asked to")
+                    break
+                await ws.send_str("echo:" + msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                self.ws_messages.append(msg.data)
+                await ws.send_bytes(msg.data[::-1])
+        self.ws_closes.append((ws.close_code, None))
+        return ws
 
     # ---- Anthropic Messages ----------------------------------------------------------------------
 
@@ -398,7 +497,9 @@ class FakeUpstream:
             }
         )
 
-    async def echo(self, request: web.Request) -> web.Response:
+    async def echo(self, request: web.Request) -> web.StreamResponse:
+        if web.WebSocketResponse().can_prepare(request).ok:
+            return await self.echo_ws(request)
         body = await self._seen(request)
         return web.json_response(
             {"method": request.method, "path": request.path, "query": request.query_string, "body": body},
