@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.forward import Forwarder
 from proxy.guard_events import guard_error, loop_warning
@@ -179,29 +180,41 @@ class Engine:
         return self.guard_store.effective(agent)[0]
 
     def open_session(
-        self, agent: str, explicit_id: str | None, *, wall: float | None = None
+        self,
+        agent: str,
+        explicit_id: str | None,
+        *,
+        wall: float | None = None,
+        episode: Episode | None = None,
     ) -> Session | Refused:
-        """`wall`: when the call arrived, so RUN_START is not later than the first call's own event."""
+        """The call's session (SPEC §3): the explicit one, else the automatic one of its episode
+        (`episode`: what the request says about it, proxy/episodes.py; None: a call with no
+        conversation, which joins the agent's most recent automatic run).
+        `wall`: when the call arrived, so RUN_START is not later than the first call's own event."""
         now = time.monotonic()
-        expired = self.sessions.expire(agent, explicit_id, now)
+        expired = self.sessions.expire(agent, explicit_id, now, episode)
         if expired is not None:
             self.end_session(expired, status="ok", reason="idle_timeout")
-        opened = self.sessions.lookup(agent, explicit_id, now=now, wall=wall or time.time())
+        opened = self.sessions.lookup(agent, explicit_id, now=now, wall=wall or time.time(), episode=episode)
         if isinstance(opened, Refused):
             return opened
         session, created = opened
         if created:
             config, is_override = self.guard_store.effective(agent)
+            fields: dict[str, Any] = {
+                "guard_config": config.model_dump(mode="json"),
+                "guard_config_source": "agent" if is_override else "project",
+            }
+            if session.lineage.announced is not None:
+                # the client's own episode id, so a run can be matched to e.g. a Codex session file
+                fields["episode"] = {"id": session.lineage.announced, "source": session.lineage.source}
             self.recorder.start_run(
                 run_id=session.run_id,
                 run_name=f"{agent} {session.session_id}",
                 agent_name=agent,
                 session_id=session.session_id,
                 argv=self.argv,
-                extra={
-                    "guard_config": config.model_dump(mode="json"),
-                    "guard_config_source": "agent" if is_override else "project",
-                },
+                extra=fields,
                 ts=session.started_wall,
             )
             self.metrics.set_live_sessions(len(self.sessions.live()))

@@ -1,17 +1,36 @@
 """Agent sessions: which run a call belongs to, and when a run ends (SPEC §3).
 
 Pure bookkeeping with the clock passed in; the engine does the I/O (RUN_START, RUN_END).
-A session is one AgentDbg run. Explicit sessions are named by the agent (header or path);
-otherwise each agent has one automatic session that ends after `idle_timeout` without traffic.
+A session is one AgentDbg run. Explicit sessions are named by the agent (header or path).
+Otherwise a call belongs to an automatic session, one per episode of the agent (several can be
+live at once), found from what the request says about its episode (proxy/episodes.py):
+
+1. an announced episode id decides alone: the run that has that id, else a new run;
+2. else lineage: the run that produced the `previous_response_id` it names, or the run that saw
+   the longest prefix of its conversation; else the agent's latest run if that has seen no
+   conversation yet (only MCP calls so far); else a new run;
+3. a call with no conversation (MCP, embeddings) joins the agent's most recently used automatic
+   run, else a new run.
+
+Every automatic run ends after `idle_timeout` without traffic. A terminated one keeps answering
+its own episode with a refusal until it has been quiet for a full idle timeout (refused retries
+restart that clock); a new episode of the agent is served in a new run meanwhile.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.episodes import NO_CONVERSATION, Episode
+
 SessionKey = tuple[str, str | None]  # (agent, explicit session id or None for automatic)
+
+# lineage memory per automatic run, newest kept (a conversation continues one of its recent states)
+MAX_HISTORIES_PER_RUN = 256
+MAX_RESPONSES_PER_RUN = 1024
 
 
 @dataclass
@@ -47,6 +66,20 @@ class Conversation:
 
 
 @dataclass
+class Lineage:
+    """What an automatic run remembers to recognise the requests that continue it (bounded)."""
+
+    announced: str | None = None  # the episode id its client announced, if any
+    source: str | None = None
+    histories: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # whole-history digests
+    responses: OrderedDict[str, None] = field(default_factory=OrderedDict)  # Responses ids it produced
+
+    def is_empty(self) -> bool:
+        """No conversation seen yet (only calls with none, e.g. MCP tool calls)."""
+        return self.announced is None and not self.histories and not self.responses
+
+
+@dataclass
 class Session:
     agent: str
     session_id: str
@@ -60,6 +93,7 @@ class Session:
     terminated: bool = False
     ended: bool = False
     inflight: int = 0
+    lineage: Lineage = field(default_factory=Lineage)
 
     @property
     def key(self) -> SessionKey:
@@ -78,30 +112,74 @@ class SessionManager:
     def __init__(self, *, idle_timeout_s: float, terminated_ttl_s: float) -> None:
         self.idle_timeout_s = idle_timeout_s
         self.terminated_ttl_s = terminated_ttl_s
-        self._live: dict[SessionKey, Session] = {}
+        self._explicit: dict[SessionKey, Session] = {}
         self._terminated_explicit: dict[SessionKey, float] = {}  # key -> refuse until (monotonic)
-        self._by_run: dict[str, Session] = {}
+        self._by_run: dict[str, Session] = {}  # every session still tracked, by run id
+        # automatic sessions: per agent, most recently used last; and the lineage indexes
+        self._recent: dict[str, OrderedDict[str, Session]] = {}
+        self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
+        self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
+        self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
+
+    # --- finding the run of a call -----------------------------------------------------------
+
+    def match(self, agent: str, explicit_id: str | None, episode: Episode | None = None) -> Session | None:
+        """The tracked session this call belongs to (live, idle or terminated), or None: a new run."""
+        if explicit_id is not None:
+            return self._explicit.get((agent, explicit_id))
+        episode = episode or NO_CONVERSATION
+        if episode.announced is not None:
+            return self._by_episode.get((agent, episode.announced))
+        if episode.has_lineage:
+            if episode.previous_response_id is not None:
+                parent = self._by_response.get(episode.previous_response_id)
+                if parent is not None and parent.agent == agent:
+                    return parent
+            for digest in reversed(episode.history):  # the longest prefix seen wins
+                found = self._by_history.get((agent, digest))
+                if found is not None:
+                    return found
+            # a new conversation; the agent's latest run may have had only calls with no
+            # conversation (MCP tool calls before the first LLM call): it is this episode's
+            latest = self._latest(agent)
+            if latest is not None and not latest.terminated and latest.lineage.is_empty():
+                return latest
+            return None
+        return self._latest(agent)
+
+    def _latest(self, agent: str) -> Session | None:
+        """The agent's most recently used automatic session."""
+        recent = self._recent.get(agent)
+        return next(reversed(recent.values())) if recent else None
 
     def lookup(
-        self, agent: str, explicit_id: str | None, *, now: float, wall: float
+        self,
+        agent: str,
+        explicit_id: str | None,
+        *,
+        now: float,
+        wall: float,
+        episode: Episode | None = None,
     ) -> tuple[Session, bool] | Refused:
         """The live session for this call, starting one if needed: (session, created)."""
         key: SessionKey = (agent, explicit_id)
         until = self._terminated_explicit.get(key)
         if until is not None:
             if now < until:
-                return Refused(self._live.get(key), "session terminated")
+                return Refused(self._explicit.get(key), "session terminated")
             del self._terminated_explicit[key]
-        current = self._live.get(key)
+        episode = episode or NO_CONVERSATION
+        current = self.match(agent, explicit_id, episode)
         if current is not None:
             # a call still in flight (a long stream) keeps its session alive
             idle = current.inflight == 0 and now - current.last_seen >= self.idle_timeout_s
             if current.terminated and not idle:
-                # Retrying a terminated automatic session keeps it refused: the idle clock restarts.
+                # Retrying a terminated session's episode keeps it refused: the idle clock restarts.
                 current.last_seen = now
                 return Refused(current, "session terminated")
             if not idle and not current.ended:
                 current.last_seen = now
+                self._attach(current, episode)
                 return current, False
             self._forget(current)
         session = Session(
@@ -113,14 +191,58 @@ class SessionManager:
             started_mono=now,
             last_seen=now,
         )
-        self._live[key] = session
         self._by_run[session.run_id] = session
+        if session.explicit:
+            self._explicit[key] = session
+        else:
+            if episode.announced is not None:
+                session.lineage.announced = episode.announced
+                session.lineage.source = episode.source
+                self._by_episode[(agent, episode.announced)] = session
+            self._attach(session, episode)
         return session, True
 
-    def expire(self, agent: str, explicit_id: str | None, now: float) -> Session | None:
-        """The session at this key if it has gone idle (and is not terminated): the engine ends its
-        run before `lookup` starts the next one, so no run is left `running` between sweeps."""
-        current = self._live.get((agent, explicit_id))
+    def _attach(self, session: Session, episode: Episode) -> None:
+        """An automatic session took a call: it is the agent's most recent, and remembers the
+        call's whole history so the calls that continue the conversation find it."""
+        if session.explicit:
+            return
+        recent = self._recent.setdefault(session.agent, OrderedDict())
+        recent[session.run_id] = session
+        recent.move_to_end(session.run_id)
+        if not episode.history:
+            return
+        own = session.lineage.histories
+        own[episode.history[-1]] = None
+        own.move_to_end(episode.history[-1])
+        self._by_history[(session.agent, episode.history[-1])] = session
+        while len(own) > MAX_HISTORIES_PER_RUN:
+            old, _ = own.popitem(last=False)
+            if self._by_history.get((session.agent, old)) is session:
+                del self._by_history[(session.agent, old)]
+
+    def note_response(self, session: Session, response_id: str) -> None:
+        """A Responses id this automatic session produced (a real answer or a blocked one): a
+        request naming it as `previous_response_id` continues this session."""
+        if session.explicit or self._by_run.get(session.run_id) is not session:
+            return  # explicit sessions are named on every call; a forgotten one continues nothing
+        own = session.lineage.responses
+        own[response_id] = None
+        own.move_to_end(response_id)
+        self._by_response[response_id] = session
+        while len(own) > MAX_RESPONSES_PER_RUN:
+            old, _ = own.popitem(last=False)
+            if self._by_response.get(old) is session:
+                del self._by_response[old]
+
+    # --- ending ------------------------------------------------------------------------------
+
+    def expire(
+        self, agent: str, explicit_id: str | None, now: float, episode: Episode | None = None
+    ) -> Session | None:
+        """The session this call would join if it has gone idle (and is not terminated): the engine
+        ends its run before `lookup` starts the next one, so no run is left `running` between sweeps."""
+        current = self.match(agent, explicit_id, episode)
         if (
             current is None
             or current.terminated
@@ -134,7 +256,7 @@ class SessionManager:
     def idle_sessions(self, now: float) -> list[Session]:
         """Sessions past their idle timeout with nothing in flight: the engine ends their runs."""
         out = []
-        for s in list(self._live.values()):
+        for s in list(self._by_run.values()):
             if s.inflight == 0 and now - s.last_seen >= self.idle_timeout_s:
                 self._forget(s)
                 if not s.ended:
@@ -153,9 +275,30 @@ class SessionManager:
         return self._by_run.get(run_id)
 
     def live(self) -> list[Session]:
-        return [s for s in self._live.values() if not s.ended]
+        return [s for s in self._by_run.values() if not s.ended]
 
     def _forget(self, session: Session) -> None:
-        if self._live.get(session.key) is session:
-            del self._live[session.key]
-        self._by_run.pop(session.run_id, None)
+        if self._by_run.get(session.run_id) is not session:
+            return
+        del self._by_run[session.run_id]
+        if session.explicit:
+            if self._explicit.get(session.key) is session:
+                del self._explicit[session.key]
+            return
+        recent = self._recent.get(session.agent)
+        if recent is not None:
+            recent.pop(session.run_id, None)
+            if not recent:
+                del self._recent[session.agent]
+        lineage = session.lineage
+        if (
+            lineage.announced is not None
+            and self._by_episode.get((session.agent, lineage.announced)) is session
+        ):
+            del self._by_episode[(session.agent, lineage.announced)]
+        for digest in lineage.histories:
+            if self._by_history.get((session.agent, digest)) is session:
+                del self._by_history[(session.agent, digest)]
+        for response_id in lineage.responses:
+            if self._by_response.get(response_id) is session:
+                del self._by_response[response_id]

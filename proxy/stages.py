@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from proxy import episodes
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.guards.decision import Action, Decision
 from proxy.pipeline import BaseStage
+from proxy.responses_chain import synthetic_id_of
 from proxy.routing import join_upstream
 from proxy.sessions import Refused
 
@@ -20,7 +22,9 @@ class SessionStage(BaseStage):
     """Attach the call to its session (one AgentDbg run), starting the run on its first call.
 
     Only calls Tripwire records (a protocol adapter parsed them) open a session: listing models
-    does not start an empty run. A terminated session refuses every later call.
+    does not start an empty run. Without an explicit session, the call's episode picks the
+    automatic run (SPEC §3, proxy/episodes.py, docs/sessions.md). A terminated session refuses
+    every later call of its episode.
     """
 
     name = "session"
@@ -31,7 +35,15 @@ class SessionStage(BaseStage):
     async def request(self, ex: Exchange) -> None:
         if ex.protocol is None:
             return
-        opened = self.engine.open_session(ex.route.agent, ex.route.session, wall=ex.started_wall)
+        episode = None
+        if ex.route.session is None:  # an explicit session wins over anything the client announces
+            if ex.protocol.kind == "llm":
+                episode = episodes.for_llm(ex.request.headers, ex.extra.get("request_json"), ex.call)
+            else:
+                episode = episodes.for_mcp(ex.request.headers)
+        opened = self.engine.open_session(
+            ex.route.agent, ex.route.session, wall=ex.started_wall, episode=episode
+        )
         if isinstance(opened, Refused):
             decision = Decision(
                 Action.TERMINATE,
@@ -45,9 +57,19 @@ class SessionStage(BaseStage):
         opened.inflight += 1
 
     async def finish(self, ex: Exchange) -> None:
-        if ex.session is not None:
-            ex.session.inflight -= 1
-            ex.session.last_seen = time.monotonic()
+        session = ex.session
+        if session is None:
+            return
+        session.inflight -= 1
+        session.last_seen = time.monotonic()
+        if getattr(ex.call, "dialect", None) == "openai_responses" and not session.explicit:
+            # a later request naming this answer as previous_response_id continues this run
+            result = ex.result
+            response_id = getattr(result, "response_id", None)
+            if ex.answer is not None and not ex.forwarded:
+                response_id = synthetic_id_of(ex.answer.body)  # a blocked answer's own id
+            if response_id:
+                self.engine.sessions.note_response(session, response_id)
 
 
 # characters a stream observer keeps beyond max_field_bytes (see ForwardStage.request)

@@ -36,9 +36,10 @@ async def test_client_hang_up_is_recorded_and_never_trips_the_breaker(
             async with http.post(tw.url + "/v1/chat/completions", json=body) as r:
                 await r.content.readany()  # take the first chunk, then hang up
         await asyncio.sleep(0.1)
-    # four hang-ups: the circuit (2 failures) must still be closed
+    # four hang-ups: the circuit (2 failures) must still be closed. The same conversation again,
+    # so the same automatic run (a new conversation would be a new episode, a new run: SPEC §3)
     resp = await client(tw.url + "/v1").chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": "y"}]
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
     )
     assert resp.choices[0].message.content
     await tw.flush()

@@ -204,8 +204,9 @@ async def test_read_only_runs_dir_reported_while_traffic_goes_on(
             and "Operation not permitted" in health["trace_store"]["last_error"]
         )
         assert health["trace_store"]["write_errors"] >= 1
-        # writable again: the run is written from here on
-        await llm.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "y"}])
+        # writable again: the run is written from here on (the same conversation, so the same
+        # automatic run: a new one would be a new episode, SPEC §3)
+        await llm.chat.completions.create(**ask)
         await tw.flush()
         async with s.get("/healthz") as r:
             assert (await r.json())["status"] == "ok"

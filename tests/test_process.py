@@ -85,11 +85,15 @@ async def test_startup_lines_and_sigkill_recovery(tmp_path: Path, fake_upstream)
     try:
         assert f"OPENAI_BASE_URL={base}/v1" in banner and "viewer: http://127.0.0.1:" in banner
         c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
-        # two calls: a third identical LLM_CALL would add AgentDbg's cycle LOOP_WARNING
+        # two calls of one conversation (one episode, one run: SPEC §3); a third identical
+        # LLM_CALL would add AgentDbg's cycle LOOP_WARNING
+        messages: list = [{"role": "user", "content": "m0"}]
         for i in range(2):
-            await c.chat.completions.create(
-                model="gpt-4o-mini", messages=[{"role": "user", "content": f"m{i}"}]
-            )
+            answer = await c.chat.completions.create(model="gpt-4o-mini", messages=messages)
+            messages += [
+                {"role": "assistant", "content": answer.choices[0].message.content},
+                {"role": "user", "content": f"m{i + 1}"},
+            ]
         runs = data / "runs"
         await wait_for(lambda: runs.exists() and any(runs.iterdir()))
         (run_dir,) = list(runs.iterdir())

@@ -115,7 +115,13 @@ async def test_sync_client_and_responses_api(start_tripwire: StartTripwire, fake
     chat_text, resp_text = await asyncio.to_thread(run_sync)
     assert (chat_text, resp_text) == ("sync hi", "resp hi")
     await tw.flush()
-    llm = [e for e in tw.events() if e["event_type"] == "LLM_CALL"]
+    # two unrelated conversations: two episodes, so two automatic runs (SPEC §3, Session)
+    runs = tw.run_ids()
+    assert len(runs) == 2
+    llm = sorted(
+        (e for run in runs for e in tw.events(run) if e["event_type"] == "LLM_CALL"),
+        key=lambda e: e["payload"]["endpoint"] == "openai_responses",
+    )
     assert len(llm) == 2
     assert llm[1]["payload"]["usage"] == {"prompt_tokens": 40, "completion_tokens": 10, "total_tokens": 50}
     assert llm[1]["payload"]["response"]["text"] == "resp hi"

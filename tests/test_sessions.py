@@ -1,4 +1,5 @@
-from proxy.sessions import Refused, SessionManager
+from proxy.episodes import Episode, history_digests
+from proxy.sessions import MAX_HISTORIES_PER_RUN, Refused, SessionManager
 
 
 def mgr() -> SessionManager:
@@ -78,3 +79,143 @@ def test_expire_hands_over_an_idle_session_once() -> None:
     assert m.expire("a", None, now=302) is None
     fresh, created = m.lookup("a", None, now=302, wall=0)
     assert created and fresh is not s
+
+
+# --- automatic sessions: one per episode (SPEC §3 "Session") ---------------------------------
+
+
+def said(episode_id: str) -> Episode:
+    return Episode(announced=episode_id, source="test")
+
+
+def chat(*messages: str) -> Episode:
+    return Episode(history=history_digests([{"role": "user", "content": m} for m in messages]))
+
+
+def test_an_announced_episode_id_alone_decides_the_run() -> None:
+    m = mgr()
+    a, created = m.lookup("a", None, now=0, wall=0, episode=said("e1"))
+    assert created and a.lineage.announced == "e1"
+    b, created = m.lookup("a", None, now=1, wall=0, episode=said("e2"))
+    assert created and b is not a
+    # same id: same run, whatever the request's history (a sub-agent, a compacted history)
+    again, created = m.lookup("a", None, now=2, wall=0, episode=said("e1"))
+    assert again is a and not created
+    # the same id under another agent is another agent's episode
+    other, created = m.lookup("b", None, now=3, wall=0, episode=said("e1"))
+    assert created and other is not a
+    assert len(m.live()) == 3
+
+
+def test_lineage_a_conversation_that_continues_joins_its_run_and_a_new_one_starts_a_run() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task A"))
+    b, created = m.lookup("a", None, now=1, wall=0, episode=chat("task B"))
+    assert created and b is not a
+    # A goes on (its history extends A's first request), interleaved with B going on
+    a2, created = m.lookup("a", None, now=2, wall=0, episode=chat("task A", "answer", "more A"))
+    assert a2 is a and not created
+    b2, created = m.lookup("a", None, now=3, wall=0, episode=chat("task B", "answer", "more B"))
+    assert b2 is b and not created
+    a3, _ = m.lookup("a", None, now=4, wall=0, episode=chat("task A", "answer", "more A", "x", "y"))
+    assert a3 is a
+    # a retry of the same history is the same conversation
+    assert m.lookup("a", None, now=5, wall=0, episode=chat("task B"))[0] is b
+
+
+def test_lineage_by_previous_response_id() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("first"))
+    m.note_response(a, "resp_1")
+    cont, created = m.lookup(
+        "a",
+        None,
+        now=1,
+        wall=0,
+        episode=Episode(history=history_digests(["tool output"]), previous_response_id="resp_1"),
+    )
+    assert cont is a and not created
+    # another agent naming the id does not join another agent's run
+    other, created = m.lookup("b", None, now=2, wall=0, episode=Episode(previous_response_id="resp_1"))
+    assert created and other is not a
+    unknown, created = m.lookup("a", None, now=3, wall=0, episode=Episode(previous_response_id="resp_x"))
+    assert created and unknown is not a
+
+
+def test_a_call_with_no_conversation_joins_the_agents_most_recently_used_run() -> None:
+    m = mgr()
+    # none yet: it starts one (an agent whose only traffic is MCP has a run too)
+    first, created = m.lookup("a", None, now=0, wall=0)
+    assert created
+    a, _ = m.lookup("a", None, now=1, wall=0, episode=said("e1"))
+    assert a is not first  # an announced episode is never joined by id-less traffic's run
+    b, _ = m.lookup("a", None, now=2, wall=0, episode=said("e2"))
+    assert m.lookup("a", None, now=3, wall=0)[0] is b
+    m.lookup("a", None, now=4, wall=0, episode=said("e1"))
+    assert m.lookup("a", None, now=5, wall=0)[0] is a
+
+
+def test_a_terminated_episode_refuses_its_own_calls_while_a_new_episode_is_served() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task A"))
+    m.terminate(a, now=10)
+    assert isinstance(m.lookup("a", None, now=11, wall=0, episode=chat("task A", "ans", "again")), Refused)
+    assert isinstance(m.lookup("a", None, now=12, wall=0, episode=chat("task A")), Refused)
+    fresh, created = m.lookup("a", None, now=13, wall=0, episode=chat("task B"))
+    assert created and fresh is not a
+    # the announced kind: the same id refused, a new id served
+    e, _ = m.lookup("a", None, now=20, wall=0, episode=said("e1"))
+    m.terminate(e, now=20)
+    assert isinstance(m.lookup("a", None, now=21, wall=0, episode=said("e1")), Refused)
+    assert m.lookup("a", None, now=22, wall=0, episode=said("e2"))[1]
+    # refused retries restart the idle clock; a full quiet idle timeout lets the episode start over
+    assert isinstance(m.lookup("a", None, now=300, wall=0, episode=said("e1")), Refused)
+    again, created = m.lookup("a", None, now=601, wall=0, episode=said("e1"))
+    assert created and again is not e
+
+
+def test_an_idle_episode_ends_and_the_same_episode_starts_a_new_run() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=said("e1"))
+    assert m.expire("a", None, 100, said("e1")) is None
+    assert m.expire("a", None, 301, said("e1")) is a
+    fresh, created = m.lookup("a", None, now=301, wall=0, episode=said("e1"))
+    assert created and fresh is not a
+    # the idle sweep forgets an episode's lineage with its run
+    b, _ = m.lookup("a", None, now=400, wall=0, episode=chat("task B"))
+    m.note_response(b, "resp_b")
+    assert b in m.idle_sessions(now=1000)
+    assert m.lookup("a", None, now=1000, wall=0, episode=chat("task B", "x", "y"))[1]
+    assert m.lookup("a", None, now=1000, wall=0, episode=Episode(previous_response_id="resp_b"))[1]
+
+
+def test_a_runs_lineage_memory_is_bounded() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("m0"))
+    for i in range(1, MAX_HISTORIES_PER_RUN + 10):
+        assert m.lookup("a", None, now=0, wall=0, episode=chat(*[f"m{j}" for j in range(i + 1)]))[0] is a
+    assert len(a.lineage.histories) == MAX_HISTORIES_PER_RUN
+    assert len(m._by_history) == MAX_HISTORIES_PER_RUN
+
+
+def test_an_explicit_session_ignores_the_episode() -> None:
+    m = mgr()
+    x, _ = m.lookup("a", "x", now=0, wall=0, episode=said("e1"))
+    same, created = m.lookup("a", "x", now=1, wall=0, episode=said("e2"))
+    assert same is x and not created
+    auto, created = m.lookup("a", None, now=2, wall=0, episode=said("e1"))
+    assert created and auto is not x
+
+
+def test_the_first_conversation_adopts_a_run_that_had_only_calls_with_no_conversation() -> None:
+    m = mgr()
+    mcp, _ = m.lookup("a", None, now=0, wall=0)  # an MCP tool call before any LLM call
+    first, created = m.lookup("a", None, now=1, wall=0, episode=chat("task A"))
+    assert first is mcp and not created
+    # that run now has a conversation: another one is another episode
+    second, created = m.lookup("a", None, now=2, wall=0, episode=chat("task B"))
+    assert created and second is not mcp
+    # an announced episode never adopts: its id decides
+    m2 = mgr()
+    tools, _ = m2.lookup("a", None, now=0, wall=0)
+    assert m2.lookup("a", None, now=1, wall=0, episode=said("e1"))[0] is not tools

@@ -564,9 +564,15 @@ async def test_real_engine_through_the_proxy(start_tripwire: Any, fake_upstream:
             assert r.status == 409
         async with s.get(f"/api/runs/{run_id}/guard-stats", headers=auth) as r:
             assert await r.json() == {"run_id": run_id, "live": False, "stats": None}
+        # the same conversation going on is refused (a new one would be a new episode: SPEC §3)
         with pytest.raises(openai.RateLimitError):
             await llm.chat.completions.create(
-                model="gpt-4o-mini", messages=[{"role": "user", "content": "again"}]
+                model="gpt-4o-mini",
+                messages=[
+                    {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "Hello from the fake upstream"},
+                    {"role": "user", "content": "again"},
+                ],
             )
         await tw.flush()
         async with s.get(f"/api/runs/{run_id}", headers=auth) as r:

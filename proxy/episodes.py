@@ -1,0 +1,207 @@
+"""Which episode a call belongs to, when the agent names no session (SPEC §3 "Session").
+
+An automatic session is one episode of an agent: one `codex exec`, one `claude -p`, one
+conversation of an SDK script. This module reads what a request says about its episode; the
+`SessionManager` (proxy/sessions.py) decides the run from it. Two kinds of evidence:
+
+- an **announced** id: a session or conversation id the client sends with every request of the
+  episode. It alone decides: same id, same run (sub-agents and compaction included); new id, new
+  run. `EXTRACTORS` is the table of where clients put it, first match wins;
+- **lineage**, only when nothing is announced: digests of every prefix of the request's
+  conversation (a request whose history extends one a live run has seen continues that run), and
+  the Responses API `previous_response_id` (a response the run produced).
+
+A call that carries no conversation (an MCP tool call, embeddings, legacy completions, a body
+too broken to read its history) has neither; it joins the agent's most recently used automatic run.
+
+Pure: headers, the parsed body and the parsed `LLMRequest` in, an `Episode` out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy import jsonparse
+
+# dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
+CONVERSATIONAL = frozenset({"openai_chat", "openai_responses", "anthropic"})
+MAX_ID_CHARS = 256  # a longer announced id is not an id (a prompt pasted into a header): ignored
+_PRINTABLE = re.compile(r"[\x21-\x7e][\x20-\x7e]*")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """What one request says about its episode."""
+
+    announced: str | None = None  # the client's own episode id
+    source: str | None = None  # which extractor found it (recorded in tripwire.json)
+    # digests of messages[:1], messages[:2], ... messages[:n], shortest first; the last is the
+    # request's whole history, which the run remembers for the requests that continue it
+    history: tuple[bytes, ...] = ()
+    previous_response_id: str | None = None
+
+    @property
+    def has_lineage(self) -> bool:
+        return bool(self.history) or self.previous_response_id is not None
+
+
+NO_CONVERSATION = Episode()
+
+
+def clean_id(value: Any) -> str | None:
+    """An announced id as Tripwire keys it: a printable string of at most MAX_ID_CHARS, else None."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_ID_CHARS or not _PRINTABLE.fullmatch(value):
+        return None
+    return value
+
+
+def _header(name: str) -> Callable[[Mapping[str, str], dict[str, Any]], str | None]:
+    def extract(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        return clean_id(headers.get(name))
+
+    return extract
+
+
+_CLAUDE_LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,})$")
+
+
+def claude_code_metadata(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+    """Anthropic Messages `metadata.user_id` as Claude Code fills it: the session part only.
+
+    Older versions: `user_<sha256>_account_<uuid>_session_<uuid>`; newer ones: a JSON string
+    `{"device_id": ..., "account_uuid": ..., "session_id": ...}`. A plain user id (any other SDK
+    user) names a user, not an episode: ignored.
+    """
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if not isinstance(user_id, str):
+        return None
+    if user_id.startswith("{"):
+        try:
+            parsed = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        return clean_id(parsed.get("session_id")) if isinstance(parsed, dict) else None
+    m = _CLAUDE_LEGACY_USER_ID.search(user_id)
+    return clean_id(m.group(1)) if m else None
+
+
+def body_field(name: str) -> Callable[[Mapping[str, str], dict[str, Any]], str | None]:
+    def extract(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        return clean_id(body.get(name))
+
+    return extract
+
+
+def responses_conversation(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+    """Responses API `conversation`: a Conversations API id, `"conv_..."` or `{"id": "conv_..."}`."""
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    return clean_id(conversation)
+
+
+# Where clients announce their episode, first match wins. Add a client: one row (see docs/sessions.md).
+EXTRACTORS: tuple[tuple[str, Callable[[Mapping[str, str], dict[str, Any]], str | None]], ...] = (
+    # Claude Code >= 2.1.86: one UUID per session, on every Messages request
+    ("header:x-claude-code-session-id", _header("X-Claude-Code-Session-Id")),
+    # Codex CLI (codex-rs): the session (thread) UUID, `session_id` (older builds also send
+    # `conversation_id` with the same value; some builds and ports spell it `session-id`)
+    ("header:session_id", _header("session_id")),
+    ("header:session-id", _header("session-id")),
+    ("header:conversation_id", _header("conversation_id")),
+    # OpenCode's per-conversation header, and the generic one some gateways and agents send
+    ("header:x-opencode-session", _header("x-opencode-session")),
+    ("header:x-session-id", _header("x-session-id")),
+    # Claude Code before the header: the session inside metadata.user_id
+    ("body:metadata.user_id", claude_code_metadata),
+    # Codex sets prompt_cache_key to its session id (Responses; Chat Completions has the field too)
+    ("body:prompt_cache_key", body_field("prompt_cache_key")),
+    # Responses API conversation state (the OpenAI Agents SDK's `conversation_id` lands here)
+    ("body:conversation", responses_conversation),
+)
+
+
+def announced(headers: Mapping[str, str], body: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(source, id) of the first extractor that finds an episode id in the request, else None."""
+    body = body if isinstance(body, dict) else {}
+    for source, extract in EXTRACTORS:
+        try:
+            value = extract(headers, body)
+        except Exception:  # a malformed field names no episode; never fail the call over it
+            value = None
+        if value is not None:
+            return source, value
+    return None
+
+
+def _normalised(message: Any) -> Any:
+    """A message as lineage compares it: without Anthropic `cache_control` markers, which clients
+    move to the newest blocks on every request (the earlier messages are otherwise unchanged)."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if "cache_control" not in message and not (
+        isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content)
+    ):
+        return message
+    out = {k: v for k, v in message.items() if k != "cache_control"}
+    if isinstance(content, list):
+        out["content"] = [
+            {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+            for b in content
+        ]
+    return out
+
+
+def _message_bytes(message: Any) -> bytes:
+    try:
+        return orjson.dumps(message)
+    except TypeError:  # nesting deeper than orjson writes, integers beyond 64 bits, lone surrogates
+        return jsonparse.dumps_text(message).encode("utf-8")
+
+
+def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
+    """The digest of every prefix of a conversation, shortest first, in one pass."""
+    h = hashlib.blake2b(digest_size=16)
+    out = []
+    for message in messages:
+        raw = _message_bytes(_normalised(message))
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
+        out.append(h.digest())
+    return tuple(out)
+
+
+def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) -> Episode:
+    """The episode evidence of an LLM request (`call`: its parsed `LLMRequest`)."""
+    found = announced(headers, body)
+    if found is not None:
+        return Episode(announced=found[1], source=found[0])
+    if getattr(call, "dialect", None) not in CONVERSATIONAL:
+        return NO_CONVERSATION
+    previous = getattr(call, "previous_response_id", None)
+    episode = Episode(
+        history=history_digests(list(getattr(call, "messages", None) or [])),
+        previous_response_id=previous if isinstance(previous, str) and previous else None,
+    )
+    # an empty conversation (an unreadable body judged without its history) continues nothing
+    return episode if episode.has_lineage else NO_CONVERSATION
+
+
+def for_mcp(headers: Mapping[str, str]) -> Episode:
+    """An MCP call carries no conversation; a client that announces its episode in a header (the
+    same headers as its LLM calls) still lands in that episode's run."""
+    found = announced(headers, None)
+    if found is None:
+        return NO_CONVERSATION
+    return Episode(announced=found[1], source=found[0])
