@@ -522,3 +522,41 @@ def fake_connections(tw: Running) -> list[Any]:
     connector = session.connector
     assert connector is not None
     return [proto.transport for proto in connector._acquired if proto.transport is not None]  # type: ignore[attr-defined]
+
+
+async def test_real_codex_websocket_episodes_become_one_run_each(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """Codex CLI 0.169's own handshake and messages (tests/fixtures/codex_0169_websocket.json, recorded
+    from the real CLI): three `codex exec` invocations are three runs, each holding its turn."""
+    import uuid
+
+    fake, url = fake_upstream
+    fake.default = Reply(text="4")
+    codex = json.loads((Path(__file__).parent / "fixtures" / "codex_0169_websocket.json").read_text())
+    tw = await start_tripwire(upstream={"url": url})
+    sessions = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            session = str(uuid.uuid4())
+            sessions.append(session)
+            fill = json.loads(json.dumps(codex).replace("SESSION", session))
+            headers = {"Authorization": f"Bearer {AGENT_KEY}", **fill["handshake_headers"]}
+            warmup, turn = fill["messages"]
+            async with http.ws_connect(tw.url + "/v1/responses", headers=headers) as ws:
+                await ws.send_str(json.dumps(warmup))
+                warm = await until_done(ws)
+                assert warm[-1]["type"] == "response.completed"
+                turn["previous_response_id"] = warm[-1]["response"]["id"]
+                await ws.send_str(json.dumps(turn))
+                done = await until_done(ws)
+                assert done[-1]["type"] == "response.completed"
+    await tw.flush()
+    runs = tw.run_ids()
+    assert len(runs) == 3
+    seen = set()
+    for run_id in runs:
+        _, events = assert_run_valid(tw.data_dir, run_id)
+        assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL"]  # the warm-up is no call
+        seen.add(tw.tripwire_json(run_id)["episode"]["id"])
+    assert seen == set(sessions)
