@@ -49,6 +49,8 @@ class Reply:
     # Responses WebSocket: after this many events, send nothing more until `resume` is set
     pause_after_events: int | None = None
     resume: asyncio.Event | None = None
+    # SSE streams: after this many frames, send nothing more until `resume` is set
+    pause_after_chunks: int | None = None
 
 
 @dataclass
@@ -224,6 +226,9 @@ class FakeUpstream:
                 while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
                 return resp
+            if reply.pause_after_chunks is not None and n == reply.pause_after_chunks:
+                assert reply.resume is not None
+                await reply.resume.wait()  # the test saw the first events arrive before the rest exist
             data = frame.encode() if isinstance(frame, str) else frame
             await resp.write(coder.compress(data) + coder.flush() if coder is not None else data)
             await asyncio.sleep(reply.chunk_delay)

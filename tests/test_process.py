@@ -229,16 +229,14 @@ async def test_sigterm_grace_over_cuts_streams_and_records_them(tmp_path: Path, 
         model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], stream=True
     )
     await stream.__anext__()
-    t0 = asyncio.get_running_loop().time()
     proc.send_signal(signal.SIGTERM)
     got = []
     with pytest.raises(openai.APIConnectionError):  # the cut stream ends abnormally (SPEC §4.2)
         async for chunk in stream:
             got.append(chunk)
     out = await stop(proc)
-    elapsed = asyncio.get_running_loop().time() - t0
     assert proc.returncode == 0, out
-    assert elapsed < 8, f"shutdown took {elapsed:.1f}s with a 1s grace"
+    assert "drain grace over: cutting 1 stream(s) still open" in out  # the grace ended it, not a hang
     assert got, "chunks kept flowing during the grace"
     runs = sorted((data / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     events = events_of(runs[-1])
