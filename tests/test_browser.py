@@ -307,9 +307,16 @@ async def test_agent_running_through_the_proxy(
     await page.locator("#btn-terminate").click()
     await expect(page.locator("#btn-terminate")).to_be_hidden()
     await expect(page.locator("#run-tags")).to_contain_text("terminated")
-    with pytest.raises(openai.RateLimitError):
+    with pytest.raises(openai.RateLimitError):  # the same episode (its conversation goes on): refused
         await llm.chat.completions.create(
-            model="gpt-4o-mini", messages=[{"role": "user", "content": "again"}]
+            model="gpt-4o-mini",
+            messages=[
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "Hello from the fake upstream"},
+                {"role": "user", "content": "more"},
+                {"role": "assistant", "content": "Hello from the fake upstream"},
+                {"role": "user", "content": "again"},
+            ],
         )
     await expect(page.locator('.event[data-type="ERROR"]').first).to_contain_text("kill_switch")
     shot = tmp_path / "proxy-run.png"
