@@ -58,7 +58,7 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         mcp_names=engine.upstream_names("mcp"),
     )
     if isinstance(route, RouteError):
-        body = {
+        error_body = {
             "error": {
                 "message": route.message,
                 "type": "tripwire_route",
@@ -66,7 +66,9 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
                 "configured": list(route.known),
             }
         }
-        return web.Response(status=route.status, body=orjson.dumps(body), content_type="application/json")
+        return web.Response(
+            status=route.status, body=orjson.dumps(error_body), content_type="application/json"
+        )
     if engine.draining:
         return (await draining_answer(request, route)).to_response()
     if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message

@@ -10,4 +10,4 @@ if TYPE_CHECKING:
     from proxy.engine import Engine
 
 # The engine bundles settings, recorder, sessions, guard config store, breakers and metrics.
-ENGINE: web.AppKey[Engine] = web.AppKey("tripwire_engine", "Engine")
+ENGINE: web.AppKey[Engine] = web.AppKey["Engine"]("tripwire_engine")

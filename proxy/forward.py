@@ -115,10 +115,10 @@ def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) 
 
 
 try:  # optional, as for aiohttp itself: br answers are decoded only when one is installed
-    import brotli as _brotli  # type: ignore[import-not-found]
+    import brotli as _brotli
 except ImportError:  # pragma: no cover - depends on the environment
     try:
-        import brotlicffi as _brotli  # type: ignore[import-not-found,no-redef]
+        import brotlicffi as _brotli
     except ImportError:
         _brotli = None
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import JSONDecodeError, scanstring
+from json.decoder import JSONDecodeError, scanstring  # type: ignore[attr-defined]  # defined, not in typeshed
 from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 

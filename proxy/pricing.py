@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -77,7 +78,7 @@ class Pricing:
         self._warned: set[str] = set()
         self._rates: dict[str, tuple[float, float]] = {}  # estimate(): per-1M rates by model names
 
-    def cost(self, usage: Usage, models: list[str | None], at: datetime | None = None) -> PriceQuote:
+    def cost(self, usage: Usage, models: Sequence[str | None], at: datetime | None = None) -> PriceQuote:
         """Price `usage`; `models` in priority order: response model first, then the request's.
 
         `at` selects dated prices in the package (None = now).

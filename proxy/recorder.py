@@ -738,7 +738,9 @@ class TraceRecorder:
             reason = run_end.get("payload", {}).get("reason") or tw.get("end_reason")
         else:
             status, reason = STATUS_ERROR, REASON_INTERRUPTED
-            tokens = tw.get("tokens") if isinstance(tw.get("tokens"), dict) else {}
+            tokens = tw.get("tokens")
+            if not isinstance(tokens, dict):
+                tokens = {}
             summary = {
                 **counts,
                 "duration_ms": max(0, int((last - started) * 1000)),

@@ -224,15 +224,15 @@ def refusal_messages(answer: Answer, stream_id: str | None) -> list[str]:
         text = answer.body[:2000].decode("utf-8", "replace")
         error = {"type": "tripwire_error", "code": None, "message": text}
     error = {**error, "param": error.get("param")}
-    event: dict[str, Any] = {
+    error_event: dict[str, Any] = {
         "type": "error",
         "status": answer.status,
         "error": error,
         "headers": {k.lower(): v for k, v in answer.headers.items()},
     }
     if stream_id is not None:
-        event["stream_id"] = stream_id
-    return [orjson.dumps(event).decode()]
+        error_event["stream_id"] = stream_id
+    return [orjson.dumps(error_event).decode()]
 
 
 def classify(raw: bytes) -> tuple[str, dict[str, Any] | None]:
@@ -550,7 +550,8 @@ class SocketRelay:
         call.ex = ex
         self.calls.append(call)
         call.task = asyncio.create_task(self.run_call(ex), name="tripwire-ws-call")
-        await asyncio.wait({call.admitted, call.task}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: set[asyncio.Future[Any]] = {call.admitted, call.task}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if call.admitted.done() and call.admitted.result():
             return True  # sent upstream: its events come back through the upstream pump
         try:
@@ -758,7 +759,7 @@ def client_handshake_headers(upstream_headers: Mapping[str, str] | None) -> CIMu
 def refused_upgrade(e: aiohttp.WSServerHandshakeError) -> web.Response:
     """The upstream answered the upgrade with another status: the client gets that status."""
     status = e.status if 200 <= e.status <= 599 and e.status != 101 else 502
-    headers = CIMultiDict()
+    headers: CIMultiDict[str] = CIMultiDict()
     if e.headers is not None:
         for name, value in response_headers(e.headers, drop_length=True).items():
             if name.lower() in HANDSHAKE_HEADERS or name.lower() in ("content-type", "content-encoding"):

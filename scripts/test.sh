@@ -36,6 +36,8 @@ make_env .venv -e ".[dev,browser]"
 echo "== lint"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "== typing"
+.venv/bin/mypy
 ensure_chromium || echo "warning: chromium unavailable; browser tests will be skipped" >&2
 echo "== tests (main)"
 run_pytest .venv -m "not mcp1 and not mitm" "$@"

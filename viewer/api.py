@@ -368,7 +368,7 @@ def _replay_config(
     try:
         cfg = config_from_body(choice)
     except ValidationError as e:
-        errors = [
+        errors: list[dict[str, Any]] = [
             {"loc": ["config", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in e.errors()
         ]
         message = "; ".join(".".join(str(p) for p in err["loc"]) + ": " + err["msg"] for err in errors)

@@ -229,14 +229,14 @@ class StreamAccumulator:
         elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
             block = data["content_block"]
             if block.get("type") == "tool_use":
-                builder = ToolCallBuilder(
+                started = ToolCallBuilder(
                     id=str(block.get("id") or ""),
                     name=str(block.get("name") or ""),
                     parts=BoundedText(self._text.limit),
                 )
-                self._tools[as_int(data.get("index"))] = builder
+                self._tools[as_int(data.get("index"))] = started
                 if block.get("input"):  # a complete input in the start block (not the usual {})
-                    builder.parts.append(orjson.dumps(block["input"]).decode())
+                    started.parts.append(orjson.dumps(block["input"]).decode())
             elif block.get("type") == "text" and isinstance(block.get("text"), str):
                 self._text.append(block["text"])
         elif kind == "content_block_delta" and isinstance(data.get("delta"), dict):

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy import jsonparse
+from proxy.sse import BoundedText
 
 # Characters per token for estimates (OpenAI's rule of thumb for English text; tokenizers are
 # not shipped, and an estimate only has to be in the right range for a budget reservation).
@@ -84,7 +85,7 @@ class ToolCallBuilder:
 
     id: str = ""
     name: str = ""
-    parts: list[str] = field(default_factory=list)
+    parts: BoundedText = field(default_factory=BoundedText)
 
     def build(self) -> ToolCall:
         return ToolCall(id=self.id, name=self.name, arguments=parse_arguments("".join(self.parts)))

@@ -98,7 +98,9 @@ def _message_tool_calls(message: dict) -> list[ToolCall]:
     for call in message.get("tool_calls") or []:
         if not isinstance(call, dict):
             continue
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         calls.append(
             ToolCall(
                 id=str(call.get("id") or ""),
@@ -129,7 +131,9 @@ def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> L
     text, calls, stop = "", [], None
     choices = data.get("choices") if isinstance(data.get("choices"), list) else []
     if choices and isinstance(choices[0], dict):
-        message = choices[0].get("message") if isinstance(choices[0].get("message"), dict) else {}
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            message = {}
         content = message.get("content")
         text = content if isinstance(content, str) else _parts_text(content)
         calls = _message_tool_calls(message)

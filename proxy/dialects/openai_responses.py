@@ -159,7 +159,9 @@ def usage_of(raw: Any) -> Usage | None:
         return None
     prompt = as_int(raw.get("input_tokens"))
     output = as_int(raw.get("output_tokens"))
-    details = raw.get("input_tokens_details") if isinstance(raw.get("input_tokens_details"), dict) else {}
+    details = raw.get("input_tokens_details")
+    if not isinstance(details, dict):
+        details = {}
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=output,
@@ -197,7 +199,9 @@ def _result(data: dict, req: LLMRequest | None) -> LLMResult:
         stop = details["reason"]
     error = None
     if status == "failed" or isinstance(data.get("error"), dict):
-        err = data.get("error") if isinstance(data.get("error"), dict) else {}
+        err = data.get("error")
+        if not isinstance(err, dict):
+            err = {}
         error = error_dict(str(err.get("code") or "response_failed"), str(err.get("message") or ""), err)
     usage = usage_of(data.get("usage")) or estimate_usage(req, text, calls)
     return LLMResult(
@@ -337,14 +341,14 @@ class StreamAccumulator:
         elif kind == "response.output_item.added" and isinstance(data.get("item"), dict):
             item = data["item"]
             if item.get("type") in _CALL_TYPES:
-                builder = ToolCallBuilder(
+                started = ToolCallBuilder(
                     id=str(item.get("call_id") or ""),
                     name=str(item.get("name") or ""),
                     parts=BoundedText(self._text.limit),
                 )
                 if isinstance(item.get("arguments"), str) and item["arguments"]:
-                    builder.parts.append(item["arguments"])
-                self._calls[as_int(data.get("output_index"))] = builder
+                    started.parts.append(item["arguments"])
+                self._calls[as_int(data.get("output_index"))] = started
         elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
             builder = self._calls.get(as_int(data.get("output_index")))
             if builder is not None and isinstance(data.get("delta"), str):
@@ -357,7 +361,9 @@ class StreamAccumulator:
         elif kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
             self._text.append(data["delta"])
         elif kind == "error":
-            err = data.get("error") if isinstance(data.get("error"), dict) else data
+            err = data.get("error")
+            if not isinstance(err, dict):
+                err = data
             self._error = error_dict(
                 str(err.get("code") or err.get("type") or "error"), str(err.get("message") or ""), err
             )

@@ -166,7 +166,8 @@ def completions_parse_response(status: int, body: bytes, req: LLMRequest | None 
     text, stop = "", None
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        text = choices[0].get("text") if isinstance(choices[0].get("text"), str) else ""
+        first = choices[0].get("text")
+        text = first if isinstance(first, str) else ""
         stop = choices[0].get("finish_reason")
     usage = openai_usage(data.get("usage")) or _estimated(req, text)
     rid = data.get("id") if isinstance(data.get("id"), str) else None

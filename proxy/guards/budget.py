@@ -96,7 +96,8 @@ class SessionBudget:
         return self._refusal(kind, now)
 
     def _inflight_sum(self) -> tuple[float, int, int, int]:
-        usd = tokens = llm = tool = 0
+        usd = 0.0
+        tokens = llm = tool = 0
         for r in self._inflight.values():
             usd += r.usd
             tokens += r.tokens

@@ -99,7 +99,9 @@ def results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]
     if isinstance(results, Mapping):
         return results
     out: dict[str, tuple[str, str | None]] = {}
-    for r in results:
+    # ToolResult-like objects (mypy does not drop the parameterised Mapping from the union above)
+    items: Iterable[Any] = results
+    for r in items:
         error = content_text(r.content) or "error" if getattr(r, "is_error", False) else None
         out[str(r.tool_call_id)] = (result_fingerprint(r.content), error)
     return out

@@ -114,12 +114,12 @@ def tool_result(msg: dict[str, Any]) -> MCPToolResult:
     if "structuredContent" in result:
         recorded["structuredContent"] = result["structuredContent"]
     is_error = result.get("isError") is True
-    text = content_text(recorded["content"]) if is_error else None
+    error_text = content_text(recorded["content"]) if is_error else None
     return MCPToolResult(
         status="error" if is_error else "ok",
         result=recorded,
-        error={"error_type": "ToolError", "message": text, "details": None} if is_error else None,
-        error_text=text,
+        error={"error_type": "ToolError", "message": error_text, "details": None} if is_error else None,
+        error_text=error_text,
         fingerprint=fingerprint(recorded),
         upstream_failure=False,
     )

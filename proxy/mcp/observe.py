@@ -67,9 +67,9 @@ class MessageObserver:
             if len(self._json) < self.limit:
                 self._json += chunk
             return b"" if self._holding else chunk
-        out = [self._take_injected()]
-        out.extend(self._event(e) for e in self._decoder.feed(chunk))
-        return b"".join(out)
+        pieces = [self._take_injected()]
+        pieces.extend(self._event(e) for e in self._decoder.feed(chunk))
+        return b"".join(pieces)
 
     def flush(self) -> bytes:
         if self.mode == "json":

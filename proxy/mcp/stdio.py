@@ -151,7 +151,8 @@ class StdioBridge:
         exited = asyncio.ensure_future(proc.wait())
         try:
             await self._write({**self.initialize, "id": msg_id})
-            await asyncio.wait({future, exited}, timeout=READY_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {future, exited}
+            await asyncio.wait(waiting, timeout=READY_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
             if not future.done() and not exited.done():
                 self.replay_timeouts += 1  # a live child that never answered (not one that died)
             if future.done() and self.initialized_sent:
