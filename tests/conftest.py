@@ -18,6 +18,9 @@ from proxy.engine import Engine
 from proxy.settings import Settings
 from tests.fakes import FakeUpstream, Reply
 
+# the unit-test fixtures (`engine`, `engine_factory`) of tests/factories.py
+pytest_plugins = ["tests.factories"]
+
 AGENT_KEY = "sk-test-agent-secret-0123456789abcdef"
 
 

@@ -1,0 +1,135 @@
+"""`RecordStage` alone: once the upstream answered (played into the exchange as the forward stage
+leaves it), `finish` writes the call's event through its protocol adapter; a refused call, or one
+with no session, writes none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.engine import Engine
+from proxy.exchange import Answer, Exchange
+from proxy.llm import LLMParseStage
+from proxy.mcp_stages import MCPParseStage
+from proxy.stages import RecordStage, SessionStage
+from tests.factories import (
+    CHAT,
+    MESSAGES,
+    EngineFactory,
+    anthropic_message,
+    anthropic_request,
+    chat_completion,
+    chat_completion_sse,
+    chat_request,
+    kinds,
+    make_exchange,
+    mcp_tool_result,
+    mcp_tools_call,
+    play_upstream,
+    read_events,
+)
+
+SESSION = "/agents/bot/sessions/s1"
+
+
+async def attached(engine: Engine, path: str, body: Any) -> Exchange:
+    """Parsed and attached to its session, as the stages before the forward stage leave it."""
+    ex = make_exchange("POST", path, body=body, engine=engine)
+    parse = MCPParseStage(engine) if "/mcp/" in path else LLMParseStage(engine)
+    await parse.request(ex)
+    await SessionStage(engine).request(ex)
+    assert ex.session is not None
+    return ex
+
+
+async def test_a_chat_call_is_one_llm_call_event(engine_factory: EngineFactory) -> None:
+    engine = await engine_factory(pricing_table={"gpt-4o-mini": (1.0, 2.0)})
+    ex = await attached(engine, SESSION + CHAT, chat_request())
+    play_upstream(ex, chat_completion("Sunny", prompt_tokens=1000, completion_tokens=500))
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    events = await read_events(engine, ex.session.run_id)
+    assert kinds(events) == ["RUN_START", "LLM_CALL"]
+    payload = events[1]["payload"]
+    assert payload["response"]["text"] == "Sunny" and payload["status"] == "ok"
+    assert payload["usage"] == {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
+    assert payload["cost_usd"] == ex.extra["cost_usd"] > 0
+    assert payload["endpoint"] == "openai_chat" and payload["provider"] == "openai"
+    assert payload["prompt"] == chat_request()["messages"]
+    assert events[1]["meta"]["session_id"] == "s1"
+    assert ex.extra["llm_event_id"] == events[1]["event_id"]
+
+
+async def test_a_streamed_answer_is_read_through_its_accumulator(engine: Engine) -> None:
+    ex = await attached(engine, SESSION + CHAT, chat_request(stream=True))
+    relayed = play_upstream(ex, chat_completion_sse("Hello there"), chunks=7)
+    assert relayed == chat_completion_sse("Hello there")  # the client gets the stream unchanged
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    (call,) = [e for e in await read_events(engine, ex.session.run_id) if e["event_type"] == "LLM_CALL"]
+    assert call["payload"]["response"]["text"] == "Hello there" and call["payload"]["stream"] is True
+    assert call["payload"]["usage"]["total_tokens"] == 120
+
+
+async def test_a_stream_without_its_terminator_is_an_error(engine: Engine) -> None:
+    ex = await attached(engine, SESSION + CHAT, chat_request(stream=True))
+    play_upstream(ex, chat_completion_sse("Hello", done=False))
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    events = await read_events(engine, ex.session.run_id)
+    assert kinds(events) == ["RUN_START", "LLM_CALL", "ERROR"]
+    assert events[1]["payload"]["status"] == "error"
+    assert events[2]["name"] == "upstream_error" and events[2]["parent_id"] == events[1]["event_id"]
+
+
+async def test_an_anthropic_message_names_its_provider(engine: Engine) -> None:
+    ex = await attached(engine, SESSION + MESSAGES, anthropic_request())
+    play_upstream(ex, anthropic_message("Bonjour"))
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    call = (await read_events(engine, ex.session.run_id))[-1]
+    assert call["event_type"] == "LLM_CALL" and call["payload"]["provider"] == "anthropic"
+    assert call["payload"]["response"]["text"] == "Bonjour"
+
+
+async def test_an_upstream_5xx_is_an_llm_call_in_error_and_an_error_event(engine: Engine) -> None:
+    ex = await attached(engine, SESSION + CHAT, chat_request())
+    play_upstream(ex, {"error": {"message": "boom", "type": "server_error"}}, status=500)
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    events = await read_events(engine, ex.session.run_id)
+    assert kinds(events) == ["RUN_START", "LLM_CALL", "ERROR"]
+    assert events[1]["payload"]["http_status"] == 500 and events[1]["payload"]["status"] == "error"
+
+
+async def test_a_refused_call_writes_no_call_event(engine: Engine) -> None:
+    ex = await attached(engine, SESSION + CHAT, chat_request())
+    ex.answer = Answer(429, b"{}")  # a guard answered; the upstream never saw it
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    assert kinds(await read_events(engine, ex.session.run_id)) == ["RUN_START"]
+
+
+async def test_a_call_without_a_session_writes_nothing(engine: Engine) -> None:
+    ex = make_exchange("POST", SESSION + CHAT, body=chat_request(), engine=engine)
+    await LLMParseStage(engine).request(ex)
+    play_upstream(ex, chat_completion())
+    await RecordStage(engine).finish(ex)
+    assert engine.sessions.live() == []
+    assert not (engine.data_dir / "runs").exists() or not any((engine.data_dir / "runs").iterdir())
+
+
+async def test_an_mcp_tools_call_is_one_tool_call_event(engine_factory: EngineFactory) -> None:
+    engine = await engine_factory(mcp={"demo": {"url": "http://127.0.0.1:9/mcp"}})
+    ex = await attached(engine, SESSION + "/mcp/demo", mcp_tools_call("echo", {"text": "hi"}, msg_id=7))
+    play_upstream(ex, mcp_tool_result("hi", msg_id=7))
+    await ex.protocol.await_result(ex)
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    events = await read_events(engine, ex.session.run_id)
+    assert kinds(events) == ["RUN_START", "TOOL_CALL"]
+    tool = events[1]
+    assert tool["name"] == "echo" and tool["payload"]["args"] == {"text": "hi"}
+    assert tool["payload"]["source"] == "mcp" and tool["payload"]["server"] == "demo"
+    assert tool["payload"]["status"] == "ok"
+    assert tool["meta"]["jsonrpc_id"] == 7 and tool["meta"]["transport"] == "streamable"
+    assert ex.extra["tool_event_id"] == tool["event_id"] and ex.extra["mcp_recorded"] is True
