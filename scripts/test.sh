@@ -38,6 +38,8 @@ echo "== lint"
 .venv/bin/ruff format --check .
 echo "== typing"
 .venv/bin/mypy
+echo "== imports"
+.venv/bin/lint-imports
 ensure_chromium || echo "warning: chromium unavailable; browser tests will be skipped" >&2
 echo "== tests (main)"
 run_pytest .venv -m "not mcp1 and not mitm" "$@"

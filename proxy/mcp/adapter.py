@@ -11,29 +11,48 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy import guard_trace
+from proxy.constants import EventType
 from proxy.exchange import Answer, Exchange
-from proxy.guards.decision import Decision
+from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.mcp import jsonrpc
 from proxy.mcp.hub import LegacyStream, McpHub, Pending
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.metrics import Metrics
     from proxy.sessions import Session
+    from proxy.settings import Settings
 
 # A POST's SSE stream broke (or the server closed it early) before the result: the client may resume
 # on a GET stream; wait this long.
 RESUME_WAIT_S = 30.0
 
 
+class AdapterEngine(Protocol):
+    """What the adapter uses of the engine (proxy/engine.py satisfies it), so this module needs no import of it."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    def record_event(
+        self, session: Session, event_type: str, name: str, payload: dict[str, Any], **kw: Any
+    ) -> str: ...
+
+
 class MCPProtocol:
     kind = "mcp"
 
     def __init__(
-        self, engine: Engine, hub: McpHub, pending: Pending, session_key: str, legacy: LegacyStream | None
+        self,
+        engine: AdapterEngine,
+        hub: McpHub,
+        pending: Pending,
+        session_key: str,
+        legacy: LegacyStream | None,
     ) -> None:
         self.engine = engine
         self.hub = hub
@@ -65,7 +84,7 @@ class MCPProtocol:
             data["threshold"] = decision.threshold
             data["actual"] = decision.actual
         if decision.retry_after is not None:
-            data["retry_after"] = max(1, int(decision.retry_after + 0.999))
+            data["retry_after"] = retry_after_seconds(decision.retry_after)
         body = jsonrpc.render_error(call.jsonrpc_id, jsonrpc.TRIPWIRE_GUARD_ERROR, text, data)
         answer = self.answer(body)
         answer.headers["X-Tripwire-Guard"] = decision.guard
@@ -146,7 +165,7 @@ class MCPProtocol:
 
     # --- the trace -----------------------------------------------------------------------------
 
-    def record(self, ex: Exchange, engine: Engine) -> None:
+    def record(self, ex: Exchange, engine: AdapterEngine) -> None:
         """One TOOL_CALL per tools/call (an input_required round trip is one call)."""
         result: jsonrpc.MCPToolResult | None = ex.result
         session = ex.session
@@ -180,7 +199,7 @@ def release_client_connection(ex: Exchange) -> None:
 
 
 def record_tool_call(
-    engine: Engine,
+    engine: AdapterEngine,
     hub: McpHub,
     session: Session,
     call: jsonrpc.MCPToolCall,
@@ -225,7 +244,7 @@ def record_tool_call(
         meta["mcp_protocol_version"] = call.protocol_version
     event_id = engine.record_event(
         session,
-        "TOOL_CALL",
+        EventType.TOOL_CALL,
         call.tool_name,
         payload,
         duration_ms=max(0, int((end - started) * 1000)),

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 from aiohttp import web
@@ -28,7 +28,8 @@ from proxy.mcp.observe import MessageObserver
 from proxy.routing import Route, join_upstream
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.forward import Forwarder
+    from proxy.settings import Settings, UpstreamConfig
 
 log = logging.getLogger("tripwire.mcp")
 
@@ -77,8 +78,18 @@ class AwaitingInput:
     guard_fields: dict[str, Any] | None = None  # the first round trip's guard record (replay)
 
 
+class HubEngine(Protocol):
+    """What the hub uses of the engine (proxy/engine.py satisfies it), so this module needs no import of it."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def forwarder(self) -> Forwarder: ...
+    def upstream(self, kind: str, name: str) -> UpstreamConfig: ...
+
+
 class McpHub:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: HubEngine) -> None:
         self.engine = engine
         self.pending: dict[PendingKey, Pending] = {}
         self.legacy: dict[tuple[str, str, str], LegacyStream] = {}  # (server, path, query)

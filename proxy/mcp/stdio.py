@@ -17,7 +17,7 @@ import logging
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -26,7 +26,7 @@ from proxy.mcp import jsonrpc
 from proxy.settings import StdioServerConfig, UpstreamConfig
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.settings import Settings
 
 log = logging.getLogger("tripwire.mcp.stdio")
 
@@ -328,10 +328,19 @@ def _progress_token(msg: dict[str, Any]) -> Any:
     return meta.get("progressToken") if isinstance(meta, dict) else None
 
 
+class StdioEngine(Protocol):
+    """What the children use of the engine (proxy/engine.py satisfies it), so this module needs no import of it."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def extra_upstreams(self) -> dict[tuple[str, str], UpstreamConfig]: ...
+
+
 class StdioServers:
     """Every `--mcp-stdio` child of one engine: started with `tripwire serve`, stopped with it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: StdioEngine) -> None:
         self.engine = engine
         self.bridges: dict[str, StdioBridge] = {}
 
