@@ -1,6 +1,9 @@
-"""Shared trace-format constants: one home for the spec version, markers, file names and event types.
+"""Shared constants: one home for the spec version, markers, file names, event types, session health
+tags and guard codes.
 
-Mirrors agentdbg.constants (AgentDbg 0.3.0) so traces written by Tripwire open in AgentDbg's viewer.
+The trace-format part mirrors agentdbg.constants (AgentDbg 0.3.0) so traces written by Tripwire open in
+AgentDbg's viewer. This module imports nothing but the standard library, so every layer (proxy/guards/
+included) may import it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,25 @@ TAG_BUDGET_WARNING = "budget_warning"
 TAG_BUDGET_EXCEEDED = "budget_exceeded"
 TAG_CIRCUIT_BREAKER_OPEN = "circuit_breaker_open"
 TAG_TERMINATED = "terminated"
+TAG_SHADOW_FIRED = "shadow_fired"
+
+# Guard codes (SPEC §5): Decision.guard, the `guardrail` of an ERROR / LOOP_WARNING event, the
+# `X-Tripwire-Guard` header and the `code` of a refusal.
+GUARD_LOOP_DETECTION = "loop_detection"
+GUARD_STOP_ON_LOOP = "stop_on_loop"
+GUARD_MAX_TIME_PER_TURN = "max_time_per_turn"
+GUARD_MAX_COST_USD = "max_cost_usd"
+GUARD_MAX_TOKENS = "max_tokens"
+GUARD_MAX_WALL_TIME_SECONDS = "max_wall_time_seconds"
+GUARD_SOFT_ALERT_THRESHOLD_USD = "soft_alert_threshold_usd"
+GUARD_MAX_LLM_CALLS = "max_llm_calls"
+GUARD_MAX_TOOL_CALLS = "max_tool_calls"
+GUARD_MAX_EVENTS = "max_events"
+GUARD_MAX_DURATION_S = "max_duration_s"
+GUARD_MAX_STEPS = "max_steps"
+GUARD_CIRCUIT_BREAKER = "circuit_breaker"
+GUARD_KILL_SWITCH = "kill_switch"
+GUARD_SESSION_TERMINATED = "session_terminated"
 
 
 def default_counts() -> dict[str, int]:

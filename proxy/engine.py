@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from proxy.constants import GUARD_KILL_SWITCH, TAG_LOOP_DETECTED, TAG_SHADOW_FIRED, TAG_TERMINATED, EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.forward import Forwarder
@@ -241,20 +242,22 @@ class Engine:
         if shadow:  # recorded as enforce mode would, and nothing more (SPEC §5.7)
             if decision.new_finding and decision.kind is not None:
                 name, payload = loop_warning(decision)
-                self.recorder.record(session.run_id, "LOOP_WARNING", name, {**payload, "shadow": True})
+                self.recorder.record(
+                    session.run_id, EventType.LOOP_WARNING, name, {**payload, "shadow": True}
+                )
             if decision.action == Action.TERMINATE:
                 payload = guard_error(decision, shadow=True)
-                self.recorder.record(session.run_id, "ERROR", decision.guard, payload)
-            self.recorder.add_tags(session.run_id, "shadow_fired")
+                self.recorder.record(session.run_id, EventType.ERROR, decision.guard, payload)
+            self.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
             return
         if decision.new_finding and decision.kind is not None:
             name, payload = loop_warning(decision)
-            self.recorder.record(session.run_id, "LOOP_WARNING", name, payload)
+            self.recorder.record(session.run_id, EventType.LOOP_WARNING, name, payload)
             if decision.action == Action.WARN:
                 self.alert(session, decision)  # a TERMINATE alerts below, with its ERROR
-            self.recorder.add_tags(session.run_id, "loop_detected")
+            self.recorder.add_tags(session.run_id, TAG_LOOP_DETECTED)
         if decision.action == Action.TERMINATE:
-            self.recorder.record(session.run_id, "ERROR", decision.guard, guard_error(decision))
+            self.recorder.record(session.run_id, EventType.ERROR, decision.guard, guard_error(decision))
             self.alert(session, decision)
             self.terminate_session(session, reason=f"guard:{decision.guard}")
 
@@ -288,7 +291,7 @@ class Engine:
         self.recorder.end_run(session.run_id, status=status, reason=reason)
 
     def terminate_session(
-        self, session: Session, *, reason: str, tag: str | None = "terminated", own_call: bool = True
+        self, session: Session, *, reason: str, tag: str | None = TAG_TERMINATED, own_call: bool = True
     ) -> None:
         """End the run with status error; every later call of the session is refused at once.
 
@@ -316,18 +319,18 @@ class Engine:
             return False
         self.recorder.record(
             run_id,
-            "ERROR",
-            "kill_switch",
+            EventType.ERROR,
+            GUARD_KILL_SWITCH,
             {
-                "error_type": "kill_switch",
+                "error_type": GUARD_KILL_SWITCH,
                 "message": "session terminated through the admin API",
                 "stack": None,
-                "guardrail": "kill_switch",
+                "guardrail": GUARD_KILL_SWITCH,
                 "threshold": None,
                 "actual": None,
             },
         )
-        self.metrics.observe_decision("kill_switch", "terminate")
+        self.metrics.observe_decision(GUARD_KILL_SWITCH, "terminate")
         self.terminate_session(session, reason="terminated", own_call=False)
         return True
 

@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import guard_trace
+from proxy.constants import (
+    GUARD_CIRCUIT_BREAKER,
+    GUARD_SESSION_TERMINATED,
+    TAG_BUDGET_EXCEEDED,
+    TAG_CIRCUIT_BREAKER_OPEN,
+    TAG_LOOP_DETECTED,
+    TAG_SHADOW_FIRED,
+    TAG_TERMINATED,
+    EventType,
+)
 from proxy.exchange import Exchange
 from proxy.guard_events import guard_error, loop_warning
 from proxy.guards.breaker import CircuitBreaker, Transition
@@ -33,9 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tripwire.guards")
 
-LOOP_TAG = "loop_detected"
-SHADOW_TAG = "shadow_fired"
-CIRCUIT_TAG = "circuit_breaker_open"
 RESPONSES = "openai_responses"
 
 
@@ -187,7 +194,7 @@ class GuardStage(BaseStage):
             name, payload = loop_warning(finding)
             if verdict.shadow:
                 payload["shadow"] = True
-            event_id = self.engine.record_event(session, "LOOP_WARNING", name, payload)
+            event_id = self.engine.record_event(session, EventType.LOOP_WARNING, name, payload)
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
@@ -196,11 +203,11 @@ class GuardStage(BaseStage):
         fired = verdict.loop_findings or any(d.action > Action.ALLOW for d in verdict.decisions)
         if verdict.shadow:
             if fired:
-                self.engine.recorder.add_tags(session.run_id, SHADOW_TAG)
+                self.engine.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
             return
         tags = set(verdict.tags)
         if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
-            tags.add(LOOP_TAG)
+            tags.add(TAG_LOOP_DETECTED)
         if tags:
             self.engine.recorder.add_tags(session.run_id, *sorted(tags))
 
@@ -219,7 +226,9 @@ class GuardStage(BaseStage):
             return
         session.guards.shadow_reported.add(decision.guard)
         payload = guard_error(decision, call=call_summary(ex), shadow=True)
-        self.engine.record_event(session, "ERROR", decision.guard, payload, parent_id=ex.guard_event_id)
+        self.engine.record_event(
+            session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
+        )
 
     def warn_agent(self, ex: Exchange, verdict: Verdict) -> None:
         """A loop WARN lets the call through; an MCP result carries the warning as an extra text block."""
@@ -246,7 +255,7 @@ class GuardStage(BaseStage):
                 ex.guard_trace.fields["breaker"] = True  # admitted, then refused by the circuit
             ex.decisions.append(decision)
             self.engine.metrics.observe_decision(decision.guard, decision.action.name)
-            self.engine.recorder.add_tags(session.run_id, CIRCUIT_TAG)
+            self.engine.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
             self.write_error(ex, decision)
             ex.answer = ex.protocol.render_refusal(
                 ex, decision, describe(decision, self.engine.settings.expose_guard_details)
@@ -275,16 +284,16 @@ class GuardStage(BaseStage):
                 self.chains.remember_block(ex.call, synthetic, ex.extra.get("responses_body") or {}, text)
             return
         ex.answer = ex.protocol.render_refusal(ex, decision, text)
-        budget = "budget_exceeded" in decision.tags
+        budget = TAG_BUDGET_EXCEEDED in decision.tags
         limit = decision.kind is None and not budget
         self.engine.terminate_session(
-            session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else "terminated"
+            session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else TAG_TERMINATED
         )
 
     def refuse_ended(self, ex: Exchange, guards: SessionGuards) -> None:
         """The session ended while this call was being judged: refused like every later call."""
         decision = guards.terminated_by or Decision(
-            Action.TERMINATE, "session_terminated", "this session was terminated by a guard"
+            Action.TERMINATE, GUARD_SESSION_TERMINATED, "this session was terminated by a guard"
         )
         self.engine.metrics.observe_decision(decision.guard, decision.action.name)
         ex.answer = ex.protocol.render_refusal(
@@ -303,7 +312,9 @@ class GuardStage(BaseStage):
         payload = guard_error(decision, call=call_summary(ex))
         if ex.guard_trace is not None:
             payload.update(ex.guard_trace.payload())  # a refused call's event is this ERROR
-        self.engine.record_event(session, "ERROR", decision.guard, payload, parent_id=ex.guard_event_id)
+        self.engine.record_event(
+            session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
+        )
         self.engine.alert(session, decision)
 
     def write_transition(self, ex: Exchange, transition: Transition) -> None:
@@ -311,7 +322,7 @@ class GuardStage(BaseStage):
         assert session is not None
         self.engine.record_event(
             session,
-            "STATE_UPDATE",
+            EventType.STATE_UPDATE,
             "state",
             {
                 "state": {"circuit_breaker": {"upstream": ex.route.upstream, "state": str(transition.new)}},
@@ -322,7 +333,8 @@ class GuardStage(BaseStage):
         self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
         if str(transition.new) == "open":
             self.engine.alert(
-                session, Decision(Action.BLOCK, "circuit_breaker", f"circuit to {ex.route.upstream} opened")
+                session,
+                Decision(Action.BLOCK, GUARD_CIRCUIT_BREAKER, f"circuit to {ex.route.upstream} opened"),
             )
 
     # --- after the answer --------------------------------------------------------------------
@@ -373,11 +385,11 @@ class GuardStage(BaseStage):
             self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
             if d.tags:
                 self.engine.recorder.add_tags(
-                    session.run_id, *(d.tags if not guards.shadow else (SHADOW_TAG,))
+                    session.run_id, *(d.tags if not guards.shadow else (TAG_SHADOW_FIRED,))
                 )
             self.engine.record_event(
                 session,
-                "STATE_UPDATE",
+                EventType.STATE_UPDATE,
                 "state",
                 {
                     "state": {"budget": {"cost_usd": d.actual, "soft_alert_threshold_usd": d.threshold}},

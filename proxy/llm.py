@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import guard_trace, jsonparse
-from proxy.constants import DEPTH_LIMIT, TRUNCATED_MARKER
+from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
 from proxy.exchange import Answer, Exchange
-from proxy.guards.decision import Decision
+from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.pipeline import BaseStage
 from proxy.redact import valid_unicode
@@ -152,8 +152,8 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
         error["threshold"] = decision.threshold
         error["actual"] = decision.actual
     headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
-    if decision.guard == "circuit_breaker" and decision.retry_after is not None:
-        headers["Retry-After"] = str(max(1, int(decision.retry_after + 0.999)))
+    if decision.guard == GUARD_CIRCUIT_BREAKER and decision.retry_after is not None:
+        headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
         # an open circuit is worth retrying later: the SDK honours Retry-After
         headers.pop("x-should-retry")
     return Answer(429, error_body(dialect, 429, error), "application/json", headers)
@@ -274,7 +274,7 @@ class LLMParseStage(BaseStage):
             return
         self.engine.record_event(
             session,
-            "ERROR",
+            EventType.ERROR,
             "invalid_request_body",
             {
                 "error_type": "invalid_request_body",
@@ -423,7 +423,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
             continue
         session.conversation.tool_event_ids[tr.tool_call_id] = engine.record_event(
             session,
-            "TOOL_CALL",
+            EventType.TOOL_CALL,
             pending.name,
             {
                 "tool_name": pending.name,
@@ -489,7 +489,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
     event_id = engine.record_event(
         session,
-        "LLM_CALL",
+        EventType.LLM_CALL,
         model,
         payload,
         duration_ms=int((end - ex.started) * 1000),
@@ -501,7 +501,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)
         engine.record_event(
             session,
-            "ERROR",
+            EventType.ERROR,
             "upstream_error",
             {
                 "error_type": "upstream_error",

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from proxy.constants import GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH, GUARD_STOP_ON_LOOP, EventType
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.session import SessionGuards
@@ -35,8 +36,8 @@ from proxy.storage import EVENTS_JSONL, TRIPWIRE_JSON, parse_events, parse_iso, 
 # events the live guards never observed (written outside `Engine.record_event`): the session's
 # start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
 # wrote after the fact
-NOT_OBSERVED_GUARDRAILS = frozenset({"stop_on_loop", "kill_switch"})
-RECORDED_ONLY_GUARDRAILS = frozenset({"circuit_breaker", "kill_switch"})
+NOT_OBSERVED_GUARDRAILS = frozenset({GUARD_STOP_ON_LOOP, GUARD_KILL_SWITCH})
+RECORDED_ONLY_GUARDRAILS = frozenset({GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH})
 
 
 @dataclass(frozen=True)
@@ -192,11 +193,11 @@ class _Replayer:
         for ev in self.events:
             kind = ev.get("event_type")
             payload = ev.get("payload") or {}
-            if kind in ("RUN_START", "RUN_END"):
+            if kind in (EventType.RUN_START, EventType.RUN_END):
                 continue
-            if kind == "LOOP_WARNING" and payload.get("kind") == "cycle":
+            if kind == EventType.LOOP_WARNING and payload.get("kind") == "cycle":
                 continue
-            if kind == "ERROR" and payload.get("guardrail") in NOT_OBSERVED_GUARDRAILS:
+            if kind == EventType.ERROR and payload.get("guardrail") in NOT_OBSERVED_GUARDRAILS:
                 continue
             yield ev
 
@@ -286,7 +287,7 @@ class _Replayer:
         for d in verdict.decisions:
             if d.action > Action.ALLOW:
                 self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
-        refused_live = ev.get("event_type") == "ERROR" or fields.get("breaker")
+        refused_live = ev.get("event_type") == EventType.ERROR or fields.get("breaker")
         if verdict.refused or refused_live:
             guards.release(verdict.reservation)  # not forwarded: no answer to settle
         else:
@@ -334,7 +335,10 @@ class _Replayer:
             payload = ev.get("payload") or {}
             if isinstance(payload.get("call_seq"), int):
                 last = payload["call_seq"]
-            if ev.get("event_type") != "ERROR" or payload.get("guardrail") not in RECORDED_ONLY_GUARDRAILS:
+            if (
+                ev.get("event_type") != EventType.ERROR
+                or payload.get("guardrail") not in RECORDED_ONLY_GUARDRAILS
+            ):
                 continue
             self.out.decisions.append(
                 ReplayDecision(
@@ -360,16 +364,16 @@ def _replay_agentdbg(
         config = GuardConfig.model_validate(meta["guard_config"])
     guards = SessionGuards(config or GuardConfig(), started_at=0.0)
     out = RunReplay(run_id, recorded_by="agentdbg")
-    start = next((parse_iso(e.get("ts")) for e in events if e.get("event_type") == "RUN_START"), None)
+    start = next((parse_iso(e.get("ts")) for e in events if e.get("event_type") == EventType.RUN_START), None)
     for ev in events:
         kind = ev.get("event_type")
         payload = ev.get("payload") or {}
         ts = parse_iso(ev.get("ts"))
         now = 0.0 if ts is None or start is None else max(0.0, ts - start)
-        if kind == "RUN_START":
+        if kind == EventType.RUN_START:
             guards.budget.count_event()
             continue
-        if kind in ("LLM_CALL", "TOOL_CALL"):
+        if kind in (EventType.LLM_CALL, EventType.TOOL_CALL):
             out.calls += 1
             got = _agentdbg_call(guards, kind, payload, now)
             out.decisions += [_decision(run_id, out.calls, ev.get("event_id"), d) for d in got]
@@ -380,7 +384,7 @@ def _replay_agentdbg(
 
 
 def _agentdbg_call(guards: SessionGuards, kind: str, payload: dict[str, Any], now: float) -> list[Decision]:
-    if kind == "LLM_CALL":
+    if kind == EventType.LLM_CALL:
         verdict = guards.before_llm_call([], 0, {}, estimate_usd=0.0, now=now)
         usage = payload.get("usage") or {}
         after = guards.after_llm_call(

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from proxy import episodes
+from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.guards.decision import Action, Decision
@@ -47,7 +48,7 @@ class SessionStage(BaseStage):
         if isinstance(opened, Refused):
             decision = Decision(
                 Action.TERMINATE,
-                guard="session_terminated",
+                guard=GUARD_SESSION_TERMINATED,
                 message="this session was terminated by a guard; start a new session",
             )
             ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")

@@ -45,6 +45,7 @@ from yarl import URL
 
 from proxy import llm
 from proxy.appkeys import ENGINE
+from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import dialect_name, openai_responses
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error, request_headers, response_headers
@@ -574,7 +575,7 @@ class SocketRelay:
         """The refusal ended the session, or came from one already ended: the socket goes too."""
         if ex.session is not None:
             return bool(ex.session.terminated)
-        return answer.headers.get("X-Tripwire-Guard") == "session_terminated"
+        return answer.headers.get("X-Tripwire-Guard") == GUARD_SESSION_TERMINATED
 
     async def run_call(self, ex: Exchange) -> None:
         assert self.pipeline is not None

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from proxy import storage
-from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
+from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON, EventType
 from proxy.storage import is_valid_run_id, read_json
 
 __all__ = ["RunReader", "is_valid_run_id", "run_summary"]
@@ -30,6 +30,8 @@ __all__ = ["RunReader", "is_valid_run_id", "run_summary"]
 log = logging.getLogger(__name__)
 
 MAX_INDEXED_RUNS = 32
+# an events.jsonl line worth parsing for the cost curve (a cheap test before the JSON parse)
+_LLM_CALL_TOKEN = f'"{EventType.LLM_CALL.value}"'.encode()
 
 
 @dataclass
@@ -175,7 +177,7 @@ class RunReader:
             line = chunk[pos:nl]
             if line.strip():
                 idx.offsets.append(idx.scanned + pos)
-                if b'"LLM_CALL"' in line:
+                if _LLM_CALL_TOKEN in line:
                     _add_cost(idx, line)
             pos = nl + 1
         idx.scanned += pos
@@ -231,7 +233,7 @@ def _add_cost(idx: _EventIndex, line: bytes) -> None:
         ev = orjson.loads(line)
     except orjson.JSONDecodeError:
         return
-    if not isinstance(ev, dict) or ev.get("event_type") != "LLM_CALL":
+    if not isinstance(ev, dict) or ev.get("event_type") != EventType.LLM_CALL:
         return
     payload = ev.get("payload") or {}
     cost = payload.get("cost_usd") if isinstance(payload, dict) else None

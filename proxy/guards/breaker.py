@@ -18,11 +18,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import ALLOW, Action, Decision
-
-GUARD = "circuit_breaker"
-TAG_OPEN = "circuit_breaker_open"
 
 
 class State(enum.StrEnum):
@@ -112,12 +110,12 @@ class CircuitBreaker:
             left = max(left, 1.0)
         return Decision(
             Action.BLOCK,
-            GUARD,
+            GUARD_CIRCUIT_BREAKER,
             message,
             threshold=self.config.open_after_failures,
             actual=self.failures,
             retry_after=round(left, 3),
-            tags=(TAG_OPEN,),
+            tags=(TAG_CIRCUIT_BREAKER_OPEN,),
         )
 
     def on_success(self, ticket: Ticket | None, now: float) -> Transition | None:

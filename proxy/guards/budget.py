@@ -18,12 +18,23 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from proxy.constants import (
+    GUARD_MAX_COST_USD,
+    GUARD_MAX_DURATION_S,
+    GUARD_MAX_EVENTS,
+    GUARD_MAX_LLM_CALLS,
+    GUARD_MAX_STEPS,
+    GUARD_MAX_TOKENS,
+    GUARD_MAX_TOOL_CALLS,
+    GUARD_MAX_WALL_TIME_SECONDS,
+    GUARD_SOFT_ALERT_THRESHOLD_USD,
+    TAG_BUDGET_EXCEEDED,
+    TAG_BUDGET_WARNING,
+)
 from proxy.guards.config import BudgetConfig, LimitsConfig
 from proxy.guards.decision import ALLOW, Action, Decision
 
 CallKind = Literal["llm", "tool"]
-TAG_EXCEEDED = "budget_exceeded"
-TAG_WARNING = "budget_warning"
 
 
 def dollars(amount: float) -> str:
@@ -114,7 +125,7 @@ class SessionBudget:
 
         if b.max_wall_time_seconds is not None and elapsed > b.max_wall_time_seconds:
             return _stop(
-                "max_wall_time_seconds",
+                GUARD_MAX_WALL_TIME_SECONDS,
                 f"session wall time {elapsed:.1f}s exceeded {b.max_wall_time_seconds}s",
                 b.max_wall_time_seconds,
                 round(elapsed, 3),
@@ -123,7 +134,7 @@ class SessionBudget:
         if b.max_cost_usd is not None and self.cost_usd + usd >= b.max_cost_usd:
             spent = round(self.cost_usd + usd, 6)
             return _stop(
-                "max_cost_usd",
+                GUARD_MAX_COST_USD,
                 f"session cost {dollars(spent)} reached the {dollars(b.max_cost_usd)} budget",
                 b.max_cost_usd,
                 spent,
@@ -132,7 +143,7 @@ class SessionBudget:
         if b.max_tokens is not None and self.tokens + tokens >= b.max_tokens:
             used = self.tokens + tokens
             return _stop(
-                "max_tokens",
+                GUARD_MAX_TOKENS,
                 f"session used {used} tokens, budget {b.max_tokens}",
                 b.max_tokens,
                 used,
@@ -140,7 +151,7 @@ class SessionBudget:
             )
         if lim.max_duration_s is not None and elapsed >= lim.max_duration_s:
             return _stop(
-                "max_duration_s",
+                GUARD_MAX_DURATION_S,
                 f"elapsed {elapsed:.1f}s >= {lim.max_duration_s}s",
                 lim.max_duration_s,
                 round(elapsed, 3),
@@ -149,7 +160,7 @@ class SessionBudget:
             would_be = self.llm_calls + llm_inflight + 1
             if would_be > lim.max_llm_calls:
                 return _stop(
-                    "max_llm_calls",
+                    GUARD_MAX_LLM_CALLS,
                     f"LLM call {would_be} > max_llm_calls {lim.max_llm_calls}",
                     lim.max_llm_calls,
                     would_be,
@@ -157,7 +168,10 @@ class SessionBudget:
         if kind == "llm" and self.tool_calls > 0:
             # function-calling tools run by the agent itself: the LLM request whose history holds
             # the N+1-th one is the call refused
-            for guard, limit in (("max_tool_calls", lim.max_tool_calls), ("max_steps", self.max_steps)):
+            for guard, limit in (
+                (GUARD_MAX_TOOL_CALLS, lim.max_tool_calls),
+                (GUARD_MAX_STEPS, self.max_steps),
+            ):
                 if limit is not None and self.tool_calls > limit:
                     return _stop(
                         guard, f"tool call {self.tool_calls} > {guard} {limit}", limit, self.tool_calls
@@ -166,14 +180,14 @@ class SessionBudget:
             would_be = self.tool_calls + tool_inflight + 1
             if lim.max_tool_calls is not None and would_be > lim.max_tool_calls:
                 return _stop(
-                    "max_tool_calls",
+                    GUARD_MAX_TOOL_CALLS,
                     f"tool call {would_be} > max_tool_calls {lim.max_tool_calls}",
                     lim.max_tool_calls,
                     would_be,
                 )
             if self.max_steps is not None and would_be > self.max_steps:
                 return _stop(
-                    "max_steps",
+                    GUARD_MAX_STEPS,
                     f"tool call {would_be} > max_steps {self.max_steps}",
                     self.max_steps,
                     would_be,
@@ -183,7 +197,7 @@ class SessionBudget:
             would_be = self.events + llm_inflight + tool_inflight + 1
             if would_be > lim.max_events:
                 return _stop(
-                    "max_events",
+                    GUARD_MAX_EVENTS,
                     f"event {would_be} > max_events {lim.max_events}",
                     lim.max_events,
                     would_be,
@@ -209,11 +223,11 @@ class SessionBudget:
             return [
                 Decision(
                     Action.WARN,
-                    "soft_alert_threshold_usd",
+                    GUARD_SOFT_ALERT_THRESHOLD_USD,
                     f"session cost {dollars(self.cost_usd)} reached the {dollars(soft)} soft alert",
                     threshold=soft,
                     actual=round(self.cost_usd, 6),
-                    tags=(TAG_WARNING,),
+                    tags=(TAG_BUDGET_WARNING,),
                 )
             ]
         return []
@@ -254,5 +268,5 @@ def _stop(guard: str, message: str, threshold: Any, actual: Any, *, budget: bool
         message,
         threshold=threshold,
         actual=actual,
-        tags=(TAG_EXCEEDED,) if budget else (),
+        tags=(TAG_BUDGET_EXCEEDED,) if budget else (),
     )

@@ -7,6 +7,7 @@ trace events and, for refusals, into an answer in the client's own protocol.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ class Action(enum.IntEnum):
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    guard: str  # guardrail code, e.g. "loop_detection", "max_cost_usd", "circuit_breaker"
+    guard: str  # guardrail code (proxy.constants.GUARD_*), e.g. "loop_detection", "max_cost_usd"
     message: str = ""
     threshold: Any = None
     actual: Any = None
@@ -41,6 +42,15 @@ class Decision:
 
 
 ALLOW = Decision(Action.ALLOW, guard="none")
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """Retry-After in whole seconds: rounded up, at least 1 (SPEC §5.5).
+
+    The one rounding for the HTTP `Retry-After` header, the JSON-RPC error's `data.retry_after` and
+    the `[tripwire] ... Try again in Ns.` text.
+    """
+    return max(1, math.ceil(seconds))
 
 
 def strictest(decisions: list[Decision]) -> Decision:

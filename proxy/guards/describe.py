@@ -7,9 +7,20 @@ counts (a model that knows the threshold can learn to stay one call below it).
 
 from __future__ import annotations
 
-import math
-
-from proxy.guards.decision import Action, Decision
+from proxy.constants import (
+    GUARD_CIRCUIT_BREAKER,
+    GUARD_MAX_COST_USD,
+    GUARD_MAX_DURATION_S,
+    GUARD_MAX_EVENTS,
+    GUARD_MAX_LLM_CALLS,
+    GUARD_MAX_STEPS,
+    GUARD_MAX_TIME_PER_TURN,
+    GUARD_MAX_TOKENS,
+    GUARD_MAX_TOOL_CALLS,
+    GUARD_MAX_WALL_TIME_SECONDS,
+    GUARD_SOFT_ALERT_THRESHOLD_USD,
+)
+from proxy.guards.decision import Action, Decision, retry_after_seconds
 
 _LOOP_KINDS = {
     "repetition": "the same tool call was repeated",
@@ -21,18 +32,18 @@ _LOOP_KINDS = {
     "no_progress": "a call keeps returning the same result",
 }
 _BUDGET = {
-    "max_cost_usd": "the session's cost budget is spent",
-    "max_tokens": "the session's token budget is spent",
-    "max_wall_time_seconds": "the session's time budget is spent",
-    "soft_alert_threshold_usd": "the session's cost is close to its budget",
+    GUARD_MAX_COST_USD: "the session's cost budget is spent",
+    GUARD_MAX_TOKENS: "the session's token budget is spent",
+    GUARD_MAX_WALL_TIME_SECONDS: "the session's time budget is spent",
+    GUARD_SOFT_ALERT_THRESHOLD_USD: "the session's cost is close to its budget",
 }
 _LIMITS = {
-    "max_llm_calls": "the session reached its limit of LLM calls",
-    "max_tool_calls": "the session reached its limit of tool calls",
-    "max_steps": "the session reached its limit of tool calls",
-    "max_events": "the session reached its limit of recorded events",
-    "max_duration_s": "the session reached its time limit",
-    "max_time_per_turn": "this turn has run too long",
+    GUARD_MAX_LLM_CALLS: "the session reached its limit of LLM calls",
+    GUARD_MAX_TOOL_CALLS: "the session reached its limit of tool calls",
+    GUARD_MAX_STEPS: "the session reached its limit of tool calls",
+    GUARD_MAX_EVENTS: "the session reached its limit of recorded events",
+    GUARD_MAX_DURATION_S: "the session reached its time limit",
+    GUARD_MAX_TIME_PER_TURN: "this turn has run too long",
 }
 
 
@@ -43,7 +54,7 @@ def _summary(d: Decision) -> str:
         return _BUDGET[d.guard]
     if d.guard in _LIMITS:
         return _LIMITS[d.guard]
-    if d.guard == "circuit_breaker":
+    if d.guard == GUARD_CIRCUIT_BREAKER:
         return "the upstream is failing and its circuit is open"
     return d.message or f"guard {d.guard} fired"
 
@@ -51,11 +62,11 @@ def _summary(d: Decision) -> str:
 def _advice(d: Decision) -> str:
     if d.action is Action.TERMINATE:
         return "The session has been ended; do not retry it."
-    if d.guard == "circuit_breaker":
+    if d.guard == GUARD_CIRCUIT_BREAKER:
         # rounded up, as the Retry-After header and the JSON-RPC error's retry_after are
-        left = f" in {max(1, math.ceil(d.retry_after))}s" if d.retry_after is not None else " later"
+        left = f" in {retry_after_seconds(d.retry_after)}s" if d.retry_after is not None else " later"
         return f"Try again{left}."
-    if d.guard == "max_time_per_turn":
+    if d.guard == GUARD_MAX_TIME_PER_TURN:
         return "Stop calling tools and answer the user with what you have."
     if d.kind is not None:
         return "Do not repeat this call: try a different approach, or answer the user with what you have."

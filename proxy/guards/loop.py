@@ -45,6 +45,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy.constants import (
+    GUARD_LOOP_DETECTION,
+    GUARD_MAX_TIME_PER_TURN,
+    GUARD_STOP_ON_LOOP,
+    TAG_LOOP_DETECTED,
+    TAG_TERMINATED,
+    EventType,
+)
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.signatures import (
@@ -55,9 +63,6 @@ from proxy.guards.signatures import (
     result_fingerprint,
 )
 
-GUARD = "loop_detection"
-TAG_LOOP = "loop_detected"
-TAG_TERMINATED = "terminated"
 PATTERN_CHARS = 80
 MAX_EVIDENCE = 50
 MAX_CYCLE_PERIOD = 5
@@ -422,7 +427,7 @@ class LoopDetector:
         """After an event is recorded: AgentDbg's cycle over `window` event signatures (opt-in)."""
         if not self.config.enabled or not self.config.agentdbg_cycle:
             return None
-        if event_type in ("LLM_CALL", "TOOL_CALL"):
+        if event_type in (EventType.LLM_CALL, EventType.TOOL_CALL):
             sig = f"{event_type}:{name or 'UNKNOWN'}"
         else:
             sig = event_type
@@ -453,7 +458,7 @@ class LoopDetector:
             self._cycle_reported.add(key)
             decision = Decision(
                 Action.TERMINATE if terminate else Action.WARN,
-                "stop_on_loop" if terminate else GUARD,
+                GUARD_STOP_ON_LOOP if terminate else GUARD_LOOP_DETECTION,
                 f"the run repeats {pattern!r} {reps} times in its last {n} events",
                 threshold=cfg.stop_on_loop_min_repetitions if terminate else k,
                 actual=reps,
@@ -462,7 +467,7 @@ class LoopDetector:
                 repetitions=reps if terminate else k,
                 window_size=n,
                 evidence=evidence,
-                tags=(TAG_LOOP, TAG_TERMINATED) if terminate else (TAG_LOOP,),
+                tags=(TAG_LOOP_DETECTED, TAG_TERMINATED) if terminate else (TAG_LOOP_DETECTED,),
             )
             self._tally([decision])
             return decision
@@ -768,7 +773,7 @@ class LoopDetector:
             return []
         d = Decision(
             Action.BLOCK,
-            "max_time_per_turn",
+            GUARD_MAX_TIME_PER_TURN,
             f"this turn has run {elapsed:.3g}s, longer than {limit:g}s",
             threshold=limit,
             actual=round(elapsed, 3),
@@ -780,11 +785,11 @@ class LoopDetector:
     def _loop(self, kind: str, key: Any, action: Action, message: str, **kw: Any) -> Decision:
         new = key not in self._reported
         self._reported.add(key)
-        tags = (TAG_LOOP, TAG_TERMINATED) if action is Action.TERMINATE else (TAG_LOOP,)
+        tags = (TAG_LOOP_DETECTED, TAG_TERMINATED) if action is Action.TERMINATE else (TAG_LOOP_DETECTED,)
         pattern = kw.pop("pattern")
         return Decision(
             action,
-            GUARD,
+            GUARD_LOOP_DETECTION,
             message,
             kind=kind,
             pattern=pattern[:PATTERN_CHARS],

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.constants import EventType
 from proxy.guards.budget import CallKind, Reservation, SessionBudget
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
@@ -24,7 +25,7 @@ from proxy.guards.loop import HistoryCall, HistoryResults, LoopDetector
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
-CYCLE_EVENTS = frozenset({"LLM_CALL", "TOOL_CALL"})
+CYCLE_EVENTS = frozenset({EventType.LLM_CALL, EventType.TOOL_CALL})
 
 
 @dataclass
