@@ -1,0 +1,202 @@
+"""The run registry: the runs this recorder has open, in memory (counts, usage, tags, tripwire.json
+fields, the lines queued for each), the summaries of runs ended recently, and what a run's run.json,
+tripwire.json and RUN_END summary say. Only the event-loop thread touches it; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from proxy import storage
+from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType, default_counts
+from proxy.trace.content import encode
+
+ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent end_run
+
+
+class Line(NamedTuple):
+    """One queued event: its encoded line (None for RUN_END, encoded when written) and what it counts."""
+
+    data: bytes | None
+    event_type: str
+    key: str | None  # run.json counts key, if the event counts
+    ts: float
+    ts_iso: str
+    size: int
+
+
+@dataclass
+class Disk:
+    """What a run's files hold: run.json is written from this, never from what is only queued."""
+
+    counts: dict[str, int] = field(default_factory=default_counts)
+    last_ts: float = 0.0
+    last_event_ts: str | None = None
+    started: bool = False  # RUN_START is in events.jsonl
+    ended: bool = False  # RUN_END is in events.jsonl
+    size: int | None = None  # events.jsonl's size after the last good append (None: not known yet)
+
+    def add(self, line: Line) -> None:
+        if line.key:
+            self.counts[line.key] += 1
+        if line.ts >= self.last_ts or self.last_event_ts is None:
+            self.last_ts, self.last_event_ts = line.ts, line.ts_iso
+        if line.event_type == EventType.RUN_START:
+            self.started = True
+        elif line.event_type == EventType.RUN_END:
+            self.ended = True
+
+
+@dataclass
+class Run:
+    """One open run, in memory. Only the event-loop thread touches it."""
+
+    run_id: str
+    dir: Path
+    run_name: str | None
+    started: float
+    counts: dict[str, int] = field(default_factory=default_counts)  # every event accepted
+    last_event_ts: str | None = None
+    last_ts: float = 0.0
+    status: str = STATUS_RUNNING
+    ended: float | None = None
+    cost_usd: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    tags: set[str] = field(default_factory=set)
+    fields: dict[str, Any] = field(default_factory=dict)  # tripwire.json fields set by the caller
+    pending: list[Line] = field(default_factory=list)  # queued, not yet on disk, in order
+    end_event: dict[str, Any] | None = None  # RUN_END, encoded when written (summary = what is on disk)
+    disk: Disk = field(default_factory=Disk)
+    run_json_dirty: bool = True
+    tripwire_dirty: bool = True
+    dir_made: bool = False
+    torn: bool = False  # a failed append may have left bytes past disk.size: cut them before the next
+    tripwire_written: bool = False
+    run_json_written: bool = False
+    meta_due: float = 0.0  # monotonic time before which a live run's metadata rewrite waits
+    failing: bool = False  # its last write failed: retried at retry_at, or on flush
+    retry_at: float = 0.0
+    wait_due: float | None = None  # its entry in the writer's waiting heap
+
+    @property
+    def is_open(self) -> bool:
+        return self.status == STATUS_RUNNING
+
+    def note_event(self, event_type: str, payload: dict[str, Any] | None, ts: float, ts_iso: str) -> None:
+        """An accepted event's effect on the run's usage (LLM_CALL tokens) and last event time."""
+        if event_type == EventType.LLM_CALL and isinstance(payload, dict):
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                self.prompt_tokens += _int(usage.get("prompt_tokens"))
+                self.completion_tokens += _int(usage.get("completion_tokens"))
+                self.tripwire_dirty = True
+        if ts >= self.last_ts or self.last_event_ts is None:
+            self.last_ts = ts
+            self.last_event_ts = ts_iso
+
+
+class RunRegistry:
+    """The open runs by id, and the summaries of runs ended a while ago (for summary() / end_run)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Run] = {}
+        self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def get(self, run_id: str) -> Run | None:
+        return self.runs.get(run_id)
+
+    def known(self, run_id: str) -> bool:
+        return run_id in self.runs or run_id in self.ended
+
+    def add(self, run: Run) -> None:
+        self.runs[run.run_id] = run
+
+    def pop(self, run_id: str) -> Run | None:
+        return self.runs.pop(run_id, None)
+
+    def open_ids(self) -> list[str]:
+        return [rid for rid, run in self.runs.items() if run.status == STATUS_RUNNING]
+
+    def open_count(self) -> int:
+        return sum(1 for r in self.runs.values() if r.status == STATUS_RUNNING)
+
+    def summary(self, run_id: str, now: float) -> dict[str, Any]:
+        run = self.runs.get(run_id)
+        if run is not None:
+            return summary(run, run.ended if run.ended is not None else now)
+        return dict(self.ended.get(run_id, {}))
+
+    def retire(self, run: Run) -> None:
+        """An ended run leaves memory; its summary is kept for a while."""
+        self.runs.pop(run.run_id, None)
+        self.ended[run.run_id] = summary(run, run.ended if run.ended is not None else run.last_ts)
+        while len(self.ended) > ENDED_MEMORY:
+            self.ended.popitem(last=False)
+
+
+def summary_order(s: dict[str, Any]) -> dict[str, Any]:
+    """RUN_END summary with the spec's keys in the spec's order."""
+    keys = ("llm_calls", "tool_calls", "errors", "duration_ms", "loop_warnings", "cost_usd", "total_tokens")
+    return {k: s.get(k, 0) for k in keys}
+
+
+def summary(run: Run, now: float) -> dict[str, Any]:
+    """RUN_END's summary shape, counting every event accepted."""
+    return summary_order(
+        {
+            **run.counts,
+            "duration_ms": max(0, int((now - run.started) * 1000)),
+            "cost_usd": round(run.cost_usd, 10),
+            "total_tokens": run.total_tokens,
+        }
+    )
+
+
+def run_json(run: Run, disk: Disk | None = None) -> dict[str, Any]:
+    """run.json as the files are (or will be once the job's lines are appended): counts, last
+    event and end from the events on disk, never from events only queued."""
+    disk = disk or run.disk
+    ended = disk.ended and run.ended is not None and run.status != STATUS_RUNNING
+    return {
+        "spec_version": SPEC_VERSION,
+        "run_id": run.run_id,
+        "run_name": run.run_name,
+        "started_at": storage.iso_ms(run.started),
+        "ended_at": storage.iso_ms(run.ended) if ended and run.ended is not None else None,
+        "duration_ms": max(0, int((run.ended - run.started) * 1000))
+        if ended and run.ended is not None
+        else None,
+        "status": run.status if ended else STATUS_RUNNING,
+        "counts": dict(disk.counts),
+        "last_event_ts": disk.last_event_ts,
+    }
+
+
+def tripwire_json(run: Run) -> dict[str, Any]:
+    return {
+        **run.fields,
+        "cost_usd": round(run.cost_usd, 10),
+        "tokens": {
+            "prompt": run.prompt_tokens,
+            "completion": run.completion_tokens,
+            "total": run.total_tokens,
+        },
+        "health_tags": sorted(run.tags),
+    }
+
+
+def encode_end(run: Run, counts: dict[str, int]) -> bytes:
+    """RUN_END's line, its summary counting the events written before it."""
+    event = run.end_event or {}
+    payload = dict(event.get("payload") or {})
+    payload["summary"] = summary_order({**(payload.get("summary") or {}), **counts})
+    return encode({**event, "payload": payload})
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0

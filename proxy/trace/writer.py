@@ -1,0 +1,509 @@
+"""The trace writer: puts the lines the recorder queued, and each run's run.json / tripwire.json, on
+disk off the request path. One background task makes passes; each pass takes everything pending in
+every run and appends each run's new lines with one `write()`, on the event loop itself (a page-cache
+write takes microseconds, where a worker thread under load waits milliseconds for the GIL on every
+system call: measured, with 300 busy sessions the thread fell seconds behind). Only writes that fsync
+go to a worker thread. run.json and tripwire.json are rewritten atomically at most once per run per
+`meta_interval_s` while the run is live (at once when it starts and ends, and on `flush()`), so a
+burst of events costs one rewrite. Out of space (ENOSPC, EDQUOT) keeps a run's lines in memory, in
+order, and retries them every `RETRY_S` (and on flush); any other error drops the failed lines but
+keeps RUN_START and RUN_END. A full queue drops events (never RUN_START / RUN_END). Failures are
+counted, logged (rate-limited) and reported by the recorder's `health()`; they never raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import heapq
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from proxy import runlock, storage
+from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, RUN_JSON, STATUS_RUNNING, TRIPWIRE_JSON, EventType
+from proxy.trace.content import encode
+from proxy.trace.runs import Disk, Line, Run, RunRegistry, encode_end, run_json, tripwire_json
+
+logger = logging.getLogger(__name__)
+
+FsyncPolicy = Literal["never", "run_end", "always"]
+FSYNC_POLICIES = ("never", "run_end", "always")
+
+META_INTERVAL_S = 0.5  # a live run's run.json / tripwire.json are rewritten at most this often ...
+META_REWRITES_PER_S = 100.0  # ... and, with many live runs, at most this many runs' per second in all
+RETRY_S = 1.0  # a run whose writes failed is retried this often (and at every flush)
+_LOG_EVERY_S = 10.0  # write-error log rate limit
+_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # space comes back: keep the lines, retry
+_YIELD_EVERY = 512  # runs written per slice of a pass before other tasks get the loop
+_META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the rest wait for the next)
+_END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
+
+
+@dataclass
+class Job:
+    """What one run's writes are in one pass (built on the loop thread, written on it or in a thread)."""
+
+    run_id: str
+    dir: Path
+    make_dir: bool
+    lines: list[Line]
+    data: list[bytes]  # the lines encoded
+    after: Disk  # the run's disk state once the lines are appended
+    size: int | None
+    torn: bool
+    run_json: dict[str, Any] | None
+    tripwire: dict[str, Any] | None
+    tripwire_first: bool  # run.json only once tripwire.json (its owner) is on disk
+    fsync: bool
+
+
+@dataclass
+class JobResult:
+    run_id: str
+    dir_made: bool
+    size: int | None
+    torn: bool
+    lines_ok: bool | None = None  # None: there were no lines to write
+    tripwire_ok: bool | None = None  # None: not written in this job
+    run_json_ok: bool | None = None
+    errno: int | None = None  # of the lines' failure
+    errors: list[str] = field(default_factory=list)
+
+    def fail(self, what: str, e: BaseException) -> None:
+        self.errors.append(f"{what}: {e!r}")
+
+
+def write_job(job: Job) -> JobResult:
+    """One run's pending writes. Never raises; failures come back in the result.
+
+    events.jsonl first (cut back to its last good size when an append fails, so no partial or blank
+    line is ever left), then tripwire.json, then run.json, whose counts describe the lines just written:
+    so when the lines fail, neither is written.
+    """
+    res = JobResult(job.run_id, dir_made=not job.make_dir, size=job.size, torn=job.torn)
+    if job.make_dir:
+        try:
+            job.dir.mkdir(parents=True, exist_ok=True)
+            res.dir_made = True
+        except Exception as e:  # any failure is reported, never raised
+            res.fail(f"mkdir {job.dir}", e)
+            if job.lines:
+                res.lines_ok = False
+                res.errno = getattr(e, "errno", None)
+            return res
+    if job.lines:
+        path = job.dir / EVENTS_JSONL
+        try:
+            if res.size is None:
+                res.size = storage.file_size(path)
+            if res.torn:
+                storage.truncate_file(path, res.size)
+                res.torn = False
+            storage.append_lines(path, job.data, fsync=job.fsync)
+        except Exception as e:
+            res.lines_ok = False
+            res.errno = getattr(e, "errno", None)
+            res.fail(f"append {path} ({len(job.lines)} events)", e)
+            if res.size is not None:
+                try:
+                    storage.truncate_file(path, res.size)  # no partial line stays behind
+                    res.torn = False
+                except Exception:
+                    res.torn = True  # cut before the next append
+            return res
+        res.lines_ok = True
+        res.size += sum(len(d) for d in job.data)
+    if job.tripwire is not None:
+        try:
+            storage.write_json_atomic(job.dir / TRIPWIRE_JSON, job.tripwire, fsync=job.fsync)
+            res.tripwire_ok = True
+        except Exception as e:
+            res.tripwire_ok = False
+            res.fail(f"write {job.dir / TRIPWIRE_JSON}", e)
+    if job.run_json is not None and not (job.tripwire_first and not res.tripwire_ok):
+        try:
+            storage.write_json_atomic(job.dir / RUN_JSON, job.run_json, fsync=job.fsync)
+            res.run_json_ok = True
+        except Exception as e:
+            res.run_json_ok = False
+            res.fail(f"write {job.dir / RUN_JSON}", e)
+    return res
+
+
+def write_jobs(jobs: list[Job]) -> list[JobResult]:
+    return [write_job(job) for job in jobs]
+
+
+class TraceWriter:
+    """The write queue of a recorder's runs and the background task that drains it."""
+
+    def __init__(
+        self,
+        registry: RunRegistry,
+        owner: runlock.OwnerLock,
+        *,
+        fsync: FsyncPolicy,
+        clock: Callable[[], float],
+        max_pending_events: int,
+        max_pending_bytes: int,
+        meta_interval_s: float,
+    ) -> None:
+        self.registry = registry
+        self.owner = owner
+        self.fsync = fsync
+        self.clock = clock
+        self.max_pending_events = max_pending_events
+        self.max_pending_bytes = max_pending_bytes
+        self.meta_interval_s = meta_interval_s
+        self.dirty: dict[str, None] = {}  # run ids with writes to do now, in first-dirtied order
+        self._waiting: list[tuple[float, str]] = []  # (when, run id): deferred metadata, retries
+        self.failing: set[str] = set()  # run ids whose last write failed
+        self.pending_events = 0
+        self.pending_bytes = 0
+        self.seq = 0  # bumped by every change queued
+        self.done_seq = 0  # every event queued up to this one is written (or failed and counted)
+        self._synced_seq = 0  # ... and so is every run.json / tripwire.json change (flush waits on this)
+        self._force = False  # the next pass writes deferred metadata and retries failing runs now
+        self.passes = 0
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self.lock = asyncio.Lock()  # one writer pass at a time keeps lines in order
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._closed = False
+        self.write_errors = 0
+        self.dropped_events = 0
+        self.last_error: str | None = None
+        self.last_error_ts: float | None = None
+        self._last_logged = float("-inf")
+        self._unlogged = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the background writer task (idempotent)."""
+        if not self.running:
+            self._closing = self._closed = False
+            self._task = asyncio.get_running_loop().create_task(self._writer(), name="tripwire-trace-writer")
+
+    def begin_close(self) -> None:
+        """Close mode: writes fsync under "run_end", and the task stops after its current pass."""
+        self._closing = True
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop the task, then a last pass: anything queued since, and a last try for failures."""
+        task = self._task
+        if task is not None:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                logger.exception("trace %s task failed", "task")
+            self._task = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self.drain(force=True, final=True)
+        self._closed = True
+
+    async def flush(self) -> None:
+        """Return once everything queued so far is on disk, run.json and tripwire.json included
+        (or its write has failed and been counted)."""
+        target = self.seq
+        if self._synced_seq >= target:
+            return
+        if not self.running:
+            while self._synced_seq < target:
+                await self.drain(force=True)
+            return
+        self._force = True
+        self._wake.set()
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._synced_seq >= target)
+
+    # --- the queue ---------------------------------------------------------------------------
+
+    def touch(self, run: Run, *, run_json: bool = False, tripwire: bool = False) -> None:
+        run.run_json_dirty |= run_json
+        run.tripwire_dirty |= tripwire
+        self.dirty[run.run_id] = None
+        self.seq += 1
+        self._wake.set()
+
+    def enqueue(self, run: Run, event: dict[str, Any], now: float) -> None:
+        """Queue an accepted event's line, counted in the run; dropped (and counted) if the queue is full."""
+        event_type = event["event_type"]
+        bookend = event_type in (EventType.RUN_START, EventType.RUN_END)
+        full = self.pending_events >= self.max_pending_events or self.pending_bytes >= self.max_pending_bytes
+        if full and not bookend:
+            # The writer cannot keep up (stuck or full disk): drop rather than grow without bound or
+            # block. RUN_START / RUN_END are always kept, so run.json and the events agree on how a run
+            # ended; a dropped event is not counted, so run.json's counts stay those of the events.
+            self.dropped_events += 1
+            self.note_error(
+                f"write queue full ({self.pending_events} events, {self.pending_bytes} bytes): event dropped"
+            )
+        else:
+            key = COUNT_FOR_EVENT.get(event_type)
+            if key:
+                run.counts[key] += 1
+            if event_type == EventType.RUN_END:
+                run.end_event = event  # encoded when written: its summary counts the events on disk
+                line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
+            else:
+                data = encode(event)
+                line = Line(data, event_type, key, now, event["ts"], len(data))
+            run.pending.append(line)
+            self.pending_events += 1
+            self.pending_bytes += line.size
+        self.touch(run, run_json=True)
+
+    def unqueue(self, lines: list[Line]) -> None:
+        self.pending_events -= len(lines)
+        self.pending_bytes -= sum(line.size for line in lines)
+
+    def forget(self, run: Run) -> None:
+        """Drop a run's pending writes without writing them (the run has left the registry)."""
+        self.unqueue(run.pending)
+        run.pending = []
+        self.dirty.pop(run.run_id, None)
+        self.failing.discard(run.run_id)
+
+    # --- a pass ------------------------------------------------------------------------------
+
+    def _job(self, run: Run, now: float, force: bool, meta_ok: bool = True) -> Job | None:
+        """Take a run's writes due in this pass; None when nothing is (the run then waits, see _settle).
+
+        `meta_ok` False: this pass's budget of metadata rewrites is spent; the run's waits for the next.
+        """
+        if run.failing and now < run.retry_at and not force:
+            return None
+        lines, run.pending = run.pending, []
+        disk = run.disk
+        data: list[bytes] = []
+        after = replace(disk, counts=dict(disk.counts))
+        for line in lines:
+            data.append(line.data if line.data is not None else encode_end(run, after.counts))
+            after.add(line)
+        ending = run.status != STATUS_RUNNING
+        run_json_ = tripwire = None
+        if run.run_json_dirty or run.tripwire_dirty or lines:
+            due = force or ending or not run.run_json_written or now >= run.meta_due
+            if due and meta_ok and after.started:  # no run.json before RUN_START is on disk
+                if run.tripwire_dirty or not run.tripwire_written:
+                    tripwire = tripwire_json(run)
+                run_json_ = run_json(run, after)
+                run.run_json_dirty = run.tripwire_dirty = False
+                # Renames are not free (ext4: ~0.2 ms when replacing a file): with many live runs each
+                # one's metadata waits longer, so the rewrites stay ~META_REWRITES_PER_S in all.
+                run.meta_due = now + max(self.meta_interval_s, len(self.registry.runs) / META_REWRITES_PER_S)
+            else:
+                run.run_json_dirty = True
+                if due and after.started:
+                    run.meta_due = now  # due, but over this pass's budget: the next pass takes it
+        if not lines and run_json_ is None and tripwire is None:
+            return None
+        return Job(
+            run_id=run.run_id,
+            dir=run.dir,
+            make_dir=not run.dir_made,
+            lines=lines,
+            data=data,
+            after=after,
+            size=disk.size,
+            torn=run.torn,
+            run_json=run_json_,
+            tripwire=tripwire,
+            tripwire_first=not run.tripwire_written,
+            fsync=self.fsync == "always" or (self.fsync == "run_end" and (ending or self._closing)),
+        )
+
+    def _apply(self, job: Job, res: JobResult, now: float, final: bool) -> None:
+        """Back on the loop: what the job's writes did to the run's state."""
+        run = self.registry.get(job.run_id)
+        if run is None:  # forgotten while its writes were in flight
+            self.unqueue(job.lines)
+            return
+        run.dir_made = run.dir_made or res.dir_made
+        run.torn = res.torn
+        dropped = 0
+        if res.lines_ok is not False:
+            if job.lines:
+                run.disk = job.after
+                self.unqueue(job.lines)
+                if job.run_json is None:
+                    run.run_json_dirty = True  # counts changed: rewrite when due
+            run.disk.size = res.size
+        else:
+            run.disk.size = res.size
+            if res.errno in _SPACE_ERRNOS and not final:
+                keep = job.lines  # out of space: keep them all, in order, and retry
+            elif final:
+                keep = []
+            else:  # a refusal that waiting will not cure: drop, but a run on disk starts with RUN_START
+                keep = [
+                    line
+                    for line in job.lines
+                    if line.event_type == EventType.RUN_END
+                    or (line.event_type == EventType.RUN_START and not run.disk.started)
+                ]
+            dropped = len(job.lines) - len(keep)
+            if dropped:
+                self.unqueue([line for line in job.lines if line not in keep])
+                self.dropped_events += dropped
+            run.pending[:0] = keep
+            run.run_json_dirty |= job.run_json is not None
+            run.tripwire_dirty |= job.tripwire is not None
+        if res.tripwire_ok:
+            run.tripwire_written = True
+        elif job.tripwire is not None:
+            run.tripwire_dirty = True
+        if res.run_json_ok:
+            run.run_json_written = True
+        elif job.run_json is not None:
+            run.run_json_dirty = True
+        if res.errors:
+            if not run.failing or dropped:
+                what = f"{dropped} events dropped" if dropped else "kept and retried"
+                if final and not dropped:
+                    what = "given up at close"
+                self.note_error(f"{'; '.join(res.errors)} ({what})")
+            run.failing = True
+            run.retry_at = now + RETRY_S
+            self.failing.add(run.run_id)
+        elif run.failing:
+            run.failing = False
+            self.failing.discard(run.run_id)
+
+    def _settle(self, run: Run, final: bool) -> None:
+        """After a run's turn in a pass: stay for the next pass (new lines), wait (deferred metadata, a
+        retry), or leave the writer's sets; an ended, fully written run leaves memory."""
+        self.dirty.pop(run.run_id, None)
+        if final:
+            if run.pending:
+                self.unqueue(run.pending)
+                self.dropped_events += len(run.pending)
+                run.pending = []
+            if run.status != STATUS_RUNNING:
+                self._retire(run)
+            return
+        meta = run.run_json_dirty or run.tripwire_dirty
+        if run.failing and (run.pending or meta):
+            self._wait(run, run.retry_at)
+        elif run.pending:
+            self.dirty[run.run_id] = None  # queued while its writes were in a worker thread
+        elif meta:
+            self._wait(run, run.meta_due)
+        elif run.status != STATUS_RUNNING and run.disk.ended:
+            self._retire(run)
+
+    def _wait(self, run: Run, due: float) -> None:
+        if run.wait_due is None or due < run.wait_due:
+            run.wait_due = due
+            heapq.heappush(self._waiting, (due, run.run_id))
+
+    async def drain(self, *, force: bool = False, final: bool = False) -> None:
+        """One writer pass: every run with writes to do, each run's new lines in one append.
+
+        Appends and rewrites happen here, on the loop, a slice of runs at a time; writes that fsync go
+        to a worker thread. A live run's run.json / tripwire.json wait their turn unless `force`;
+        `final` (close) gives up on writes that still fail, counting what is lost.
+        """
+        async with self.lock:
+            target = self.seq
+            force = force or final or self._force
+            self._force = False
+            now = time.monotonic()
+            while self._waiting and (force or self._waiting[0][0] <= now):
+                due, rid = heapq.heappop(self._waiting)
+                run = self.registry.get(rid)
+                if run is not None and run.wait_due == due:
+                    run.wait_due = None
+                    self.dirty[rid] = None
+            threaded: list[Job] = []
+            budget = _META_PER_PASS  # rewrites are slow (a rename each): a pass stays short, lines first
+            try:
+                for i, rid in enumerate(list(self.dirty)):
+                    run = self.registry.get(rid)
+                    if run is None:
+                        self.dirty.pop(rid, None)
+                        continue
+                    job = self._job(run, now, force, meta_ok=force or budget > 0)
+                    if job is not None and job.run_json is not None:
+                        budget -= 1
+                    if job is None:
+                        self._settle(run, final)
+                    elif job.fsync:
+                        self.dirty.pop(rid, None)
+                        threaded.append(job)
+                    else:
+                        self._apply(job, write_job(job), now, final)
+                        self._settle(run, final)
+                    if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                        await asyncio.sleep(0)  # a pass over thousands of runs lets requests through
+                if threaded:
+                    results = await asyncio.to_thread(write_jobs, threaded)
+                    for job, res in zip(threaded, results, strict=True):
+                        self._apply(job, res, now, final)
+                        run = self.registry.get(job.run_id)
+                        if run is not None:
+                            self._settle(run, final)
+            except Exception as e:  # never let a bug here stop the writer: count it and go on
+                logger.exception("trace writer pass failed")
+                self.note_error(f"writer pass failed: {e!r}")
+            finally:
+                self.done_seq = max(self.done_seq, target)
+                if force or not self._waiting:
+                    self._synced_seq = max(self._synced_seq, target)
+                self.passes += 1
+                self.owner.progress(self.passes, self.done_seq)
+            self._schedule()
+        async with self._progress:
+            self._progress.notify_all()
+
+    def _schedule(self) -> None:
+        """Wake the writer when the first deferred rewrite or retry is due."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._waiting and self._task is not None and not self._closing:
+            delay = max(0.0, self._waiting[0][0] - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._wake.set)
+
+    def _retire(self, run: Run) -> None:
+        """An ended run whose last writes are done leaves memory; its summary is kept for a while."""
+        self.dirty.pop(run.run_id, None)
+        self.failing.discard(run.run_id)
+        run.wait_due = None
+        self.registry.retire(run)
+
+    def note_error(self, message: str) -> None:
+        """Count a store failure and log it loudly, at most once per _LOG_EVERY_S (a full disk repeats)."""
+        self.write_errors += 1
+        self.last_error = message
+        self.last_error_ts = self.clock()
+        now = time.monotonic()
+        if now - self._last_logged >= _LOG_EVERY_S:
+            more = f" (+{self._unlogged} more since last report)" if self._unlogged else ""
+            logger.error("TRACE STORE WRITE FAILED: %s%s", message, more)
+            self._last_logged = now
+            self._unlogged = 0
+        else:
+            self._unlogged += 1
+
+    async def _writer(self) -> None:
+        while not self._closing:
+            await self._wake.wait()  # set by record(): the pass runs in the next loop iteration,
+            self._wake.clear()  # with every event queued in this one
+            await self.drain()
