@@ -7,6 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.guards.breaker import Ticket
+from proxy.guards.budget import Reservation
 from proxy.guards.decision import Decision
 from proxy.routing import Route
 from proxy.sessions import Session
@@ -38,18 +40,39 @@ class Exchange:
     started_wall: float  # epoch seconds, for event timestamps
     session: Session | None = None
 
-    # parse: the protocol adapter for this call and what it understood of the request
-    protocol: Any = None  # proxy.llm.LLMProtocol / the MCP adapter; None = forward unrecorded
-    call: Any = None  # LLMRequest, or the MCP adapter's parsed message
+    # The fields typed Any hold objects of the layers above (proxy.llm, proxy.mcp, proxy.guard_trace,
+    # proxy.websocket), which this module must not import; a Protocol would not help, as every reader
+    # uses members only one of the kinds has (`ex.protocol.dialect`, `ex.observer.finish`).
+
+    # parse (proxy.llm.ParseLLM, proxy.mcp_stages.ParseMCP): the protocol adapter for this call and
+    # what it understood of the request
+    protocol: Any = None  # proxy.llm.LLMProtocol / proxy.mcp.adapter.MCPProtocol; None = forward unrecorded
+    call: Any = None  # LLMRequest (proxy.dialects.base), or proxy.mcp.jsonrpc.MCPToolCall
     upstream_body: bytes | None = None  # a rewritten body to send instead of `body`
+    # set by ParseLLM; read by the session stage (proxy.stages) for the client's episode id
+    request_json: dict[str, Any] | None = None
+    # set by ParseMCP for a legacy SSE server's POST; read by the forward stage instead of the route's URL
+    upstream_url: str | None = None
+    # set by ParseMCP: the JSON-RPC messages of the POST; read by its finish (an error for a server down)
+    mcp_messages: list[Any] | None = None
+    # set by ParseMCP: the hub's key for the client's MCP session; read by its finish (hub.forget)
+    mcp_session_key: str | None = None
+    # set by ParseMCP for a batch: its tools/calls as (MCPToolCall, proxy.mcp.hub.Pending); read by its finish
+    mcp_batch: list[tuple[Any, Any]] | None = None
+    # set by proxy.websocket.SocketRelay: the WebSocket call (SocketCall) this exchange carries; read there
+    ws_call: Any = None
 
     # guards
     decisions: list[Decision] = field(default_factory=list)
     after_decisions: list[Decision] = field(default_factory=list)
-    reservation: Any = None
-    breaker_ticket: Any = None
+    reservation: Reservation | None = None  # the budget's hold, settled or released after the call
+    breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
     guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay
+    # set by the guard stage's Responses rewrite: the request body as sent; read when a block is remembered
+    responses_body: dict[str, Any] | None = None
+    # set by the guard stage for an MCP resend after `input_required`; its after-stage then does nothing
+    guards_skipped: bool = False
 
     # answering
     answer: Answer | None = None  # set to answer without the upstream
@@ -57,15 +80,41 @@ class Exchange:
 
     # forward: what the upstream did
     forwarded: bool = False  # the upstream was called (even if it then failed)
-    observer: Any = None  # stream observer fed every chunk (dialect accumulator)
+    observer: Any = (
+        None  # stream observer fed every chunk (dialect accumulator, BodyCollector, MessageObserver)
+    )
     upstream_status: int | None = None
     upstream_started: float | None = None
     first_byte_at: float | None = None
     upstream_done: float | None = None
     upstream_error: str | None = None  # connection error, timeout, broken stream
     stream_complete: bool = True
-    result: Any = None  # LLMResult or the MCP adapter's result
-    extra: dict[str, Any] = field(default_factory=dict)
+    result: Any = None  # LLMResult (proxy.dialects.base), or proxy.mcp.jsonrpc.MCPToolResult
+    # set by the forwarder: how many resends it took; read by the LLM record (meta.upstream_retries)
+    upstream_retries: int = 0
+    # set by the forwarder when the client hung up; it then stops writing to the client
+    client_disconnected: bool = False
+    # set by the forwarder / the WebSocket relay: why an answer ended short that is not the
+    # upstream's failure; read by proxy.llm.llm_result (an "Incomplete" error)
+    incomplete_reason: str | None = None
+    # set by the forwarder: a content coding that would not decode (diagnostics; not read)
+    content_decode_error: str | None = None
+    # set by Forwarder.abort_all when drain grace is over; read by the forwarder (end the answer abnormally)
+    drain_aborted: bool = False
+    # set by the forwarder when it closed the client's connection short (diagnostics; not read)
+    client_cut: bool = False
+    # set by ParseMCP's observer / MCPProtocol when the tool result arrived; read by MCPProtocol.record
+    mcp_result_at: float | None = None
+
+    # record: what the call's events said
+    # set by LLMProtocol.settle from the pricing quote; read by the LLM event, the guards' settle, replay
+    cost_usd: float = 0.0
+    tokens: int = 0  # total tokens of the answer; set and read as cost_usd
+    priced_model: str | None = None  # the model the price was found for; set by settle, read by the metrics
+    llm_event_id: str | None = None  # set by proxy.llm's record: the LLM_CALL event's id (tests read it)
+    # set by MCPProtocol.record: the TOOL_CALL event's id; read by the guards' after-stage
+    tool_event_id: str | None = None
+    mcp_recorded: bool = False  # set by MCPProtocol.record; ParseMCP's finish records it otherwise
 
     @property
     def refused(self) -> bool:

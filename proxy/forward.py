@@ -371,16 +371,17 @@ class Forwarder:
         except asyncio.CancelledError:
             # the handler was cancelled (a server with handler_cancellation, or shutdown): a hang-up
             ex.stream_complete = False
-            ex.extra["client_disconnected"] = True
-            ex.extra.setdefault("incomplete_reason", "the client disconnected before the answer ended")
+            ex.client_disconnected = True
+            if ex.incomplete_reason is None:
+                ex.incomplete_reason = "the client disconnected before the answer ended"
             raise
         finally:
             if tap.decode_error is not None:
-                ex.extra["content_decode_error"] = tap.decode_error
-        if ex.extra.get("drain_aborted"):
+                ex.content_decode_error = tap.decode_error
+        if ex.drain_aborted:
             ex.stream_complete = False
             ex.upstream_error = None
-            ex.extra["incomplete_reason"] = "Tripwire shut down before the answer ended (drain grace over)"
+            ex.incomplete_reason = "Tripwire shut down before the answer ended (drain grace over)"
 
     @staticmethod
     async def _write(ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
@@ -389,8 +390,8 @@ class Forwarder:
             return True
         except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
             ex.stream_complete = False
-            ex.extra["client_disconnected"] = True
-            ex.extra["incomplete_reason"] = "the client disconnected before the answer ended"
+            ex.client_disconnected = True
+            ex.incomplete_reason = "the client disconnected before the answer ended"
             return False
 
     @staticmethod
@@ -401,7 +402,7 @@ class Forwarder:
         """
         if getattr(ex.protocol, "kind", None) == "mcp":
             return False
-        return ex.upstream_error is not None or bool(ex.extra.get("drain_aborted"))
+        return ex.upstream_error is not None or ex.drain_aborted
 
     @staticmethod
     def _cut(ex: Exchange, response: web.StreamResponse) -> None:
@@ -411,13 +412,13 @@ class Forwarder:
         transport = ex.request.transport
         if transport is not None:
             transport.close()
-        ex.extra["client_cut"] = True
+        ex.client_cut = True
 
     def abort_all(self) -> int:
         """Drain grace is over: cut the streams still relaying; each records itself as incomplete
         and its client's answer is ended abnormally (SPEC §4.2)."""
         for ex, upstream in list(self._active.values()):
-            ex.extra["drain_aborted"] = True
+            ex.drain_aborted = True
             upstream.close()
         return len(self._active)
 
@@ -443,7 +444,7 @@ class Forwarder:
 
         Only before anything reached the client (the answer is not relayed until this returns),
         with jittered exponential back-off, so the circuit breaker counts one failure only when
-        every attempt failed. `ex.extra["upstream_retries"]` says how many resends it took.
+        every attempt failed. `ex.upstream_retries` says how many resends it took.
         """
         assert self.session is not None, "Forwarder.start() not called"
         attempt = 0
@@ -467,7 +468,7 @@ class Forwarder:
                 why = f"HTTP {upstream.status}"
                 upstream.release()
             attempt += 1
-            ex.extra["upstream_retries"] = attempt
+            ex.upstream_retries = attempt
             delay = backoff_delay(attempt, self.retry_base_s)
             log.info("upstream %s: %s; retry %d/%d in %.2fs", url, why, attempt, self.retries, delay)
             await asyncio.sleep(delay)
@@ -537,11 +538,11 @@ class Forwarder:
                 )
         finally:
             ex.upstream_done = time.monotonic()
-        if response is not None and not ex.extra.get("client_disconnected"):
+        if response is not None and not ex.client_disconnected:
             if self._broken(ex):
                 self._cut(ex, response)
                 return
             try:
                 await response.write_eof()
             except (ConnectionResetError, RuntimeError):
-                ex.extra["client_disconnected"] = True
+                ex.client_disconnected = True

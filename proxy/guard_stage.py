@@ -94,7 +94,7 @@ class GuardStage(BaseStage):
         rewritten = self.chains.rewrite(body)
         if rewritten is not None:
             ex.upstream_body = orjson.dumps(rewritten)
-        ex.extra["responses_body"] = rewritten if rewritten is not None else body
+        ex.responses_body = rewritten if rewritten is not None else body
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -104,7 +104,7 @@ class GuardStage(BaseStage):
             return
         if is_tool_call(ex) and ex.protocol.continues(ex):
             # an MCP resend after `input_required`: the same call going on, admitted and counted once
-            ex.extra["guards_skipped"] = True
+            ex.guards_skipped = True
             return
         now = time.monotonic()
         guards = session_guards(self.engine, session, now)
@@ -281,7 +281,7 @@ class GuardStage(BaseStage):
             ex.answer = ex.protocol.render_block(ex, decision, text)
             synthetic = synthetic_id_of(ex.answer.body) if is_responses(ex) else None
             if synthetic is not None:
-                self.chains.remember_block(ex.call, synthetic, ex.extra.get("responses_body") or {}, text)
+                self.chains.remember_block(ex.call, synthetic, ex.responses_body or {}, text)
             return
         ex.answer = ex.protocol.render_refusal(ex, decision, text)
         budget = TAG_BUDGET_EXCEEDED in decision.tags
@@ -349,7 +349,7 @@ class GuardStage(BaseStage):
 
     async def settle(self, ex: Exchange) -> None:
         session = ex.session
-        if ex.protocol is None or session is None or session.guards is None or ex.extra.get("guards_skipped"):
+        if ex.protocol is None or session is None or session.guards is None or ex.guards_skipped:
             return
         guards = session.guards
         now = time.monotonic()
@@ -369,7 +369,7 @@ class GuardStage(BaseStage):
                 result_fingerprint=(result.fingerprint or "") if result is not None else "",
                 error=result.error_text if result is not None and result.status == "error" else None,
                 now=now,
-                event_id=ex.extra.get("tool_event_id"),
+                event_id=ex.tool_event_id,
             )
         else:
             result = ex.result
@@ -377,8 +377,8 @@ class GuardStage(BaseStage):
                 self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
             decisions = guards.after_llm_call(
                 ex.reservation,
-                cost_usd=float(ex.extra.get("cost_usd", 0.0)),
-                tokens=int(ex.extra.get("tokens", 0)),
+                cost_usd=float(ex.cost_usd),
+                tokens=int(ex.tokens),
                 now=now,
             )
         for d in decisions:

@@ -187,7 +187,5 @@ def mark_settled(ex: Any, trace: GuardTrace, now: float) -> float:
         fingerprint = (result.fingerprint or "") if result is not None else ""
         trace.settle.update(settle_fields_tool(fingerprint, result.error_text if failed else None))
     else:
-        trace.settle.update(
-            settle_fields_llm(float(ex.extra.get("cost_usd", 0.0)), int(ex.extra.get("tokens", 0)))
-        )
+        trace.settle.update(settle_fields_llm(float(ex.cost_usd), int(ex.tokens)))
     return now

@@ -100,9 +100,9 @@ class LLMProtocol:
         call: LLMRequest = ex.call
         models = [m for m in (result.model, call.model) if m]
         quote = self.engine.pricing.cost(result.usage or Usage(), models)
-        ex.extra["cost_usd"] = quote.cost_usd
-        ex.extra["priced_model"] = quote.model
-        ex.extra["tokens"] = result.usage.total_tokens if result.usage else 0
+        ex.cost_usd = quote.cost_usd
+        ex.priced_model = quote.model
+        ex.tokens = result.usage.total_tokens if result.usage else 0
 
     def record(self, ex: Exchange, engine: Engine) -> None:
         record_tool_results(ex, engine)
@@ -244,7 +244,7 @@ class LLMParseStage(BaseStage):
             call = fallback_request(dialect, body)
         ex.protocol = LLMProtocol(dialect, self.engine)
         ex.call = call
-        ex.extra["request_json"] = body  # the session stage reads the client's episode id in it
+        ex.request_json = body  # the session stage reads the client's episode id in it
         rewritten = dialect.upstream_body(call, body)
         if rewritten is not None:
             # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
@@ -313,7 +313,7 @@ def llm_result(ex: Exchange) -> LLMResult:
         result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
     else:
         result = observer.finish(ex.stream_complete and ex.upstream_error is None)
-    reason = ex.extra.get("incomplete_reason")
+    reason = ex.incomplete_reason
     if reason and not result.complete:
         # the client hung up, or shutdown cut the stream: not the upstream's failure
         result.error = {"error_type": "Incomplete", "message": reason, "details": None, "stack": None}
@@ -469,7 +469,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         "stop_reason": result.stop_reason,
         "status": "ok" if ok else "error",
         "error": None if ok else (result.error or http_error(ex)),
-        "cost_usd": ex.extra.get("cost_usd", 0.0),
+        "cost_usd": ex.cost_usd,
         "upstream": ex.route.upstream,
         "stream": call.stream,
         "endpoint": call.dialect,
@@ -483,8 +483,8 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         payload["usage"]["cache_creation_tokens"] = usage.cache_creation_tokens
     end = ex.upstream_done or time.monotonic()
     meta: dict[str, Any] = {"agent": session.agent, "session_id": session.session_id}
-    if ex.extra.get("upstream_retries"):
-        meta["upstream_retries"] = ex.extra["upstream_retries"]
+    if ex.upstream_retries:
+        meta["upstream_retries"] = ex.upstream_retries
     if ex.first_byte_at is not None and ex.upstream_started is not None:
         meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
     event_id = engine.record_event(
@@ -496,7 +496,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         meta=meta,
         ts=ex.started_wall,
     )
-    ex.extra["llm_event_id"] = event_id
+    ex.llm_event_id = event_id
     if ex.upstream_failed():
         # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)
         engine.record_event(
@@ -521,7 +521,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     remember_tool_calls(session, result, event_id, time.time())
     engine.metrics.observe_llm(
         session.agent,
-        ex.extra.get("priced_model") or model,
+        ex.priced_model or model,
         usage.prompt_tokens if usage else 0,
         usage.completion_tokens if usage else 0,
         payload["cost_usd"],

@@ -43,7 +43,7 @@ class MCPParseStage(BaseStage):
         route = ex.route
         legacy = self.hub.legacy_for(route.upstream, route.path, request.rel_url.raw_query_string)
         if legacy is not None and legacy.upstream_post_url:
-            ex.extra["upstream_url"] = legacy.upstream_post_url
+            ex.upstream_url = legacy.upstream_post_url
         if request.method != "POST":
             return
         parsed = jsonrpc.parse_body(ex.body)
@@ -56,7 +56,7 @@ class MCPParseStage(BaseStage):
             )
             return
         messages, batch = parsed
-        ex.extra["mcp_messages"] = messages
+        ex.mcp_messages = messages
         mcp_session = request.headers.get("Mcp-Session-Id")
         if legacy is not None:
             session_key = legacy.session_key
@@ -73,7 +73,7 @@ class MCPParseStage(BaseStage):
         if legacy is not None:
             call.mcp_session_id = legacy.uid
         pending = self.hub.register(session_key, call)
-        ex.extra["mcp_session_key"] = session_key
+        ex.mcp_session_key = session_key
         ex.protocol = MCPProtocol(self.engine, self.hub, pending, session_key, legacy)
         ex.call = call
         if legacy is None:
@@ -84,7 +84,7 @@ class MCPParseStage(BaseStage):
                 if ex.result is None and pending.future.done() and pending.future.exception() is None:
                     # read at once: if the client hangs up next, later stages still see the result
                     ex.result = jsonrpc.tool_result(pending.future.result())
-                    ex.extra["mcp_result_at"] = time.monotonic()
+                    ex.mcp_result_at = time.monotonic()
                 return replacement
 
             ex.observer = MessageObserver(
@@ -102,16 +102,17 @@ class MCPParseStage(BaseStage):
         entries = [(c, self.hub.register(session_key, c)) for c in calls if c is not None]
         if not entries:
             return
-        ex.extra["mcp_batch"] = entries
-        ex.extra["mcp_session_key"] = session_key
+        ex.mcp_batch = entries
+        ex.mcp_session_key = session_key
         ex.observer = MessageObserver(
             lambda m: self.hub.deliver(server, session_key, m), limit=self.engine.settings.max_body_bytes
         )
 
     def record_batch(self, ex: Exchange) -> None:
         session = None
-        for call, pending in ex.extra.get("mcp_batch", ()):
-            self.hub.forget(ex.extra["mcp_session_key"], call)
+        for call, pending in ex.mcp_batch or ():
+            assert ex.mcp_session_key is not None  # set with mcp_batch
+            self.hub.forget(ex.mcp_session_key, call)
             future = pending.future
             if not future.done() or future.cancelled() or future.exception() is not None:
                 continue
@@ -125,25 +126,21 @@ class MCPParseStage(BaseStage):
             record_tool_call(self.engine, self.hub, session, call, result, ex.started, ex.started_wall, end)
 
     async def finish(self, ex: Exchange) -> None:
-        if "mcp_batch" in ex.extra:
+        if ex.mcp_batch is not None:
             self.record_batch(ex)
         if isinstance(ex.call, jsonrpc.MCPToolCall):
-            self.hub.forget(ex.extra.get("mcp_session_key", ""), ex.call)
+            self.hub.forget(ex.mcp_session_key or "", ex.call)
             if ex.result is None and isinstance(ex.protocol, MCPProtocol):
                 future = ex.protocol.pending.future  # delivered on another stream as the handler ended
                 if future.done() and not future.cancelled() and future.exception() is None:
                     ex.result = jsonrpc.tool_result(future.result())
-            if (
-                ex.result is not None
-                and isinstance(ex.protocol, MCPProtocol)
-                and "mcp_recorded" not in ex.extra
-            ):
+            if ex.result is not None and isinstance(ex.protocol, MCPProtocol) and not ex.mcp_recorded:
                 # The pipeline was cut short after the result went by (the client closed the POST's
                 # stream once it had its answer and the handler was cancelled): record it anyway.
                 ex.protocol.record(ex, self.engine)
         if ex.protocol is None and ex.answer is not None and ex.upstream_error and ex.upstream_status is None:
             # the server is down: a JSON-RPC error naming it, for any request the client waits on
-            messages = ex.extra.get("mcp_messages") or []
+            messages = ex.mcp_messages or []
             if len(messages) == 1 and jsonrpc.kind(messages[0]) == "request":
                 message = f"MCP server {ex.route.upstream!r} failed: {ex.upstream_error}"
                 ex.answer = Answer(

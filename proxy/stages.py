@@ -39,7 +39,7 @@ class SessionStage(BaseStage):
         episode = None
         if ex.route.session is None:  # an explicit session wins over anything the client announces
             if ex.protocol.kind == "llm":
-                episode = episodes.for_llm(ex.request.headers, ex.extra.get("request_json"), ex.call)
+                episode = episodes.for_llm(ex.request.headers, ex.request_json, ex.call)
             else:
                 episode = episodes.for_mcp(ex.request.headers)
         opened = self.engine.open_session(
@@ -89,9 +89,7 @@ class ForwardStage(BaseStage):
         route = ex.route
         upstream = self.engine.upstream(route.kind, route.upstream)
         # a legacy MCP endpoint is where the server's `endpoint` event said, not under the base URL
-        url = ex.extra.get("upstream_url") or join_upstream(
-            upstream.url, route.path, ex.request.rel_url.raw_query_string
-        )
+        url = ex.upstream_url or join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
         headers = request_headers(
             ex.request.headers, upstream, identity_encoding=ex.protocol is not None or ex.observer is not None
         )

@@ -82,7 +82,6 @@ HEAD_PARSE_LIMIT = 256 * 1024
 _TYPE = re.compile(r'"type"\s*:\s*"([A-Za-z0-9_.]+)"')
 _STREAM_ID = re.compile(r'"stream_id"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _STATUS = re.compile(r'"status"\s*:\s*(\d{3})\b')
-CALL_KEY = "ws_call"
 
 
 def is_websocket_upgrade(request: web.Request) -> bool:
@@ -129,7 +128,7 @@ class SocketForwardStage(BaseStage):
         self.engine = engine
 
     async def request(self, ex: Exchange) -> None:
-        call: SocketCall = ex.extra[CALL_KEY]
+        call: SocketCall = ex.ws_call
         limit_text = getattr(ex.observer, "limit_text", None)
         if limit_text is not None:
             limit_text(self.engine.settings.max_field_bytes + TEXT_MARGIN)  # as ForwardStage
@@ -328,7 +327,8 @@ class SocketCall:
                 ex.upstream_error = upstream_error
             elif reason is not None:
                 ex.stream_complete = False
-                ex.extra.setdefault("incomplete_reason", reason)
+                if ex.incomplete_reason is None:
+                    ex.incomplete_reason = reason
         self.done.set_result(None)
 
 
@@ -547,7 +547,7 @@ class SocketRelay:
             started=time.monotonic(),
             started_wall=time.time(),
         )
-        ex.extra[CALL_KEY] = call
+        ex.ws_call = call
         call.ex = ex
         self.calls.append(call)
         call.task = asyncio.create_task(self.run_call(ex), name="tripwire-ws-call")
@@ -584,7 +584,7 @@ class SocketRelay:
             await self.pipeline.run(ex)
         finally:
             self.engine.call_finished()
-            call: SocketCall = ex.extra[CALL_KEY]
+            call: SocketCall = ex.ws_call
             call.admit(False)
 
     async def finish_settled(self) -> None:

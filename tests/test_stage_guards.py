@@ -139,7 +139,7 @@ async def test_finish_settles_the_budget_with_the_calls_cost(engine_factory: Eng
     session = ex.session
     assert session is not None and session.guards is not None
     budget = session.guards.stats()["budget"]
-    assert budget["cost_usd"] == ex.extra["cost_usd"] > 0
+    assert budget["cost_usd"] == ex.cost_usd > 0
     assert budget["llm_calls"] == 1
     assert kinds(await read_events(engine, session.run_id)) == ["RUN_START", "LLM_CALL"]
 

@@ -44,7 +44,7 @@ async def test_the_dialect_is_chosen_by_the_path(
     await LLMParseStage(engine).request(ex)
     assert isinstance(ex.protocol, LLMProtocol) and ex.protocol.kind == "llm"
     assert ex.call.dialect == dialect
-    assert ex.extra["request_json"] == body
+    assert ex.request_json == body
     assert ex.answer is None
     assert isinstance(ex.observer, BodyCollector)  # not streamed: the answer is kept to parse
 

@@ -49,7 +49,7 @@ async def test_a_tools_call_gets_the_adapter_and_its_result_is_matched_on_the_an
         "r1",
     )
     assert call.mcp_session_id == "abc" and call.protocol_version == "2025-06-18"
-    assert ex.extra["mcp_session_key"] == "s:abc" and len(engine.mcp.pending) == 1
+    assert ex.mcp_session_key == "s:abc" and len(engine.mcp.pending) == 1
 
     # a notification on the stream completes nothing; the response with the call's id does
     notification = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}
@@ -94,7 +94,7 @@ async def test_a_batch_is_forwarded_unguarded_and_its_tool_calls_are_recorded(
     batch = [mcp_tools_call("echo", {"text": "a"}, msg_id=1), mcp_tools_call("echo", {"text": "b"}, msg_id=2)]
     ex = make_exchange("POST", URL, {"Mcp-Session-Id": "abc"}, batch, engine=engine)
     await stage.request(ex)
-    assert ex.protocol is None and len(ex.extra["mcp_batch"]) == 2
+    assert ex.protocol is None and len(ex.mcp_batch) == 2
     play_upstream(ex, [mcp_tool_result("a", msg_id=1), mcp_tool_result("b", msg_id=2)])
     await stage.finish(ex)
     (session,) = engine.sessions.live()

@@ -52,11 +52,11 @@ async def test_a_chat_call_is_one_llm_call_event(engine_factory: EngineFactory) 
     payload = events[1]["payload"]
     assert payload["response"]["text"] == "Sunny" and payload["status"] == "ok"
     assert payload["usage"] == {"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
-    assert payload["cost_usd"] == ex.extra["cost_usd"] > 0
+    assert payload["cost_usd"] == ex.cost_usd > 0
     assert payload["endpoint"] == "openai_chat" and payload["provider"] == "openai"
     assert payload["prompt"] == chat_request()["messages"]
     assert events[1]["meta"]["session_id"] == "s1"
-    assert ex.extra["llm_event_id"] == events[1]["event_id"]
+    assert ex.llm_event_id == events[1]["event_id"]
 
 
 async def test_a_streamed_answer_is_read_through_its_accumulator(engine: Engine) -> None:
@@ -132,4 +132,4 @@ async def test_an_mcp_tools_call_is_one_tool_call_event(engine_factory: EngineFa
     assert tool["payload"]["source"] == "mcp" and tool["payload"]["server"] == "demo"
     assert tool["payload"]["status"] == "ok"
     assert tool["meta"]["jsonrpc_id"] == 7 and tool["meta"]["transport"] == "streamable"
-    assert ex.extra["tool_event_id"] == tool["event_id"] and ex.extra["mcp_recorded"] is True
+    assert ex.tool_event_id == tool["event_id"] and ex.mcp_recorded is True

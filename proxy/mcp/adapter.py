@@ -157,7 +157,8 @@ class MCPProtocol:
                     f"MCP server {call.server!r}: {e or 'no result in time'}", upstream_failure=True
                 )
                 return
-        ex.extra.setdefault("mcp_result_at", time.monotonic())
+        if ex.mcp_result_at is None:
+            ex.mcp_result_at = time.monotonic()
         ex.result = jsonrpc.tool_result(future.result())
 
     def after_forward(self, ex: Exchange) -> None:
@@ -171,8 +172,8 @@ class MCPProtocol:
         session = ex.session
         if result is None or session is None:
             return
-        ex.extra["mcp_recorded"] = True
-        end = ex.extra.get("mcp_result_at") or ex.upstream_done or time.monotonic()
+        ex.mcp_recorded = True
+        end = ex.mcp_result_at or ex.upstream_done or time.monotonic()
         event_id = record_tool_call(
             engine,
             self.hub,
@@ -185,7 +186,7 @@ class MCPProtocol:
             guard_fields=guard_trace.call_fields(ex),
         )
         if event_id is not None:
-            ex.extra["tool_event_id"] = event_id
+            ex.tool_event_id = event_id
 
 
 def release_client_connection(ex: Exchange) -> None:
