@@ -18,6 +18,7 @@ from proxy.guard_store import FILE_NAME, GuardConfigStore
 from proxy.guards.config import GuardConfig
 from proxy.metrics import Metrics
 from proxy.recorder import TraceRecorder
+from viewer.engine_view import EngineView
 
 T0 = datetime(2026, 2, 15, 20, 31, 5, 123000, tzinfo=UTC)
 
@@ -198,7 +199,8 @@ def many_events(run_id: str, n: int, t: datetime = T0) -> list[dict]:
 
 
 class FakeEngine:
-    """The attributes `setup_admin` reads, as the lead's Engine provides them."""
+    """`viewer.engine_view.EngineView` as `proxy.engine.Engine` provides it, with live sessions the
+    test sets (`live`) in place of real ones, and a trace-store report it sets (`store_health`)."""
 
     def __init__(self, data_dir: Path, admin_token: str | None = None) -> None:
         self.data_dir = data_dir
@@ -209,8 +211,6 @@ class FakeEngine:
         self.live: dict[str, dict] = {}
         self.terminated: list[str] = []
         self.store_health: dict[str, Any] = {"ok": True, "queue_depth": 0, "write_errors": 0}
-        self.ready = True
-        self.refreshed = 0
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "draining": False, "trace_store": self.store_health}
@@ -222,11 +222,13 @@ class FakeEngine:
         self.terminated.append(run_id)
         return True
 
-    def refresh_metrics(self) -> None:
-        self.refreshed += 1
-
     def guard_stats(self, run_id: str) -> dict | None:
         return self.live.get(run_id)
+
+
+def _fake_is_an_engine_view(engine: FakeEngine) -> EngineView:
+    """mypy checks the stand-in against the Protocol (this file is in pyproject.toml's mypy `files`)."""
+    return engine
 
 
 @contextmanager

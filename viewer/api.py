@@ -8,18 +8,16 @@ and filters and paging that only change the answer when their parameters are giv
 `POST /api/runs/{run_id}/replay` runs `tripwire replay` on one run (SPEC §5.7) for the UI's
 guard replay: under the recorded config, the config in force now, or a config in the body.
 
-`setup_admin(app, engine)` reads from the engine: `data_dir`, `recorder`, `guard_store`,
-`metrics`, `admin_token`, `health()`, `await terminate_run(run_id) -> bool`,
-`guard_stats(run_id) -> dict | None` (None: no live session), and optionally `ready` (bool,
-default True) and `refresh_metrics()` (called before `/metrics` renders, which then takes the
-trace-store gauges and live sessions from `health()`).
+`setup_admin(app, engine)` reads from the engine what `viewer.engine_view.EngineView` lists:
+`data_dir`, `recorder`, `guard_store`, `metrics`, `admin_token`, `health()` (`/metrics` takes the
+trace-store gauges and live sessions from it), `await terminate_run(run_id) -> bool` and
+`guard_stats(run_id) -> dict | None` (None: no live session).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import inspect
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
@@ -32,17 +30,18 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from proxy import replay, storage
-from proxy.appkeys import ENGINE
 from proxy.constants import SPEC_VERSION
-from proxy.guard_store import config_body, config_from_body, validation_message
+from proxy.guard_store import GuardConfigStore, config_body, config_from_body, validation_message
 from proxy.guards.config import GuardConfig
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from viewer.engine_view import EngineView
 from viewer.runs import RunReader, is_valid_run_id
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 READER: web.AppKey[RunReader] = web.AppKey("tripwire_run_reader", RunReader)
+ENGINE_VIEW: web.AppKey[EngineView] = web.AppKey("tripwire_engine_view", EngineView)
 
 DEFAULT_RUNS_LIMIT = 50  # AgentDbg's list size
 MAX_RUNS_LIMIT = 1000
@@ -66,16 +65,12 @@ def _error(cls: type[web.HTTPException], detail: str) -> web.HTTPException:
     return cls(text=orjson.dumps({"detail": detail}).decode(), content_type="application/json")
 
 
-def _engine(request: web.Request) -> Any:
-    return request.app[ENGINE]
+def _engine(request: web.Request) -> EngineView:
+    return request.app[ENGINE_VIEW]
 
 
 def _reader(request: web.Request) -> RunReader:
     return request.app[READER]
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 # --- token and cross-site checks ------------------------------------------------------------
@@ -347,7 +342,7 @@ async def _optional_json(request: web.Request) -> Any:
 
 
 def _replay_config(
-    body: Any, engine: Any, agent: str | None
+    body: Any, engine: EngineView, agent: str | None
 ) -> tuple[str, GuardConfig | None] | web.Response:
     """("recorded" | "current" | "custom", the override) from a replay body, or a 422 naming the field."""
     if not isinstance(body, dict):
@@ -442,13 +437,13 @@ def _agent_name(request: web.Request) -> str:
     return name
 
 
-def _agent_config_body(engine: Any, name: str) -> dict[str, Any]:
+def _agent_config_body(engine: EngineView, name: str) -> dict[str, Any]:
     store = engine.guard_store
     cfg, is_override = store.effective(name)
     return config_body(name, cfg, is_override, store.agent_source(name))
 
 
-def _project_config_body(engine: Any) -> dict[str, Any]:
+def _project_config_body(engine: EngineView) -> dict[str, Any]:
     store = engine.guard_store
     return config_body(None, store.project(), False, store.project_source())
 
@@ -523,7 +518,7 @@ async def delete_project_config(request: web.Request) -> web.Response:
     return _json(_project_config_body(engine))
 
 
-def agents_overview(runs: list[dict[str, Any]], store: Any) -> list[dict[str, Any]]:
+def agents_overview(runs: list[dict[str, Any]], store: GuardConfigStore) -> list[dict[str, Any]]:
     """Agents seen in runs plus configured ones, with run counts, spend and config source."""
     seen: dict[str, dict[str, Any]] = {}
     for run in runs:  # newest first
@@ -554,7 +549,7 @@ async def list_agents(request: web.Request) -> web.Response:
 # --- metrics, health, UI --------------------------------------------------------------------
 
 
-def _store_report(engine: Any) -> dict[str, Any]:
+def _store_report(engine: EngineView) -> dict[str, Any]:
     """The trace store's part of `engine.health()`; a failing report counts as trouble."""
     try:
         store = dict(engine.health()).get("trace_store", {})
@@ -566,9 +561,6 @@ def _store_report(engine: Any) -> dict[str, Any]:
 
 async def metrics(request: web.Request) -> web.Response:
     engine = _engine(request)
-    refresh = getattr(engine, "refresh_metrics", None)
-    if refresh is not None:
-        await _maybe_await(refresh())
     # the store's gauges as /healthz sees them now, not as of the last sweep: a full disk with
     # no new write since must still read unhealthy
     store = _store_report(engine)
@@ -606,9 +598,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if getattr(_engine(request), "ready", True):
-        return _json({"status": "ready"})
-    return _json({"status": "starting"}, status=503)
+    """Ready once the listeners are up (the engine started before them); trace-store trouble never fails it."""
+    return _json({"status": "ready"})
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -619,10 +610,9 @@ async def favicon(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "favicon.svg", headers={"Cache-Control": "max-age=3600"})
 
 
-def setup_admin(app: web.Application, engine: Any) -> None:
+def setup_admin(app: web.Application, engine: EngineView) -> None:
     """Add the admin routes and the token/cross-site middleware to `app` (before it starts)."""
-    if ENGINE not in app:
-        app[ENGINE] = engine
+    app[ENGINE_VIEW] = engine
     app[READER] = RunReader(Path(engine.data_dir))
     app.middlewares.append(admin_guard)
     app.middlewares.append(static_no_cache)
