@@ -652,3 +652,22 @@ def test_rendered_container_starts_with_its_config(helm: Any, case: str, tmp_pat
 def test_invalid_values_are_refused_naming_the_field(helm: Any, values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=message):
         render(helm, values)
+
+
+def test_every_package_of_the_source_tree_is_shipped() -> None:
+    """A non-editable install (the README's quick start) ships every package: a subpackage missing
+    from the distribution breaks `tripwire serve` only outside the development checkout."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert config.get("namespaces") is False  # static files travel as package data, not packages
+    shipped = set(find_packages(where=str(root), include=config["include"]))
+    on_disk = {
+        ".".join(p.parent.relative_to(root).parts)
+        for top in ("proxy", "viewer", "addons")
+        for p in (root / top).rglob("__init__.py")
+    }
+    assert on_disk and on_disk <= shipped
