@@ -44,6 +44,14 @@ ensure_chromium || echo "warning: chromium unavailable; browser tests will be sk
 echo "== tests (main)"
 run_pytest .venv -m "not mcp1 and not mitm" "$@"
 
+echo "== installed as a user installs it (pip install ., not editable)"
+# the suite runs an editable install; a module missing from the distribution would only show here
+make_env .venv-wheel .
+.venv-wheel/bin/python -m pip install $QUIET --disable-pip-version-check --force-reinstall --no-deps . >/dev/null
+(cd /tmp && "$OLDPWD/.venv-wheel/bin/python" -c "import proxy.app, proxy.replay, proxy.websocket, viewer.api; print('imports ok')")
+.venv-wheel/bin/tripwire serve --help >/dev/null
+.venv-wheel/bin/tripwire replay --help >/dev/null
+
 echo "== mcp<2 environment"
 make_env .venv-mcp1 -e ".[test]" "mcp<2"
 run_pytest .venv-mcp1 -m mcp1 "$@"
