@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from proxy.appkeys import ENGINE
+from proxy.breaker_stage import BreakerStage
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
@@ -36,9 +37,10 @@ PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", di
 
 
 def guard_stages(engine: Engine) -> list[Stage]:
-    """The guards, between the session and forwarding (loop, limits and budgets, breaker), then
-    max-tokens recovery (opt-in), which forwards the calls it recovers itself."""
-    return [GuardStage(engine), MaxTokensRecoveryStage(engine)]
+    """The guards, between the session and forwarding: loop, limits and budgets (GuardStage), the
+    circuit breaker (BreakerStage), then max-tokens recovery (opt-in), which forwards the calls it
+    recovers itself."""
+    return [GuardStage(engine), BreakerStage(engine), MaxTokensRecoveryStage(engine)]
 
 
 def default_stages(engine: Engine, kind: str) -> list[Stage]:

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from proxy.constants import EventType
+from proxy.exchange import Exchange
 from proxy.guards.decision import Decision
 from proxy.guards.describe import describe
+from proxy.guards.signatures import signature
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
 
 
 def loop_warning(decision: Decision) -> tuple[str, dict[str, Any]]:
@@ -42,3 +48,37 @@ def guard_error(decision: Decision, **extra: Any) -> dict[str, Any]:
         payload["retry_after"] = round(decision.retry_after, 3)
     payload.update(extra)
     return payload
+
+
+def is_tool_call(ex: Exchange) -> bool:
+    return ex.protocol is not None and ex.protocol.kind == "mcp"
+
+
+def call_summary(ex: Exchange) -> dict[str, Any]:
+    """What was refused, for the ERROR event (the upstream never saw it)."""
+    if is_tool_call(ex):
+        return {
+            "kind": "tool",
+            "server": ex.route.upstream,
+            "tool_name": ex.call.tool_name,
+            "args": ex.call.arguments,
+        }
+    return {"kind": "llm", "upstream": ex.route.upstream, "model": ex.call.model, "endpoint": ex.call.dialect}
+
+
+def write_refusal_error(engine: Engine, ex: Exchange, decision: Decision) -> None:
+    """The ERROR of a call a guard (or the circuit) refused before it was forwarded: the call's own
+    event (it carries the call's guard record), then the alert."""
+    session = ex.session
+    assert session is not None
+    if is_tool_call(ex):
+        # a refused MCP call is no TOOL_CALL (the server never saw it); nor is it one when its
+        # answer comes back in the next LLM request's history as a function-calling result
+        sigs = session.conversation.mcp_signatures
+        sig = signature(ex.call.tool_name, ex.call.arguments)
+        sigs[sig] = sigs.get(sig, 0) + 1
+    payload = guard_error(decision, call=call_summary(ex))
+    if ex.guard_trace is not None:
+        payload.update(ex.guard_trace.payload())  # a refused call's event is this ERROR
+    engine.record_event(session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id)
+    engine.alert(session, decision)

@@ -1,9 +1,9 @@
 """The guards in the pipeline: ask the pure guard objects, write what they decided, answer refusals.
 
-Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits) and the
-circuit breaker of agent x upstream. A refusal sets `ex.answer` in the client's own protocol
-(the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
-results to the loop detector, move the breaker. The events of SPEC §5.5's table are written here.
+Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits); the circuit
+breaker runs next, in its own stage (proxy/breaker_stage.py). A refusal sets `ex.answer` in the
+client's own protocol (the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
+results to the loop detector. The events of SPEC §5.5's table are written here.
 Fails open: a bug in a guard is logged and the call goes through (pipeline `fail_open`).
 """
 
@@ -17,22 +17,18 @@ import orjson
 
 from proxy import guard_trace
 from proxy.constants import (
-    GUARD_CIRCUIT_BREAKER,
     GUARD_SESSION_TERMINATED,
     TAG_BUDGET_EXCEEDED,
-    TAG_CIRCUIT_BREAKER_OPEN,
     TAG_LOOP_DETECTED,
     TAG_SHADOW_FIRED,
     TAG_TERMINATED,
     EventType,
 )
 from proxy.exchange import Exchange
-from proxy.guard_events import guard_error, loop_warning
-from proxy.guards.breaker import CircuitBreaker, Transition
+from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning, write_refusal_error
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
-from proxy.guards.signatures import signature
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import ResponsesChains, synthetic_id_of
@@ -67,10 +63,6 @@ def token_estimate(ex: Exchange) -> int:
     return int(dialect.estimate_prompt_tokens(ex.call)) + (
         ex.call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
     )
-
-
-def is_tool_call(ex: Exchange) -> bool:
-    return ex.protocol is not None and ex.protocol.kind == "mcp"
 
 
 def is_responses(ex: Exchange) -> bool:
@@ -157,7 +149,6 @@ class GuardStage(BaseStage):
             self.refuse(ex, verdict.decision, loop_events=bool(verdict.loop_findings))
             return
         self.warn_agent(ex, verdict)
-        self.check_breaker(ex, now)
 
     def trace(
         self,
@@ -238,37 +229,6 @@ class GuardStage(BaseStage):
         if decision.action == Action.WARN and is_tool_call(ex):
             ex.call.append_text = describe(decision, self.engine.settings.expose_guard_details)
 
-    def check_breaker(self, ex: Exchange, now: float) -> None:
-        breaker = self.breaker_for(ex)
-        if breaker is None:
-            return
-        decision, ticket = breaker.before_call(now)
-        ex.breaker_ticket = ticket
-        if ticket is not None and ticket.transition is not None:
-            self.write_transition(ex, ticket.transition)
-        if decision.action >= Action.BLOCK:
-            session = ex.session
-            assert session is not None
-            session.guards.release(ex.reservation)
-            ex.reservation = None
-            if ex.guard_trace is not None:
-                ex.guard_trace.fields["breaker"] = True  # admitted, then refused by the circuit
-            ex.decisions.append(decision)
-            self.engine.metrics.observe_decision(decision.guard, decision.action.name)
-            self.engine.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
-            self.write_error(ex, decision)
-            ex.answer = ex.protocol.render_refusal(
-                ex, decision, describe(decision, self.engine.settings.expose_guard_details)
-            )
-
-    def breaker_for(self, ex: Exchange) -> CircuitBreaker | None:
-        session = ex.session
-        assert session is not None
-        config = session.guards.config.circuit_breaker
-        if not config.enabled:
-            return None
-        return self.engine.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
-
     # --- refusing ----------------------------------------------------------------------------
 
     def refuse(self, ex: Exchange, decision: Decision, *, loop_events: bool) -> None:
@@ -301,41 +261,7 @@ class GuardStage(BaseStage):
         )
 
     def write_error(self, ex: Exchange, decision: Decision) -> None:
-        session = ex.session
-        assert session is not None
-        if is_tool_call(ex):
-            # a refused MCP call is no TOOL_CALL (the server never saw it); nor is it one when its
-            # answer comes back in the next LLM request's history as a function-calling result
-            sigs = session.conversation.mcp_signatures
-            sig = signature(ex.call.tool_name, ex.call.arguments)
-            sigs[sig] = sigs.get(sig, 0) + 1
-        payload = guard_error(decision, call=call_summary(ex))
-        if ex.guard_trace is not None:
-            payload.update(ex.guard_trace.payload())  # a refused call's event is this ERROR
-        self.engine.record_event(
-            session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
-        )
-        self.engine.alert(session, decision)
-
-    def write_transition(self, ex: Exchange, transition: Transition) -> None:
-        session = ex.session
-        assert session is not None
-        self.engine.record_event(
-            session,
-            EventType.STATE_UPDATE,
-            "state",
-            {
-                "state": {"circuit_breaker": {"upstream": ex.route.upstream, "state": str(transition.new)}},
-                "diff": {"circuit_breaker": {"from": str(transition.old), "to": str(transition.new)}},
-                "reason": transition.reason,
-            },
-        )
-        self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
-        if str(transition.new) == "open":
-            self.engine.alert(
-                session,
-                Decision(Action.BLOCK, GUARD_CIRCUIT_BREAKER, f"circuit to {ex.route.upstream} opened"),
-            )
+        write_refusal_error(self.engine, ex, decision)
 
     # --- after the answer --------------------------------------------------------------------
 
@@ -357,9 +283,7 @@ class GuardStage(BaseStage):
             now = guard_trace.mark_settled(ex, ex.guard_trace, now)
         if ex.refused or not ex.forwarded:
             guards.release(ex.reservation)
-            self.release_breaker(ex)
             return
-        self.settle_breaker(ex, now)
         if is_tool_call(ex):
             result = ex.result
             decisions = guards.after_tool_call(
@@ -401,36 +325,3 @@ class GuardStage(BaseStage):
             )
             if not guards.shadow:
                 self.engine.alert(session, d)
-
-    def settle_breaker(self, ex: Exchange, now: float) -> None:
-        breaker = self.breaker_for(ex) if ex.breaker_ticket is not None else None
-        if breaker is None:
-            return
-        failed = ex.upstream_failed()
-        if is_tool_call(ex) and ex.result is not None and ex.result.upstream_failure:
-            failed = True
-        transition = (
-            breaker.on_failure(ex.breaker_ticket, now)
-            if failed
-            else breaker.on_success(ex.breaker_ticket, now)
-        )
-        if transition is not None:
-            self.write_transition(ex, transition)
-
-    def release_breaker(self, ex: Exchange) -> None:
-        if ex.breaker_ticket is not None:
-            breaker = self.breaker_for(ex)
-            if breaker is not None:
-                breaker.release(ex.breaker_ticket)
-
-
-def call_summary(ex: Exchange) -> dict[str, Any]:
-    """What was refused, for the ERROR event (the upstream never saw it)."""
-    if is_tool_call(ex):
-        return {
-            "kind": "tool",
-            "server": ex.route.upstream,
-            "tool_name": ex.call.tool_name,
-            "args": ex.call.arguments,
-        }
-    return {"kind": "llm", "upstream": ex.route.upstream, "model": ex.call.model, "endpoint": ex.call.dialect}

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from proxy.breaker_stage import BreakerStage
 from proxy.engine import Engine
 from proxy.exchange import Exchange
 from proxy.guard_stage import GuardStage
@@ -47,7 +48,14 @@ def mcp_pipeline(engine: Engine, upstream: CannedUpstream) -> tuple[Pipeline, Gu
 
 
 def llm_pipeline(engine: Engine, upstream: CannedUpstream) -> Pipeline:
-    stages = [LLMParseStage(engine), SessionStage(engine), GuardStage(engine), upstream, RecordStage(engine)]
+    stages = [
+        LLMParseStage(engine),
+        SessionStage(engine),
+        GuardStage(engine),
+        BreakerStage(engine),
+        upstream,
+        RecordStage(engine),
+    ]
     return Pipeline(stages)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,110 @@
+"""The circuit breaker in the pipeline (SPEC §5.3): one breaker per agent x upstream, outside sessions.
+
+Before forwarding (after the session's guards admitted the call): an open circuit, or a half-open
+one with its trial calls taken, refuses at once (429 with Retry-After; a JSON-RPC error for MCP) and
+gives the guards' reservation back. After the answer: a failure (connection error, timeout, 5xx, a
+broken stream, an MCP internal error) or a success moves the breaker; a call that never reached the
+upstream gives its trial ticket back. Transitions are STATE_UPDATE events. Its finish runs before the
+guard stage's (finish hooks unwind), as the breaker was settled before the guards.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN, EventType
+from proxy.exchange import Exchange
+from proxy.guard_events import is_tool_call, write_refusal_error
+from proxy.guards.breaker import CircuitBreaker, Transition
+from proxy.guards.decision import Action, Decision
+from proxy.guards.describe import describe
+from proxy.pipeline import BaseStage
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
+
+
+class BreakerStage(BaseStage):
+    name = "breaker"
+    fail_open = True
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def request(self, ex: Exchange) -> None:
+        breaker = self.breaker_for(ex)
+        if breaker is None:
+            return
+        decision, ticket = breaker.before_call(time.monotonic())
+        ex.breaker_ticket = ticket
+        if ticket is not None and ticket.transition is not None:
+            self.write_transition(ex, ticket.transition)
+        if decision.action >= Action.BLOCK:
+            self.refuse(ex, decision)
+
+    def refuse(self, ex: Exchange, decision: Decision) -> None:
+        session = ex.session
+        assert session is not None and session.guards is not None
+        session.guards.release(ex.reservation)
+        ex.reservation = None
+        if ex.guard_trace is not None:
+            ex.guard_trace.fields["breaker"] = True  # admitted by the guards, then refused by the circuit
+        ex.decisions.append(decision)
+        self.engine.metrics.observe_decision(decision.guard, decision.action.name)
+        self.engine.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
+        write_refusal_error(self.engine, ex, decision)
+        ex.answer = ex.protocol.render_refusal(
+            ex, decision, describe(decision, self.engine.settings.expose_guard_details)
+        )
+
+    def breaker_for(self, ex: Exchange) -> CircuitBreaker | None:
+        """The breaker of the call's agent x upstream; None where no guards judged the call."""
+        session = ex.session
+        if ex.protocol is None or session is None or session.guards is None or ex.guards_skipped:
+            return None
+        config = session.guards.config.circuit_breaker
+        if not config.enabled:
+            return None
+        return self.engine.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
+
+    async def finish(self, ex: Exchange) -> None:
+        if ex.breaker_ticket is None:
+            return
+        breaker = self.breaker_for(ex)
+        if breaker is None:
+            return
+        if ex.refused or not ex.forwarded:
+            breaker.release(ex.breaker_ticket)  # never reached the upstream: the trial goes back
+            return
+        failed = ex.upstream_failed()
+        if is_tool_call(ex) and ex.result is not None and ex.result.upstream_failure:
+            failed = True
+        now = time.monotonic()
+        transition = (
+            breaker.on_failure(ex.breaker_ticket, now)
+            if failed
+            else breaker.on_success(ex.breaker_ticket, now)
+        )
+        if transition is not None:
+            self.write_transition(ex, transition)
+
+    def write_transition(self, ex: Exchange, transition: Transition) -> None:
+        session = ex.session
+        assert session is not None
+        self.engine.record_event(
+            session,
+            EventType.STATE_UPDATE,
+            "state",
+            {
+                "state": {"circuit_breaker": {"upstream": ex.route.upstream, "state": str(transition.new)}},
+                "diff": {"circuit_breaker": {"from": str(transition.old), "to": str(transition.new)}},
+                "reason": transition.reason,
+            },
+        )
+        self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
+        if str(transition.new) == "open":
+            self.engine.alert(
+                session,
+                Decision(Action.BLOCK, GUARD_CIRCUIT_BREAKER, f"circuit to {ex.route.upstream} opened"),
+            )
