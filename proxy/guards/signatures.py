@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from proxy import jsonparse
+from proxy.guards.tree import rebuild
 from proxy.guards.volatile import stable_text, stable_value
 
 FLOAT_DIGITS = 6
@@ -49,30 +50,9 @@ def _canonical_scalar(value: Any) -> Any:
 def canonical_value(value: Any) -> Any:
     """At every depth: dict keys as str, floats rounded, tuples as lists; everything else unchanged.
 
-    Iterative (an explicit stack of (source, target container, slot)), so any depth is fine.
+    Iterative (`proxy.guards.tree.rebuild`), so any depth is fine.
     """
-    if not isinstance(value, dict | list | tuple):
-        return _canonical_scalar(value)
-    root: list[Any] = [None]
-    work: list[tuple[Any, Any, Any]] = [(value, root, 0)]
-    while work:
-        v, parent, slot = work.pop()
-        if isinstance(v, dict):
-            out: dict[str, Any] = {}
-            parent[slot] = out
-            members = []
-            for k, child in v.items():
-                key = str(k)
-                out[key] = None  # keeps the source's key order
-                members.append((child, out, key))
-            work.extend(reversed(members))  # filled in order: of two keys with one str(), the last wins
-        elif isinstance(v, list | tuple):
-            items: list[Any] = [None] * len(v)
-            parent[slot] = items
-            work.extend((child, items, i) for i, child in enumerate(v))
-        else:
-            parent[slot] = _canonical_scalar(v)
-    return root[0]
+    return rebuild(value, _canonical_scalar)
 
 
 def _parse_if_json(args: Any) -> Any:
@@ -118,7 +98,7 @@ def stable_signature(tool: str, args: Any) -> str:
     compared case- and space-folded ("Weather in Paris?" is "weather in paris").
     """
     parsed = _parse_if_json(args)
-    value = canonical_value(stable_value({} if parsed is None else parsed, fold_case=True))
+    value = stable_value({} if parsed is None else parsed, fold_case=True, leaf=_canonical_scalar)
     return f"{normalize_tool_name(tool)}({_dumps(value)})"
 
 
@@ -129,7 +109,7 @@ def result_fingerprint(content: Any) -> str:
     `checked_at`, or a test run only by "in 0.31s", is the same result.
     """
     parsed = _parse_if_json(content)
-    value = canonical_value(stable_value(parsed))
+    value = stable_value(parsed, leaf=_canonical_scalar)
     return fingerprint_text(_dumps(value))
 
 

@@ -19,9 +19,12 @@ Pure functions; used by `signatures.stable_signature` and `signatures.result_fin
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+
+from proxy.guards.tree import NOT_EXPANDED, rebuild
 
 # field names (lower-cased, without `_`/`-`) whose value is per-call noise
 VOLATILE_KEYS = frozenset(
@@ -159,40 +162,33 @@ def _json_text(value: str) -> Any:
 _NOT_JSON = object()
 
 
-def stable_value(value: Any, *, fold_case: bool = False) -> Any:
+def _keep_member(key: str, child: Any) -> bool:
+    return not is_volatile_key(key) and not _epoch_at_time_key(key, child)
+
+
+def _expand_json_text(value: str) -> Any:
+    parsed = _json_text(value)
+    return NOT_EXPANDED if parsed is _NOT_JSON else parsed
+
+
+def stable_leaf(value: Any, fold_case: bool) -> Any:
+    """A scalar of a stable value: strings lose their per-call noise, the rest is unchanged."""
+    return _stable_text(value, fold_case) if isinstance(value, str) else value
+
+
+def stable_value(value: Any, *, fold_case: bool = False, leaf: Callable[[Any], Any] | None = None) -> Any:
     """JSON-like `value` without volatile fields and shapes; the rest unchanged.
 
     `fold_case` also folds short strings (queries, names) to lower case with single spaces and no
     trailing punctuation, for the identity of a call: "Weather in Paris?" is "weather in paris".
-    Walked with an explicit stack of (source, target container, slot): any depth is fine.
+    A string holding JSON (tool results often are JSON sent as text) is replaced by its stable value.
+    `leaf`, when given, is applied to every stable scalar in the same walk (the canonical form of a
+    fingerprint), so a value is walked once. Any depth (`proxy.guards.tree.rebuild`).
     """
-    root: list[Any] = [None]
-    work: list[tuple[Any, Any, Any]] = [(value, root, 0)]
-    while work:
-        v, parent, slot = work.pop()
-        if isinstance(v, str):
-            parsed = _json_text(v)
-            if parsed is not _NOT_JSON:
-                work.append((parsed, parent, slot))  # JSON sent as text: its value, made stable
-            else:
-                parent[slot] = _stable_text(v, fold_case)
-        elif isinstance(v, dict):
-            out: dict[str, Any] = {}
-            parent[slot] = out
-            members = []
-            for k, child in v.items():
-                key = str(k)
-                if is_volatile_key(key):
-                    continue
-                if _epoch_at_time_key(key, child):
-                    continue
-                out[key] = None  # keeps the source's key order
-                members.append((child, out, key))
-            work.extend(reversed(members))  # filled in order: of two keys with one str(), the last wins
-        elif isinstance(v, list | tuple):
-            items: list[Any] = [None] * len(v)
-            parent[slot] = items
-            work.extend((child, items, i) for i, child in enumerate(v))
-        else:
-            parent[slot] = v
-    return root[0]
+    if leaf is None:
+        return rebuild(
+            value, lambda v: stable_leaf(v, fold_case), keep=_keep_member, expand=_expand_json_text
+        )
+    return rebuild(
+        value, lambda v: leaf(stable_leaf(v, fold_case)), keep=_keep_member, expand=_expand_json_text
+    )
