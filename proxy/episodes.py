@@ -170,16 +170,22 @@ def _message_bytes(message: Any) -> bytes:
         return jsonparse.dumps_text(message).encode("utf-8")
 
 
-def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
-    """The digest of every prefix of a conversation, shortest first, in one pass."""
+def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:
+    """The digest of every prefix of a conversation, from the empty one to the whole, in one pass
+    (`normalise`: without Anthropic's `cache_control` markers, which move between requests)."""
     h = hashlib.blake2b(digest_size=16)
-    out = []
+    out = [h.digest()]
     for message in messages:
-        raw = _message_bytes(_normalised(message))
+        raw = _message_bytes(_normalised(message) if normalise else message)
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)
         out.append(h.digest())
-    return tuple(out)
+    return out
+
+
+def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
+    """The digest of every non-empty prefix of a conversation, shortest first, in one pass."""
+    return tuple(prefix_digests(messages, normalise=True)[1:])
 
 
 def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) -> Episode:

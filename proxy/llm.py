@@ -7,7 +7,6 @@ result, and how an answer becomes LLM_CALL and TOOL_CALL events.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import replace
@@ -20,6 +19,7 @@ from proxy import guard_trace, jsonparse
 from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
+from proxy.episodes import prefix_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
@@ -331,25 +331,11 @@ def llm_result(ex: Exchange) -> LLMResult:
     return result
 
 
-def _message_bytes(message: Any) -> bytes:
-    try:
-        return orjson.dumps(message)
-    except TypeError:  # nesting deeper than orjson writes, integers beyond 64 bits, lone surrogates
-        return jsonparse.dumps_text(message).encode("utf-8")
-
-
 def prompt_digests(messages: list[Any], prefix: int) -> tuple[str | None, str]:
     """(digest of messages[:prefix] or None when there are fewer, digest of all of them): one pass."""
-    h = hashlib.blake2b(digest_size=16)
-    head = None
-    for i, message in enumerate(messages):
-        if i == prefix:
-            head = h.hexdigest()
-        raw = _message_bytes(message)
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw)
-    full = h.hexdigest()
-    return (full if prefix == len(messages) else head), full
+    digests = prefix_digests(messages)
+    head = digests[prefix].hex() if prefix < len(digests) else None
+    return head, digests[-1].hex()
 
 
 def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool) -> tuple[list[Any], str]:
