@@ -161,7 +161,8 @@ class GuardStage(BaseStage):
             name, payload = loop_warning(finding)
             if verdict.shadow:
                 payload["shadow"] = True
-            event_id = self.engine.record_event(session, EventType.LOOP_WARNING, name, payload)
+            event_id = self.engine.write_event(session, EventType.LOOP_WARNING, name, payload)
+            self.engine.observe_event(session, EventType.LOOP_WARNING, name, event_id)
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
@@ -193,9 +194,10 @@ class GuardStage(BaseStage):
             return
         session.guards.shadow_reported.add(decision.guard)
         payload = guard_error(decision, call=call_summary(ex), shadow=True)
-        self.engine.record_event(
+        event_id = self.engine.write_event(
             session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
         )
+        self.engine.observe_event(session, EventType.ERROR, decision.guard, event_id)
 
     def warn_agent(self, ex: Exchange, verdict: Verdict) -> None:
         """A loop WARN lets the call through; an MCP result carries the warning as an extra text block."""
@@ -282,7 +284,7 @@ class GuardStage(BaseStage):
                 self.engine.recorder.add_tags(
                     session.run_id, *(d.tags if not guards.shadow else (TAG_SHADOW_FIRED,))
                 )
-            self.engine.record_event(
+            event_id = self.engine.write_event(
                 session,
                 EventType.STATE_UPDATE,
                 "state",
@@ -294,5 +296,6 @@ class GuardStage(BaseStage):
                     **({"shadow": True} if guards.shadow else {}),
                 },
             )
+            self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
             if not guards.shadow:
                 self.engine.alert(session, d)
