@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -19,6 +18,7 @@ from proxy import guard_trace, jsonparse
 from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
+from proxy.dialects.contract import Dialect
 from proxy.episodes import prefix_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
@@ -64,7 +64,7 @@ class LLMProtocol:
 
     kind = "llm"
 
-    def __init__(self, dialect: ModuleType, engine: Engine) -> None:
+    def __init__(self, dialect: Dialect, engine: Engine) -> None:
         self.dialect = dialect
         self.engine = engine
 
@@ -188,7 +188,7 @@ def read_body(raw: bytes) -> tuple[Any, bool]:
         return jsonparse.loads_lenient(raw), False
 
 
-def bad_request(dialect: ModuleType, message: str) -> Answer:
+def bad_request(dialect: Dialect, message: str) -> Answer:
     """A 400 in the protocol's own error shape, so each SDK raises its own BadRequestError."""
     error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
     if is_anthropic(dialect):
@@ -196,7 +196,7 @@ def bad_request(dialect: ModuleType, message: str) -> Answer:
     return Answer(400, error_body(dialect, 400, error), "application/json", {"x-should-retry": "false"})
 
 
-def fallback_request(dialect: ModuleType, body: dict[str, Any]) -> LLMRequest:
+def fallback_request(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
     """What the guards judge when the dialect cannot read a body: the call, without its history."""
     model = body.get("model")
     return LLMRequest(
@@ -251,7 +251,7 @@ class LLMParseStage(BaseStage):
             ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
         ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
 
-    def refuse(self, ex: Exchange, dialect: ModuleType, message: str) -> None:
+    def refuse(self, ex: Exchange, dialect: Dialect, message: str) -> None:
         """Answer 400 and record an ERROR in the session's run, when the call names one."""
         text = f"[tripwire] {message}"
         ex.answer = bad_request(dialect, text)

@@ -1,9 +1,9 @@
-"""Max-tokens recovery (opt-in, `max_tokens_recovery`, seed 003): a non-streamed Chat Completions
+"""Max-tokens recovery (opt-in, `max_tokens_recovery`): a non-streamed Chat Completions
 answer cut off by its token limit (`finish_reason: "length"`) is continued upstream up to N times
 and the agent gets one stitched answer.
 
 Each continuation sends the conversation plus the text so far as an assistant message and a short
-user message asking to go on (as seed 003's agent loop does); the pieces are joined, usage is
+user message asking to go on; the pieces are joined, usage is
 summed, and the last piece's `finish_reason` wins. The stitched answer is recorded as one LLM_CALL
 with the summed usage and cost. Streams, tool calls and `n > 1` are relayed as they are.
 """

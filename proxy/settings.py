@@ -135,7 +135,7 @@ class Settings(BaseModel):
     agents: dict[str, GuardConfig] = Field(default_factory=dict)
     expose_guard_details: bool = True
     alert_webhook: str | None = None
-    # opt-in recoveries (SPEC §5.4 "Other settings", seed 003), off by default:
+    # opt-in recoveries (SPEC §5.4 "Other settings"), off by default:
     # resend a call after a connection error, 502 or 503 this many times (jittered exponential
     # back-off from upstream_retry_base_s), before anything reached the client and before the
     # circuit breaker counts a failure
