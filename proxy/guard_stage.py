@@ -213,13 +213,15 @@ class GuardStage(BaseStage):
         """BLOCK answers with a synthetic result and the session goes on; TERMINATE ends it."""
         session = ex.session
         assert session is not None
+        protocol = ex.protocol
+        assert session is not None and protocol is not None
         text = describe(decision, self.engine.settings.expose_guard_details)
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
-            ex.answer = ex.protocol.render_block(ex, decision, text)
+            ex.answer = protocol.render_block(ex, decision, text)
             ex.block_text = text  # a Responses chain goes on from the blocked answer (responses_stage)
             return
-        ex.answer = ex.protocol.render_refusal(ex, decision, text)
+        ex.answer = protocol.render_refusal(ex, decision, text)
         budget = TAG_BUDGET_EXCEEDED in decision.tags
         limit = decision.kind is None and not budget
         self.engine.terminate_session(
@@ -232,6 +234,7 @@ class GuardStage(BaseStage):
             Action.TERMINATE, GUARD_SESSION_TERMINATED, "this session was terminated by a guard"
         )
         self.engine.metrics.observe_decision(decision.guard, decision.action.name)
+        assert ex.protocol is not None
         ex.answer = ex.protocol.render_refusal(
             ex, decision, describe(decision, self.engine.settings.expose_guard_details)
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -18,7 +18,7 @@ from proxy import guard_trace, jsonparse
 from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
-from proxy.dialects.contract import Dialect
+from proxy.dialects.contract import Accumulator, Dialect
 from proxy.episodes import prefix_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
@@ -67,6 +67,12 @@ class LLMProtocol:
     def __init__(self, dialect: Dialect, engine: Engine) -> None:
         self.dialect = dialect
         self.engine = engine
+
+    def continues(self, ex: Exchange) -> bool:
+        return False  # every LLM request is a call of its own
+
+    async def await_result(self, ex: Exchange) -> None:
+        return None  # the answer is the result
 
     def render_block(self, ex: Exchange, decision: Decision, text: str) -> Answer:
         # the answer quotes the request (model, tool names): no lone surrogate may reach orjson
@@ -294,7 +300,9 @@ class LLMParseStage(BaseStage):
 
 def llm_result(ex: Exchange) -> LLMResult:
     """What the upstream answered, parsed; for failures, an error result."""
-    dialect = ex.protocol.dialect
+    protocol = ex.protocol
+    assert isinstance(protocol, LLMProtocol)
+    dialect = protocol.dialect
     observer = ex.observer
     if ex.upstream_status is None:
         return LLMResult(
@@ -313,7 +321,8 @@ def llm_result(ex: Exchange) -> LLMResult:
     if isinstance(observer, BodyCollector):
         result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
     else:
-        result = observer.finish(ex.stream_complete and ex.upstream_error is None)
+        accumulator = cast("Accumulator", observer)  # the parse stage set the dialect's accumulator
+        result = accumulator.finish(ex.stream_complete and ex.upstream_error is None)
     reason = ex.incomplete_reason
     if reason and not result.complete:
         # the client hung up, or shutdown cut the stream: not the upstream's failure
@@ -453,7 +462,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         "prompt_messages_total": len(call.messages),
         "response": {"text": result.text, "tool_calls": tool_calls_payload(result)},
         "usage": usage_dict(usage),
-        "provider": provider_name(ex.protocol.dialect.__name__),
+        "provider": provider_name(dialect_name_of(ex)),
         "temperature": call.temperature,
         "stop_reason": result.stop_reason,
         "status": "ok" if ok else "error",
@@ -517,6 +526,12 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         usage.completion_tokens if usage else 0,
         payload["cost_usd"],
     )
+
+
+def dialect_name_of(ex: Exchange) -> str:
+    protocol = ex.protocol
+    assert isinstance(protocol, LLMProtocol)
+    return protocol.dialect.__name__
 
 
 def http_error(ex: Exchange) -> dict[str, Any]:

@@ -111,7 +111,8 @@ class MaxTokensRecoveryStage(BaseStage):
 
     async def request(self, ex: Exchange) -> None:
         original = self.eligible(ex)
-        if original is None:
+        protocol = ex.protocol
+        if original is None or protocol is None:
             return
         route = ex.route
         upstream = self.engine.upstreams.get(route.kind, route.upstream)
@@ -151,7 +152,7 @@ class MaxTokensRecoveryStage(BaseStage):
                 "upstream_error",
                 "upstream_error",
             )
-            ex.protocol.after_forward(ex)
+            protocol.after_forward(ex)
             return
         status, out_headers, raw = first
         if len(parts) > 1:
@@ -160,9 +161,10 @@ class MaxTokensRecoveryStage(BaseStage):
             ex.upstream_error = None  # a continuation that failed still leaves an answer
             log.info("max-tokens recovery: stitched %d answers for %s", len(parts), route.upstream)
         ex.upstream_status = status
-        ex.observer.feed(raw)
+        if ex.observer is not None:
+            ex.observer.feed(raw)
         ex.answer = Answer(status, raw, out_headers.pop("Content-Type", "application/json"), out_headers)
-        ex.protocol.after_forward(ex)
+        protocol.after_forward(ex)
 
     async def post(
         self, ex: Exchange, url: str, headers: Any, body: dict[str, Any]
