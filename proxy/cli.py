@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -132,6 +133,18 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
         help="record metadata only (model, usage, cost, tool names, timings), no prompts or results",
     )
     a(
+        "--state",
+        metavar="URL",
+        help="shared guard state for several replicas, e.g. redis://redis:6379/0 (default: in memory); "
+        "see docs/scaling.md",
+    )
+    a(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="also export calls as OpenTelemetry spans over OTLP/HTTP, e.g. http://collector:4318 "
+        "(needs pip install 'tripwire[otlp]'); see docs/scaling.md",
+    )
+    a(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -169,6 +182,10 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["mcp"] = {name: {"url": url} for name, url in args.mcp}
     if args.mcp_stdio:
         out["mcp_stdio"] = {name: {"command": cmd} for name, cmd in args.mcp_stdio}
+    if args.state:
+        out["state"] = {"url": args.state}
+    if args.otlp_endpoint:
+        out["otlp"] = {"endpoint": args.otlp_endpoint}
     return out
 
 
@@ -182,6 +199,19 @@ def check_startup(settings: Settings) -> None:
     overlap = set(settings.mcp) & set(settings.mcp_stdio)
     if overlap:
         raise ConfigError(f"mcp and mcp_stdio both name {sorted(overlap)}: names must be unique")
+    if settings.otlp.endpoint and not otlp_installed():
+        raise ConfigError(
+            f"otlp.endpoint {settings.otlp.endpoint} is set but the OpenTelemetry exporter is not installed: "
+            "pip install 'tripwire[otlp]'"
+        )
+
+
+def otlp_installed() -> bool:
+    """The `otlp` extra (opentelemetry-sdk and the OTLP/HTTP exporter) is importable."""
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from proxy.redact import redact_argv
 from proxy.sessions import Refused, Session, SessionManager
 from proxy.settings import Settings
 from proxy.storage import prune_runs
+from proxy.trace import sinks as trace_sinks
 from proxy.upstreams import UpstreamRegistry
 
 log = logging.getLogger("tripwire")
@@ -51,6 +52,7 @@ class Engine:
             max_field_bytes=settings.max_field_bytes,
             record_content=settings.record_content,
             fsync=settings.fsync,
+            sinks=trace_sinks.from_settings(settings),  # e.g. OTLP export (SPEC §8)
         )
         self.pricing = Pricing(dict(settings.pricing_table))
         self.sessions = SessionManager(

@@ -458,6 +458,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
     payload: dict[str, Any] = {
         "model": model,
+        "request_model": call.model,  # what was asked for; `model` is what answered (OTLP export)
         "prompt": prompt,
         "prompt_messages_total": len(call.messages),
         "response": {"text": result.text, "tool_calls": tool_calls_payload(result)},

@@ -83,6 +83,52 @@ class RetentionConfig(BaseModel):
     max_total_mb: PositiveFloat | None = None
 
 
+class StateConfig(BaseModel):
+    """Where guard state lives (SPEC §8): in memory (no url, the embedded default) or a Redis that
+    several replicas share, and what a call meets while that Redis is unreachable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = None
+    # fail_open: forward, guard from local memory, report it; fail_closed: refuse (503, state_unavailable)
+    on_unavailable: Literal["fail_open", "fail_closed"] = "fail_open"
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+
+class OtlpConfig(BaseModel):
+    """Trace export over OTLP/HTTP (SPEC §8, docs/scaling.md), in addition to the local trace files."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # the collector's base URL (http://collector:4318) or its traces URL (.../v1/traces); None: no export
+    endpoint: str | None = None
+    # sent with every export, e.g. a hosted backend's key (OTEL_EXPORTER_OTLP_HEADERS works too)
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: PositiveFloat = 10  # one export request, retries included; also bounds the flush at close
+    export_interval_s: PositiveFloat = 2  # a batch leaves at least this often (or when 512 spans wait)
+    max_queue: PositiveInt = 8192  # spans waiting for export; more are dropped (counted), never blocking
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL (OTLP/HTTP), got {v!r}")
+        return v
+
+    def traces_url(self) -> str | None:
+        """The URL spans are POSTed to: a base URL gets OTLP's /v1/traces, as OTEL_EXPORTER_OTLP_ENDPOINT does."""
+        if self.endpoint is None:
+            return None
+        base = self.endpoint.rstrip("/")
+        return base if base.endswith("/v1/traces") else base + "/v1/traces"
+
+
 class Settings(BaseModel):
     """Everything `tripwire serve` needs. Frozen: built once at start, validated as a whole."""
 
@@ -126,6 +172,10 @@ class Settings(BaseModel):
     record_full_prompts: bool = False
     fsync: Literal["never", "run_end", "always"] = "run_end"
     retention: RetentionConfig = RetentionConfig()
+
+    # scale-out (SPEC §8): shared guard state, trace export
+    state: StateConfig = StateConfig()
+    otlp: OtlpConfig = OtlpConfig()
 
     # pricing: model -> [input_per_1m_usd, output_per_1m_usd]
     pricing_table: dict[str, tuple[float, float]] = Field(default_factory=dict)
@@ -202,6 +252,12 @@ ENV_FIELDS = (
 )
 # Friendlier aliases documented in the README.
 ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}
+# Fields of a section: a Redis URL may hold a password, so a Kubernetes Secret can provide it as env.
+ENV_NESTED = {
+    "TRIPWIRE_STATE_URL": ("state", "url"),
+    "TRIPWIRE_STATE_ON_UNAVAILABLE": ("state", "on_unavailable"),
+    "TRIPWIRE_OTLP_ENDPOINT": ("otlp", "endpoint"),
+}
 
 
 def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -213,6 +269,9 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
     for key, name in ENV_ALIASES.items():
         if key in environ:
             out[name] = environ[key]
+    for key, (section, name) in ENV_NESTED.items():
+        if key in environ:
+            out.setdefault(section, {})[name] = environ[key]
     return out
 
 
