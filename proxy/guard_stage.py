@@ -27,7 +27,7 @@ from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_war
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
-from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
+from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS
 from proxy.pipeline import BaseStage
 from proxy.sessions import Session
 
@@ -89,10 +89,7 @@ class GuardStage(BaseStage):
             )
         else:
             call = ex.call
-            # the tool results this request brings are events that happened before it: write their
-            # TOOL_CALLs first, so a LOOP_WARNING / ERROR they cause follows them (as in AgentDbg)
-            record_tool_results(ex, self.engine)
-            if session.terminated:  # one of them ended the session (stop_on_loop): refuse this call
+            if session.terminated:  # a result it brings ended the session (stop_on_loop): refused
                 self.refuse_ended(ex, guards)
                 return
             steps, turn_start, results = call.steps, call.turn_start, call.tool_results

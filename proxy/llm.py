@@ -111,7 +111,6 @@ class LLMProtocol:
         ex.tokens = result.usage.total_tokens if result.usage else 0
 
     def record(self, ex: Exchange, engine: Engine) -> None:
-        record_tool_results(ex, engine)
         if ex.refused or ex.result is None:
             return
         record_llm_call(ex, engine)
@@ -406,6 +405,22 @@ def error_text(content: Any, limit: int = 500) -> str:
     if jsonparse.max_depth(content) > DEPTH_LIMIT:
         return jsonparse.dumps_text(jsonparse.cap_depth(content, DEPTH_LIMIT, TRUNCATED_MARKER))[:limit]
     return str(content)[:limit]
+
+
+class ToolResultsStage(BaseStage):
+    """Function-calling tools: the results a request brings complete calls an earlier answer asked
+    for. They happened before this call, so their TOOL_CALLs are written before the guards judge it
+    (a LOOP_WARNING / ERROR they cause follows them, as in AgentDbg), and the guards observe them."""
+
+    name = "tool_results"
+    fail_open = True  # a bug here must not drop the agent's call
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def request(self, ex: Exchange) -> None:
+        if isinstance(ex.protocol, LLMProtocol) and ex.session is not None:
+            record_tool_results(ex, self.engine)
 
 
 def record_tool_results(ex: Exchange, engine: Engine) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from proxy.breaker_stage import BreakerStage
 from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage
+from proxy.llm import LLMParseStage, ToolResultsStage
 from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
 from proxy.recovery import MaxTokensRecoveryStage
@@ -28,6 +28,7 @@ def llm_stages(engine: Engine) -> list[Stage]:
         LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
         SessionStage(engine),  # the call's run (explicit session, episode, lineage)
         ResponsesChainStage(),  # previous_response_id: synthetic parents rewritten, history found
+        ToolResultsStage(engine),  # TOOL_CALLs of the function-calling results the request brings
         GuardStage(engine),  # loop, limits, budgets (pure guards); settles after the answer
         BreakerStage(engine),  # the circuit of agent x upstream
         MaxTokensRecoveryStage(engine),  # opt-in: continues a chat answer cut at its token limit
