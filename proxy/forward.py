@@ -384,14 +384,18 @@ class Forwarder:
             ex.incomplete_reason = "Tripwire shut down before the answer ended (drain grace over)"
 
     @staticmethod
-    async def _write(ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
+    def _hung_up(ex: Exchange) -> None:
+        ex.stream_complete = False
+        ex.client_disconnected = True
+        ex.incomplete_reason = "the client disconnected before the answer ended"
+
+    @classmethod
+    async def _write(cls, ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
         try:
             await response.write(data)
             return True
         except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
-            ex.stream_complete = False
-            ex.client_disconnected = True
-            ex.incomplete_reason = "the client disconnected before the answer ended"
+            cls._hung_up(ex)
             return False
 
     @staticmethod
@@ -512,7 +516,14 @@ class Forwarder:
                     status=upstream.status, reason=upstream.reason, headers=out_headers
                 )
                 ex.response = response
-                await response.prepare(request)
+                try:
+                    await response.prepare(request)
+                except ConnectionResetError:
+                    # aiohttp raises ClientConnectionResetError (a ClientError too) when the client
+                    # has hung up before the answer's head went out: the client's doing, not the
+                    # upstream's, so it must not count toward the circuit breaker
+                    self._hung_up(ex)
+                    return
                 self._active[id(ex)] = (ex, upstream)
                 try:
                     await self._relay(ex, upstream, response)
