@@ -32,6 +32,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.egress import Egress
 from proxy.exchange import Answer, Exchange
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
 from proxy.settings import UpstreamConfig
@@ -322,6 +323,11 @@ class Forwarder:
         self.ca_bundle = ca_bundle
         self.retries = retries  # opt-in (settings.upstream_retries): see send()
         self.retry_base_s = retry_base_s
+        # calls and alert webhooks; the way out (proxy, ~/.netrc) is read once, at start
+        self.http: aiohttp.ClientSession | None = None
+        self.egress: Egress | None = None
+        # WebSocket upgrades (proxy/websocket.py) read the way out from the environment per
+        # connection (trust_env): long-lived, so the lookup does not matter there
         self.session: aiohttp.ClientSession | None = None
         # answers being relayed right now, so a drain that runs out of grace can end them cleanly
         self._active: dict[int, tuple[Exchange, aiohttp.ClientResponse]] = {}
@@ -330,20 +336,26 @@ class Forwarder:
         ssl_ctx: ssl.SSLContext | bool = True
         if self.ca_bundle:
             ssl_ctx = ssl.create_default_context(cafile=self.ca_bundle)
-        self.session = aiohttp.ClientSession(
+        self.egress = Egress()  # HTTPS_PROXY / NO_PROXY / ~/.netrc, as trust_env reads them, once
+        self.http = self._client(ssl_ctx, trust_env=False)
+        self.session = self._client(ssl_ctx, trust_env=True)
+
+    def _client(self, ssl_ctx: ssl.SSLContext | bool, *, trust_env: bool) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             # no total timeout: streams of reasoning models run for minutes; sock_read bounds silence
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=self.connect_timeout_s, sock_read=self.ttfb_timeout_s
             ),
             connector=aiohttp.TCPConnector(ssl=ssl_ctx, limit=0),
             auto_decompress=False,  # relay bytes exactly as encoded; Content-Encoding passes through
-            trust_env=True,  # HTTPS_PROXY / NO_PROXY for the way out
+            trust_env=trust_env,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         )
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        for client in (self.http, self.session):
+            if client is not None:
+                await client.close()
 
     async def _relay(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, response: web.StreamResponse
@@ -428,13 +440,18 @@ class Forwarder:
 
     async def post_json(self, url: str, body: dict[str, object]) -> None:
         """Alert webhooks: best effort, short timeout, failures logged."""
-        assert self.session is not None
+        assert self.http is not None and self.egress is not None
+        target = URL(url)
+        way = self.egress.route(target)
         try:
-            async with self.session.post(
-                url,
+            async with self.http.post(
+                target,
                 data=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **(way.headers or {})},
                 timeout=aiohttp.ClientTimeout(total=10),
+                proxy=way.proxy,
+                proxy_headers=way.proxy_headers,
+                auth=way.auth,
             ) as resp:
                 if resp.status >= 400:
                     log.warning("alert webhook %s answered HTTP %d", url, resp.status)
@@ -450,17 +467,25 @@ class Forwarder:
         with jittered exponential back-off, so the circuit breaker counts one failure only when
         every attempt failed. `ex.upstream_retries` says how many resends it took.
         """
-        assert self.session is not None, "Forwarder.start() not called"
+        assert self.http is not None and self.egress is not None, "Forwarder.start() not called"
+        # the path and query are passed on as the client encoded them (%23 stays %23)
+        target = URL(url, encoded=True)
+        way = self.egress.route(target)
+        if way.headers:
+            headers = headers.copy()
+            headers.update(way.headers)
         attempt = 0
         while True:
             try:
-                upstream = await self.session.request(
-                    # the path and query are passed on as the client encoded them (%23 stays %23)
+                upstream = await self.http.request(
                     method,
-                    URL(url, encoded=True),
+                    target,
                     headers=headers,
                     data=body or None,
                     allow_redirects=False,
+                    proxy=way.proxy,
+                    proxy_headers=way.proxy_headers,
+                    auth=way.auth,
                 )
             except aiohttp.ClientError as e:
                 if attempt >= self.retries or not retryable_error(e):
@@ -492,7 +517,7 @@ class Forwarder:
         ends the client's stream abnormally, as the upstream's ended. Either way `ex.upstream_error`
         says what happened.
         """
-        assert self.session is not None, "Forwarder.start() not called"
+        assert self.http is not None, "Forwarder.start() not called"
         request = ex.request
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
