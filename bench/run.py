@@ -40,6 +40,7 @@ from bench import bodies, procs, writer
 from bench.client import Answer, Connection, concurrent, request_bytes, sequential
 
 PATH = "/v1/chat/completions"
+PHASES = ("latency", "throughput", "streams", "history", "session_length", "session_count", "writer")
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -397,9 +398,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("mitmdump", lambda: procs.mitmdump(up.port)),
             ("litellm", lambda: procs.litellm(up.port)),
         ):
-            if args.quick and name in ("mitmdump", "litellm"):
-                skipped[name] = "not run in --quick"
-                continue
+            if name in ("mitmdump", "litellm"):
+                if args.quick:
+                    skipped[name] = "not run in --quick"
+                    continue
+                if args.only and not {"latency", "throughput"} & set(args.only):
+                    continue
             t = await maybe(name, starter, skipped)
             if t is not None:
                 started.append(t)
@@ -411,39 +415,46 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         def step(what: str) -> None:
             print(f"[{time.perf_counter() - t_start:6.1f}s] {what}", file=sys.stderr, flush=True)
 
-        step("latency, one call at a time")
-        result["latency_c1"] = latency_table(
-            await latency(targets, lambda t: raws[t.name], args.rounds, args.batch)
-        )
-        step(f"throughput, {args.conns} connections")
-        result["throughput"] = await throughput(
-            targets, small, args.tp_rounds, args.tp_seconds, args.conns, tmp
-        )
-        step("streams")
-        stream_targets = [by[n] for n in ("direct", "floor", "tripwire", "tripwire-off") if n in by]
-        result["streams"] = await streams(stream_targets, args.streams, 20, 5.0, 2)
-        step("history length")
-        result["history"] = await history(direct, by["tripwire"], args.history, args.history_calls)
+        only = set(args.only or PHASES)
+        if "latency" in only:
+            step("latency, one call at a time")
+            samples = await latency(targets, lambda t: raws[t.name], args.rounds, args.batch)
+            result["latency_c1"] = latency_table(samples)
+        if "throughput" in only:
+            step(f"throughput, {args.conns} connections")
+            result["throughput"] = await throughput(
+                targets, small, args.tp_rounds, args.tp_seconds, args.conns, tmp
+            )
+        if "streams" in only:
+            step("streams")
+            stream_targets = [by[n] for n in ("direct", "floor", "tripwire", "tripwire-off") if n in by]
+            result["streams"] = await streams(stream_targets, args.streams, 20, 5.0, 2)
+        if "history" in only:
+            step("history length")
+            result["history"] = await history(direct, by["tripwire"], args.history, args.history_calls)
         for t in started[1:]:
             if t.name != "tripwire":
                 await t.stop()
-        step("session length")
-        long_tw = await procs.tripwire("tripwire-long", up.port)
-        started.append(long_tw)
-        result["session_length"] = await session_length(direct, long_tw, args.session_calls, args.probe)
-        await long_tw.stop()
-        step("live sessions")
-        many_tw = await procs.tripwire("tripwire-many", up.port)
-        started.append(many_tw)
-        result["session_count"] = await session_count(direct, many_tw, args.sessions, args.probe)
-        await many_tw.stop()
-        step("trace writer")
-        result["writer"] = {
-            **(await writer.throughput(args.writer_seconds)),
-            **(await writer.lag(400, args.writer_seconds, sessions=300)),
-            "rate_calls_per_s": 400,
-            "sessions": 300,
-        }
+        if "session_length" in only:
+            step("session length")
+            long_tw = await procs.tripwire("tripwire-long", up.port)
+            started.append(long_tw)
+            result["session_length"] = await session_length(direct, long_tw, args.session_calls, args.probe)
+            await long_tw.stop()
+        if "session_count" in only:
+            step("live sessions")
+            many_tw = await procs.tripwire("tripwire-many", up.port)
+            started.append(many_tw)
+            result["session_count"] = await session_count(direct, many_tw, args.sessions, args.probe)
+            await many_tw.stop()
+        if "writer" in only:
+            step("trace writer")
+            result["writer"] = {
+                **(await writer.throughput(args.writer_seconds)),
+                **(await writer.lag(400, args.writer_seconds, sessions=300)),
+                "rate_calls_per_s": 400,
+                "sessions": 300,
+            }
         result["machine"]["loadavg_end"] = os.getloadavg()
         result["seconds"] = round(time.perf_counter() - t_start, 1)
         result["targets"] = verdicts(result)
@@ -455,47 +466,44 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 10 with the value this run measured: met or not."""
-    lat, tp = r["latency_c1"], r["throughput"]
+    """Each target of issue 10 with the value this run measured: met or not (phases not run: left out)."""
     out: list[dict[str, Any]] = []
 
     def add(target: str, value: Any, met: bool | None) -> None:
         out.append({"target": target, "value": value, "met": met})
 
-    tw, off = lat["tripwire"], lat.get("tripwire-off")
-    if "floor" in lat:
+    lat, tp = r.get("latency_c1", {}), r.get("throughput", {})
+    tw, off = lat.get("tripwire"), lat.get("tripwire-off")
+    if tw and "floor" in lat:
         gap = tw["added_p50_ms"] - lat["floor"]["added_p50_ms"]
         add("c=1 added p50 within 0.15 ms of the floor's", f"{gap:+.3f} ms", gap <= 0.15)
+    if "tripwire" in tp and "floor" in tp:
         share = tp["tripwire"]["of_floor"]
         add("c=32 throughput >= 75% of the floor's", f"{share:.0%}", share >= 0.75)
-    add("c=1 added p50 <= 0.3 ms over direct", f"{tw['added_p50_ms']:.3f} ms", tw["added_p50_ms"] <= 0.3)
-    add("c=1 added p99 <= 1.0 ms over direct", f"{tw['added_p99_ms']:.3f} ms", tw["added_p99_ms"] <= 1.0)
-    d_rps = tp["direct"]["rps"]
-    add(
-        ">= 5,000 req/s at c=32 (where direct does >= 13,000)",
-        f"{tp['tripwire']['rps']} req/s (direct {d_rps})",
-        tp["tripwire"]["rps"] >= 5000 if d_rps >= 13000 else None,
-    )
-    for other, factor in (("mitmdump", 6), ("litellm", 50)):
-        if other in tp:
-            x = tp["tripwire"]["rps"] / max(1, tp[other]["rps"])
-            add(f">= {factor}x {other}'s throughput", f"{x:.1f}x", x >= factor)
-    if off is not None:
+    if tw:
+        add("c=1 added p50 <= 0.3 ms over direct", f"{tw['added_p50_ms']:.3f} ms", tw["added_p50_ms"] <= 0.3)
+        add("c=1 added p99 <= 1.0 ms over direct", f"{tw['added_p99_ms']:.3f} ms", tw["added_p99_ms"] <= 1.0)
+    if "tripwire" in tp:
+        d_rps = tp["direct"]["rps"]
+        add(
+            ">= 5,000 req/s at c=32 (where direct does >= 13,000)",
+            f"{tp['tripwire']['rps']} req/s (direct {d_rps})",
+            tp["tripwire"]["rps"] >= 5000 if d_rps >= 13000 else None,
+        )
+        for other, factor in (("mitmdump", 6), ("litellm", 50)):
+            if other in tp:
+                x = tp["tripwire"]["rps"] / max(1, tp[other]["rps"])
+                add(f">= {factor}x {other}'s throughput", f"{x:.1f}x", x >= factor)
+    if tw and off:
         cost = tw["added_p50_ms"] - off["added_p50_ms"]
         add("feature set <= 0.1 ms over all-off (c=1 p50)", f"{cost:.3f} ms", cost <= 0.1)
-    s = r["streams"].get("tripwire")
+    s = r.get("streams", {}).get("tripwire")
     if s:
-        add(
-            "stream first-chunk overhead <= 0.5 ms",
-            f"{s['added_first_chunk_ms']:.3f} ms",
-            s["added_first_chunk_ms"] <= 0.5,
-        )
-        add(
-            "every chunk forwarded before the next arrives",
-            s["every_chunk_before_next"],
-            s["every_chunk_before_next"],
-        )
-    sl = r["session_length"]
+        first = s["added_first_chunk_ms"]
+        add("stream first-chunk overhead <= 0.5 ms", f"{first:.3f} ms", first <= 0.5)
+        before = s["every_chunk_before_next"]
+        add("every chunk forwarded before the next arrives", before, before)
+    sl = r.get("session_length", [])
     if len(sl) >= 2:
         a, b = sl[0]["added_p50_ms"], sl[-1]["added_p50_ms"]
         add(
@@ -503,34 +511,37 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"{a:.3f} -> {b:.3f} ms",
             b <= a * 1.2 + 0.02,
         )
-    sc = r["session_count"]["rows"]
-    if len(sc) >= 2:
-        a, b = sc[0]["added_p50_ms"], sc[-1]["added_p50_ms"]
-        add(
-            f"cost per call flat (20%) from {sc[0]['sessions']} to {sc[-1]['sessions']} live sessions",
-            f"{a:.3f} -> {b:.3f} ms",
-            b <= a * 1.2 + 0.02,
-        )
-    per = r["session_count"]["rss_per_idle_session_kb"]
-    add("<= 10 KB per idle session", f"{per:.1f} KB", per <= 10)
-    if sc and sc[-1]["sessions"] >= 10000:
-        add("10,000 live sessions under 200 MB RSS", f"{sc[-1]['rss_mb']} MB", sc[-1]["rss_mb"] < 200)
-    h = r["history"]
+    if "session_count" in r:
+        sc = r["session_count"]["rows"]
+        if len(sc) >= 2:
+            a, b = sc[0]["added_p50_ms"], sc[-1]["added_p50_ms"]
+            add(
+                f"cost per call flat (20%) from {sc[0]['sessions']} to {sc[-1]['sessions']} live sessions",
+                f"{a:.3f} -> {b:.3f} ms",
+                b <= a * 1.2 + 0.02,
+            )
+        per = r["session_count"]["rss_per_idle_session_kb"]
+        add("<= 10 KB per idle session", f"{per:.1f} KB", per <= 10)
+        if sc and sc[-1]["sessions"] >= 10000:
+            add("10,000 live sessions under 200 MB RSS", f"{sc[-1]['rss_mb']} MB", sc[-1]["rss_mb"] < 200)
+    h = r.get("history")
     if h:
         last = h[-1]
-        bound = 2 * last["orjson_parse_ms"] + tw["added_p50_ms"]
+        small = tw["added_p50_ms"] if tw else h[0]["added_ms"]
+        bound = 2 * last["orjson_parse_ms"] + small
         add(
             f"history of {last['steps']} steps: added <= 2x parse + small-body overhead",
             f"{last['added_ms']:.2f} ms (bound {bound:.2f})",
             last["added_ms"] <= bound,
         )
-    w = r["writer"]
-    add(">= 20,000 events/s written", f"{w['events_per_s']:.0f}/s", w["events_per_s"] >= 20000)
-    add(
-        "writer lag p99 < 100 ms at 400 calls/s over 300 sessions",
-        f"{w['lag_p99_ms']:.1f} ms",
-        w["lag_p99_ms"] < 100,
-    )
+    w = r.get("writer")
+    if w:
+        add(">= 20,000 events/s written", f"{w['events_per_s']:.0f}/s", w["events_per_s"] >= 20000)
+        add(
+            "writer lag p99 < 100 ms at 400 calls/s over 300 sessions",
+            f"{w['lag_p99_ms']:.1f} ms",
+            w["lag_p99_ms"] < 100,
+        )
     return out
 
 
@@ -540,46 +551,55 @@ def print_table(r: dict[str, Any]) -> None:
         f"machine: nproc={m['nproc']} cpu={m['cpu']} python={m['python']} load={m['loadavg']} -> {m.get('loadavg_end')}"
     )
     print(f"run took {r['seconds']} s; skipped: {r['skipped'] or 'nothing'}")
-    tp = r["throughput"]
-    print(
-        f"\n{'path':<14}{'c=1 p50':>9}{'p99':>8}{'added p50':>11}{'added p99':>11}{'c=32 req/s':>12}{'of floor':>10}"
-    )
-    for name, x in r["latency_c1"].items():
-        t = tp.get(name, {})
-        share = f"{t['of_floor']:.0%}" if t.get("of_floor") else "-"
+    tp = r.get("throughput", {})
+    if "latency_c1" in r or tp:
         print(
-            f"{name:<14}{x['p50_ms']:>9.3f}{x['p99_ms']:>8.3f}{x['added_p50_ms']:>11.3f}{x['added_p99_ms']:>11.3f}{t.get('rps', '-'):>12}{share:>10}"
+            f"\n{'path':<14}{'c=1 p50':>9}{'p99':>8}{'added p50':>11}{'added p99':>11}{'c=32 req/s':>12}{'of floor':>10}"
         )
-    s = r["streams"]
-    print(
-        f"\nstreams ({s['chunks']} chunks, {s['delay_ms']} ms apart): first chunk p50 / added / chunk lag p99"
-    )
-    for name in ("direct", "floor", "tripwire", "tripwire-off"):
-        if name in s:
-            x = s[name]
+        for name in dict.fromkeys([*r.get("latency_c1", {}), *(k for k in tp if isinstance(tp[k], dict))]):
+            x = r.get("latency_c1", {}).get(name, {})
+            t = tp.get(name, {})
+            share = f"{t['of_floor']:.0%}" if t.get("of_floor") else "-"
+            cols = [
+                f"{x[k]:.3f}" if k in x else "-" for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")
+            ]
             print(
-                f"  {name:<14}{x['first_chunk_p50_ms']:>8.3f}{x['added_first_chunk_ms']:>9.3f}{x['chunk_lag_p99_ms']:>9.3f}  every chunk before the next: {x['every_chunk_before_next']}"
+                f"{name:<14}{cols[0]:>9}{cols[1]:>8}{cols[2]:>11}{cols[3]:>11}{t.get('rps', '-'):>12}{share:>10}"
             )
-    print("\nhistory length: steps, body KB, orjson parse ms, direct ms, tripwire ms, added ms")
-    for h in r["history"]:
+    s = r.get("streams")
+    if s:
         print(
-            f"  {h['steps']:>6}{h['body_kb']:>9}{h['orjson_parse_ms']:>9.3f}{h['direct_ms']:>9.3f}{h['tripwire_ms']:>9.3f}{h['added_ms']:>9.3f}"
+            f"\nstreams ({s['chunks']} chunks, {s['delay_ms']} ms apart): first chunk p50 / added / chunk lag p99"
         )
-    print(
-        "\nsession length: calls -> added p50 ms: "
-        + ", ".join(f"{x['calls']}: {x['added_p50_ms']:.3f}" for x in r["session_length"])
-    )
-    sc = r["session_count"]
-    print(
-        "live sessions -> RSS MB, added p50 ms: "
-        + ", ".join(f"{x['sessions']}: {x['rss_mb']} MB, {x['added_p50_ms']:.3f}" for x in sc["rows"])
-    )
-    print(f"RSS per idle session: {sc['rss_per_idle_session_kb']} KB")
-    w = r["writer"]
-    print(
-        f"trace writer: {w['events_per_s']:.0f} events/s (record {w['record_us_per_event']:.1f} us + write {w['write_us_per_event']:.1f} us per event); "
-        f"lag at {w['rate_calls_per_s']} calls/s over {w['sessions']} sessions: p50 {w['lag_p50_ms']:.1f} ms, p99 {w['lag_p99_ms']:.1f} ms"
-    )
+        for name in ("direct", "floor", "tripwire", "tripwire-off"):
+            if name in s:
+                x = s[name]
+                print(
+                    f"  {name:<14}{x['first_chunk_p50_ms']:>8.3f}{x['added_first_chunk_ms']:>9.3f}"
+                    f"{x['chunk_lag_p99_ms']:>9.3f}  every chunk before the next: {x['every_chunk_before_next']}"
+                )
+    if r.get("history"):
+        print("\nhistory length: steps, body KB, orjson parse ms, direct ms, tripwire ms, added ms")
+        for h in r["history"]:
+            print(
+                f"  {h['steps']:>6}{h['body_kb']:>9}{h['orjson_parse_ms']:>9.3f}{h['direct_ms']:>9.3f}"
+                f"{h['tripwire_ms']:>9.3f}{h['added_ms']:>9.3f}"
+            )
+    if r.get("session_length"):
+        rows = ", ".join(f"{x['calls']}: {x['added_p50_ms']:.3f}" for x in r["session_length"])
+        print(f"\nsession length: calls -> added p50 ms: {rows}")
+    if "session_count" in r:
+        sc = r["session_count"]
+        rows = ", ".join(f"{x['sessions']}: {x['rss_mb']} MB, {x['added_p50_ms']:.3f}" for x in sc["rows"])
+        print(f"live sessions -> RSS MB, added p50 ms: {rows}")
+        print(f"RSS per idle session: {sc['rss_per_idle_session_kb']} KB")
+    w = r.get("writer")
+    if w:
+        print(
+            f"trace writer: {w['events_per_s']:.0f} events/s (record {w['record_us_per_event']:.1f} us + write "
+            f"{w['write_us_per_event']:.1f} us per event); lag at {w['rate_calls_per_s']} calls/s over "
+            f"{w['sessions']} sessions: p50 {w['lag_p50_ms']:.1f} ms, p99 {w['lag_p99_ms']:.1f} ms"
+        )
     print("\ntargets:")
     for t in r["targets"]:
         mark = {True: "met ", False: "MISS", None: "n/a "}[t["met"]]
@@ -607,6 +627,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sessions", type=ints, default=[1, 100, 1000, 10000], help="live session checkpoints")
     ap.add_argument("--probe", type=int, default=400, help="calls per latency probe in the sweeps")
     ap.add_argument("--writer-seconds", type=float, default=5.0)
+    ap.add_argument("--only", type=lambda x: x.split(","), help=f"some of the phases: {','.join(PHASES)}")
     return ap
 
 

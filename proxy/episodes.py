@@ -170,22 +170,63 @@ def _message_bytes(message: Any) -> bytes:
         return jsonparse.dumps_text(message).encode("utf-8")
 
 
-def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:
-    """The digest of every prefix of a conversation, from the empty one to the whole, in one pass
-    (`normalise`: without Anthropic's `cache_control` markers, which move between requests)."""
+@dataclass(frozen=True)
+class Digests:
+    """The digest of every prefix of a conversation, from the empty one to the whole: as lineage
+    compares them (`cache_control` markers left out, `_normalised`) and as sent (the prompt delta)."""
+
+    lineage: list[bytes]
+    sent: list[bytes]
+
+
+def digest_chains(messages: list[Any]) -> Digests:
+    """Both chains in one pass over the messages; they are the same list until a message carries a
+    `cache_control` marker (never, outside Anthropic's API), where the lineage chain forks off."""
     h = hashlib.blake2b(digest_size=16)
-    out = [h.digest()]
+    sent = [h.digest()]
+    forked: Any = None  # the lineage hasher, once it differs
+    lineage = sent
     for message in messages:
-        raw = _message_bytes(_normalised(message) if normalise else message)
-        h.update(len(raw).to_bytes(8, "little"))
+        normalised = _normalised(message)
+        if forked is None and normalised is not message:
+            forked, lineage = h.copy(), list(sent)
+        raw = _message_bytes(message)
+        size = len(raw).to_bytes(8, "little")
+        h.update(size)
         h.update(raw)
-        out.append(h.digest())
-    return out
+        sent.append(h.digest())
+        if forked is not None:
+            if normalised is not message:
+                raw = _message_bytes(normalised)
+                size = len(raw).to_bytes(8, "little")
+            forked.update(size)
+            forked.update(raw)
+            lineage.append(forked.digest())
+    return Digests(lineage, sent)
+
+
+def call_digests(call: Any) -> Digests:
+    """The digests of a parsed request's conversation, computed once per request (kept in its memo)
+    for the session lookup and the recorded prompt delta alike."""
+    memo = getattr(call, "memo", None)
+    found = memo.get("digests") if memo is not None else None
+    if found is None:
+        found = digest_chains(list(getattr(call, "messages", None) or []))
+        if memo is not None:
+            memo["digests"] = found
+    return found
+
+
+def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:
+    """The digest of every prefix of a conversation, from the empty one to the whole
+    (`normalise`: without Anthropic's `cache_control` markers, which move between requests)."""
+    chains = digest_chains(messages)
+    return chains.lineage if normalise else chains.sent
 
 
 def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
     """The digest of every non-empty prefix of a conversation, shortest first, in one pass."""
-    return tuple(prefix_digests(messages, normalise=True)[1:])
+    return tuple(digest_chains(messages).lineage[1:])
 
 
 def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) -> Episode:
@@ -197,7 +238,7 @@ def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) 
         return NO_CONVERSATION
     previous = getattr(call, "previous_response_id", None)
     episode = Episode(
-        history=history_digests(list(getattr(call, "messages", None) or [])),
+        history=tuple(call_digests(call).lineage[1:]),
         previous_response_id=previous if isinstance(previous, str) and previous else None,
     )
     # an empty conversation (an unreadable body judged without its history) continues nothing

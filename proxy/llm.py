@@ -19,7 +19,7 @@ from proxy import guard_trace, jsonparse
 from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
-from proxy.episodes import prefix_digests
+from proxy.episodes import call_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
@@ -332,9 +332,10 @@ def llm_result(ex: Exchange) -> LLMResult:
     return result
 
 
-def prompt_digests(messages: list[Any], prefix: int) -> tuple[str | None, str]:
-    """(digest of messages[:prefix] or None when there are fewer, digest of all of them): one pass."""
-    digests = prefix_digests(messages)
+def prompt_digests(call: LLMRequest, prefix: int) -> tuple[str | None, str]:
+    """(digest of messages[:prefix] or None when there are fewer, digest of all of them), from the
+    digests the session lookup already took of the request (episodes.call_digests)."""
+    digests = call_digests(call).sent
     head = digests[prefix].hex() if prefix < len(digests) else None
     return head, digests[-1].hex()
 
@@ -349,7 +350,7 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     """
     seen = conversation.prompt_messages_seen
     messages = call.messages
-    head, digest = prompt_digests(messages, seen)
+    head, digest = prompt_digests(call, seen)
     continues = seen > 0 and head is not None and head == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
     if full or not continues or call.previous_response_id:
