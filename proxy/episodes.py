@@ -19,7 +19,6 @@ Pure: headers, the parsed body and the parsed `LLMRequest` in, an `Episode` out.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from typing import Any
 
 import orjson
 
-from proxy import jsonparse
+from proxy.dialects.base import TOKENS_PER_MESSAGE, estimate_value_tokens
+from proxy.history import RecentConversations, Walked
 
 # dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
 CONVERSATIONAL = frozenset({"openai_chat", "openai_responses", "anthropic"})
@@ -163,55 +163,29 @@ def _normalised(message: Any) -> Any:
     return out
 
 
-def _message_bytes(message: Any) -> bytes:
-    try:
-        return orjson.dumps(message)
-    except TypeError:  # nesting deeper than orjson writes, integers beyond 64 bits, lone surrogates
-        return jsonparse.dumps_text(message).encode("utf-8")
+RECENT = RecentConversations()  # process-wide and bounded (proxy/history.py)
 
 
-@dataclass(frozen=True)
-class Digests:
-    """The digest of every prefix of a conversation, from the empty one to the whole: as lineage
-    compares them (`cache_control` markers left out, `_normalised`) and as sent (the prompt delta)."""
-
-    lineage: list[bytes]
-    sent: list[bytes]
+def message_tokens(message: Any) -> int:
+    """A message's share of the prompt estimate (`dialects.base.estimate_prompt_tokens`)."""
+    return estimate_value_tokens(message) + TOKENS_PER_MESSAGE
 
 
-def digest_chains(messages: list[Any]) -> Digests:
-    """Both chains in one pass over the messages; they are the same list until a message carries a
-    `cache_control` marker (never, outside Anthropic's API), where the lineage chain forks off."""
-    h = hashlib.blake2b(digest_size=16)
-    sent = [h.digest()]
-    forked: Any = None  # the lineage hasher, once it differs
-    lineage = sent
-    for message in messages:
-        normalised = _normalised(message)
-        if forked is None and normalised is not message:
-            forked, lineage = h.copy(), list(sent)
-        raw = _message_bytes(message)
-        size = len(raw).to_bytes(8, "little")
-        h.update(size)
-        h.update(raw)
-        sent.append(h.digest())
-        if forked is not None:
-            if normalised is not message:
-                raw = _message_bytes(normalised)
-                size = len(raw).to_bytes(8, "little")
-            forked.update(size)
-            forked.update(raw)
-            lineage.append(forked.digest())
-    return Digests(lineage, sent)
+def digest_chains(messages: list[Any]) -> Walked:
+    """The digest of every prefix of a conversation, from the empty one to the whole: as sent
+    (`.sent`, the prompt delta) and without `cache_control` markers (`.lineage`), in one pass;
+    the chains are one list until a message carries a marker (never outside Anthropic's API)."""
+    return Walked(messages, _normalised, message_tokens)
 
 
-def call_digests(call: Any) -> Digests:
-    """The digests of a parsed request's conversation, computed once per request (kept in its memo)
-    for the session lookup and the recorded prompt delta alike."""
+def call_digests(call: Any) -> Walked:
+    """A parsed request's conversation walked once per request (kept in its memo) for the session
+    lookup, the prompt estimate and the recorded prompt delta alike; a long conversation's walk
+    goes on from its previous request's (proxy/history.py)."""
     memo = getattr(call, "memo", None)
     found = memo.get("digests") if memo is not None else None
     if found is None:
-        found = digest_chains(list(getattr(call, "messages", None) or []))
+        found = RECENT.walk(list(getattr(call, "messages", None) or []), _normalised, message_tokens)
         if memo is not None:
             memo["digests"] = found
     return found

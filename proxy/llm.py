@@ -18,7 +18,7 @@ import orjson
 from proxy import guard_trace, jsonparse
 from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
-from proxy.dialects.base import LLMRequest, LLMResult, Usage
+from proxy.dialects.base import LLMRequest, LLMResult, Usage, estimate_prompt_tokens
 from proxy.episodes import call_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
@@ -86,10 +86,20 @@ class LLMProtocol:
             decision, valid_unicode(text), self.engine.settings.expose_guard_details, self.dialect
         )
 
+    def prompt_tokens(self, call: LLMRequest) -> int:
+        """The dialect's prompt estimate; the conversational dialects' sum over the messages comes
+        from the conversation's walk, which counts only the messages new since its last request."""
+        if self.dialect.estimate_prompt_tokens is not estimate_prompt_tokens:
+            return int(self.dialect.estimate_prompt_tokens(call))
+        found = call.memo.get("prompt_tokens")
+        if found is None:  # kept for the token reservation (estimate_prompt_tokens reads the memo)
+            found = call.memo["prompt_tokens"] = call_digests(call).tokens
+        return int(found)
+
     def reservation_estimate(self, ex: Exchange) -> float:
         """USD to reserve against budgets before forwarding: prompt estimate + max_tokens."""
         call: LLMRequest = ex.call
-        prompt = self.dialect.estimate_prompt_tokens(call)
+        prompt = self.prompt_tokens(call)
         completion = call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
         usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
         return self.engine.pricing.estimate(usage, [call.model])

@@ -756,15 +756,19 @@ class LoopDetector:
         turn = list(steps[turn_start:])
         if not turn or not turn[-1]:
             return []
-        attempts = [[self._by_id.get(c[0]) for c in step] for step in turn]
-        keys = [tuple(sorted(self._ident_of(c) for c in step)) for step in turn]
+
+        def key(step: Sequence[HistoryCall]) -> tuple[str, ...]:
+            return tuple(sorted(self._ident_of(c) for c in step))
+
+        # back from the last step while the steps repeat it: a long turn is not read whole per call
+        last = key(turn[-1])
         run = 1
-        while run < len(keys) and keys[-1 - run] == keys[-1]:
+        while run < len(turn) and key(turn[-1 - run]) == last:
             run += 1
         repeated = run - 1
         if repeated < limit:
             return []
-        middle = attempts[len(turn) - run + 1 : -1]
+        middle = [[self._by_id.get(c[0]) for c in step] for step in turn[len(turn) - run + 1 : -1]]
         if not all(a is not None and a.stale for row in middle for a in row):
             return []  # something new came back on the way: the agent is getting somewhere
         first_step = turn[len(turn) - run]
@@ -775,7 +779,7 @@ class LoopDetector:
                 ("identical_step", first_step[0][0]),
                 _ACTIONS[self.config.action],
                 f"the same tool calls were repeated in {run} consecutive steps and nothing new came back",
-                pattern=" + ".join(keys[-1]),
+                pattern=" + ".join(last),
                 threshold=limit,
                 actual=repeated,
                 repetitions=run,
