@@ -18,6 +18,7 @@ are the exception: a broken MCP stream is ended cleanly, its client resumes it w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -287,6 +288,14 @@ def _chain(coding: _Coding, pieces: Iterable[bytes]) -> Iterator[bytes]:
         yield from coding.decode(piece)
 
 
+class WholeAnswer(web.StreamResponse):
+    """A non-streamed answer: its head goes out together with the first body bytes, in one write
+    (aiohttp's own `Response` does the same), instead of a write of its own. An SSE stream's head
+    goes at once (`web.StreamResponse`), as the upstream sent it."""
+
+    _send_headers_immediately = False
+
+
 RETRY_STATUSES = frozenset({502, 503})
 MAX_BACKOFF_S = 30.0
 
@@ -537,7 +546,7 @@ class Forwarder:
                     out_headers["X-Accel-Buffering"] = "no"
                 for name, value in extra_response_headers:
                     out_headers[name] = value
-                response = web.StreamResponse(
+                response = (web.StreamResponse if is_sse else WholeAnswer)(
                     status=upstream.status, reason=upstream.reason, headers=out_headers
                 )
                 ex.response = response
@@ -576,6 +585,9 @@ class Forwarder:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.client_disconnected:
             if self._broken(ex):
+                # a head still held back goes out first: the client sees the answer break, as direct
+                with contextlib.suppress(ConnectionResetError, RuntimeError):
+                    await response.write(b"")
                 self._cut(ex, response)
                 return
             try:

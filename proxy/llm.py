@@ -324,9 +324,9 @@ def llm_result(ex: Exchange) -> LLMResult:
     else:
         result = observer.finish(ex.stream_complete and ex.upstream_error is None)
     reason = ex.incomplete_reason
-    if reason and (not result.complete or result.error is not None):
-        # the client hung up, or shutdown cut the stream: not the upstream's failure (a cut
-        # non-streamed body fails to parse; the hang-up is what happened)
+    if reason:
+        # the client hung up, or shutdown cut the stream, before the whole answer reached the
+        # client: not the upstream's failure (which may have sent it all), but not a delivered answer
         result.error = {"error_type": "Incomplete", "message": reason, "details": None, "stack": None}
     elif not result.complete and ex.upstream_error is None:
         # a stream that ended without its terminator broke, even on a clean EOF (SPEC §5.3)

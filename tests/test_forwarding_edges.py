@@ -318,3 +318,28 @@ def test_headers_named_by_connection_are_hop_by_hop() -> None:
         [("Connection", "close, X-Upstream-Hop"), ("X-Upstream-Hop", "1"), ("Content-Type", "a/b")]
     )
     assert list(response_headers(answer, drop_length=False).keys()) == ["Content-Type"]
+
+
+async def test_an_answer_broken_before_its_body_still_shows_its_head(start_tripwire: StartTripwire) -> None:
+    """A non-streamed answer's head waits for its first body bytes (one write for both); an upstream
+    that breaks before any body byte still has its head relayed, so the client sees a broken body,
+    as it would direct, not a connection closed without an answer."""
+
+    async def head_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(head_only, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tw = await start_tripwire(upstream={"url": f"http://127.0.0.1:{port}"})
+        async with aiohttp.ClientSession() as http:
+            async with http.get(tw.url + "/v1/models") as r:
+                assert r.status == 200 and r.headers["Content-Length"] == "100"
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
+    finally:
+        server.close()
+        await server.wait_closed()
