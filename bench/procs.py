@@ -142,8 +142,14 @@ def _venv_tool(*candidates: Path) -> Path | None:
 
 
 def mitmdump_path() -> Path | None:
+    """$BENCH_MITMDUMP, the project's .venv-mitm (docs/mitmproxy.md), or one on PATH."""
     found = shutil.which("mitmdump")
-    return _venv_tool(ROOT / ".venv-mitm" / "bin" / "mitmdump", *([Path(found)] if found else []))
+    env = os.environ.get("BENCH_MITMDUMP")
+    return _venv_tool(
+        *([Path(env)] if env else []),
+        ROOT / ".venv-mitm" / "bin" / "mitmdump",
+        *([Path(found)] if found else []),
+    )
 
 
 async def mitmdump(up: int) -> Target:
@@ -172,7 +178,9 @@ async def mitmdump(up: int) -> Target:
 
 
 def litellm_path() -> Path | None:
-    return _venv_tool(ROOT / ".venv-litellm" / "bin" / "litellm")
+    """$BENCH_LITELLM, or the LiteLLM proxy in .venv-litellm."""
+    env = os.environ.get("BENCH_LITELLM")
+    return _venv_tool(*([Path(env)] if env else []), ROOT / ".venv-litellm" / "bin" / "litellm")
 
 
 async def litellm(up: int) -> Target:
@@ -206,7 +214,8 @@ async def litellm(up: int) -> Target:
         str(port),
         "--num_workers",
         "1",
-        env={"HOME": tmp.name, "LITELLM_LOG": "ERROR"},
+        # the benchmark's clients send "Bearer sk-bench": LiteLLM's master key, so it lets them in
+        env={"HOME": tmp.name, "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": "sk-bench"},
         tmp=tmp,
     )
 

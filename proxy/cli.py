@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Callable
@@ -226,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tripwire: {e}", file=sys.stderr)
         return 2
     from proxy.app import serve
+    from proxy.pricing import load_snapshot
 
+    # what start-up built (modules, the price snapshot's few thousand models) lives as long as the
+    # process: out of the collector's way, so its full collections do not walk it again and again
+    load_snapshot()
+    gc.collect()
+    gc.freeze()
     try:
         with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
             runner.run(serve(settings, argv=["tripwire", *argv]))

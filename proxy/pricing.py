@@ -254,5 +254,10 @@ class Pricing:
         return float(calc.total_price)
 
 
+def load_snapshot() -> None:
+    """Load the package's price snapshot now (it loads on first use otherwise: the first call)."""
+    data_snapshot.get_snapshot()
+
+
 def _per_million(prompt_tokens: int, completion_tokens: int, rates: tuple[float, float]) -> float:
     return (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1_000_000
