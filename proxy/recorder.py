@@ -49,6 +49,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from proxy import runlock, storage
 from proxy.constants import (
     DEFAULT_MAX_FIELD_BYTES,
@@ -99,6 +101,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EVENT_TYPES = frozenset(t.value for t in EventType)
+_SHARED_CONFIGS = 256  # distinct guard configs kept shared (agents' overrides, admin API changes)
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
 
@@ -138,6 +141,7 @@ class TraceRecorder:
             meta_interval_s=meta_interval_s,
         )
         self._watch: asyncio.Task[None] | None = None
+        self._configs: dict[bytes, dict[str, Any]] = {}  # guard configs shared by open runs
 
     # the writer's failure counters, as before the split
     @property
@@ -232,6 +236,8 @@ class TraceRecorder:
             "record_content": self.record_content,
         }
         clean_extra = sanitize(extra or {}, self.max_field_bytes)
+        if isinstance(clean_extra.get("guard_config"), dict):
+            clean_extra["guard_config"] = self._shared(clean_extra["guard_config"])
         if "guard_config" in clean_extra:
             run.fields.update(clean_extra)  # tripwire.json fields, guard_config among them
         else:
@@ -471,6 +477,17 @@ class TraceRecorder:
         run.note_event(event_type, payload, now, event["ts"])
         self._writer.enqueue(run, event, now)
         return event["event_id"]
+
+    def _shared(self, value: dict[str, Any]) -> dict[str, Any]:
+        """One copy of an equal guard config for every open run (read-only, kept for tripwire.json):
+        runs under the same config share it instead of holding ~2 KB each."""
+        key = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        found = self._configs.get(key)
+        if found is None:
+            if len(self._configs) >= _SHARED_CONFIGS:
+                self._configs.clear()
+            found = self._configs[key] = value
+        return found
 
     def _ts(self, ts: float | None) -> float:
         """The event time: the caller's wall-clock epoch seconds, else the clock."""
