@@ -142,7 +142,7 @@ async def wrk(port: int, script: Path, seconds: float, conns: int) -> dict[str, 
 
 async def py_load(port: int, raw: bytes, seconds: float, conns: int) -> dict[str, float]:
     """wrk's stand-in when it is not installed: the asyncio client (slower: it caps every column)."""
-    n = max(conns, int(seconds * 300))
+    n = max(2 * conns, int(seconds * 300))
     answers, wall = await concurrent(port, [raw] * n, conns)
     return {
         "rps": n / wall,
@@ -157,7 +157,7 @@ async def throughput(
     script = tmp / "post.lua"
     (tmp / "body.json").write_bytes(body)
     script.write_text(WRK_SCRIPT.format(body=tmp / "body.json"))
-    use_wrk = shutil.which("wrk") is not None
+    use_wrk = shutil.which("wrk") is not None and seconds >= 1  # wrk runs whole seconds
     runs: dict[str, list[dict[str, float]]] = {t.name: [] for t in targets}
     for r in range(rounds):
         order = targets[r % len(targets) :] + targets[: r % len(targets)]
@@ -166,7 +166,9 @@ async def throughput(
                 runs[t.name].append(await wrk(t.port, script, seconds, conns))
             else:
                 runs[t.name].append(await py_load(t.port, request_bytes(t.port, PATH, body), seconds, conns))
-    out: dict[str, Any] = {"tool": "wrk -t1" if use_wrk else "asyncio client (wrk not installed)"}
+    out: dict[str, Any] = {
+        "tool": "wrk -t1" if use_wrk else "asyncio client (wrk not installed, or under 1 s)"
+    }
     floor = statistics.median(x["rps"] for x in runs["floor"]) if "floor" in runs else None
     for name, xs in runs.items():
         rps = statistics.median(x["rps"] for x in xs)
@@ -428,7 +430,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "streams" in only:
             step("streams")
             stream_targets = [by[n] for n in ("direct", "floor", "tripwire", "tripwire-off") if n in by]
-            result["streams"] = await streams(stream_targets, args.streams, 20, 5.0, 2)
+            chunks, delay = (5, 2.0) if args.quick else (20, 5.0)
+            result["streams"] = await streams(stream_targets, args.streams, chunks, delay, 2)
         if "history" in only:
             step("history length")
             result["history"] = await history(direct, by["tripwire"], args.history, args.history_calls)
@@ -634,7 +637,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.quick:
-        args.rounds, args.batch, args.tp_rounds, args.tp_seconds, args.streams = 1, 20, 1, 1, 2
+        args.rounds, args.batch, args.tp_rounds, args.tp_seconds, args.streams = 1, 20, 1, 0.2, 2
         args.history, args.history_calls = [10, 40], 4
         args.session_calls, args.sessions, args.probe, args.writer_seconds = [10, 60], [1, 20], 20, 0.3
     result = asyncio.run(run(args))
