@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,54 @@ from tests.fakes import FakeUpstream, Reply
 pytest_plugins = ["tests.factories"]
 
 AGENT_KEY = "sk-test-agent-secret-0123456789abcdef"
+
+
+# --- SDK clients live until their test ends ------------------------------------------------------
+# A test that drops an SDK client (`await llm(tw).chat...`) lets the client be freed mid-test, and its
+# connections are closed behind the event loop's back (the transport's __del__ closes the socket
+# without unregistering it); a listener started later in the same test can get the same file
+# descriptor number and is then never accepted from: the test hangs until its timeout (seen in
+# 1 run of 4 under load). Every SDK client made in a test is kept and closed when the test ends.
+SDK_CLIENTS: list[Any] = []
+
+
+def _keep_sdk_clients() -> None:
+    for module, names in (
+        ("openai", ("AsyncOpenAI", "OpenAI")),
+        ("anthropic", ("AsyncAnthropic", "Anthropic")),
+    ):
+        try:
+            sdk = __import__(module)
+        except ImportError:
+            continue
+        for name in names:
+            cls = getattr(sdk, name)
+            original = cls.__init__
+
+            def init(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+                __original(self, *args, **kwargs)
+                SDK_CLIENTS.append(self)
+
+            cls.__init__ = init
+
+
+_keep_sdk_clients()
+
+
+async def close_sdk_clients(since: int = 0) -> None:
+    """Close the async SDK clients made since `since` (on the loop their connections belong to)."""
+    for client in SDK_CLIENTS[since:]:
+        close = getattr(client, "close", None)
+        if close is not None and asyncio.iscoroutinefunction(close):
+            with contextlib.suppress(Exception):
+                await close()
+
+
+@pytest.fixture(autouse=True)
+def _sdk_clients_live_until_the_test_ends() -> Iterator[None]:
+    start = len(SDK_CLIENTS)
+    yield
+    del SDK_CLIENTS[start:]  # closed by the async fixtures' teardown, or now freed with the test
 
 
 @dataclass
@@ -105,7 +154,9 @@ async def start_tripwire(tmp_path: Path) -> AsyncIterator[StartTripwire]:
         running.append(r)
         return r
 
+    clients = len(SDK_CLIENTS)
     yield start
+    await close_sdk_clients(clients)
     for r in reversed(running):
         await r.proxy.close()
         await r.admin.close()
