@@ -64,6 +64,9 @@ async def main() -> int:
         "--history", type=int, default=0, help="function-calling steps in the body (0: small prompt)"
     )
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument(
+        "--nonblocking", action="store_true", help="sample without pausing the process (truncated stacks)"
+    )
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tripwire-profile.txt")
     args = ap.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -93,7 +96,7 @@ async def main() -> int:
             await asyncio.sleep(1)
             spy_proc = await asyncio.create_subprocess_exec(
                 spy, "record", "--pid", str(tw.pid), "--duration", str(args.seconds), "--rate", "250",
-                "--format", "raw", "--output", str(args.out), "--nonblocking",
+                "--format", "raw", "--output", str(args.out), *(["--nonblocking"] if args.nonblocking else []),
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             await spy_proc.wait()

@@ -99,12 +99,19 @@ async def read_body(request: web.Request, limit: int, idle_timeout: float) -> by
     (TimeoutError): a client that trickles or stalls its body cannot hold a handler forever."""
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+    content = request.content
     chunks: list[bytes] = []
     size = 0
     while True:
-        chunk = await asyncio.wait_for(request.content.readany(), idle_timeout)
+        # what has arrived is taken without a timer (a small body is usually all there already)
+        chunk = content.read_nowait()
         if not chunk:
-            return b"".join(chunks)
+            if content.is_eof():
+                return b"".join(chunks)
+            async with asyncio.timeout(idle_timeout):
+                chunk = await content.readany()
+            if not chunk:
+                return b"".join(chunks)
         size += len(chunk)
         if size > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)

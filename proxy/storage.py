@@ -32,12 +32,34 @@ _UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 # --- time -------------------------------------------------------------------------------------------
 
 
+# the last second formatted, and its text: events come in bursts within one second (one tuple,
+# swapped whole, so the writer thread may read it too)
+_last_second: tuple[int, str] = (-1, "")
+
+
 def iso_ms(epoch_seconds: float) -> str:
     """Epoch seconds → AgentDbg's timestamp form, UTC with milliseconds: `2026-02-15T20:31:05.123Z`."""
+    global _last_second
     # Floor to the millisecond (ts order follows clock order); the epsilon absorbs float error in *1000.
     ms = int(epoch_seconds * 1000 + 1e-4)
-    dt = datetime.fromtimestamp(ms // 1000, UTC)
-    return f"{dt:%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+    second, milli = divmod(ms, 1000)
+    last = _last_second
+    if last[0] != second:
+        last = _last_second = (second, f"{datetime.fromtimestamp(second, UTC):%Y-%m-%dT%H:%M:%S}")
+    return f"{last[1]}.{milli:03d}Z"
+
+
+# --- ids --------------------------------------------------------------------------------------------
+
+_UUID4_BITS_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_BITS_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
+
+
+def uuid4_text() -> str:
+    """`str(uuid.uuid4())`, the same random bits, without building a UUID object (an event id per
+    event on the request path)."""
+    h = "%032x" % ((int.from_bytes(os.urandom(16)) & _UUID4_BITS_CLEAR) | _UUID4_BITS_SET)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def parse_iso(s: Any) -> float | None:

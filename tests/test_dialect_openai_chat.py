@@ -472,3 +472,46 @@ async def test_sdk_stream_helper_final_completion_from_filtered_stream(
     ]
     assert final.usage is None  # the client did not ask, and the injected usage chunk is gone
     assert acc.finish(True).usage == Usage(120, 30, 150, cached_tokens=64)
+
+
+def test_resent_tool_calls_parse_the_same_and_distinct_calls_stay_distinct() -> None:
+    # tool calls seen before are taken from a memo: a resent history must parse exactly as the
+    # first time, and calls that differ in id, name or arguments must not be confused
+    def body(*calls: tuple[object, object, object]) -> dict:
+        return {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "go"},
+                *(
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                        ],
+                    }
+                    for i, n, a in calls
+                ),
+            ],
+        }
+
+    calls = (
+        ("call_1", "read", '{"path": "a.py"}'),
+        ("call_1", "read", '{"path": "b.py"}'),
+        ("call_2", "read", '{"path": "a.py"}'),
+        ("call_3", "write", '{"path": "a.py"'),  # broken JSON stays the raw string
+        ("call_4", "read", {"path": "c.py"}),  # arguments sent as an object
+        ("call_5", "read", ""),
+    )
+    first = chat.parse_request(body(*calls))
+    again = chat.parse_request(body(*calls))
+    expected = [
+        [ToolCall(id="call_1", name="read", arguments={"path": "a.py"})],
+        [ToolCall(id="call_1", name="read", arguments={"path": "b.py"})],
+        [ToolCall(id="call_2", name="read", arguments={"path": "a.py"})],
+        [ToolCall(id="call_3", name="write", arguments='{"path": "a.py"')],
+        [ToolCall(id="call_4", name="read", arguments={"path": "c.py"})],
+        [ToolCall(id="call_5", name="read", arguments={})],
+    ]
+    assert first.steps == expected
+    assert again.steps == expected
+    assert again.steps[0] is not first.steps[0]  # each request gets its own step lists

@@ -40,6 +40,28 @@ def test_iso_ms() -> None:
     assert storage.iso_ms(1771187465.123) == "2026-02-15T20:31:05.123Z"
     assert storage.iso_ms(1771187465.1239) == "2026-02-15T20:31:05.123Z"  # floored, never rounded up
     assert storage.iso_ms(0) == "1970-01-01T00:00:00.000Z"
+
+
+def test_iso_ms_agrees_with_datetime_across_seconds() -> None:
+    # the last second's text is reused: times going back and forth across seconds still format right
+    from datetime import UTC, datetime
+
+    base = 1771187465.0
+    for offset in (0.001, 0.999, 1.0, 0.5, 86400.25, 1.5, -3600.75, 0.0):
+        ms = int((base + offset) * 1000 + 1e-4)
+        expected = f"{datetime.fromtimestamp(ms // 1000, UTC):%Y-%m-%dT%H:%M:%S}.{ms % 1000:03d}Z"
+        assert storage.iso_ms(base + offset) == expected
+
+
+def test_uuid4_text_is_a_version_4_uuid() -> None:
+    seen = set()
+    for _ in range(2000):
+        text = storage.uuid4_text()
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        seen.add(text)
+    assert len(seen) == 2000
     assert storage.parse_iso("2026-02-15T20:31:05.123Z") == pytest.approx(1771187465.123)
     assert storage.parse_iso("not a date") is None
     assert storage.parse_iso(None) is None

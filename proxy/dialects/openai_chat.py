@@ -11,6 +11,7 @@ logprobs or any non-empty delta field. A chunk carrying content or a finish_reas
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -101,14 +102,24 @@ def _message_tool_calls(message: dict) -> list[ToolCall]:
         function = call.get("function")
         if not isinstance(function, dict):
             function = {}
-        calls.append(
-            ToolCall(
-                id=str(call.get("id") or ""),
-                name=str(function.get("name") or ""),
-                arguments=parse_arguments(function.get("arguments")),
+        call_id, name, raw = call.get("id"), function.get("name"), function.get("arguments")
+        if type(call_id) is str and type(name) is str and type(raw) is str and len(raw) <= _KEPT_ARGUMENTS:
+            calls.append(_tool_call(call_id, name, raw))
+        else:
+            calls.append(
+                ToolCall(id=str(call_id or ""), name=str(name or ""), arguments=parse_arguments(raw))
             )
-        )
     return calls
+
+
+# Agents resend every earlier tool call on every request: a call seen before is not parsed again
+# (its arguments are read-only to every reader). Bounded: short arguments, recent calls.
+_KEPT_ARGUMENTS = 4096
+
+
+@lru_cache(maxsize=4096)
+def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=parse_arguments(raw))
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

@@ -99,7 +99,7 @@ def envelope(
     clean_meta = sanitize(meta, max_field_bytes) if meta else {}
     return {
         "spec_version": SPEC_VERSION,
-        "event_id": str(uuid.uuid4()),
+        "event_id": storage.uuid4_text(),
         "run_id": run_id,
         "parent_id": parent_id,
         "event_type": str(event_type),
