@@ -257,3 +257,21 @@ async def test_config_snapshots_round_trip(backend: StateBackend) -> None:
     parsed_project, agents = parse_snapshot(raw, "test")
     assert parsed_project == project and set(agents) == {"bot"}
     assert await backend.config_snapshot(rev + 5) == (rev + 5, None)
+
+
+async def test_a_log_that_lost_its_entries_is_seeded_again_once(backend: StateBackend) -> None:
+    first = await backend.append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60)
+    copy = first.entries
+    # the replica that followed this log asks beyond the end of another one: nothing is appended
+    lost = await backend.append(AGENT, "run-2", [b'{"k":"new"}'], since=2, idle_s=60, epoch=first.epoch)
+    assert lost.lost and await backend.read(AGENT, "run-2", since=0) == []
+    assert await backend.seed(AGENT, "run-2", copy, idle_s=60)
+    assert not await backend.seed(AGENT, "run-2", copy, idle_s=60)  # the first seed wins
+    again = await backend.append(AGENT, "run-2", [b'{"k":"new"}'], since=2, idle_s=60)
+    assert not again.lost and [e.body for e in again.entries] == [b'{"k":"new"}']
+    # the same length but another epoch (the run started again): not the log it followed
+    other = await backend.append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch="1.000000")
+    assert other.lost
+    assert (
+        await backend.append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch=again.epoch)
+    ).first_own == 4

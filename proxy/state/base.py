@@ -50,10 +50,17 @@ class Appended:
     """What `append` returns: every entry after `since`, the appended ones last."""
 
     entries: list[LogEntry]
-    first_own: int  # seq of the first entry this append added (taken tool calls included)
+    first_own: int  # seq of the first entry this append added (taken tool calls included); 0: see `lost`
     taken: list[tuple[str, bytes]] = field(default_factory=list)  # (tool_call_id, detail) of the calls taken
     terminated: str | None = None  # the run's terminated mark, if any (kill switch, guard)
     was_live: bool = True  # False: the run had expired before this append (it is live again now)
+    epoch: str = ""  # which log this is (the run's start stamp): pass it back with the next append
+
+    @property
+    def lost(self) -> bool:
+        """Not the log the caller followed (Redis lost its data, or the run expired and started
+        again): nothing was appended; seed it again or rebuild from it."""
+        return self.first_own == 0
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,7 @@ class StateBackend(Protocol):
         *,
         since: int,
         idle_s: float,
+        epoch: str = "",
         take: Sequence[str] = (),
         take_at: int = 0,
         put: Mapping[str, PendingCall] | None = None,
@@ -131,6 +139,11 @@ class StateBackend(Protocol):
         ...
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]: ...
+
+    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
+        """Put a replica's copy of a run's log back into an empty log (after Redis lost its data);
+        False when the log was not empty (another replica seeded it first)."""
+        ...
 
     async def resolve(
         self,
@@ -180,8 +193,9 @@ class StateBackend(Protocol):
 
     # --- prevention configs set through the admin API ------------------------------------------
 
-    async def publish_config(self, snapshot: bytes) -> int:
-        """Store a new snapshot of the API-set configs; returns its revision (1, 2, ...)."""
+    async def publish_config(self, snapshot: bytes, *, after: int = 0) -> int:
+        """Store a new snapshot of the API-set configs; returns its revision (1, 2, ...), above
+        `after` (the newest the caller knows: a revision is never reused)."""
         ...
 
     async def config_snapshot(self, revision: int | None = None) -> tuple[int, bytes | None]:

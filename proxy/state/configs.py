@@ -9,9 +9,13 @@ replica's own: give replicas the same ones (one ConfigMap).
 
 from __future__ import annotations
 
+import logging
+
 from proxy.guard_store import effective_config, parse_snapshot, snapshot_bytes
 from proxy.guards.config import GuardConfig
 from proxy.state.base import StateBackend
+
+log = logging.getLogger("tripwire.state")
 
 ApiConfigs = tuple[GuardConfig | None, dict[str, GuardConfig]]  # (project default, agent overrides)
 NO_API_CONFIG: ApiConfigs = (None, {})
@@ -50,9 +54,22 @@ class SharedConfigs:
 
     async def publish(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> int:
         raw = snapshot_bytes(project, agents)
-        rev = await self.backend.publish_config(raw)
+        rev = await self.backend.publish_config(raw, after=self.current)
         self._remember(rev, raw)
         return rev
+
+    async def restore_if_lost(self, newest_in_log: int) -> None:
+        """Entries are stamped with an older revision than one already seen: Redis lost the configs
+        (restarted without its data). Publish the newest known snapshot again, above it."""
+        if newest_in_log >= self.current or self.current == 0:
+            return
+        project, agents = self.api(self.current)
+        log.warning(
+            "state.config_restored: the shared config revision went back from %d to %d; publishing it again",
+            self.current,
+            newest_in_log,
+        )
+        await self.publish(project, agents)
 
     def api(self, revision: int) -> ApiConfigs:
         return self._by_rev.get(revision, NO_API_CONFIG)

@@ -10,6 +10,17 @@ PREFIX = "tripwire:"
 CONFIG_REVISION = PREFIX + "config:rev"
 CONFIG_SNAPSHOT = PREFIX + "config:"  # + revision
 BREAKER_INDEX = PREFIX + "breakers"  # set of every breaker key (for the open-circuits metric)
+LOG_GRACE_MS = 60_000  # a run's log outlives its idle clock a little: replicas read its tail
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def slot_ttl_ms(idle_s: float) -> int:
+    """Slots (session id, episode, history digest -> run) outlive the run's idle clock: liveness is
+    the run hash's; a slot only has to point at the run as long as it can be live."""
+    return ms(idle_s) * 2 + LOG_GRACE_MS
 
 
 def part(name: str) -> str:

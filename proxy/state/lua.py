@@ -13,16 +13,27 @@ from __future__ import annotations
 # alive, then slot keys linked to the run. ARGV[1]: header JSON {since, idle, logttl, mapttl,
 # sigs (MCP signatures recorded), put (tool_call_id -> pending call JSON), take (tool_call_ids whose
 # results arrived), take_at (the body before which their TOOL_CALL entries go; 0: none), alive (how
-# many keep-alive keys), links (run id per link key)}; ARGV[2..]: entry bodies.
+# many keep-alive keys), run (this run's id, for them), links (run id per link key)}; ARGV[2..]: entry
+# bodies. A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
+# the run hash's start stamp) appends nothing and returns first = 0.
 # Stored entry: "<time> <config revision> <body>". Returns {seq of the first entry added, entries
-# after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live}.
+# after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live, epoch}.
 APPEND = r"""
 local h = cjson.decode(ARGV[1])
+local epoch = redis.call('HGET', KEYS[2], 'started') or ''
+if h.since > 0 and (redis.call('LLEN', KEYS[1]) < h.since or (h.epoch ~= '' and h.epoch ~= epoch)) then
+  -- the log is not the one this replica has followed (Redis restarted without its data, or the
+  -- run expired and started again): append nothing; the replica seeds it again or rebuilds (SEED)
+  return {0, {}, {}, '', 0, epoch}
+end
 local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 local stamp = now .. ' ' .. (redis.call('GET', KEYS[3]) or '0') .. ' '
 local was_live = redis.call('EXISTS', KEYS[2])
-if was_live == 0 then redis.call('HSET', KEYS[2], 'started', now) end
+if was_live == 0 then
+  redis.call('HSET', KEYS[2], 'started', now)
+  epoch = now
+end
 local first = redis.call('LLEN', KEYS[1]) + 1
 for _, sig in ipairs(h.sigs) do redis.call('HINCRBY', KEYS[5], sig, 1) end
 for id, raw in pairs(h.put) do redis.call('HSET', KEYS[4], id, raw) end
@@ -57,11 +68,34 @@ redis.call('PEXPIRE', KEYS[1], h.logttl)
 redis.call('PEXPIRE', KEYS[2], h.idle)
 redis.call('PEXPIRE', KEYS[4], h.idle)
 redis.call('PEXPIRE', KEYS[5], h.idle)
-for i = 1, h.alive do redis.call('PEXPIRE', KEYS[5 + i], h.mapttl) end
+for i = 1, h.alive do
+  -- a slot naming this run lives as long as it can be live (set again if Redis lost it)
+  local cur = redis.call('GET', KEYS[5 + i])
+  if not cur then
+    redis.call('SET', KEYS[5 + i], h.run, 'PX', h.mapttl)
+  elseif cur == h.run then
+    redis.call('PEXPIRE', KEYS[5 + i], h.mapttl)
+  end
+end
 for j, run in ipairs(h.links) do redis.call('SET', KEYS[5 + h.alive + j], run, 'PX', h.mapttl) end
 if #h.links > 0 then redis.call('HSET', KEYS[2], 'lin', '1') end
 local term = redis.call('HGET', KEYS[2], 'term') or ''
-return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live}
+return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch}
+"""
+
+# Seed a run's log again from a replica's copy after Redis lost it: KEYS 1 log, 2 run hash;
+# ARGV 1 idle ms, 2 log ms, 3.. stored entries. Only into an empty log (one replica seeds, the others
+# read what it seeded). Returns the log's length, or 0 when it was not empty.
+SEED = r"""
+if redis.call('LLEN', KEYS[1]) > 0 then return 0 end
+for i = 3, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[2], 'started', t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('LLEN', KEYS[1])
 """
 
 # The run of a call (SPEC §3), found or created in one step so two replicas never start two runs
@@ -245,8 +279,10 @@ return 1
 """
 )
 
-# Prevention configs: KEYS 1 revision, ARGV 1 snapshot key prefix, 2 snapshot, 3 ms to keep old ones.
+# Prevention configs: KEYS 1 revision, ARGV 1 snapshot key prefix, 2 snapshot, 3 ms to keep old ones,
+# 4 the newest revision the publisher knows (revisions never repeat, even if Redis lost them).
 PUBLISH_CONFIG = r"""
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[4]) then redis.call('SET', KEYS[1], ARGV[4]) end
 local rev = redis.call('INCR', KEYS[1])
 redis.call('SET', ARGV[1] .. rev, ARGV[2])
 if rev > 1 then redis.call('PEXPIRE', ARGV[1] .. (rev - 1), ARGV[3]) end

@@ -23,7 +23,7 @@ from proxy.state.base import (
     Resolved,
     ResolveMode,
 )
-from proxy.state.redis_backend import LOG_GRACE_MS, slot_ttl_ms
+from proxy.state.keys import LOG_GRACE_MS, slot_ttl_ms
 
 Clock = Callable[[], float]
 
@@ -93,6 +93,7 @@ class MemoryBackend:
         *,
         since: int,
         idle_s: float,
+        epoch: str = "",
         take: Sequence[str] = (),
         take_at: int = 0,
         put: Mapping[str, PendingCall] | None = None,
@@ -102,12 +103,15 @@ class MemoryBackend:
     ) -> Appended:
         now = self.clock()
         run_key = keys.run(agent, run_id)
+        log: list[LogEntry] = self._keys.setdefault(keys.log(agent, run_id), list)
         run = self._run_hash(agent, run_id)
+        current = run["started"] if run is not None else ""
+        if since > 0 and (since > len(log) or (epoch and epoch != current)):
+            return Appended([], 0, epoch=current)  # not the log the caller followed
         was_live = run is not None
         if run is None:
             run = {"started": f"{now:.6f}"}
             self._keys.set(run_key, run)
-        log: list[LogEntry] = self._keys.setdefault(keys.log(agent, run_id), list)
         pending: dict[str, PendingCall] = self._keys.setdefault(keys.pending(agent, run_id), dict)
         sigs: dict[str, int] = self._keys.setdefault(keys.mcp_signatures(agent, run_id), dict)
         first = len(log) + 1
@@ -138,16 +142,31 @@ class MemoryBackend:
             self._keys.expire(k, idle_s)
         slot_s = slot_ttl_ms(idle_s) / 1000
         for k in keep_alive:
-            self._keys.expire(k, slot_s)
+            current = self._keys.get(k)
+            if current is None:
+                self._keys.set(k, run_id, slot_s)
+            elif current == run_id:
+                self._keys.expire(k, slot_s)
         for k, target in (links or {}).items():
             self._keys.set(k, target, slot_s)
         if links:
             run["lin"] = "1"
-        return Appended(list(log[since:]), first, taken, run.get("term"), was_live)
+        return Appended(list(log[since:]), first, taken, run.get("term"), was_live, run["started"])
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
         log: list[LogEntry] = self._keys.get(keys.log(agent, run_id)) or []
         return list(log[since:])
+
+    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
+        current: list[LogEntry] = self._keys.setdefault(keys.log(agent, run_id), list)
+        if current:
+            return False
+        current.extend(log)
+        if self._run_hash(agent, run_id) is None:
+            self._keys.set(keys.run(agent, run_id), {"started": f"{self.clock():.6f}"})
+        self._keys.expire(keys.run(agent, run_id), idle_s)
+        self._keys.expire(keys.log(agent, run_id), idle_s + LOG_GRACE_MS / 1000)
+        return True
 
     async def resolve(
         self,
@@ -282,8 +301,8 @@ class MemoryBackend:
 
     # --- prevention configs --------------------------------------------------------------------
 
-    async def publish_config(self, snapshot: bytes) -> int:
-        self._config_rev += 1
+    async def publish_config(self, snapshot: bytes, *, after: int = 0) -> int:
+        self._config_rev = max(self._config_rev, after) + 1
         self._configs[self._config_rev] = bytes(snapshot)
         return self._config_rev
 

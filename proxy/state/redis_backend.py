@@ -33,22 +33,12 @@ from proxy.state.base import (
     ResolveMode,
     StateUnavailable,
 )
+from proxy.state.keys import LOG_GRACE_MS, ms, slot_ttl_ms
 
 CONNECT_TIMEOUT_S = 0.5
 SOCKET_TIMEOUT_S = 1.0
 BREAKER_TTL_MS = 7 * 86_400_000  # a breaker nobody called for a week is closed again
 OLD_CONFIG_TTL_MS = 7 * 86_400_000  # superseded config snapshots, for replicas still replaying them
-LOG_GRACE_MS = 60_000  # a run's log outlives its idle clock a little: replicas read its tail
-
-
-def ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def slot_ttl_ms(idle_s: float) -> int:
-    """Slots (session id, episode, history digests -> run) outlive the run's idle clock: liveness is
-    the run hash's, a slot only has to point at it as long as it can be live."""
-    return ms(idle_s) * 2 + LOG_GRACE_MS
 
 
 def text(value: Any) -> str:
@@ -83,6 +73,7 @@ class RedisBackend:
         self._append = c.register_script(lua.APPEND)
         self._resolve = c.register_script(lua.RESOLVE)
         self._terminate = c.register_script(lua.TERMINATE)
+        self._seed = c.register_script(lua.SEED)
         self._breaker_admit = c.register_script(lua.BREAKER_ADMIT)
         self._breaker_report = c.register_script(lua.BREAKER_REPORT)
         self._breaker_release = c.register_script(lua.BREAKER_RELEASE)
@@ -114,6 +105,7 @@ class RedisBackend:
         *,
         since: int,
         idle_s: float,
+        epoch: str = "",
         take: Sequence[str] = (),
         take_at: int = 0,
         put: Mapping[str, PendingCall] | None = None,
@@ -124,6 +116,7 @@ class RedisBackend:
         links = links or {}
         header = {
             "since": since,
+            "epoch": epoch,
             "idle": ms(idle_s),
             "logttl": ms(idle_s) + LOG_GRACE_MS,
             "mapttl": slot_ttl_ms(idle_s),
@@ -132,6 +125,7 @@ class RedisBackend:
             "take": list(take),
             "take_at": take_at if take else 0,
             "alive": len(keep_alive),
+            "run": run_id,
             "links": list(links.values()),
         }
         script_keys = [
@@ -143,7 +137,7 @@ class RedisBackend:
             *keep_alive,
             *links.keys(),
         ]
-        first, raw, taken, term, was_live = await self._call(
+        first, raw, taken, term, was_live, started = await self._call(
             self._append, script_keys, [orjson.dumps(header), *bodies]
         )
         return Appended(
@@ -152,6 +146,7 @@ class RedisBackend:
             taken=[(text(taken[i]), bytes(taken[i + 1])) for i in range(0, len(taken), 2)],
             terminated=text(term) or None,
             was_live=bool(was_live),
+            epoch=text(started),
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
@@ -160,6 +155,15 @@ class RedisBackend:
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
         return [parse_entry(since + 1 + i, r) for i, r in enumerate(raw)]
+
+    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
+        stored = [b"%.6f %d %s" % (e.t, e.config_rev, e.body) for e in log]
+        n = await self._call(
+            self._seed,
+            [keys.log(agent, run_id), keys.run(agent, run_id)],
+            [ms(idle_s), ms(idle_s) + LOG_GRACE_MS, *stored],
+        )
+        return bool(n)
 
     async def resolve(
         self,
@@ -284,9 +288,11 @@ class RedisBackend:
 
     # --- prevention configs --------------------------------------------------------------------
 
-    async def publish_config(self, snapshot: bytes) -> int:
+    async def publish_config(self, snapshot: bytes, *, after: int = 0) -> int:
         rev = await self._call(
-            self._publish_config, [keys.CONFIG_REVISION], [keys.CONFIG_SNAPSHOT, snapshot, OLD_CONFIG_TTL_MS]
+            self._publish_config,
+            [keys.CONFIG_REVISION],
+            [keys.CONFIG_SNAPSHOT, snapshot, OLD_CONFIG_TTL_MS, after],
         )
         return int(rev)
 

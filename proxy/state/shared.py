@@ -74,6 +74,8 @@ class RunChannel:
         self.run_id = run_id
         self.replica = SessionReplica(self._config_for)
         self.shared_seq = 0  # entries of the shared log applied
+        self.history: list[LogEntry] = []  # those entries, to seed the log again if Redis loses it
+        self.epoch = ""  # which log they are (the run's start stamp in the backend)
         self.dirty = False  # the replica applied entries the shared log does not have yet
         self.backlog: list[bytes] = []  # those entries (or, fail_closed, entries not sent yet)
         self.terminated: str | None = None  # the run's terminated mark, as last read
@@ -166,23 +168,22 @@ class RunChannel:
         batch, self._queue = self._queue, []
         return batch
 
-    async def _append(self, batch: list[_Item], extras: _Extras) -> None:
+    async def _append(self, batch: list[_Item], extras: _Extras, *, retried: bool = False) -> None:
         owner = self.owner
-        rebuild = self.dirty
         batch = [i for i in batch if i.body]  # the `resend` marker
         backlog = self.backlog
         bodies = [*backlog, *(i.body for i in batch)]
         if not bodies:
             return
         take = batch[-1].take if batch and batch[-1].take else ()
-        since = 0 if rebuild else self.shared_seq
         appended: Appended = await owner.link.call(
             lambda: owner.backend.append(
                 self.agent,
                 self.run_id,
                 bodies,
-                since=since,
+                since=self.shared_seq,
                 idle_s=owner.idle_s,
+                epoch=self.epoch,
                 take=take,
                 take_at=len(bodies) if take else 0,
                 put=extras.put,
@@ -191,16 +192,30 @@ class RunChannel:
                 links=extras.links,
             )
         )
+        if appended.lost:
+            if retried:
+                raise StateUnavailable("the run's guard log keeps losing entries")
+            # Redis lost the run's log (restarted without its data): put this replica's copy back,
+            # or, when another replica did it first, rebuild from what that one put back
+            ok = await owner.link.call(
+                lambda: owner.backend.seed(self.agent, self.run_id, self.history, idle_s=owner.idle_s)
+            )
+            log.warning("state.log_lost run_id=%s: %s", self.run_id, "seeded again" if ok else "rebuilt")
+            if not ok:
+                self.history, self.shared_seq, self.dirty = [], 0, True
+            self.epoch = ""
+            await self._append(batch, extras, retried=True)
+            return
         self.backlog = []
-        if appended.first_own <= self.shared_seq and not rebuild:
-            # the run's log expired and started again: this replica's copy no longer matches it
-            rebuild = True
-            entries = await owner.link.call(lambda: owner.backend.read(self.agent, self.run_id, since=0))
-        else:
-            entries = appended.entries
+        self.epoch = appended.epoch
+        entries = appended.entries
         await self._load_configs(entries)
-        if rebuild:
+        if self.dirty:
+            # entries were applied here that the log did not have (or in another order): start
+            # again from the shared prefix, then follow the log
             self.replica = SessionReplica(self._config_for)
+            for entry in self.history:
+                self.replica.apply(entry)
             self.dirty = False
         self._taken.update(appended.taken)
         self.terminated = appended.terminated
@@ -215,6 +230,8 @@ class RunChannel:
         for entry in entries:
             mine = own.get(entry.seq)
             applied = self.replica.apply(entry, mine.event_ids if mine is not None else None)
+            if applied is not None:
+                self.history.append(entry)
             if (
                 mine is not None
                 and mine.waiter is not None
@@ -229,6 +246,8 @@ class RunChannel:
         for revision in sorted({e.config_rev for e in entries}):
             if not configs.known(revision):
                 await self.owner.link.call(lambda: configs.load(revision))  # noqa: B023 (awaited here)
+        if entries:
+            await self.owner.link.call(lambda: configs.restore_if_lost(entries[-1].config_rev))
 
     def _unavailable(self, batch: list[_Item], extras: _Extras) -> None:
         """The backend is down: fail_open decides here and sends later; fail_closed refuses checks."""
