@@ -15,38 +15,21 @@ import orjson
 from aiohttp import web
 
 from proxy.appkeys import ENGINE
-from proxy.breaker_stage import BreakerStage
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage, shaped
+from proxy.llm import shaped
 from proxy.mcp import jsonrpc
-from proxy.mcp_stages import mcp_parse_stage
-from proxy.pipeline import Pipeline, Stage
-from proxy.recovery import MaxTokensRecoveryStage
+from proxy.pipeline import Pipeline
+from proxy.pipelines import pipelines
 from proxy.routing import Route, RouteError, resolve
 from proxy.settings import Settings, split_host_port
-from proxy.stages import ForwardStage, RecordStage, SessionStage
 from proxy.websocket import handle_websocket, is_websocket_upgrade
 
 log = logging.getLogger("tripwire")
 
 RUNNER_SHUTDOWN_S = 2.0
 PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
-
-
-def guard_stages(engine: Engine) -> list[Stage]:
-    """The guards, between the session and forwarding: loop, limits and budgets (GuardStage), the
-    circuit breaker (BreakerStage), then max-tokens recovery (opt-in), which forwards the calls it
-    recovers itself."""
-    return [GuardStage(engine), BreakerStage(engine), MaxTokensRecoveryStage(engine)]
-
-
-def default_stages(engine: Engine, kind: str) -> list[Stage]:
-    """The pipeline, in the order it runs. The order is the spec."""
-    parse: Stage = mcp_parse_stage(engine) if kind == "mcp" else LLMParseStage(engine)
-    return [parse, SessionStage(engine), *guard_stages(engine), ForwardStage(engine), RecordStage(engine)]
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
@@ -161,7 +144,7 @@ def make_proxy_app(engine: Engine) -> web.Application:
         handler_args={"max_field_size": 65536, "keepalive_timeout": engine.settings.header_timeout_s},
     )
     app[ENGINE] = engine
-    app[PIPELINES] = {kind: Pipeline(default_stages(engine, kind)) for kind in ("llm", "mcp")}
+    app[PIPELINES] = pipelines(engine)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 

@@ -92,7 +92,7 @@ class BreakerStage(BaseStage):
     def write_transition(self, ex: Exchange, transition: Transition) -> None:
         session = ex.session
         assert session is not None
-        self.engine.record_event(
+        event_id = self.engine.write_event(
             session,
             EventType.STATE_UPDATE,
             "state",
@@ -102,6 +102,7 @@ class BreakerStage(BaseStage):
                 "reason": transition.reason,
             },
         )
+        self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
         self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
         if str(transition.new) == "open":
             self.engine.alert(

@@ -221,20 +221,25 @@ class Engine:
             self.metrics.set_live_sessions(len(self.sessions.live()))
         return session
 
-    def record_event(
+    def write_event(
         self, session: Session, event_type: str, name: str, payload: dict[str, Any], **kw: Any
     ) -> str:
-        """Write one event of a session's run, and let the session's guards see it.
+        """Write one event of a session's run; returns its id. Writing is all it does: the writer
+        then hands the event to the session's guards itself (`observe_event`)."""
+        return self.recorder.record(session.run_id, event_type, name, payload, **kw)
+
+    def observe_event(self, session: Session, event_type: str, name: str, event_id: str) -> None:
+        """Let the session's guards see an event written to its run.
 
         Every event counts toward `max_events`, and LLM_CALL / TOOL_CALL feed AgentDbg's cycle
         detector, which can only warn after the fact (or, with stop_on_loop, end the session).
+        The guards' own LOOP_WARNING / ERROR of a cycle are not observed (replay relies on it).
         """
-        event_id = self.recorder.record(session.run_id, event_type, name, payload, **kw)
-        if session.guards is not None and not session.ended:
-            decision = session.guards.observe_event(event_type, name, event_id)
-            if decision is not None:
-                self.on_cycle(session, decision)
-        return event_id
+        if session.guards is None or session.ended:
+            return
+        decision = session.guards.observe_event(event_type, name, event_id)
+        if decision is not None:
+            self.on_cycle(session, decision)
 
     def on_cycle(self, session: Session, decision: Decision) -> None:
         shadow = bool(session.guards is not None and session.guards.shadow)

@@ -10,6 +10,7 @@ from aiohttp import web
 from proxy.guards.breaker import Ticket
 from proxy.guards.budget import Reservation
 from proxy.guards.decision import Decision
+from proxy.responses_chain import History
 from proxy.routing import Route
 from proxy.sessions import Session
 
@@ -69,8 +70,13 @@ class Exchange:
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
     guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay
-    # set by the guard stage's Responses rewrite: the request body as sent; read when a block is remembered
+    # set by the Responses chain stage (proxy.responses_stage): the request body as sent, read when a
+    # block is remembered; and the history its previous_response_id stands for (a
+    # proxy.responses_chain.History), read by the guard stage instead of the request's own
     responses_body: dict[str, Any] | None = None
+    history: History | None = None
+    # set by the guard stage when it blocks (BLOCK): the text of the synthetic answer; read by the chain stage
+    block_text: str | None = None
     # set by the guard stage for an MCP resend after `input_required`; its after-stage then does nothing
     guards_skipped: bool = False
 

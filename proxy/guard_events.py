@@ -80,5 +80,8 @@ def write_refusal_error(engine: Engine, ex: Exchange, decision: Decision) -> Non
     payload = guard_error(decision, call=call_summary(ex))
     if ex.guard_trace is not None:
         payload.update(ex.guard_trace.payload())  # a refused call's event is this ERROR
-    engine.record_event(session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id)
+    event_id = engine.write_event(
+        session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
+    )
+    engine.observe_event(session, EventType.ERROR, decision.guard, event_id)
     engine.alert(session, decision)

@@ -13,8 +13,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from proxy import guard_trace
 from proxy.constants import (
     GUARD_SESSION_TERMINATED,
@@ -31,15 +29,12 @@ from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
 from proxy.pipeline import BaseStage
-from proxy.responses_chain import ResponsesChains, synthetic_id_of
 from proxy.sessions import Session
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
 
 log = logging.getLogger("tripwire.guards")
-
-RESPONSES = "openai_responses"
 
 
 def session_guards(engine: Engine, session: Session, now: float) -> SessionGuards:
@@ -65,28 +60,12 @@ def token_estimate(ex: Exchange) -> int:
     )
 
 
-def is_responses(ex: Exchange) -> bool:
-    return not is_tool_call(ex) and getattr(ex.call, "dialect", None) == RESPONSES
-
-
 class GuardStage(BaseStage):
     name = "guards"
     fail_open = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.chains = ResponsesChains()
-
-    def rewrite_synthetic_parent(self, ex: Exchange) -> None:
-        """A Responses request continuing a blocked answer goes to the real parent (SPEC §5.5)."""
-        try:
-            body = orjson.loads(ex.upstream_body if ex.upstream_body is not None else ex.body)
-        except orjson.JSONDecodeError:
-            return
-        rewritten = self.chains.rewrite(body)
-        if rewritten is not None:
-            ex.upstream_body = orjson.dumps(rewritten)
-        ex.responses_body = rewritten if rewritten is not None else body
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -110,8 +89,6 @@ class GuardStage(BaseStage):
             )
         else:
             call = ex.call
-            if is_responses(ex):
-                self.rewrite_synthetic_parent(ex)  # first: the upstream must never see a synthetic id
             # the tool results this request brings are events that happened before it: write their
             # TOOL_CALLs first, so a LOOP_WARNING / ERROR they cause follows them (as in AgentDbg)
             record_tool_results(ex, self.engine)
@@ -119,9 +96,8 @@ class GuardStage(BaseStage):
                 self.refuse_ended(ex, guards)
                 return
             steps, turn_start, results = call.steps, call.turn_start, call.tool_results
-            if is_responses(ex):
-                history = self.chains.history(call)  # a previous_response_id stands for a history
-                steps, turn_start, results = history.steps, history.turn_start, history.results
+            if ex.history is not None:  # a Responses previous_response_id stands for a history
+                steps, turn_start, results = ex.history.steps, ex.history.turn_start, ex.history.results
             tokens = token_estimate(ex)
             conversation = session.conversation
             inputs, conversation.guard_history = guard_trace.llm_inputs(
@@ -185,7 +161,8 @@ class GuardStage(BaseStage):
             name, payload = loop_warning(finding)
             if verdict.shadow:
                 payload["shadow"] = True
-            event_id = self.engine.record_event(session, EventType.LOOP_WARNING, name, payload)
+            event_id = self.engine.write_event(session, EventType.LOOP_WARNING, name, payload)
+            self.engine.observe_event(session, EventType.LOOP_WARNING, name, event_id)
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
@@ -217,9 +194,10 @@ class GuardStage(BaseStage):
             return
         session.guards.shadow_reported.add(decision.guard)
         payload = guard_error(decision, call=call_summary(ex), shadow=True)
-        self.engine.record_event(
+        event_id = self.engine.write_event(
             session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
         )
+        self.engine.observe_event(session, EventType.ERROR, decision.guard, event_id)
 
     def warn_agent(self, ex: Exchange, verdict: Verdict) -> None:
         """A loop WARN lets the call through; an MCP result carries the warning as an extra text block."""
@@ -239,9 +217,7 @@ class GuardStage(BaseStage):
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
             ex.answer = ex.protocol.render_block(ex, decision, text)
-            synthetic = synthetic_id_of(ex.answer.body) if is_responses(ex) else None
-            if synthetic is not None:
-                self.chains.remember_block(ex.call, synthetic, ex.responses_body or {}, text)
+            ex.block_text = text  # a Responses chain goes on from the blocked answer (responses_stage)
             return
         ex.answer = ex.protocol.render_refusal(ex, decision, text)
         budget = TAG_BUDGET_EXCEEDED in decision.tags
@@ -296,9 +272,6 @@ class GuardStage(BaseStage):
                 event_id=ex.tool_event_id,
             )
         else:
-            result = ex.result
-            if is_responses(ex) and result is not None and result.response_id and not result.error:
-                self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
             decisions = guards.after_llm_call(
                 ex.reservation,
                 cost_usd=float(ex.cost_usd),
@@ -311,7 +284,7 @@ class GuardStage(BaseStage):
                 self.engine.recorder.add_tags(
                     session.run_id, *(d.tags if not guards.shadow else (TAG_SHADOW_FIRED,))
                 )
-            self.engine.record_event(
+            event_id = self.engine.write_event(
                 session,
                 EventType.STATE_UPDATE,
                 "state",
@@ -323,5 +296,6 @@ class GuardStage(BaseStage):
                     **({"shadow": True} if guards.shadow else {}),
                 },
             )
+            self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
             if not guards.shadow:
                 self.engine.alert(session, d)

@@ -272,7 +272,7 @@ class LLMParseStage(BaseStage):
                 "refused an unreadable %s request of agent %s: %s", dialect.__name__, route.agent, message
             )
             return
-        self.engine.record_event(
+        event_id = self.engine.write_event(
             session,
             EventType.ERROR,
             "invalid_request_body",
@@ -289,6 +289,7 @@ class LLMParseStage(BaseStage):
             },
             ts=ex.started_wall,
         )
+        self.engine.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
 
 
 def llm_result(ex: Exchange) -> LLMResult:
@@ -407,7 +408,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         pending = session.conversation.pending_tool_calls.pop(tr.tool_call_id, None)
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
-        session.conversation.tool_event_ids[tr.tool_call_id] = engine.record_event(
+        event_id = engine.write_event(
             session,
             EventType.TOOL_CALL,
             pending.name,
@@ -428,6 +429,8 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
             parent_id=pending.llm_event_id,
             ts=ex.started_wall,
         )
+        engine.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
+        session.conversation.tool_event_ids[tr.tool_call_id] = event_id
         engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", pending.name)
 
 
@@ -473,7 +476,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         meta["upstream_retries"] = ex.upstream_retries
     if ex.first_byte_at is not None and ex.upstream_started is not None:
         meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
-    event_id = engine.record_event(
+    event_id = engine.write_event(
         session,
         EventType.LLM_CALL,
         model,
@@ -482,10 +485,11 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         meta=meta,
         ts=ex.started_wall,
     )
+    engine.observe_event(session, EventType.LLM_CALL, model, event_id)
     ex.llm_event_id = event_id
     if ex.upstream_failed():
         # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)
-        engine.record_event(
+        error_id = engine.write_event(
             session,
             EventType.ERROR,
             "upstream_error",
@@ -501,6 +505,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
             },
             parent_id=event_id,
         )
+        engine.observe_event(session, EventType.ERROR, "upstream_error", error_id)
     engine.recorder.add_usage(session.run_id, payload["cost_usd"], usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
     session.conversation.prompt_digest = prompt_digest

@@ -33,7 +33,7 @@ from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import Fingerprinted, RecordedError, content_text, result_fingerprint
 from proxy.storage import EVENTS_JSONL, TRIPWIRE_JSON, parse_events, parse_iso, read_json, run_dir
 
-# events the live guards never observed (written outside `Engine.record_event`): the session's
+# events the live guards never observed (not handed to `Engine.observe_event`): the session's
 # start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
 # wrote after the fact
 NOT_OBSERVED_GUARDRAILS = frozenset({GUARD_STOP_ON_LOOP, GUARD_KILL_SWITCH})

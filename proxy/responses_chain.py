@@ -79,7 +79,7 @@ class ResponsesChains:
             self.links.move_to_end(response_id)
         return link
 
-    def _put(self, response_id: str, link: Link) -> None:
+    def remember(self, response_id: str, link: Link) -> None:
         self.links[response_id] = link
         self.links.move_to_end(response_id)
         while len(self.links) > self.max_links:
@@ -106,7 +106,7 @@ class ResponsesChains:
 
     def remember_answer(self, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]) -> None:
         """A real response: the chain now goes on from it."""
-        self._put(response_id, self._link(call, [list(tool_calls)]))
+        self.remember(response_id, self._link(call, [list(tool_calls)]))
 
     def remember_block(
         self, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str
@@ -117,7 +117,7 @@ class ResponsesChains:
         link.real_parent = previous if isinstance(previous, str) else None
         link.input_items = input_items(sent_body)
         link.text = text
-        self._put(synthetic_id, link)
+        self.remember(synthetic_id, link)
 
     def _link(self, call: LLMRequest, answer_steps: list[list[ToolCall]]) -> Link:
         return Link(

@@ -49,10 +49,9 @@ from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import dialect_name, openai_responses
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error, request_headers, response_headers
-from proxy.guard_stage import GuardStage
 from proxy.pipeline import BaseStage, Pipeline
 from proxy.recovery import MaxTokensRecoveryStage
-from proxy.responses_chain import Link, has_user_message
+from proxy.responses_stage import ResponsesChainStage
 from proxy.routing import Route, join_upstream
 from proxy.sse import SSEDecoder
 from proxy.stages import TEXT_MARGIN, ForwardStage
@@ -140,7 +139,7 @@ class SocketForwardStage(BaseStage):
 
 
 def socket_pipeline(http: Pipeline, engine: Engine) -> Pipeline:
-    """The LLM pipeline's own stages (the same guard stage: its Responses chains are shared with
+    """The LLM pipeline's own stages (the same Responses chain stage: its chains are shared with
     HTTP calls), with the socket's parse and forward stages. Max-tokens recovery forwards over
     HTTP (and only chat completions): not on a socket."""
     stages: list[Any] = []
@@ -352,8 +351,10 @@ class SocketRelay:
         self.upstream = upstream
         self.pipeline = pipeline
         self.post_view = post_view  # the handshake request as the parse stage knows a call: a POST
-        self.guards = (
-            next((s for s in pipeline.stages if isinstance(s, GuardStage)), None) if pipeline else None
+        self.chains = (
+            next((s for s in pipeline.stages if isinstance(s, ResponsesChainStage)), None)
+            if pipeline
+            else None
         )
         self.lanes: dict[str | None, deque[SocketCall]] = {}
         self.calls: list[SocketCall] = []
@@ -679,19 +680,12 @@ class SocketRelay:
         """A warm-up's response id continues the chain: link it (its input, no answer step) so a
         later call naming it is judged on the whole history."""
         body = call.warmup
-        if body is None or call.response_id is None or self.guards is None:
+        if body is None or call.response_id is None or self.chains is None:
             return
         req = _parse_responses(body)
         if req is None:
             return
-        chains = self.guards.chains
-        link = Link(
-            parent=chains.get(req.previous_response_id),
-            steps=list(req.steps),
-            results=list(req.tool_results),
-            turn_start=req.turn_start if has_user_message(req) else None,
-        )
-        chains._put(call.response_id, link)
+        self.chains.link_warmup(req, call.response_id)
         call.warmup = None
 
     def warmup_tool_results(self, body: dict[str, Any], raw: bytes) -> None:

@@ -38,9 +38,10 @@ class AdapterEngine(Protocol):
     def settings(self) -> Settings: ...
     @property
     def metrics(self) -> Metrics: ...
-    def record_event(
+    def write_event(
         self, session: Session, event_type: str, name: str, payload: dict[str, Any], **kw: Any
     ) -> str: ...
+    def observe_event(self, session: Session, event_type: str, name: str, event_id: str) -> None: ...
 
 
 class MCPProtocol:
@@ -243,7 +244,7 @@ def record_tool_call(
     }
     if call.protocol_version:
         meta["mcp_protocol_version"] = call.protocol_version
-    event_id = engine.record_event(
+    event_id = engine.write_event(
         session,
         EventType.TOOL_CALL,
         call.tool_name,
@@ -252,6 +253,7 @@ def record_tool_call(
         meta=meta,
         ts=started_wall,
     )
+    engine.observe_event(session, EventType.TOOL_CALL, call.tool_name, event_id)
     sigs = session.conversation.mcp_signatures
     sig = key[-1]
     sigs[sig] = sigs.get(sig, 0) + 1

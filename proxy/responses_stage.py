@@ -1,0 +1,74 @@
+"""The Responses chain stage: what a `previous_response_id` stands for, before the guards judge it.
+
+Before forwarding, a request continuing a blocked (synthetic) answer is rewritten to continue the
+real parent (SPEC §5.5: the upstream never sees a `resp_tripwire_*` id), and the chain's whole
+history is put on the exchange for the guards (proxy/responses_chain.py keeps the chains). After
+the answer, the chain goes on from the response: a real one, or the guards' blocked answer.
+Runs for Responses calls only; everything else passes untouched.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from proxy.dialects.base import LLMRequest
+from proxy.exchange import Exchange
+from proxy.guard_events import is_tool_call
+from proxy.pipeline import BaseStage
+from proxy.responses_chain import Link, ResponsesChains, has_user_message, synthetic_id_of
+
+RESPONSES = "openai_responses"
+
+
+def is_responses(ex: Exchange) -> bool:
+    return not is_tool_call(ex) and getattr(ex.call, "dialect", None) == RESPONSES
+
+
+class ResponsesChainStage(BaseStage):
+    name = "responses_chain"
+    fail_open = True  # a chain we cannot follow leaves the request as the client sent it
+
+    def __init__(self, chains: ResponsesChains | None = None) -> None:
+        self.chains = chains if chains is not None else ResponsesChains()
+
+    async def request(self, ex: Exchange) -> None:
+        if ex.protocol is None or ex.session is None or not is_responses(ex):
+            return
+        self.rewrite_synthetic_parent(ex)  # first: the upstream must never see a synthetic id
+        ex.history = self.chains.history(ex.call)
+
+    def rewrite_synthetic_parent(self, ex: Exchange) -> None:
+        try:
+            body = orjson.loads(ex.upstream_body if ex.upstream_body is not None else ex.body)
+        except orjson.JSONDecodeError:
+            return
+        rewritten = self.chains.rewrite(body)
+        if rewritten is not None:
+            ex.upstream_body = orjson.dumps(rewritten)
+        ex.responses_body = rewritten if rewritten is not None else body
+
+    async def finish(self, ex: Exchange) -> None:
+        if ex.protocol is None or ex.session is None or not is_responses(ex):
+            return
+        if ex.forwarded:
+            result = ex.result
+            if result is not None and result.response_id and not result.error:
+                self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
+            return
+        if ex.answer is not None and ex.block_text is not None:
+            synthetic = synthetic_id_of(ex.answer.body)
+            if synthetic is not None:  # a request continuing the blocked answer goes to the real parent
+                self.chains.remember_block(ex.call, synthetic, ex.responses_body or {}, ex.block_text)
+
+    def link_warmup(self, call: LLMRequest, response_id: str) -> None:
+        """A warm-up (generate: false) answered: the chain goes on from it, with its input and no
+        answer step, so a later call naming it is judged on the whole history."""
+        self.chains.remember(
+            response_id,
+            Link(
+                parent=self.chains.get(call.previous_response_id),
+                steps=list(call.steps),
+                results=list(call.tool_results),
+                turn_start=call.turn_start if has_user_message(call) else None,
+            ),
+        )
