@@ -132,6 +132,12 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
         help="record metadata only (model, usage, cost, tool names, timings), no prompts or results",
     )
     a(
+        "--state",
+        metavar="URL",
+        help="share guard state with other replicas through Redis, e.g. redis://redis:6379/0 "
+        "(config state.url; state.on_unavailable: fail_open (default) or fail_closed; docs/scaling-redis.md)",
+    )
+    a(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -169,6 +175,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["mcp"] = {name: {"url": url} for name, url in args.mcp}
     if args.mcp_stdio:
         out["mcp_stdio"] = {name: {"command": cmd} for name, cmd in args.mcp_stdio}
+    if getattr(args, "state", None):
+        out["state"] = {"url": args.state}
     return out
 
 
@@ -179,6 +187,9 @@ def check_startup(settings: Settings) -> None:
             f"admin_listen {settings.admin_listen} is off loopback: set --admin-token or TRIPWIRE_ADMIN_TOKEN "
             "(the admin API can rename, delete and terminate runs and change guards)"
         )
+    url = settings.state.url
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"state.url: must be a redis://, rediss:// or unix:// URL, got {url!r}")
     overlap = set(settings.mcp) & set(settings.mcp_stdio)
     if overlap:
         raise ConfigError(f"mcp and mcp_stdio both name {sorted(overlap)}: names must be unique")

@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,6 +111,8 @@ class GuardConfigStore:
         self._static_agents: dict[str, GuardConfig] = dict(static_agents or {})
         self._api_project: GuardConfig | None = None
         self._api_agents: dict[str, GuardConfig] = {}
+        # with shared state (several replicas): what shares the API values after each API write
+        self.publisher: Callable[[GuardConfig | None, dict[str, GuardConfig]], Awaitable[None]] | None = None
         self._load()
 
     # --- reads -------------------------------------------------------------------------------
@@ -164,6 +167,21 @@ class GuardConfigStore:
                 return False
             self._commit(None, self._api_agents)
             return True
+
+    def api_values(self) -> tuple[GuardConfig | None, dict[str, GuardConfig]]:
+        """What the API set: the project default (or None) and the agent overrides."""
+        return self._api_project, dict(self._api_agents)
+
+    async def publish(self) -> None:
+        """After an API write: share it with the other replicas (no-op without shared state)."""
+        if self.publisher is not None:
+            await self.publisher(*self.api_values())
+
+    def replace_api(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> None:
+        """Another replica changed the API values (shared state): take them, persisted here too."""
+        with self._lock:
+            if (project, agents) != (self._api_project, self._api_agents):
+                self._commit(project, dict(agents))
 
     # --- persistence -------------------------------------------------------------------------
 

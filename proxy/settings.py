@@ -83,6 +83,14 @@ class RetentionConfig(BaseModel):
     max_total_mb: PositiveFloat | None = None
 
 
+class StateConfig(BaseModel):
+    """Guard state shared by replicas (SPEC §8, docs/scaling-redis.md): `url` (redis://, rediss://,
+    unix://) turns it on; `on_unavailable` is what calls get while the backend is unreachable."""
+
+    url: str | None = None
+    on_unavailable: Literal["fail_open", "fail_closed"] = "fail_open"
+
+
 class Settings(BaseModel):
     """Everything `tripwire serve` needs. Frozen: built once at start, validated as a whole."""
 
@@ -144,6 +152,8 @@ class Settings(BaseModel):
     # continue a non-streamed Chat Completions answer cut off at its token limit
     # (finish_reason "length") up to this many times; the agent gets one stitched answer
     max_tokens_recovery: int = Field(0, ge=0, le=10)
+    # shared guard state (Redis) for several replicas; None url: in this process's memory
+    state: StateConfig = StateConfig()
 
     @field_validator("listen", "admin_listen")
     @classmethod

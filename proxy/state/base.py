@@ -55,6 +55,7 @@ class Appended:
     terminated: str | None = None  # the run's terminated mark, if any (kill switch, guard)
     was_live: bool = True  # False: the run had expired before this append (it is live again now)
     epoch: str = ""  # which log this is (the run's start stamp): pass it back with the next append
+    breakers: list[BreakerAdmission] = field(default_factory=list)  # one per `breakers` asked
 
     @property
     def lost(self) -> bool:
@@ -95,6 +96,15 @@ class BreakerAdmission:
 
 
 @dataclass(frozen=True)
+class BreakerRequest:
+    """A circuit to admit a call through, in the same step as the call's check."""
+
+    agent: str
+    upstream: str
+    config: CircuitBreakerConfig
+
+
+@dataclass(frozen=True)
 class BreakerView:
     agent: str
     upstream: str
@@ -128,6 +138,7 @@ class StateBackend(Protocol):
         signatures: Sequence[str] = (),
         keep_alive: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
+        breakers: Sequence[BreakerRequest] = (),
     ) -> Appended:
         """Append `bodies` and return every entry after `since`, in one atomic step.
 
@@ -135,7 +146,8 @@ class StateBackend(Protocol):
         `take` whose results arrived (each taken once; one already recorded as an MCP call, per
         `signatures` noted so far, is dropped). `put`: pending calls an answer asked for;
         `signatures`: MCP calls recorded; `keep_alive`: slot keys renewed with the run;
-        `links`: slot key -> run id to set (lineage)."""
+        `links`: slot key -> run id to set (lineage); `breakers`: circuits to admit the checks
+        through (`breaker_admit`), in the same step."""
         ...
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]: ...

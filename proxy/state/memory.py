@@ -17,6 +17,7 @@ from proxy.state import keys
 from proxy.state.base import (
     Appended,
     BreakerAdmission,
+    BreakerRequest,
     BreakerView,
     LogEntry,
     PendingCall,
@@ -100,6 +101,7 @@ class MemoryBackend:
         signatures: Sequence[str] = (),
         keep_alive: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
+        breakers: Sequence[BreakerRequest] = (),
     ) -> Appended:
         now = self.clock()
         run_key = keys.run(agent, run_id)
@@ -151,7 +153,8 @@ class MemoryBackend:
             self._keys.set(k, target, slot_s)
         if links:
             run["lin"] = "1"
-        return Appended(list(log[since:]), first, taken, run.get("term"), was_live, run["started"])
+        admitted = [await self.breaker_admit(b.agent, b.upstream, b.config, now=now) for b in breakers]
+        return Appended(list(log[since:]), first, taken, run.get("term"), was_live, run["started"], admitted)
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
         log: list[LogEntry] = self._keys.get(keys.log(agent, run_id)) or []

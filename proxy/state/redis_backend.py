@@ -26,6 +26,7 @@ from proxy.state import keys, lua
 from proxy.state.base import (
     Appended,
     BreakerAdmission,
+    BreakerRequest,
     BreakerView,
     LogEntry,
     PendingCall,
@@ -49,6 +50,25 @@ def pending_json(call: PendingCall) -> str:
     return orjson.dumps(
         {"ev": call.event.decode(), "sigs": list(call.signatures), "detail": call.detail.decode()}
     ).decode()
+
+
+def admit_args(config: CircuitBreakerConfig) -> list[Any]:
+    return [int(config.enabled), repr(float(config.cooldown_seconds)), config.half_open_max_calls]
+
+
+def admission(upstream: str, reply: Sequence[Any], config: CircuitBreakerConfig) -> BreakerAdmission:
+    """A breaker script's admit answer as the pure breaker gives it (a ticket, or a refusal)."""
+    verdict, gen, trial, moved, failures, left, state = reply
+    if text(verdict) == "allow":
+        transition = None
+        if text(moved):
+            transition = Transition(
+                upstream, State(text(moved)), State.HALF_OPEN, int(failures), "cooldown elapsed"
+            )
+        return BreakerAdmission(Ticket(int(gen), trial=bool(int(trial)), transition=transition), None)
+    return BreakerAdmission(
+        None, refusal(upstream, State(text(state)), int(failures), float(text(left)), config)
+    )
 
 
 def parse_entry(seq: int, raw: bytes | str) -> LogEntry:
@@ -112,6 +132,7 @@ class RedisBackend:
         signatures: Sequence[str] = (),
         keep_alive: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
+        breakers: Sequence[BreakerRequest] = (),
     ) -> Appended:
         links = links or {}
         header = {
@@ -127,6 +148,17 @@ class RedisBackend:
             "alive": len(keep_alive),
             "run": run_id,
             "links": list(links.values()),
+            "breakers": [
+                [
+                    keys.breaker(b.agent, b.upstream),
+                    b.agent,
+                    b.upstream,
+                    BREAKER_TTL_MS,
+                    *admit_args(b.config),
+                ]
+                for b in breakers
+            ],
+            "breaker_index": keys.BREAKER_INDEX,
         }
         script_keys = [
             keys.log(agent, run_id),
@@ -137,7 +169,7 @@ class RedisBackend:
             *keep_alive,
             *links.keys(),
         ]
-        first, raw, taken, term, was_live, started = await self._call(
+        first, raw, taken, term, was_live, started, admitted = await self._call(
             self._append, script_keys, [orjson.dumps(header), *bodies]
         )
         return Appended(
@@ -147,6 +179,7 @@ class RedisBackend:
             terminated=text(term) or None,
             was_live=bool(was_live),
             epoch=text(started),
+            breakers=[admission(b.upstream, r, b.config) for b, r in zip(breakers, admitted, strict=False)],
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
@@ -226,19 +259,9 @@ class RedisBackend:
         self, agent: str, upstream: str, config: CircuitBreakerConfig, *, now: float | None = None
     ) -> BreakerAdmission:
         script_keys, args = self._breaker_args(agent, upstream, now)
-        args += [int(config.enabled), config.cooldown_seconds, config.half_open_max_calls]
-        verdict, gen, trial, moved, failures, left, state = await self._call(
-            self._breaker_admit, script_keys, args
-        )
-        if text(verdict) == "allow":
-            transition = None
-            if text(moved):
-                transition = Transition(
-                    upstream, State(text(moved)), State.HALF_OPEN, int(failures), "cooldown elapsed"
-                )
-            return BreakerAdmission(Ticket(int(gen), trial=bool(int(trial)), transition=transition), None)
-        decision = refusal(upstream, State(text(state)), int(failures), float(text(left)), config)
-        return BreakerAdmission(None, decision)
+        args += admit_args(config)
+        reply = await self._call(self._breaker_admit, script_keys, args)
+        return admission(upstream, reply, config)
 
     async def breaker_report(
         self,

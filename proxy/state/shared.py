@@ -25,7 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.guards.config import GuardConfig
-from proxy.state.base import Appended, LogEntry, PendingCall, StateUnavailable
+from proxy.state.base import (
+    Appended,
+    BreakerAdmission,
+    BreakerRequest,
+    LogEntry,
+    PendingCall,
+    StateUnavailable,
+)
 from proxy.state.configs import SharedConfigs
 from proxy.state.link import StateLink
 from proxy.state.replica import Applied, SessionReplica
@@ -41,14 +48,19 @@ class Admission:
     applied: Applied
     taken: list[tuple[str, bytes]] = field(default_factory=list)
     shared: bool = True  # False: decided from this replica's memory (backend down, fail_open)
+    breaker: BreakerAdmission | None = None  # the circuit's answer, when one was asked (and shared)
+
+
+Outcome = tuple[Applied, BreakerAdmission | None]
 
 
 @dataclass
 class _Item:
     body: bytes
-    waiter: asyncio.Future[Applied] | None = None
+    waiter: asyncio.Future[Outcome] | None = None
     take: tuple[str, ...] = ()
     event_ids: Mapping[str, str] | None = None
+    breaker: BreakerRequest | None = None
 
 
 @dataclass
@@ -97,16 +109,18 @@ class RunChannel:
         event_ids: Mapping[str, str] | None = None,
         keep_alive: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
+        breaker: BreakerRequest | None = None,
     ) -> Admission:
-        """Append a check and return its verdict (one round trip, shared with concurrent checks)."""
-        waiter: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        """Append a check and return its verdict (one round trip, shared with concurrent checks);
+        `breaker`: the circuit the call goes through, admitted in the same round trip."""
+        waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._extras.keep_alive.update(keep_alive)
         self._extras.links.update(links or {})
-        self._queue.append(_Item(check, waiter, tuple(take), event_ids))
+        self._queue.append(_Item(check, waiter, tuple(take), event_ids, breaker))
         self._kick()
-        applied = await waiter
+        applied, admitted = await waiter
         taken = [(i, self._taken.pop(i)) for i in take if i in self._taken]
-        return Admission(applied, taken, shared=not self.dirty)
+        return Admission(applied, taken, shared=not self.dirty, breaker=admitted)
 
     def queue(
         self,
@@ -176,6 +190,7 @@ class RunChannel:
         if not bodies:
             return
         take = batch[-1].take if batch and batch[-1].take else ()
+        asking = [i for i in batch if i.breaker is not None and i.waiter is not None]
         appended: Appended = await owner.link.call(
             lambda: owner.backend.append(
                 self.agent,
@@ -190,6 +205,7 @@ class RunChannel:
                 signatures=extras.signatures,
                 keep_alive=sorted(extras.keep_alive),
                 links=extras.links,
+                breakers=[i.breaker for i in asking if i.breaker is not None],
             )
         )
         if appended.lost:
@@ -227,6 +243,7 @@ class RunChannel:
                 seq += len(appended.taken)
             own[seq] = item
             seq += 1
+        admitted = dict(zip((id(i) for i in asking), appended.breakers, strict=False))
         for entry in entries:
             mine = own.get(entry.seq)
             applied = self.replica.apply(entry, mine.event_ids if mine is not None else None)
@@ -238,7 +255,7 @@ class RunChannel:
                 and applied is not None
                 and not mine.waiter.done()
             ):
-                mine.waiter.set_result(applied)
+                mine.waiter.set_result((applied, admitted.get(id(mine))))
         self.shared_seq = self.replica.applied
 
     async def _load_configs(self, entries: Sequence[LogEntry]) -> None:
@@ -270,7 +287,7 @@ class RunChannel:
             self.backlog.append(item.body)
             self.dirty = True
             if item.waiter is not None and applied is not None and not item.waiter.done():
-                item.waiter.set_result(applied)
+                item.waiter.set_result((applied, None))  # the circuit: this replica's own
 
 
 class SharedGuards:
