@@ -32,7 +32,9 @@ from addons.hostmap import DEFAULT_HOSTS, Intercept, match, parse_host_map, with
 from addons.identity import from_basic, identity_headers
 from proxy.app import make_admin_app, make_proxy_app
 from proxy.engine import Engine
+from proxy.lifecycle import running_engine
 from proxy.settings import ConfigError, Settings, UpstreamConfig, load_settings, split_host_port
+from proxy.upstreams import Kind
 
 log = logging.getLogger("tripwire.mitm")
 
@@ -70,6 +72,7 @@ class TripwireAddon:
         self.base_url: str | None = None  # the internal Tripwire listener
         self.admin_url: str | None = None
         self._runners: list[web.AppRunner] = []
+        self._lifecycle = contextlib.AsyncExitStack()  # the engine's running_engine, while it runs
         self._starting: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._tunnels: dict[str, tuple[str, str | None]] = {}  # client connection id -> (agent, session)
@@ -122,8 +125,9 @@ class TripwireAddon:
                     raise exceptions.OptionsError(f"tripwire_hosts: {e}") from e
                 self.error = f"tripwire_hosts: {e}"
                 log.error(self.error)
-            if self.engine is not None:
-                self._register_upstreams(self.engine)
+            if self.engine is not None:  # hosts changed while running: the new map applies now
+                for kind, name, upstream in self._upstreams(self.engine.settings):
+                    self.engine.upstreams.register(kind, name, upstream)
 
     def running(self) -> asyncio.Task[None]:
         """Start Tripwire; also returned so mitmproxy awaits it (a reloaded script calls this sync)."""
@@ -200,18 +204,20 @@ class TripwireAddon:
             self.settings, self.error = None, f"Tripwire configuration: {e}"
             log.error(self.error)
 
-    def _register_upstreams(self, engine: Engine) -> None:
+    def _upstreams(self, settings: Settings) -> list[tuple[Kind, str, UpstreamConfig]]:
         """Each intercepted host is an upstream of the engine; a configured key source is kept."""
+        out: list[tuple[Kind, str, UpstreamConfig]] = []
         for entry in self.intercepts:
-            configured = engine.settings.upstreams(entry.kind).get(entry.name)
+            configured = settings.upstreams(entry.kind).get(entry.name)
             if entry.kind == "llm" and entry.name == "default":
-                configured = engine.settings.upstream
+                configured = settings.upstream
             upstream = (
                 configured.model_copy(update={"url": entry.url})
                 if configured is not None
                 else UpstreamConfig(url=entry.url)
             )
-            engine.extra_upstreams[(entry.kind, entry.name)] = upstream
+            out.append((entry.kind, entry.name, upstream))
+        return out
 
     async def _start(self) -> None:
         previous = getattr(ctx.master, STOPPING_ATTR, None)
@@ -232,11 +238,14 @@ class TripwireAddon:
             return
         settings = self.settings
         try:
-            engine = Engine(settings, argv=self.argv if self.argv is not None else list(sys.argv))
-            self._register_upstreams(engine)
-            await engine.start()
+            engine = await self._lifecycle.enter_async_context(
+                running_engine(
+                    settings,
+                    argv=self.argv if self.argv is not None else list(sys.argv),
+                    upstreams=self._upstreams(settings),
+                )
+            )
             self.engine = engine
-            await engine.start_children()
             host, port = split_host_port(ctx.options.tripwire_listen or "127.0.0.1:0")
             bound = await self._listen(make_proxy_app(engine), host, port, settings.drain_grace_s)
             self.base_url = f"http://{bound[0]}:{bound[1]}"
@@ -282,10 +291,9 @@ class TripwireAddon:
             await runner.cleanup()
         self._runners.clear()
         self.base_url = None
-        if engine is not None:
-            await engine.stop_children()
-            await engine.close()
-            self.engine = None
+        await self._lifecycle.aclose()  # the children stop, the engine closes (proxy/lifecycle.py)
+        self._lifecycle = contextlib.AsyncExitStack()
+        self.engine = None
 
 
 def intercepts_for(hosts: Sequence[str], modes: Sequence[str]) -> tuple[Intercept, ...]:

@@ -18,6 +18,7 @@ from proxy.appkeys import ENGINE
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
+from proxy.lifecycle import running_engine
 from proxy.llm import shaped
 from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
@@ -39,8 +40,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         request.raw_path.split("?", 1)[0],
         request.headers,
         default_agent=engine.settings.agent,
-        llm_names=engine.upstream_names("llm"),
-        mcp_names=engine.upstream_names("mcp"),
+        llm_names=engine.upstreams.names("llm"),
+        mcp_names=engine.upstreams.names("mcp"),
     )
     if isinstance(route, RouteError):
         error_body = {
@@ -173,9 +174,9 @@ def startup_lines(settings: Settings, engine: Engine) -> str:
     lines = [
         f"Tripwire proxy on {base} -> {settings.upstream.url}; traces in {engine.data_dir}",
         f"  export OPENAI_BASE_URL={base}/v1"
-        + "".join(f"   {n}: {base}/llm/{n}" for n in engine.upstream_names("llm")),
+        + "".join(f"   {n}: {base}/llm/{n}" for n in engine.upstreams.names("llm")),
     ]
-    mcp = engine.upstream_names("mcp")
+    mcp = engine.upstreams.names("mcp")
     mcp_part = ("MCP: " + "  ".join(f"{n} -> {base}/mcp/{n}" for n in mcp) + "   ") if mcp else ""
     lines.append(f"  {mcp_part}viewer: http://{ashown}:{aport}/")
     return "\n".join(lines)
@@ -185,38 +186,30 @@ async def serve(
     settings: Settings, *, argv: list[str] | None = None, ready: Callable[[], None] | None = None
 ) -> None:
     """Run both listeners until SIGTERM/SIGINT, then drain and close open runs."""
-    engine = Engine(settings, argv=argv)
-    await engine.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    runners: list[web.AppRunner] = []
-    try:
-        starters = getattr(engine, "start_children", None)
-        if starters is not None:
-            await starters()
-        for app, listen in (
-            (make_proxy_app(engine), settings.listen),
-            (make_admin_app(engine), settings.admin_listen),
-        ):
-            # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
-            await runner.setup()
-            host, port = split_host_port(listen)
-            await web.TCPSite(runner, host, port).start()
-            runners.append(runner)
-        print(startup_lines(settings, engine), flush=True)
-        if ready is not None:
-            ready()
-        await stop.wait()
-        log.info("signal received: draining (grace %.0fs)", settings.drain_grace_s)
-        await engine.drain(settings.drain_grace_s)
-    finally:
-        for runner in reversed(runners):
-            await runner.cleanup()
-        stoppers = getattr(engine, "stop_children", None)
-        if stoppers is not None:
-            await stoppers()
-        await engine.close()
+    async with running_engine(settings, argv=argv) as engine:
+        runners: list[web.AppRunner] = []
+        try:
+            for app, listen in (
+                (make_proxy_app(engine), settings.listen),
+                (make_admin_app(engine), settings.admin_listen),
+            ):
+                # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
+                runner = web.AppRunner(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
+                await runner.setup()
+                host, port = split_host_port(listen)
+                await web.TCPSite(runner, host, port).start()
+                runners.append(runner)
+            print(startup_lines(settings, engine), flush=True)
+            if ready is not None:
+                ready()
+            await stop.wait()
+            log.info("signal received: draining (grace %.0fs)", settings.drain_grace_s)
+            await engine.drain(settings.drain_grace_s)
+        finally:
+            for runner in reversed(runners):
+                await runner.cleanup()

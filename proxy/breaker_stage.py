@@ -105,7 +105,7 @@ class BreakerStage(BaseStage):
         self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
         self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
         if str(transition.new) == "open":
-            self.engine.alert(
+            self.engine.alerts.send(
                 session,
                 Decision(Action.BLOCK, GUARD_CIRCUIT_BREAKER, f"circuit to {ex.route.upstream} opened"),
             )

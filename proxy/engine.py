@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from proxy.alerts import Alerts
 from proxy.constants import GUARD_KILL_SWITCH, TAG_LOOP_DETECTED, TAG_SHADOW_FIRED, TAG_TERMINATED, EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
@@ -30,8 +31,9 @@ from proxy.pricing import Pricing
 from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
 from proxy.sessions import Refused, Session, SessionManager
-from proxy.settings import Settings, UpstreamConfig
+from proxy.settings import Settings
 from proxy.storage import prune_runs
+from proxy.upstreams import UpstreamRegistry
 
 log = logging.getLogger("tripwire")
 
@@ -72,12 +74,14 @@ class Engine:
         self.inflight = 0
         self._idle_drained = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()  # alert posts in flight (refs kept)
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
-        # extra upstreams registered at run time (stdio MCP servers get a loopback URL)
-        self.extra_upstreams: dict[tuple[str, str], UpstreamConfig] = {}
-        self.mcp = McpHub(self)  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
-        self.stdio = StdioServers(self)  # --mcp-stdio children
+        # where calls go: the configured upstreams, plus stdio MCP children and intercepted hosts
+        self.upstreams = UpstreamRegistry(settings)
+        self.alerts = Alerts(settings.alert_webhook, self.forwarder)
+        self.mcp = McpHub(
+            settings, self.forwarder, self.upstreams
+        )  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
+        self.stdio = StdioServers(settings.mcp_stdio, self.upstreams)  # --mcp-stdio children
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -113,6 +117,7 @@ class Engine:
         for session in self.sessions.live():
             self.end_session(session, status="ok", reason="shutdown")
         await self.recorder.close()
+        await self.alerts.close()
         await self.forwarder.close()
 
     def stream_handler(self, route: Any, request: Any) -> Any:
@@ -259,33 +264,12 @@ class Engine:
             name, payload = loop_warning(decision)
             self.recorder.record(session.run_id, EventType.LOOP_WARNING, name, payload)
             if decision.action == Action.WARN:
-                self.alert(session, decision)  # a TERMINATE alerts below, with its ERROR
+                self.alerts.send(session, decision)  # a TERMINATE alerts below, with its ERROR
             self.recorder.add_tags(session.run_id, TAG_LOOP_DETECTED)
         if decision.action == Action.TERMINATE:
             self.recorder.record(session.run_id, EventType.ERROR, decision.guard, guard_error(decision))
-            self.alert(session, decision)
+            self.alerts.send(session, decision)
             self.terminate_session(session, reason=f"guard:{decision.guard}")
-
-    def alert(self, session: Session, decision: Decision) -> None:
-        """POST a JSON alert to `alert_webhook` when a guard fires (fire and forget, never blocks a call)."""
-        url = self.settings.alert_webhook
-        if not url or decision.action == Action.ALLOW:
-            return
-        body = {
-            "source": "tripwire",
-            "agent": session.agent,
-            "session_id": session.session_id,
-            "run_id": session.run_id,
-            "guardrail": decision.guard,
-            "action": decision.action.name.lower(),
-            "kind": decision.kind,
-            "message": decision.message,
-            "threshold": decision.threshold,
-            "actual": decision.actual,
-        }
-        task = asyncio.create_task(self.forwarder.post_json(url, body), name="tripwire-alert")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     def end_session(self, session: Session, *, status: str, reason: str) -> None:
         if session.ended:
@@ -344,20 +328,6 @@ class Engine:
         if session is None or session.guards is None or session.ended:
             return None
         return session.guards.stats()
-
-    # --- upstreams ---------------------------------------------------------------------------
-
-    def upstream(self, kind: str, name: str) -> UpstreamConfig:
-        extra = self.extra_upstreams.get((kind, name))
-        if extra is not None:
-            return extra
-        if kind == "llm":
-            return self.settings.upstream if name == "default" else self.settings.llm[name]
-        return self.settings.mcp[name]
-
-    def upstream_names(self, kind: str) -> tuple[str, ...]:
-        names = set(self.settings.upstreams(kind)) | {n for k, n in self.extra_upstreams if k == kind}  # type: ignore[arg-type]
-        return tuple(sorted(names))
 
     # --- health and metrics ------------------------------------------------------------------
 

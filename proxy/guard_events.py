@@ -84,4 +84,4 @@ def write_refusal_error(engine: Engine, ex: Exchange, decision: Decision) -> Non
         session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
     )
     engine.observe_event(session, EventType.ERROR, decision.guard, event_id)
-    engine.alert(session, decision)
+    engine.alerts.send(session, decision)

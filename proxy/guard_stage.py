@@ -167,7 +167,7 @@ class GuardStage(BaseStage):
             if finding is winner:
                 ex.guard_event_id = event_id
             if not verdict.shadow and not (verdict.refused and finding is winner):
-                self.engine.alert(session, finding)  # a refusal alerts with its ERROR
+                self.engine.alerts.send(session, finding)  # a refusal alerts with its ERROR
         fired = verdict.loop_findings or any(d.action > Action.ALLOW for d in verdict.decisions)
         if verdict.shadow:
             if fired:
@@ -298,4 +298,4 @@ class GuardStage(BaseStage):
             )
             self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
             if not guards.shadow:
-                self.engine.alert(session, d)
+                self.engine.alerts.send(session, d)

@@ -114,7 +114,7 @@ class MaxTokensRecoveryStage(BaseStage):
         if original is None:
             return
         route = ex.route
-        upstream = self.engine.upstream(route.kind, route.upstream)
+        upstream = self.engine.upstreams.get(route.kind, route.upstream)
         url = join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
         headers = request_headers(ex.request.headers, upstream, identity_encoding=True)
         ex.forwarded = True

@@ -87,7 +87,7 @@ class ForwardStage(BaseStage):
 
     async def request(self, ex: Exchange) -> None:
         route = ex.route
-        upstream = self.engine.upstream(route.kind, route.upstream)
+        upstream = self.engine.upstreams.get(route.kind, route.upstream)
         # a legacy MCP endpoint is where the server's `endpoint` event said, not under the base URL
         url = ex.upstream_url or join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
         headers = request_headers(

@@ -775,7 +775,7 @@ def refused_upgrade(e: aiohttp.WSServerHandshakeError) -> web.Response:
 async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pipeline) -> web.StreamResponse:
     """Relay one WebSocket: the upstream's socket first, then the client's, then frames both ways."""
     engine: Engine = request.app[ENGINE]
-    upstream = engine.upstream(route.kind, route.upstream)
+    upstream = engine.upstreams.get(route.kind, route.upstream)
     url = join_upstream(upstream.url, route.path, request.rel_url.raw_query_string)
     extensions = request.headers.get("Sec-WebSocket-Extensions", "").lower()
     session = engine.forwarder.session

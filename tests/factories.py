@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
+from proxy.lifecycle import running_engine
 from proxy.pipeline import BaseStage
 from proxy.routing import Route, RouteError, resolve
 from proxy.sessions import Refused, Session
@@ -99,8 +100,8 @@ def make_exchange(
         path,
         request.headers,
         default_agent=engine.settings.agent if engine is not None else "default",
-        llm_names=engine.upstream_names("llm") if engine is not None else (),
-        mcp_names=engine.upstream_names("mcp") if engine is not None else (),
+        llm_names=engine.upstreams.names("llm") if engine is not None else (),
+        mcp_names=engine.upstreams.names("mcp") if engine is not None else (),
     )
     return Exchange(
         request=request,
@@ -120,13 +121,10 @@ def engine_settings(tmp_path: Path, **settings: Any) -> Settings:
 
 @asynccontextmanager
 async def make_engine(tmp_path: Path, **settings: Any) -> AsyncIterator[Engine]:
-    """A started `Engine` on `tmp_path/data`, closed on exit. Settings are keyword overrides."""
-    engine = Engine(engine_settings(tmp_path, **settings), argv=["tripwire", "serve"])
-    await engine.start()
-    try:
+    """A started `Engine` on `tmp_path/data`, closed on exit (the lifecycle `serve` and the
+    mitmproxy addon share, proxy/lifecycle.py). Settings are keyword overrides."""
+    async with running_engine(engine_settings(tmp_path, **settings), argv=["tripwire", "serve"]) as engine:
         yield engine
-    finally:
-        await engine.close()
 
 
 EngineFactory = Callable[..., Awaitable[Engine]]

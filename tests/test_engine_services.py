@@ -114,11 +114,11 @@ async def test_upstreams_by_kind_and_name(engine_factory: EngineFactory) -> None
         llm={"azure": {"url": "http://127.0.0.1:2"}},
         mcp={"demo": {"url": "http://127.0.0.1:3/mcp"}},
     )
-    assert engine.upstream("llm", "default").url == "http://127.0.0.1:1/v1"
-    assert engine.upstream("llm", "azure").url == "http://127.0.0.1:2"
-    assert engine.upstream("mcp", "demo").url == "http://127.0.0.1:3/mcp"
-    assert engine.upstream_names("llm") == ("azure",)  # /v1 is the default; /llm/NAME the others
-    assert engine.upstream_names("mcp") == ("demo",)
+    assert engine.upstreams.get("llm", "default").url == "http://127.0.0.1:1/v1"
+    assert engine.upstreams.get("llm", "azure").url == "http://127.0.0.1:2"
+    assert engine.upstreams.get("mcp", "demo").url == "http://127.0.0.1:3/mcp"
+    assert engine.upstreams.names("llm") == ("azure",)  # /v1 is the default; /llm/NAME the others
+    assert engine.upstreams.names("mcp") == ("demo",)
 
 
 async def test_inflight_counts_calls_for_drain(engine: Engine) -> None:

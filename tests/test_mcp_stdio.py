@@ -48,7 +48,7 @@ async def test_stdio_server_served_recorded_and_restarted(start_tripwire: StartT
     assert again.content[0].text == "echo: still here"
     assert bridge.restarts == 1
     assert bridge.proc.returncode is not None  # stopped with Tripwire
-    assert ("mcp", "local") not in tw.engine.extra_upstreams
+    assert ("mcp", "local") not in tw.engine.upstreams.registered
     calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
     assert [(e["name"], e["payload"]["status"]) for e in calls] == [
         ("add", "ok"),

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from aiohttp import web
@@ -29,7 +29,8 @@ from proxy.routing import Route, join_upstream
 
 if TYPE_CHECKING:
     from proxy.forward import Forwarder
-    from proxy.settings import Settings, UpstreamConfig
+    from proxy.settings import Settings
+    from proxy.upstreams import UpstreamRegistry
 
 log = logging.getLogger("tripwire.mcp")
 
@@ -78,19 +79,11 @@ class AwaitingInput:
     guard_fields: dict[str, Any] | None = None  # the first round trip's guard record (replay)
 
 
-class HubEngine(Protocol):
-    """What the hub uses of the engine (proxy/engine.py satisfies it), so this module needs no import of it."""
-
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def forwarder(self) -> Forwarder: ...
-    def upstream(self, kind: str, name: str) -> UpstreamConfig: ...
-
-
 class McpHub:
-    def __init__(self, engine: HubEngine) -> None:
-        self.engine = engine
+    def __init__(self, settings: Settings, forwarder: Forwarder, upstreams: UpstreamRegistry) -> None:
+        self.settings = settings
+        self.forwarder = forwarder
+        self.upstreams = upstreams
         self.pending: dict[PendingKey, Pending] = {}
         self.legacy: dict[tuple[str, str, str], LegacyStream] = {}  # (server, path, query)
         self.awaiting_input: dict[tuple[Any, ...], AwaitingInput] = {}
@@ -163,7 +156,7 @@ class McpHub:
     def rewrite_endpoint(self, stream: LegacyStream, route: Route, stream_url: str, data: str) -> str:
         """The `endpoint` event: point the client at Tripwire, remember where its POSTs really go."""
         target = urljoin(stream_url, data.strip())
-        base = self.engine.upstream("mcp", route.upstream).url
+        base = self.upstreams.get("mcp", route.upstream).url
         parts = urlsplit(target)
         if target.startswith(base) and target[len(base) : len(base) + 1] in ("/", "?", ""):
             rest = target[len(base) :]
@@ -207,8 +200,7 @@ class McpHub:
 
     async def handle_stream(self, request: web.Request, route: Route) -> web.StreamResponse:
         """Relay a GET stream event by event, matching results, rewriting a legacy `endpoint` event."""
-        engine = self.engine
-        upstream = engine.upstream("mcp", route.upstream)
+        upstream = self.upstreams.get("mcp", route.upstream)
         url = join_upstream(upstream.url, route.path, request.rel_url.raw_query_string)
         headers = request_headers(request.headers, upstream, identity_encoding=True)
         ex = Exchange(
@@ -224,11 +216,11 @@ class McpHub:
 
         ex.observer = MessageObserver(
             lambda msg: self.deliver(route.upstream, state["key"], msg),
-            limit=engine.settings.max_body_bytes,
+            limit=self.settings.max_body_bytes,
             on_endpoint=on_endpoint,
             take_injected=legacy.take_queued,
         )
-        forward = asyncio.ensure_future(engine.forwarder.forward(ex, url, headers, b""))
+        forward = asyncio.ensure_future(self.forwarder.forward(ex, url, headers, b""))
         gone = asyncio.ensure_future(client_gone(request))
         try:
             await asyncio.wait({forward, gone}, return_when=asyncio.FIRST_COMPLETED)

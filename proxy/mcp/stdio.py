@@ -16,17 +16,19 @@ import contextlib
 import logging
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
 from proxy.mcp import jsonrpc
 from proxy.settings import StdioServerConfig, UpstreamConfig
+from proxy.upstreams import UpstreamRegistry
 
 if TYPE_CHECKING:
-    from proxy.settings import Settings
+    pass
 
 log = logging.getLogger("tripwire.mcp.stdio")
 
@@ -328,31 +330,23 @@ def _progress_token(msg: dict[str, Any]) -> Any:
     return meta.get("progressToken") if isinstance(meta, dict) else None
 
 
-class StdioEngine(Protocol):
-    """What the children use of the engine (proxy/engine.py satisfies it), so this module needs no import of it."""
-
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def extra_upstreams(self) -> dict[tuple[str, str], UpstreamConfig]: ...
-
-
 class StdioServers:
     """Every `--mcp-stdio` child of one engine: started with `tripwire serve`, stopped with it."""
 
-    def __init__(self, engine: StdioEngine) -> None:
-        self.engine = engine
+    def __init__(self, configs: Mapping[str, StdioServerConfig], upstreams: UpstreamRegistry) -> None:
+        self.configs = configs
+        self.upstreams = upstreams  # each child is the upstream of its name while it runs
         self.bridges: dict[str, StdioBridge] = {}
 
     async def start(self) -> None:
-        for name, config in self.engine.settings.mcp_stdio.items():
+        for name, config in self.configs.items():
             bridge = StdioBridge(name, config)
             url = await bridge.start()
             self.bridges[name] = bridge
-            self.engine.extra_upstreams[("mcp", name)] = UpstreamConfig(url=url)
+            self.upstreams.register("mcp", name, UpstreamConfig(url=url))
 
     async def stop(self) -> None:
         for name, bridge in list(self.bridges.items()):
             await bridge.stop()
-            self.engine.extra_upstreams.pop(("mcp", name), None)
+            self.upstreams.unregister("mcp", name)
         self.bridges.clear()
