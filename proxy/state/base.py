@@ -93,6 +93,8 @@ class BreakerAdmission:
 
     ticket: Ticket | None
     refusal: Decision | None
+    state: State = State.CLOSED  # after admitting (a closed circuit with no failures needs no report
+    failures: int = 0  # of a success: there is nothing to reset)
 
 
 @dataclass(frozen=True)

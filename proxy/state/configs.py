@@ -10,6 +10,7 @@ replica's own: give replicas the same ones (one ConfigMap).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from proxy.guard_store import effective_config, parse_snapshot, snapshot_bytes
 from proxy.guards.config import GuardConfig
@@ -33,6 +34,7 @@ class SharedConfigs:
         self.static_agents = dict(static_agents or {})
         self._by_rev: dict[int, ApiConfigs] = {0: NO_API_CONFIG}
         self.current = 0  # the newest revision seen
+        self.listeners: list[Callable[[int], None]] = []  # told of each newer revision loaded
 
     def known(self, revision: int) -> bool:
         return revision in self._by_rev

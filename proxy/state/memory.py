@@ -272,10 +272,11 @@ class MemoryBackend:
     async def breaker_admit(
         self, agent: str, upstream: str, config: CircuitBreakerConfig, *, now: float | None = None
     ) -> BreakerAdmission:
-        decision, ticket = self._breaker(agent, upstream, config).before_call(
-            self.clock() if now is None else now
+        breaker = self._breaker(agent, upstream, config)
+        decision, ticket = breaker.before_call(self.clock() if now is None else now)
+        return BreakerAdmission(
+            ticket, None if ticket is not None else decision, breaker.state, breaker.failures
         )
-        return BreakerAdmission(ticket, None if ticket is not None else decision)
 
     async def breaker_report(
         self,

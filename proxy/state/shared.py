@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.guards.config import GuardConfig
@@ -61,6 +61,7 @@ class _Item:
     take: tuple[str, ...] = ()
     event_ids: Mapping[str, str] | None = None
     breaker: BreakerRequest | None = None
+    on_applied: Callable[[Applied], None] | None = None  # a queued entry's outcome (soft alert, cycle)
 
 
 @dataclass
@@ -129,9 +130,11 @@ class RunChannel:
         put: Mapping[str, PendingCall] | None = None,
         signatures: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
+        on_applied: Callable[[Applied], None] | None = None,
     ) -> None:
-        """Settles, events, pending tool calls: appended in the background, in order."""
-        self._queue.extend(_Item(b) for b in bodies)
+        """Settles, events, pending tool calls: appended in the background, in order.
+        `on_applied` gets each entry's outcome once this replica applied it."""
+        self._queue.extend(_Item(b, on_applied=on_applied) for b in bodies)
         self._extras.put.update(put or {})
         self._extras.signatures.extend(signatures)
         self._extras.links.update(links or {})
@@ -249,14 +252,19 @@ class RunChannel:
             applied = self.replica.apply(entry, mine.event_ids if mine is not None else None)
             if applied is not None:
                 self.history.append(entry)
-            if (
-                mine is not None
-                and mine.waiter is not None
-                and applied is not None
-                and not mine.waiter.done()
-            ):
-                mine.waiter.set_result((applied, admitted.get(id(mine))))
+            if mine is not None and applied is not None:
+                self._deliver(mine, applied, admitted.get(id(mine)))
         self.shared_seq = self.replica.applied
+
+    @staticmethod
+    def _deliver(item: _Item, applied: Applied, admitted: BreakerAdmission | None) -> None:
+        if item.waiter is not None and not item.waiter.done():
+            item.waiter.set_result((applied, admitted))
+        if item.on_applied is not None:
+            try:
+                item.on_applied(applied)
+            except Exception:
+                log.exception("state.on_applied_failed")
 
     async def _load_configs(self, entries: Sequence[LogEntry]) -> None:
         configs = self.owner.configs
@@ -286,8 +294,8 @@ class RunChannel:
             applied = self.replica.apply(entry, item.event_ids)
             self.backlog.append(item.body)
             self.dirty = True
-            if item.waiter is not None and applied is not None and not item.waiter.done():
-                item.waiter.set_result((applied, None))  # the circuit: this replica's own
+            if applied is not None:
+                self._deliver(item, applied, None)  # the circuit: this replica's own meanwhile
 
 
 class SharedGuards:
