@@ -34,6 +34,10 @@ class Log:
         return SessionReplica(lambda rev: self.configs[rev])
 
 
+def cid_of(entry: LogEntry) -> str:
+    return str(entries.decode(entry.body)["c"])
+
+
 def listed(decisions: list[Any]) -> list[tuple[str, str | None, str]]:
     return [(d.guard, d.kind, d.action.name) for d in decisions if d.action > Action.ALLOW]
 
@@ -49,7 +53,7 @@ def test_a_repeated_mcp_call_is_caught_at_the_same_call() -> None:
         now = i * 1.5
         log.t = 5000.0 + now
         verdict = direct.before_tool_call("search", {"q": "same"}, now=now, server="docs")
-        check = log.add(entries.tool_check("search", {"q": "same"}, "docs", 0.0))
+        check = log.add(entries.tool_check(entries.check_id(), "search", {"q": "same"}, "docs", 0.0))
         applied = replica.apply(check)
         assert applied is not None and applied.verdict is not None
         seen_direct.append(listed(verdict.decisions))
@@ -61,7 +65,7 @@ def test_a_repeated_mcp_call_is_caught_at_the_same_call() -> None:
         direct.after_tool_call(
             verdict.reservation, "search", {"q": "same"}, result_fingerprint="r", error=None, now=now
         )
-        replica.apply(log.add(entries.settle_tool(check.seq, "r", None)))
+        replica.apply(log.add(entries.settle_tool(cid_of(check), "r", None)))
     assert seen_replica == seen_direct
     assert any(seen_direct), "the loop must fire within 8 calls"
 
@@ -78,7 +82,7 @@ def test_function_calling_history_loops_match() -> None:
     for i in range(10):
         verdict = direct.before_llm_call(steps, 0, results, estimate_usd=0.01, now=float(i))
         log.t = 5000.0 + i
-        check = log.add(entries.llm_check(steps, 0, results, 0.01, 100))
+        check = log.add(entries.llm_check(entries.check_id(), steps, 0, results, 0.01, 100))
         applied = replica.apply(check)
         assert applied is not None and applied.verdict is not None
         got_direct.append(listed(verdict.decisions))
@@ -87,7 +91,7 @@ def test_function_calling_history_loops_match() -> None:
             break  # the session ends here (later calls are refused before the guards)
         if not verdict.refused:
             direct.after_llm_call(verdict.reservation, cost_usd=0.001, tokens=10, now=float(i))
-            replica.apply(log.add(entries.settle_llm(check.seq, 0.001, 10)))
+            replica.apply(log.add(entries.settle_llm(cid_of(check), 0.001, 10)))
         # the model asks for the same tool again, with the same result
         call_id = f"call_{i}"
         steps = [*steps, [(call_id, "read_file", {"path": "a.txt"})]]
@@ -105,7 +109,7 @@ def test_budget_trips_at_the_same_call() -> None:
     first_direct = first_replica = None
     for i in range(1, 30):
         verdict = direct.before_llm_call([], 0, {}, estimate_usd=0.002, now=0.0)
-        applied = replica.apply(check := log.add(entries.llm_check([], 0, {}, 0.002, 0)))
+        applied = replica.apply(check := log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.002, 0)))
         assert applied is not None and applied.verdict is not None
         if verdict.refused and first_direct is None:
             first_direct = i
@@ -114,14 +118,14 @@ def test_budget_trips_at_the_same_call() -> None:
         if verdict.refused:
             break
         direct.after_llm_call(verdict.reservation, cost_usd=0.007, tokens=100, now=0.0)
-        replica.apply(log.add(entries.settle_llm(check.seq, 0.007, 100)))
+        replica.apply(log.add(entries.settle_llm(cid_of(check), 0.007, 100)))
     assert first_direct is not None and first_replica == first_direct == 9
 
 
 def test_concurrent_checks_never_exceed_a_call_limit() -> None:
     config = GuardConfig.model_validate({"limits": {"max_llm_calls": 20}})
     log = Log(config)
-    checks = [log.add(entries.llm_check([], 0, {}, 0.0, 0)) for _ in range(50)]
+    checks = [log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)) for _ in range(50)]
     # three replicas apply the same log (each at its own pace): the same 20 are admitted by all
     admitted = []
     for _ in range(3):
@@ -135,11 +139,11 @@ def test_an_ended_session_refuses_later_checks_unjudged() -> None:
     config = GuardConfig.model_validate({"limits": {"max_llm_calls": 1}})
     log = Log(config)
     replica = log.replica()
-    one = replica.apply(log.add(entries.llm_check([], 0, {}, 0.0, 0)))
-    two = replica.apply(log.add(entries.llm_check([], 0, {}, 0.0, 0)))
+    one = replica.apply(log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
+    two = replica.apply(log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
     assert one is not None and one.verdict is not None and not one.verdict.refused
     assert two is not None and two.verdict is not None and two.verdict.decision.action is Action.TERMINATE
-    three = replica.apply(log.add(entries.llm_check([], 0, {}, 0.0, 0)))
+    three = replica.apply(log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
     assert three is not None and three.verdict is None and three.ended_by is not None
     assert three.ended_by.guard == "max_llm_calls"
     assert replica.guards is not None and replica.guards.calls_seen == 2
@@ -148,9 +152,9 @@ def test_an_ended_session_refuses_later_checks_unjudged() -> None:
 def test_the_kill_switch_ends_the_session() -> None:
     log = Log(GuardConfig())
     replica = log.replica()
-    replica.apply(log.add(entries.llm_check([], 0, {}, 0.0, 0)))
+    replica.apply(log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
     replica.apply(log.add(entries.kill("terminated")))
-    after = replica.apply(log.add(entries.llm_check([], 0, {}, 0.0, 0)))
+    after = replica.apply(log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
     assert after is not None and after.ended_by is not None and after.ended_by.guard == "kill_switch"
 
 
@@ -159,22 +163,22 @@ def test_each_entry_is_judged_under_its_config_revision() -> None:
     log = Log(GuardConfig(), {1: strict})
     replica = log.replica()
     for _ in range(3):
-        applied = replica.apply(c := log.add(entries.llm_check([], 0, {}, 0.0, 0)))
-        replica.apply(log.add(entries.settle_llm(c.seq, 0.0, 0)))
+        applied = replica.apply(c := log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
+        replica.apply(log.add(entries.settle_llm(cid_of(c), 0.0, 0)))
         assert applied is not None and applied.verdict is not None and not applied.verdict.refused
     log.rev = 1  # a PUT on some replica: the next entries carry the new revision
-    applied = replica.apply(log.add(entries.llm_check([], 0, {}, 0.0, 0)))
+    applied = replica.apply(log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0)))
     assert applied is not None and applied.verdict is not None and applied.verdict.refused
 
 
 def test_entries_apply_once_and_in_order() -> None:
     log = Log(GuardConfig())
     replica = log.replica()
-    first = log.add(entries.llm_check([], 0, {}, 0.0, 0))
-    second = log.add(entries.llm_check([], 0, {}, 0.0, 0))
+    first = log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0))
+    second = log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0))
     assert replica.apply(first) is not None
     assert replica.apply(first) is None  # seen already: skipped
-    third = log.add(entries.llm_check([], 0, {}, 0.0, 0))
+    third = log.add(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0))
     try:
         replica.apply(third)
     except ValueError as e:

@@ -60,9 +60,10 @@ def admitted(a: Admission) -> bool:
 
 async def llm_call(r: SharedGuards, cost: float = 0.0, tokens: int = 0) -> Admission:
     ch = r.channel(AGENT, RUN)
-    got = await ch.admit(entries.llm_check([], 0, {}, 0.001, 10))
+    cid = entries.check_id()
+    got = await ch.admit(entries.llm_check(cid, [], 0, {}, 0.001, 10))
     if admitted(got):
-        ch.queue([entries.settle_llm(got.applied.seq, cost, tokens)])
+        ch.queue([entries.settle_llm(cid, cost, tokens)])
     return got
 
 
@@ -71,13 +72,18 @@ async def test_fifty_concurrent_calls_over_three_replicas_never_exceed_twenty(
 ) -> None:
     replicas = replicas_factory(redis_url, LIMIT_20)
     got = await asyncio.gather(
-        *(replicas[i % 3].channel(AGENT, RUN).admit(entries.llm_check([], 0, {}, 0.0, 0)) for i in range(50))
+        *(
+            replicas[i % 3]
+            .channel(AGENT, RUN)
+            .admit(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0))
+            for i in range(50)
+        )
     )
     assert sum(admitted(a) for a in got) == 20
     assert all(a.shared for a in got)
     # every replica agrees on which calls went through (same log, same order, same decisions)
     for r in replicas:
-        await r.channel(AGENT, RUN).admit(entries.llm_check([], 0, {}, 0.0, 0))
+        await r.channel(AGENT, RUN).admit(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0))
     seen = [r.channel(AGENT, RUN).replica.guards for r in replicas]
     assert all(g is not None for g in seen)
     assert len({(g.calls_seen, g.budget.stats()["in_flight"]["llm"]) for g in seen if g is not None}) == 1
@@ -95,7 +101,7 @@ async def test_round_robin_calls_stop_at_exactly_the_limit(
         await replicas[i % 3].flush()
     assert outcomes == [True] * 10 + [False] * 4
     last = replicas[13 % 3].channel(AGENT, RUN)
-    ended = await last.admit(entries.llm_check([], 0, {}, 0.0, 0))
+    ended = await last.admit(entries.llm_check(entries.check_id(), [], 0, {}, 0.0, 0))
     assert ended.applied.ended_by is not None and ended.applied.ended_by.guard == "max_llm_calls"
 
 
@@ -110,12 +116,13 @@ async def test_a_budget_trips_at_the_same_call_as_one_process(
         for i in range(1, 40):
             r = replicas[i % len(replicas)]
             ch = r.channel(AGENT, run)
-            got = await ch.admit(entries.llm_check([], 0, {}, 0.002, 0))
+            cid = entries.check_id()
+            got = await ch.admit(entries.llm_check(cid, [], 0, {}, 0.002, 0))
             if not admitted(got):
                 assert got.applied.verdict is not None
                 assert got.applied.verdict.decision.guard == "max_cost_usd"
                 return i
-            ch.queue([entries.settle_llm(got.applied.seq, 0.007, 100)])
+            ch.queue([entries.settle_llm(cid, 0.007, 100)])
             await r.flush()  # the answer's settle lands before the next call (see docs: the race)
         raise AssertionError("the budget never tripped")
 
@@ -131,12 +138,13 @@ async def test_a_loop_is_caught_at_the_same_call(
         for i in range(1, 20):
             r = replicas[i % len(replicas)]
             ch = r.channel(AGENT, run)
-            got = await ch.admit(entries.tool_check("search", {"q": "same"}, "docs", 0.0))
+            cid = entries.check_id()
+            got = await ch.admit(entries.tool_check(cid, "search", {"q": "same"}, "docs", 0.0))
             assert got.applied.verdict is not None
             if got.applied.verdict.decision.action >= Action.BLOCK:
                 assert got.applied.verdict.decision.kind is not None
                 return i
-            ch.queue([entries.settle_tool(got.applied.seq, "same-result", None)])
+            ch.queue([entries.settle_tool(cid, "same-result", None)])
             await r.flush()
         raise AssertionError("the loop was never caught")
 

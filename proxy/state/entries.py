@@ -4,16 +4,20 @@ A check carries the call's guard inputs as the trace keeps them for replay (prox
 fingerprints of arguments and results, never their content. A settle names the check it settles
 by its sequence number. Pure: no I/O.
 
-    {"k": "tool", "tool", "server", "sig", "id", "est"}          MCP tools/call, before forwarding
-    {"k": "llm", "steps", "turn", "res", "est", "tok"}           LLM request, before forwarding
+    {"k": "tool", "c", "tool", "server", "sig", "id", "est"}     MCP tools/call, before forwarding
+    {"k": "llm", "c", "steps", "turn", "res", "est", "tok"}      LLM request, before forwarding
     {"k": "set", "ref", "cost", "tokens"} | {"k": "set", "ref", "res", "err"}   its answer
     {"k": "rel", "ref"}                                           never reached the upstream
+
+`c` names the check (unique); a settle's `ref` is that name, so a check appended later than the
+replica applied it (during an outage, fail_open) is still found.
     {"k": "ev", "type", "name", "id"}                             an event written to the trace
     {"k": "kill", "reason"}                                       the kill switch
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,14 +27,27 @@ from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_m
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
 
 
-def tool_check(tool: str, args: Any, server: str | None, estimate_usd: float) -> bytes:
+def check_id() -> str:
+    return uuid.uuid4().hex
+
+
+def tool_check(cid: str, tool: str, args: Any, server: str | None, estimate_usd: float) -> bytes:
     fp = call_fingerprints(tool, args)
     return orjson.dumps(
-        {"k": "tool", "tool": tool, "server": server, "sig": fp.sig, "id": fp.ident, "est": estimate_usd}
+        {
+            "k": "tool",
+            "c": cid,
+            "tool": tool,
+            "server": server,
+            "sig": fp.sig,
+            "id": fp.ident,
+            "est": estimate_usd,
+        }
     )
 
 
 def llm_check(
+    cid: str,
     steps: Sequence[Sequence[HistoryCall]],
     turn_start: int,
     results: HistoryResults,
@@ -51,6 +68,7 @@ def llm_check(
     return orjson.dumps(
         {
             "k": "llm",
+            "c": cid,
             "steps": rows,
             "turn": turn_start,
             "res": got,
@@ -60,15 +78,15 @@ def llm_check(
     )
 
 
-def settle_llm(ref: int, cost_usd: float, tokens: int) -> bytes:
+def settle_llm(ref: str, cost_usd: float, tokens: int) -> bytes:
     return orjson.dumps({"k": "set", "ref": ref, "cost": cost_usd, "tokens": tokens})
 
 
-def settle_tool(ref: int, result_fingerprint: str, error: str | None) -> bytes:
+def settle_tool(ref: str, result_fingerprint: str, error: str | None) -> bytes:
     return orjson.dumps({"k": "set", "ref": ref, "res": result_fingerprint, "err": error_fingerprint(error)})
 
 
-def release(ref: int) -> bytes:
+def release(ref: str) -> bytes:
     return orjson.dumps({"k": "rel", "ref": ref})
 
 

@@ -66,7 +66,7 @@ class SessionReplica:
         self.now = 0.0
         self.config_rev: int | None = None
         self.killed: Decision | None = None
-        self._open: dict[int, _Open] = {}
+        self._open: dict[str, _Open] = {}  # admitted checks not settled yet, by check name
 
     @property
     def ended_by(self) -> Decision | None:
@@ -95,7 +95,7 @@ class SessionReplica:
         if kind == "set":
             return Applied(entry.seq, kind, decisions=self._settle(body, guards))
         if kind == "rel":
-            opened = self._open.pop(int(body["ref"]), None)
+            opened = self._open.pop(str(body["ref"]), None)
             if opened is not None:
                 guards.release(opened.reservation)
             return Applied(entry.seq, kind)
@@ -160,12 +160,12 @@ class SessionReplica:
         if verdict.refused:
             guards.release(verdict.reservation)  # not forwarded: nothing will settle it
         else:
-            self._open[seq] = opened
+            self._open[str(body.get("c", seq))] = opened
         applied.verdict = verdict
         return applied
 
     def _settle(self, body: dict[str, Any], guards: SessionGuards) -> list[Decision]:
-        opened = self._open.pop(int(body["ref"]), None)
+        opened = self._open.pop(str(body["ref"]), None)
         if opened is None:
             return []  # refused, or settled already
         if opened.tool is not None and opened.args is not None:
