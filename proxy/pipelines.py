@@ -17,10 +17,18 @@ from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
+from proxy.shared_stages import SharedBreakerStage, SharedGuardStage
 from proxy.stages import ForwardStage, RecordStage, SessionStage
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
+
+
+def guard_stages(engine: Engine) -> list[Stage]:
+    """The session's guards, then the circuit: in this process, or shared by replicas (--state)."""
+    if engine.shared is not None:
+        return [SharedGuardStage(engine), SharedBreakerStage(engine)]
+    return [GuardStage(engine), BreakerStage(engine)]
 
 
 def llm_stages(engine: Engine) -> list[Stage]:
@@ -28,8 +36,8 @@ def llm_stages(engine: Engine) -> list[Stage]:
         LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
         SessionStage(engine),  # the call's run (explicit session, episode, lineage)
         ResponsesChainStage(),  # previous_response_id: synthetic parents rewritten, history found
-        GuardStage(engine),  # loop, limits, budgets (pure guards); settles after the answer
-        BreakerStage(engine),  # the circuit of agent x upstream
+        # loop, limits, budgets (pure guards), settled after the answer; then the circuit of agent x upstream
+        *guard_stages(engine),
         MaxTokensRecoveryStage(engine),  # opt-in: continues a chat answer cut at its token limit
         ForwardStage(engine),  # the upstream call, streams relayed chunk by chunk
         RecordStage(engine),  # LLM_CALL with call_seq and guard_input
@@ -40,8 +48,7 @@ def mcp_stages(engine: Engine) -> list[Stage]:
     return [
         mcp_parse_stage(engine),  # JSON-RPC; tools/call matched to its result across streams
         SessionStage(engine),
-        GuardStage(engine),
-        BreakerStage(engine),
+        *guard_stages(engine),
         ForwardStage(engine),
         RecordStage(engine),  # TOOL_CALL
     ]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.constants import GUARD_KILL_SWITCH
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
@@ -52,7 +53,7 @@ class _Open:
     args: Fingerprinted | None = None
 
 
-KILLED = Decision(Action.TERMINATE, "kill_switch", "session terminated through the admin API")
+KILLED = Decision(Action.TERMINATE, GUARD_KILL_SWITCH, "session terminated through the admin API")
 
 
 class SessionReplica:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from proxy.episodes import NO_CONVERSATION, Episode
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
+from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.sessions import Session, SessionManager
 from proxy.settings import Settings
@@ -26,6 +27,7 @@ from proxy.state import entries, keys
 from proxy.state.base import ResolveMode, StateBackend, StateUnavailable
 from proxy.state.configs import SharedConfigs
 from proxy.state.link import StateLink
+from proxy.state.replica import Applied
 from proxy.state.shared import SharedGuards
 
 log = logging.getLogger("tripwire.state")
@@ -226,6 +228,25 @@ class SharedState:
                         session.last_seen = now  # served elsewhere meanwhile
         except StateUnavailable:
             return  # this replica's own idle clocks decide meanwhile
+
+    def observe(
+        self,
+        session: Session,
+        event_type: str,
+        name: str,
+        event_id: str,
+        on_cycle: Callable[[Session, Decision], None],
+    ) -> None:
+        """An event written to the run: into its guard log (max_events, AgentDbg's cycle count it
+        in log order on every replica); a cycle it completes is acted on here, when applied."""
+
+        def applied(outcome: Applied) -> None:
+            for decision in outcome.decisions:
+                on_cycle(session, decision)
+
+        self.guards.channel(session.agent, session.run_id).queue(
+            [entries.event(event_type, name, event_id)], on_applied=applied
+        )
 
     def ended(self, session: Session) -> None:
         """The run ended on this replica: its channel goes (what it still has queued is sent)."""

@@ -1,0 +1,287 @@
+"""Issue 13 acceptance: three Tripwire replicas (in-process apps on loopback) sharing one real Redis,
+an agent (the real openai SDK) whose calls are spread round-robin across them.
+
+Limits, budgets, loops and circuits hold as in one process; 50 concurrent calls of one session
+never pass a limit of 20; with Redis stopped mid-run each failure policy holds, and the replicas
+recover when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from tests.conftest import AGENT_KEY, Running, StartTripwire, serve_fake
+from tests.fakes import FakeUpstream, Reply
+from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
+from tests.redis_server import RedisServer
+
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+WAIT_S = 30.0
+
+
+def client(tw: Running, session: str = "s1", **kw: Any) -> openai.AsyncOpenAI:
+    headers = {"X-Tripwire-Session": session, "X-Tripwire-Agent": "researcher"}
+    return openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=headers, **kw)
+
+
+async def settle_all(replicas: list[Running]) -> None:
+    """Every replica has recorded its calls and appended their settles (an agent's think time)."""
+    for r in replicas:
+        await r.flush()
+        assert r.engine.shared is not None
+        await r.engine.shared.guards.flush()
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not await condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def start_replicas(
+    start: StartTripwire, url: str, redis_url: str, n: int = 3, **overrides: Any
+) -> list[Running]:
+    return [
+        await start(
+            upstream={"url": url}, state={"url": redis_url, **overrides.pop("state", {})}, **overrides
+        )
+        for _ in range(n)
+    ]
+
+
+async def health(tw: Running) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(tw.admin_url + "/healthz") as resp:
+        assert resp.status == 200
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+async def test_max_llm_calls_ten_lets_exactly_ten_through_in_total(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url, guards={"limits": {"max_llm_calls": 10}})
+    clients = [client(r, max_retries=0) for r in replicas]
+    outcomes: list[int] = []
+    for i in range(15):
+        try:
+            await clients[i % 3].chat.completions.create(model="gpt-4o", messages=HELLO)
+            outcomes.append(200)
+        except openai.RateLimitError as e:
+            outcomes.append(e.status_code)
+            assert e.response.headers["X-Tripwire-Guard"] in ("max_llm_calls", "session_terminated")
+    assert outcomes == [200] * 10 + [429] * 5
+    assert len(fake.calls(CHAT)) == 10
+    await settle_all(replicas)
+    # one session, one run id, whichever replica served each call (each keeps its own files)
+    run_ids = {tuple(r.run_ids()) for r in replicas}
+    assert len(run_ids) == 1 and len(next(iter(run_ids))) == 1
+    served = sum(len([e for e in r.events() if e["event_type"] == "LLM_CALL"]) for r in replicas)
+    assert served == 10
+    call_seqs = sorted(
+        e["payload"]["call_seq"] for r in replicas for e in r.events() if e["event_type"] == "LLM_CALL"
+    )
+    assert call_seqs == list(range(1, 11))  # the run's arrival numbers, across replicas
+
+
+async def budget_trip(replicas: list[Running]) -> int:
+    """The number of answers before the budget refuses (each call settles before the next)."""
+    clients = [client(r, max_retries=0) for r in replicas]
+    answers = 0
+    for i in range(20):
+        try:
+            await clients[i % len(clients)].chat.completions.create(model="gpt-4o", messages=HELLO)
+        except openai.RateLimitError as e:
+            assert e.response.headers["X-Tripwire-Guard"] == "max_cost_usd"
+            return answers
+        answers += 1
+        if replicas[0].engine.shared is not None:
+            await settle_all(replicas)
+        else:
+            await replicas[0].flush()
+    raise AssertionError("the budget never tripped")
+
+
+async def test_a_budget_trips_at_the_same_call_as_one_process(
+    start_tripwire: StartTripwire, redis_url: str
+) -> None:
+    # gpt-4o: $2.50 / 1M input tokens: each answer costs $0.25
+    reply = Reply(text="expensive", prompt_tokens=100_000, completion_tokens=0)
+    guards = {"budget": {"max_cost_usd": 0.9}}
+    async with serve_fake(reply) as (_, url):
+        alone = await start_tripwire(upstream={"url": url}, guards=guards)
+        one = await budget_trip([alone])
+        replicas = await start_replicas(start_tripwire, url, redis_url, guards=guards)
+        shared = await budget_trip(replicas)
+    assert one == shared == 4
+
+
+def looping_replies(n: int) -> list[Reply]:
+    return [Reply(tool_calls=[(f"call_{i}", "read_file", {"path": "notes.txt"})]) for i in range(n)]
+
+
+async def loop_caught_at(replicas: list[Running], fake: FakeUpstream) -> int:
+    """An agent loop that reads the same file again and again; the call the guard blocks."""
+    fake.replies = looping_replies(30)
+    clients = [client(r, session=f"loop-{len(replicas)}") for r in replicas]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "summarise notes.txt"}]
+    for i in range(30):
+        raw = await clients[i % len(clients)].chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=messages
+        )
+        if raw.headers.get("X-Tripwire-Guard"):
+            return i + 1
+        answer = raw.parse().choices[0].message
+        messages.append(answer.model_dump(exclude_none=True))
+        for tc in answer.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": "the same notes"})
+        if replicas[0].engine.shared is not None:
+            await settle_all(replicas)
+    raise AssertionError("the loop was never caught")
+
+
+async def test_a_loop_is_caught_at_the_same_call(start_tripwire: StartTripwire, redis_url: str) -> None:
+    guards = {"loop_detection": {"action": "block"}}
+    async with serve_fake(Reply(text="done")) as (fake, url):
+        alone = await start_tripwire(upstream={"url": url}, guards=guards)
+        one = await loop_caught_at([alone], fake)
+        replicas = await start_replicas(start_tripwire, url, redis_url, guards=guards)
+        shared = await loop_caught_at(replicas, fake)
+    assert one == shared
+    # the function-calling TOOL_CALLs were recorded once each, by whichever replica got the result
+    await settle_all(replicas)
+    tool_ids = [
+        e["payload"]["tool_call_id"] for r in replicas for e in r.events() if e["event_type"] == "TOOL_CALL"
+    ]
+    assert len(tool_ids) == len(set(tool_ids)) == shared - 1
+
+
+async def test_a_circuit_opened_via_one_replica_is_open_on_all(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(status=500)
+    breaker = {"open_after_failures": 2, "cooldown_seconds": 60}
+    replicas = await start_replicas(start_tripwire, url, redis_url, guards={"circuit_breaker": breaker})
+    first = client(replicas[0], max_retries=0)
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            await first.chat.completions.create(model="gpt-4o", messages=HELLO)
+    await settle_all(replicas)
+    for r in replicas:
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client(r, session=f"other-{id(r)}", max_retries=0).chat.completions.create(
+                model="gpt-4o", messages=HELLO
+            )
+        assert refused.value.response.headers["X-Tripwire-Guard"] == "circuit_breaker"
+        assert int(refused.value.response.headers["Retry-After"]) > 0
+    assert len(fake.calls(CHAT)) == 2
+
+
+async def test_fifty_concurrent_calls_over_three_replicas_never_exceed_twenty(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url, guards={"limits": {"max_llm_calls": 20}})
+    clients = [client(r, max_retries=0) for r in replicas]
+
+    async def one(i: int) -> int:
+        try:
+            await clients[i % 3].chat.completions.create(model="gpt-4o", messages=HELLO)
+            return 200
+        except openai.APIStatusError as e:
+            return e.status_code
+
+    statuses = await asyncio.gather(*(one(i) for i in range(50)))
+    assert statuses.count(200) == 20
+    assert set(statuses) == {200, 429}
+    assert len(fake.calls(CHAT)) == 20
+
+
+async def test_redis_stopped_mid_run_fail_open_goes_on_and_recovers(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], own_redis: RedisServer
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(
+        start_tripwire, url, own_redis.url, n=2, guards={"limits": {"max_llm_calls": 8}}
+    )
+    for r in replicas:
+        assert r.engine.shared is not None
+        r.engine.shared.link.probe_interval_s = 0.1
+    clients = [client(r, max_retries=0) for r in replicas]
+    for i in range(3):
+        await clients[i % 2].chat.completions.create(model="gpt-4o", messages=HELLO)
+        await settle_all(replicas)
+    await clients[0].chat.completions.create(model="gpt-4o", messages=HELLO)  # replica 0 has seen all 4
+    await settle_all(replicas)
+    own_redis.stop()
+    # fail_open: calls are answered, guarded from the replica's memory; /healthz says so, readiness does not
+    for _ in range(2):
+        await clients[0].chat.completions.create(model="gpt-4o", messages=HELLO)
+    report = await health(replicas[0])
+    assert report["state"]["up"] is False and report["state"]["on_unavailable"] == "fail_open"
+    async with aiohttp.ClientSession() as s, s.get(replicas[0].admin_url + "/readyz") as resp:
+        assert resp.status == 200
+    async with aiohttp.ClientSession() as s, s.get(replicas[0].admin_url + "/metrics") as resp:
+        assert "tripwire_state_backend_up 0.0" in await resp.text()
+    own_redis.start()
+
+    async def back() -> bool:
+        return (await health(replicas[0]))["state"]["up"] is True
+
+    await until(back, "replica 0 to see Redis back")
+    await settle_all(replicas)
+    # what replica 0 served meanwhile counts everywhere: 6 so far, so 2 more and then the limit
+    outcomes = []
+    for i in range(4):
+        try:
+            await clients[(i + 1) % 2].chat.completions.create(model="gpt-4o", messages=HELLO)
+            outcomes.append(200)
+        except openai.RateLimitError:
+            outcomes.append(429)
+        await settle_all(replicas)
+    assert outcomes == [200, 200, 429, 429]
+    assert len(fake.calls(CHAT)) == 8
+
+
+async def test_redis_stopped_mid_run_fail_closed_refuses_and_recovers(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], own_redis: RedisServer
+) -> None:
+    fake, url = fake_upstream
+    (tw,) = await start_replicas(
+        start_tripwire, url, own_redis.url, n=1, state={"on_unavailable": "fail_closed"}
+    )
+    assert tw.engine.shared is not None
+    tw.engine.shared.link.probe_interval_s = 0.1
+    llm = client(tw, max_retries=0)
+    await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
+    await settle_all([tw])
+    own_redis.stop()
+    with pytest.raises(openai.InternalServerError) as refused:
+        await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
+    err = refused.value.response
+    assert err.status_code == 503
+    assert err.headers["X-Tripwire-Guard"] == "state_unavailable"
+    assert int(err.headers["Retry-After"]) >= 1
+    assert err.json()["error"]["code"] == "state_unavailable"
+    # a new session too: its run cannot be resolved
+    with pytest.raises(openai.InternalServerError):
+        await client(tw, session="new", max_retries=0).chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert len(fake.calls(CHAT)) == 1
+    own_redis.start()
+
+    async def back() -> bool:
+        return (await health(tw))["state"]["up"] is True
+
+    await until(back, "the replica to see Redis back")
+    await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert len(fake.calls(CHAT)) == 2
