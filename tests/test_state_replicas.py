@@ -58,6 +58,13 @@ async def start_replicas(
     ]
 
 
+def expected_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """The outage was logged loudly (once per replica), and that is all that was logged as an error."""
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and all(r.getMessage().startswith("state.unavailable") for r in errors)
+    caplog.clear()  # expected: not a pipeline failure (tests/pipeline_errors.py)
+
+
 async def health(tw: Running) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s, s.get(tw.admin_url + "/healthz") as resp:
         assert resp.status == 200
@@ -208,7 +215,10 @@ async def test_fifty_concurrent_calls_over_three_replicas_never_exceed_twenty(
 
 
 async def test_redis_stopped_mid_run_fail_open_goes_on_and_recovers(
-    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], own_redis: RedisServer
+    own_redis: RedisServer,  # first: it outlives the replicas (they close before it stops)
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake, url = fake_upstream
     replicas = await start_replicas(
@@ -239,6 +249,7 @@ async def test_redis_stopped_mid_run_fail_open_goes_on_and_recovers(
         return (await health(replicas[0]))["state"]["up"] is True
 
     await until(back, "replica 0 to see Redis back")
+    expected_outage(caplog)
     await settle_all(replicas)
     # what replica 0 served meanwhile counts everywhere: 6 so far, so 2 more and then the limit
     outcomes = []
@@ -254,7 +265,10 @@ async def test_redis_stopped_mid_run_fail_open_goes_on_and_recovers(
 
 
 async def test_redis_stopped_mid_run_fail_closed_refuses_and_recovers(
-    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], own_redis: RedisServer
+    own_redis: RedisServer,  # first: it outlives the replicas (they close before it stops)
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake, url = fake_upstream
     (tw,) = await start_replicas(
@@ -283,5 +297,6 @@ async def test_redis_stopped_mid_run_fail_closed_refuses_and_recovers(
         return (await health(tw))["state"]["up"] is True
 
     await until(back, "the replica to see Redis back")
+    expected_outage(caplog)
     await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
     assert len(fake.calls(CHAT)) == 2
