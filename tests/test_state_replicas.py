@@ -60,7 +60,7 @@ async def start_replicas(
 
 def expected_outage(caplog: pytest.LogCaptureFixture) -> None:
     """The outage was logged loudly (once per replica), and that is all that was logged as an error."""
-    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    errors = [r for r in caplog.records if r.name.startswith("tripwire") and r.levelname == "ERROR"]
     assert errors and all(r.getMessage().startswith("state.unavailable") for r in errors)
     caplog.clear()  # expected: not a pipeline failure (tests/pipeline_errors.py)
 
@@ -300,3 +300,54 @@ async def test_redis_stopped_mid_run_fail_closed_refuses_and_recovers(
     expected_outage(caplog)
     await llm.chat.completions.create(model="gpt-4o", messages=HELLO)
     assert len(fake.calls(CHAT)) == 2
+
+
+async def api(tw: Running, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.request(method, tw.admin_url + path, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_a_config_put_on_one_replica_applies_on_all_at_the_next_call(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url)
+    clients = [client(r, max_retries=0) for r in replicas]
+    await clients[1].chat.completions.create(model="gpt-4o", messages=HELLO)
+    status, _ = await api(
+        replicas[0], "PUT", "/api/agents/researcher/prevention-config", {"limits": {"max_llm_calls": 2}}
+    )
+    assert status == 200
+    await clients[2].chat.completions.create(model="gpt-4o", messages=HELLO)  # the 2nd: allowed
+    with pytest.raises(openai.RateLimitError) as refused:
+        await clients[1].chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert refused.value.response.headers["X-Tripwire-Guard"] == "max_llm_calls"
+
+    async def shown() -> bool:  # the admin API of the other replicas shows what was PUT
+        status, body = await api(replicas[2], "GET", "/api/agents/researcher/prevention-config")
+        return status == 200 and body["is_agent_override"] is True and body["limits"]["max_llm_calls"] == 2
+
+    await until(shown, "replica 2's admin API to show the PUT")
+
+
+async def test_the_kill_switch_on_one_replica_refuses_the_session_on_all(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url)
+    clients = [client(r, max_retries=0) for r in replicas]
+    for c in clients[:2]:
+        await c.chat.completions.create(model="gpt-4o", messages=HELLO)
+    await settle_all(replicas)
+    (run_id,) = replicas[0].run_ids()
+    status, _ = await api(replicas[0], "POST", f"/api/runs/{run_id}/terminate")
+    assert status == 200
+    await settle_all(replicas)
+    for c in clients[1:]:
+        with pytest.raises(openai.RateLimitError) as refused:
+            await c.chat.completions.create(model="gpt-4o", messages=HELLO)
+        assert refused.value.response.headers["X-Tripwire-Guard"] in ("kill_switch", "session_terminated")
+    assert len(fake.calls(CHAT)) == 2
+    await settle_all(replicas)
+    # replica 1 served the run too: its copy of the run ended as well
+    assert replicas[1].run_json(run_id)["status"] == "error"

@@ -52,7 +52,10 @@ class SharedConfigs:
         self._by_rev[rev] = (
             NO_API_CONFIG if raw is None else parse_snapshot(raw, f"shared config revision {rev}")
         )
-        self.current = max(self.current, rev)
+        if rev > self.current:
+            self.current = rev
+            for listener in self.listeners:
+                listener(rev)
 
     async def publish(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> int:
         raw = snapshot_bytes(project, agents)

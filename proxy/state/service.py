@@ -208,8 +208,13 @@ class SharedState:
         return {keys.slot_response(session.agent, response_id): session.run_id}
 
     async def keep_alive(self, sessions: Sequence[Session], now: float) -> None:
-        """Before the sweep ends runs idle here: those live on another replica stay open here too
-        (their idle clock is shared); runs with a call in flight here stay live everywhere."""
+        """Before each sweep: runs idle here but live on another replica stay open here too (their
+        idle clock is shared); runs with a call in flight here stay live everywhere; the newest
+        shared config revision is read."""
+        try:  # a config PUT on another replica shows in this one's admin API too, calls or not
+            await self.link.call(lambda: self.configs.load())
+        except StateUnavailable:
+            return
         inflight = [s for s in sessions if s.inflight and not s.ended]
         idle = [s for s in sessions if not s.inflight and not s.ended and now - s.last_seen >= self.idle_s]
         try:
