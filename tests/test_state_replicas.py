@@ -351,3 +351,45 @@ async def test_the_kill_switch_on_one_replica_refuses_the_session_on_all(
     await settle_all(replicas)
     # replica 1 served the run too: its copy of the run ended as well
     assert replicas[1].run_json(run_id)["status"] == "error"
+
+
+async def test_an_automatic_session_is_one_run_across_replicas(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    """No session header: the conversation's lineage names the run, whichever replica sees it."""
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url)
+    clients = [
+        openai.AsyncOpenAI(
+            base_url=r.url + "/v1", api_key=AGENT_KEY, default_headers={"X-Tripwire-Agent": "auto"}
+        )
+        for r in replicas
+    ]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "plan a trip"}]
+    for i in range(6):
+        answer = await clients[i % 3].chat.completions.create(model="gpt-4o", messages=messages)
+        messages += [
+            answer.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": f"and {i}?"},
+        ]
+        await settle_all(replicas)
+    runs = {tuple(r.run_ids()) for r in replicas}
+    assert len(runs) == 1 and len(next(iter(runs))) == 1
+    # another conversation of the same agent is another run
+    await clients[1].chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "other"}])
+    await settle_all(replicas)
+    assert len(set(replicas[1].run_ids())) == 2
+
+
+def test_the_state_flag_and_its_url_are_checked() -> None:
+    from proxy.cli import build_parser, check_startup, cli_overrides
+    from proxy.settings import ConfigError, Settings
+
+    args = build_parser().parse_args(["serve", "--state", "redis://127.0.0.1:6379/0"])
+    settings = Settings.model_validate(cli_overrides(args))
+    assert settings.state.url == "redis://127.0.0.1:6379/0" and settings.state.on_unavailable == "fail_open"
+    check_startup(settings)
+    with pytest.raises(ConfigError, match="state.url"):
+        check_startup(Settings.model_validate({"state": {"url": "http://redis:6379"}}))
+    with pytest.raises(ValueError):
+        Settings.model_validate({"state": {"url": "redis://x", "on_unavailable": "maybe"}})
