@@ -144,7 +144,10 @@ class RunChannel:
         self._extras.put.update(put or {})
         self._extras.signatures.extend(signatures)
         self._extras.links.update(links or {})
-        if self._delayed is None and (self._flusher is None or self._flusher.done()):
+        if put:
+            # tool calls the agent will answer through any replica: shared before it can run them
+            self._kick()
+        elif self._delayed is None and (self._flusher is None or self._flusher.done()):
             self._delayed = asyncio.get_running_loop().call_later(self.owner.settle_delay_s, self._kick)
 
     async def flush(self) -> None:
