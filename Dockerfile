@@ -17,7 +17,10 @@ COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY viewer ./viewer
 COPY addons ./addons
-RUN /opt/tripwire/bin/pip install --no-cache-dir . \
+# optional extras in the image: otlp (trace export, --otlp-endpoint / the chart's otlp.endpoint);
+# --build-arg TRIPWIRE_EXTRAS= builds without them
+ARG TRIPWIRE_EXTRAS=otlp
+RUN /opt/tripwire/bin/pip install --no-cache-dir ".${TRIPWIRE_EXTRAS:+[$TRIPWIRE_EXTRAS]}" \
     && /opt/tripwire/bin/python -m compileall -q /opt/tripwire
 
 # ---- runtime: the venv, a fixed non-root user, /data as the only writable place -----------------

@@ -54,6 +54,7 @@ class BreakerStage(BaseStage):
         self.engine.metrics.observe_decision(decision.guard, decision.action.name)
         self.engine.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
         write_refusal_error(self.engine, ex, decision)
+        assert ex.protocol is not None
         ex.answer = ex.protocol.render_refusal(
             ex, decision, describe(decision, self.engine.settings.expose_guard_details)
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -134,8 +135,14 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     a(
         "--state",
         metavar="URL",
-        help="share guard state with other replicas through Redis, e.g. redis://redis:6379/0 "
-        "(config state.url; state.on_unavailable: fail_open (default) or fail_closed; docs/scaling-redis.md)",
+        help="shared guard state for several replicas, e.g. redis://redis:6379/0 (default: in memory); "
+        "see docs/scaling.md",
+    )
+    a(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="also export calls as OpenTelemetry spans over OTLP/HTTP, e.g. http://collector:4318 "
+        "(needs pip install 'tripwire[otlp]'); see docs/scaling.md",
     )
     a(
         "--log-level",
@@ -175,8 +182,10 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["mcp"] = {name: {"url": url} for name, url in args.mcp}
     if args.mcp_stdio:
         out["mcp_stdio"] = {name: {"command": cmd} for name, cmd in args.mcp_stdio}
-    if getattr(args, "state", None):
+    if args.state:
         out["state"] = {"url": args.state}
+    if args.otlp_endpoint:
+        out["otlp"] = {"endpoint": args.otlp_endpoint}
     return out
 
 
@@ -187,12 +196,22 @@ def check_startup(settings: Settings) -> None:
             f"admin_listen {settings.admin_listen} is off loopback: set --admin-token or TRIPWIRE_ADMIN_TOKEN "
             "(the admin API can rename, delete and terminate runs and change guards)"
         )
-    url = settings.state.url
-    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"state.url: must be a redis://, rediss:// or unix:// URL, got {url!r}")
     overlap = set(settings.mcp) & set(settings.mcp_stdio)
     if overlap:
         raise ConfigError(f"mcp and mcp_stdio both name {sorted(overlap)}: names must be unique")
+    if settings.otlp.endpoint and not otlp_installed():
+        raise ConfigError(
+            f"otlp.endpoint {settings.otlp.endpoint} is set but the OpenTelemetry exporter is not installed: "
+            "pip install 'tripwire[otlp]'"
+        )
+
+
+def otlp_installed() -> bool:
+    """The `otlp` extra (opentelemetry-sdk and the OTLP/HTTP exporter) is importable."""
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from proxy.sessions import Refused, Session, SessionManager
 from proxy.settings import Settings
 from proxy.state.service import SharedState
 from proxy.storage import prune_runs
+from proxy.trace import sinks as trace_sinks
 from proxy.upstreams import UpstreamRegistry
 
 log = logging.getLogger("tripwire")
@@ -52,6 +53,7 @@ class Engine:
             max_field_bytes=settings.max_field_bytes,
             record_content=settings.record_content,
             fsync=settings.fsync,
+            sinks=trace_sinks.from_settings(settings),  # e.g. OTLP export (SPEC §8)
         )
         self.pricing = Pricing(dict(settings.pricing_table))
         self.sessions = SessionManager(
@@ -83,7 +85,7 @@ class Engine:
             settings, self.forwarder, self.upstreams
         )  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
         self.stdio = StdioServers(settings.mcp_stdio, self.upstreams)  # --mcp-stdio children
-        # guard state shared with other replicas (--state, docs/scaling-redis.md); None: this process's
+        # guard state shared with other replicas (--state, docs/scaling.md); None: this process's
         self.shared = SharedState(settings, self.guard_store, self.metrics) if settings.state.url else None
 
     # --- lifecycle ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -32,6 +32,35 @@ class Answer:
         return resp
 
 
+class CallProtocol(Protocol):
+    """A recorded call's protocol adapter (proxy.llm.LLMProtocol, proxy.mcp.adapter.MCPProtocol):
+    what the pipeline's shared stages ask of it, whatever the call's kind."""
+
+    kind: str  # "llm" | "mcp"
+
+    def render_block(self, ex: Exchange, decision: Decision, text: str) -> Answer: ...
+
+    def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer: ...
+
+    def reservation_estimate(self, ex: Exchange) -> float: ...
+
+    def continues(self, ex: Exchange) -> bool: ...  # an MCP resend after `input_required`
+
+    async def await_result(self, ex: Exchange) -> None: ...  # MCP: a result may come on another stream
+
+    def after_forward(self, ex: Exchange) -> None: ...  # read the result the observer saw
+
+    def record(self, ex: Exchange, engine: Any) -> None: ...  # write the call's events
+
+
+class StreamObserver(Protocol):
+    """Fed every chunk of the answer as it is relayed (a dialect's accumulator, proxy.llm's
+    BodyCollector, proxy.mcp.observe.MessageObserver); returns what goes on to the client.
+    Optional members, read with getattr: `status`, `flush()`, `limit_text(n)`, `rewrites`."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+
 @dataclass
 class Exchange:
     request: web.Request
@@ -41,13 +70,14 @@ class Exchange:
     started_wall: float  # epoch seconds, for event timestamps
     session: Session | None = None
 
-    # The fields typed Any hold objects of the layers above (proxy.llm, proxy.mcp, proxy.guard_trace,
-    # proxy.websocket), which this module must not import; a Protocol would not help, as every reader
-    # uses members only one of the kinds has (`ex.protocol.dialect`, `ex.observer.finish`).
+    # `protocol` and `observer` are typed by the Protocols above; readers of one kind's own members
+    # (`dialect`, `pending`, an accumulator's `finish`) narrow with isinstance. The fields still typed
+    # Any hold objects of the layers above (proxy.mcp, proxy.guard_trace, proxy.websocket), which this
+    # module must not import.
 
     # parse (proxy.llm.ParseLLM, proxy.mcp_stages.ParseMCP): the protocol adapter for this call and
     # what it understood of the request
-    protocol: Any = None  # proxy.llm.LLMProtocol / proxy.mcp.adapter.MCPProtocol; None = forward unrecorded
+    protocol: CallProtocol | None = None  # None: forwarded unrecorded
     call: Any = None  # LLMRequest (proxy.dialects.base), or proxy.mcp.jsonrpc.MCPToolCall
     upstream_body: bytes | None = None  # a rewritten body to send instead of `body`
     # set by ParseLLM; read by the session stage (proxy.stages) for the client's episode id
@@ -91,9 +121,7 @@ class Exchange:
 
     # forward: what the upstream did
     forwarded: bool = False  # the upstream was called (even if it then failed)
-    observer: Any = (
-        None  # stream observer fed every chunk (dialect accumulator, BodyCollector, MessageObserver)
-    )
+    observer: StreamObserver | None = None  # fed every chunk of the answer
     upstream_status: int | None = None
     upstream_started: float | None = None
     first_byte_at: float | None = None

@@ -101,4 +101,5 @@ def refuse_unavailable(engine: Engine, ex: Exchange, retry_after_s: float) -> No
         engine.write_event(
             ex.session, EventType.ERROR, decision.guard, guard_error(decision, call=call_summary(ex))
         )
+    assert ex.protocol is not None  # only calls a protocol adapter parsed are guarded
     ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")

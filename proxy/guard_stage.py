@@ -27,7 +27,7 @@ from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_war
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
-from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
+from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS
 from proxy.pipeline import BaseStage
 from proxy.sessions import Session
 
@@ -89,10 +89,7 @@ class GuardStage(BaseStage):
             )
         else:
             call = ex.call
-            # the tool results this request brings are events that happened before it: write their
-            # TOOL_CALLs first, so a LOOP_WARNING / ERROR they cause follows them (as in AgentDbg)
-            record_tool_results(ex, self.engine)
-            if session.terminated:  # one of them ended the session (stop_on_loop): refuse this call
+            if session.terminated:  # a result it brings ended the session (stop_on_loop): refused
                 self.refuse_ended(ex, guards)
                 return
             steps, turn_start, results = call.steps, call.turn_start, call.tool_results
@@ -213,13 +210,15 @@ class GuardStage(BaseStage):
         """BLOCK answers with a synthetic result and the session goes on; TERMINATE ends it."""
         session = ex.session
         assert session is not None
+        protocol = ex.protocol
+        assert session is not None and protocol is not None
         text = describe(decision, self.engine.settings.expose_guard_details)
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
-            ex.answer = ex.protocol.render_block(ex, decision, text)
+            ex.answer = protocol.render_block(ex, decision, text)
             ex.block_text = text  # a Responses chain goes on from the blocked answer (responses_stage)
             return
-        ex.answer = ex.protocol.render_refusal(ex, decision, text)
+        ex.answer = protocol.render_refusal(ex, decision, text)
         budget = TAG_BUDGET_EXCEEDED in decision.tags
         limit = decision.kind is None and not budget
         self.engine.terminate_session(
@@ -232,6 +231,7 @@ class GuardStage(BaseStage):
             Action.TERMINATE, GUARD_SESSION_TERMINATED, "this session was terminated by a guard"
         )
         self.engine.metrics.observe_decision(decision.guard, decision.action.name)
+        assert ex.protocol is not None
         ex.answer = ex.protocol.render_refusal(
             ex, decision, describe(decision, self.engine.settings.expose_guard_details)
         )

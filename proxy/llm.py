@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -25,6 +24,7 @@ from proxy.constants import (
 )
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage
+from proxy.dialects.contract import Accumulator, Dialect
 from proxy.episodes import prefix_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
@@ -70,9 +70,15 @@ class LLMProtocol:
 
     kind = "llm"
 
-    def __init__(self, dialect: ModuleType, engine: Engine) -> None:
+    def __init__(self, dialect: Dialect, engine: Engine) -> None:
         self.dialect = dialect
         self.engine = engine
+
+    def continues(self, ex: Exchange) -> bool:
+        return False  # every LLM request is a call of its own
+
+    async def await_result(self, ex: Exchange) -> None:
+        return None  # the answer is the result
 
     def render_block(self, ex: Exchange, decision: Decision, text: str) -> Answer:
         # the answer quotes the request (model, tool names): no lone surrogate may reach orjson
@@ -111,7 +117,6 @@ class LLMProtocol:
         ex.tokens = result.usage.total_tokens if result.usage else 0
 
     def record(self, ex: Exchange, engine: Engine) -> None:
-        record_tool_results(ex, engine)
         if ex.refused or ex.result is None:
             return
         record_llm_call(ex, engine)
@@ -197,7 +202,7 @@ def read_body(raw: bytes) -> tuple[Any, bool]:
         return jsonparse.loads_lenient(raw), False
 
 
-def bad_request(dialect: ModuleType, message: str) -> Answer:
+def bad_request(dialect: Dialect, message: str) -> Answer:
     """A 400 in the protocol's own error shape, so each SDK raises its own BadRequestError."""
     error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
     if is_anthropic(dialect):
@@ -205,7 +210,7 @@ def bad_request(dialect: ModuleType, message: str) -> Answer:
     return Answer(400, error_body(dialect, 400, error), "application/json", {"x-should-retry": "false"})
 
 
-def fallback_request(dialect: ModuleType, body: dict[str, Any]) -> LLMRequest:
+def fallback_request(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
     """What the guards judge when the dialect cannot read a body: the call, without its history."""
     model = body.get("model")
     return LLMRequest(
@@ -260,7 +265,7 @@ class LLMParseStage(BaseStage):
             ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
         ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
 
-    def refuse(self, ex: Exchange, dialect: ModuleType, message: str) -> None:
+    def refuse(self, ex: Exchange, dialect: Dialect, message: str) -> None:
         """Answer 400 and record an ERROR in the session's run, when the call names one."""
         text = f"[tripwire] {message}"
         ex.answer = bad_request(dialect, text)
@@ -303,7 +308,9 @@ class LLMParseStage(BaseStage):
 
 def llm_result(ex: Exchange) -> LLMResult:
     """What the upstream answered, parsed; for failures, an error result."""
-    dialect = ex.protocol.dialect
+    protocol = ex.protocol
+    assert isinstance(protocol, LLMProtocol)
+    dialect = protocol.dialect
     observer = ex.observer
     if ex.upstream_status is None:
         return LLMResult(
@@ -322,7 +329,8 @@ def llm_result(ex: Exchange) -> LLMResult:
     if isinstance(observer, BodyCollector):
         result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
     else:
-        result = observer.finish(ex.stream_complete and ex.upstream_error is None)
+        accumulator = cast("Accumulator", observer)  # the parse stage set the dialect's accumulator
+        result = accumulator.finish(ex.stream_complete and ex.upstream_error is None)
     reason = ex.incomplete_reason
     if reason and not result.complete:
         # the client hung up, or shutdown cut the stream: not the upstream's failure
@@ -408,6 +416,22 @@ def error_text(content: Any, limit: int = 500) -> str:
     return str(content)[:limit]
 
 
+class ToolResultsStage(BaseStage):
+    """Function-calling tools: the results a request brings complete calls an earlier answer asked
+    for. They happened before this call, so their TOOL_CALLs are written before the guards judge it
+    (a LOOP_WARNING / ERROR they cause follows them, as in AgentDbg), and the guards observe them."""
+
+    name = "tool_results"
+    fail_open = True  # a bug here must not drop the agent's call
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def request(self, ex: Exchange) -> None:
+        if isinstance(ex.protocol, LLMProtocol) and ex.session is not None:
+            record_tool_results(ex, self.engine)
+
+
 def record_tool_results(ex: Exchange, engine: Engine) -> None:
     """Function-calling tools: a result in this request completes a call an earlier answer asked for."""
     session = ex.session
@@ -458,11 +482,12 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
     payload: dict[str, Any] = {
         "model": model,
+        "request_model": call.model,  # what was asked for; `model` is what answered (OTLP export)
         "prompt": prompt,
         "prompt_messages_total": len(call.messages),
         "response": {"text": result.text, "tool_calls": tool_calls_payload(result)},
         "usage": usage_dict(usage),
-        "provider": provider_name(ex.protocol.dialect.__name__),
+        "provider": provider_name(dialect_name_of(ex)),
         "temperature": call.temperature,
         "stop_reason": result.stop_reason,
         "status": "ok" if ok else "error",
@@ -526,6 +551,12 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         usage.completion_tokens if usage else 0,
         payload["cost_usd"],
     )
+
+
+def dialect_name_of(ex: Exchange) -> str:
+    protocol = ex.protocol
+    assert isinstance(protocol, LLMProtocol)
+    return protocol.dialect.__name__
 
 
 def http_error(ex: Exchange) -> dict[str, Any]:

@@ -41,7 +41,7 @@ class MCPParseStage(BaseStage):
     async def request(self, ex: Exchange) -> None:
         request = ex.request
         route = ex.route
-        legacy = self.hub.legacy_for(route.upstream, route.path, request.rel_url.raw_query_string)
+        legacy = self.hub.legacy.for_endpoint(route.upstream, route.path, request.rel_url.raw_query_string)
         if legacy is not None and legacy.upstream_post_url:
             ex.upstream_url = legacy.upstream_post_url
         if request.method != "POST":

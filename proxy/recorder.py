@@ -31,6 +31,11 @@ fsync policy (SPEC §4.1), `fsync=`:
 - "always": fsync every batch (group commit: one fsync per file per writer pass, not per event).
   Durable within milliseconds at the cost of disk latency under load.
 
+Event sinks: every event accepted is also handed, as written, to the recorder's sinks (e.g. the OTLP
+exporter, proxy/trace/otlp.py), in record(); a sink must return at once (queue, never block) and its
+failures are caught and counted here, so a sink can never fail or slow a call. Sinks are closed
+(flushed) after the writer, at close().
+
 Ownership (SPEC §2): a started recorder holds `<data_dir>/owners/<owner_id>.lock` and records its
 owner in each run's tripwire.json; recovery closes only runs whose owner is gone (proxy/runlock.py).
 """
@@ -72,6 +77,7 @@ from proxy.trace.content import (
 )
 from proxy.trace.recovery import RECOVER_INTERVAL_S
 from proxy.trace.runs import Run, RunRegistry, run_json, summary
+from proxy.trace.sinks import EventSink
 from proxy.trace.writer import (
     FSYNC_POLICIES,
     META_INTERVAL_S,
@@ -90,6 +96,7 @@ __all__ = [
     "RETRY_S",
     "STRIPPED_FIELDS",
     "STRUCTURE_KEYS",
+    "EventSink",
     "FsyncPolicy",
     "TraceRecorder",
     "strip_content",
@@ -117,6 +124,7 @@ class TraceRecorder:
         max_pending_bytes: int = 64 * 2**20,
         meta_interval_s: float = META_INTERVAL_S,
         recover_interval_s: float | None = RECOVER_INTERVAL_S,
+        sinks: Iterable[EventSink] = (),
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -138,6 +146,12 @@ class TraceRecorder:
             meta_interval_s=meta_interval_s,
         )
         self._watch: asyncio.Task[None] | None = None
+        self.sinks: list[EventSink] = list(sinks)
+        self.sink_errors = 0
+
+    def add_sink(self, sink: EventSink) -> None:
+        """Hand every event recorded from now on to `sink` too (see the module docstring)."""
+        self.sinks.append(sink)
 
     # the writer's failure counters, as before the split
     @property
@@ -191,6 +205,11 @@ class TraceRecorder:
         # stops the writer task, then anything queued after its last pass; a last try for failures
         await self._writer.close()
         self.owner.release()
+        for sink in self.sinks:  # after the writer: RUN_END of the runs just ended is in every sink
+            try:
+                await sink.close()
+            except Exception:
+                logger.exception("closing the %s event sink failed", sink.name)
 
     async def flush(self) -> None:
         """Return once everything queued so far is on disk, run.json and tripwire.json included
@@ -401,6 +420,7 @@ class TraceRecorder:
             "written_seq": w.done_seq,
             "fsync": self.fsync,
             "owner": self.owner.id if self.owner.held else None,
+            **({"exporters": {sink.name: sink.health() for sink in self.sinks}} if self.sinks else {}),
         }
 
     # --- recovery: runs left "running" by a process that is gone -------------------------------
@@ -470,7 +490,20 @@ class TraceRecorder:
         )
         run.note_event(event_type, payload, now, event["ts"])
         self._writer.enqueue(run, event, now)
+        if self.sinks:
+            self._to_sinks(run, event, now)
         return event["event_id"]
+
+    def _to_sinks(self, run: Run, event: dict[str, Any], ts: float) -> None:
+        agent = str(run.fields.get("agent_name") or "")
+        session_id = str(run.fields.get("session_id") or "")
+        for sink in self.sinks:
+            try:
+                sink.accept(event, ts, agent=agent, session_id=session_id)
+            except Exception:  # a sink's bug must not reach the call that recorded the event
+                self.sink_errors += 1
+                if self.sink_errors == 1 or self.sink_errors % 1000 == 0:
+                    logger.exception("event sink %s failed (%d failures so far)", sink.name, self.sink_errors)
 
     def _ts(self, ts: float | None) -> float:
         """The event time: the caller's wall-clock epoch seconds, else the clock."""

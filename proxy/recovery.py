@@ -1,9 +1,9 @@
-"""Max-tokens recovery (opt-in, `max_tokens_recovery`, seed 003): a non-streamed Chat Completions
+"""Max-tokens recovery (opt-in, `max_tokens_recovery`): a non-streamed Chat Completions
 answer cut off by its token limit (`finish_reason: "length"`) is continued upstream up to N times
 and the agent gets one stitched answer.
 
 Each continuation sends the conversation plus the text so far as an assistant message and a short
-user message asking to go on (as seed 003's agent loop does); the pieces are joined, usage is
+user message asking to go on; the pieces are joined, usage is
 summed, and the last piece's `finish_reason` wins. The stitched answer is recorded as one LLM_CALL
 with the summed usage and cost. Streams, tool calls and `n > 1` are relayed as they are.
 """
@@ -111,7 +111,8 @@ class MaxTokensRecoveryStage(BaseStage):
 
     async def request(self, ex: Exchange) -> None:
         original = self.eligible(ex)
-        if original is None:
+        protocol = ex.protocol
+        if original is None or protocol is None:
             return
         route = ex.route
         upstream = self.engine.upstreams.get(route.kind, route.upstream)
@@ -151,7 +152,7 @@ class MaxTokensRecoveryStage(BaseStage):
                 "upstream_error",
                 "upstream_error",
             )
-            ex.protocol.after_forward(ex)
+            protocol.after_forward(ex)
             return
         status, out_headers, raw = first
         if len(parts) > 1:
@@ -160,9 +161,10 @@ class MaxTokensRecoveryStage(BaseStage):
             ex.upstream_error = None  # a continuation that failed still leaves an answer
             log.info("max-tokens recovery: stitched %d answers for %s", len(parts), route.upstream)
         ex.upstream_status = status
-        ex.observer.feed(raw)
+        if ex.observer is not None:
+            ex.observer.feed(raw)
         ex.answer = Answer(status, raw, out_headers.pop("Content-Type", "application/json"), out_headers)
-        ex.protocol.after_forward(ex)
+        protocol.after_forward(ex)
 
     async def post(
         self, ex: Exchange, url: str, headers: Any, body: dict[str, Any]

@@ -84,11 +84,49 @@ class RetentionConfig(BaseModel):
 
 
 class StateConfig(BaseModel):
-    """Guard state shared by replicas (SPEC §8, docs/scaling-redis.md): `url` (redis://, rediss://,
-    unix://) turns it on; `on_unavailable` is what calls get while the backend is unreachable."""
+    """Where guard state lives (SPEC §8): in memory (no url, the embedded default) or a Redis that
+    several replicas share, and what a call meets while that Redis is unreachable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str | None = None
+    # fail_open: forward, guard from local memory, report it; fail_closed: refuse (503, state_unavailable)
     on_unavailable: Literal["fail_open", "fail_closed"] = "fail_open"
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+
+class OtlpConfig(BaseModel):
+    """Trace export over OTLP/HTTP (SPEC §8, docs/scaling.md), in addition to the local trace files."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # the collector's base URL (http://collector:4318) or its traces URL (.../v1/traces); None: no export
+    endpoint: str | None = None
+    # sent with every export, e.g. a hosted backend's key (OTEL_EXPORTER_OTLP_HEADERS works too)
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: PositiveFloat = 10  # one export request, retries included; also bounds the flush at close
+    export_interval_s: PositiveFloat = 2  # a batch leaves at least this often (or when 512 spans wait)
+    max_queue: PositiveInt = 8192  # spans waiting for export; more are dropped (counted), never blocking
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL (OTLP/HTTP), got {v!r}")
+        return v
+
+    def traces_url(self) -> str | None:
+        """The URL spans are POSTed to: a base URL gets OTLP's /v1/traces, as OTEL_EXPORTER_OTLP_ENDPOINT does."""
+        if self.endpoint is None:
+            return None
+        base = self.endpoint.rstrip("/")
+        return base if base.endswith("/v1/traces") else base + "/v1/traces"
 
 
 class Settings(BaseModel):
@@ -135,6 +173,10 @@ class Settings(BaseModel):
     fsync: Literal["never", "run_end", "always"] = "run_end"
     retention: RetentionConfig = RetentionConfig()
 
+    # scale-out (SPEC §8): shared guard state, trace export
+    state: StateConfig = StateConfig()
+    otlp: OtlpConfig = OtlpConfig()
+
     # pricing: model -> [input_per_1m_usd, output_per_1m_usd]
     pricing_table: dict[str, tuple[float, float]] = Field(default_factory=dict)
 
@@ -143,7 +185,7 @@ class Settings(BaseModel):
     agents: dict[str, GuardConfig] = Field(default_factory=dict)
     expose_guard_details: bool = True
     alert_webhook: str | None = None
-    # opt-in recoveries (SPEC §5.4 "Other settings", seed 003), off by default:
+    # opt-in recoveries (SPEC §5.4 "Other settings"), off by default:
     # resend a call after a connection error, 502 or 503 this many times (jittered exponential
     # back-off from upstream_retry_base_s), before anything reached the client and before the
     # circuit breaker counts a failure
@@ -152,8 +194,6 @@ class Settings(BaseModel):
     # continue a non-streamed Chat Completions answer cut off at its token limit
     # (finish_reason "length") up to this many times; the agent gets one stitched answer
     max_tokens_recovery: int = Field(0, ge=0, le=10)
-    # shared guard state (Redis) for several replicas; None url: in this process's memory
-    state: StateConfig = StateConfig()
 
     @field_validator("listen", "admin_listen")
     @classmethod
@@ -212,6 +252,12 @@ ENV_FIELDS = (
 )
 # Friendlier aliases documented in the README.
 ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}
+# Fields of a section: a Redis URL may hold a password, so a Kubernetes Secret can provide it as env.
+ENV_NESTED = {
+    "TRIPWIRE_STATE_URL": ("state", "url"),
+    "TRIPWIRE_STATE_ON_UNAVAILABLE": ("state", "on_unavailable"),
+    "TRIPWIRE_OTLP_ENDPOINT": ("otlp", "endpoint"),
+}
 
 
 def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -223,6 +269,9 @@ def env_source(environ: Mapping[str, str]) -> dict[str, Any]:
     for key, name in ENV_ALIASES.items():
         if key in environ:
             out[name] = environ[key]
+    for key, (section, name) in ENV_NESTED.items():
+        if key in environ:
+            out.setdefault(section, {})[name] = environ[key]
     return out
 
 

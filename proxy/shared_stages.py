@@ -1,4 +1,4 @@
-"""The guard and breaker stages when replicas share guard state (`--state`, docs/scaling-redis.md).
+"""The guard and breaker stages when replicas share guard state (`--state`, docs/scaling.md).
 
 Same decisions, same events, same answers as `GuardStage` / `BreakerStage`; what changes is where
 the state lives. Before forwarding, the call's check goes into its run's shared guard log and its
@@ -28,7 +28,7 @@ from proxy.guard_stage import GuardStage, token_estimate
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.signatures import signature
-from proxy.llm import error_text, record_tool_results
+from proxy.llm import ToolResultsStage, error_text, record_tool_results
 from proxy.responses_chain import synthetic_id_of
 from proxy.sessions import Session
 from proxy.state import entries
@@ -37,6 +37,16 @@ from proxy.state.replica import Applied
 
 if TYPE_CHECKING:
     from proxy.state.service import SharedState
+
+
+class SharedToolResultsStage(ToolResultsStage):
+    """With shared state the function-calling results a request brings are matched to the calls
+    that asked for them in the guard stage's round trip (their TOOL_CALL entries go into the run's
+    guard log right before the request's check, as this stage's events precede it in one process);
+    the guard stage then writes them. Nothing to do here."""
+
+    async def request(self, ex: Exchange) -> None:
+        return None
 
 
 class SharedGuardStage(GuardStage):
@@ -177,7 +187,7 @@ class SharedGuardStage(GuardStage):
         """The session ended (on this replica or another): refused like every later call; this
         replica's copy of the run ends too."""
         session = ex.session
-        assert session is not None
+        assert session is not None and ex.protocol is not None
         ex.shared_check = None  # never judged: nothing to settle
         self.engine.metrics.observe_decision(decision.guard, decision.action.name)
         ex.answer = ex.protocol.render_refusal(

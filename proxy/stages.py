@@ -116,11 +116,11 @@ class ForwardStage(BaseStage):
             limit_text(self.engine.settings.max_field_bytes + TEXT_MARGIN)
         try:
             await self.engine.forwarder.forward(ex, url, headers, body)
-            if ex.protocol is not None and hasattr(ex.protocol, "await_result"):
+            if ex.protocol is not None:
                 await ex.protocol.await_result(ex)  # MCP: the result may come on another stream
         finally:
             # even when the handler is cancelled (shutdown): the upstream did the work, record it
-            if ex.forwarded and ex.protocol is not None and hasattr(ex.protocol, "after_forward"):
+            if ex.forwarded and ex.protocol is not None:
                 ex.protocol.after_forward(ex)
 
 

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 import orjson
@@ -47,6 +47,7 @@ from proxy import llm
 from proxy.appkeys import ENGINE
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import dialect_name, openai_responses
+from proxy.dialects.contract import Accumulator
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error, request_headers, response_headers
 from proxy.pipeline import BaseStage, Pipeline
@@ -109,7 +110,7 @@ class SocketParseStage(BaseStage):
 
     async def request(self, ex: Exchange) -> None:
         await self.inner.request(ex)
-        if ex.protocol is not None and ex.call is not None:
+        if isinstance(ex.protocol, llm.LLMProtocol) and ex.call is not None:
             # the events come as the SSE stream's: read them with the stream accumulator
             ex.call = replace(ex.call, stream=True)
             ex.observer = ex.protocol.dialect.StreamAccumulator(ex.call)
@@ -134,7 +135,7 @@ class SocketForwardStage(BaseStage):
         try:
             await call.relay.forward(call)
         finally:
-            if ex.forwarded and ex.protocol is not None and hasattr(ex.protocol, "after_forward"):
+            if ex.forwarded and ex.protocol is not None:
                 ex.protocol.after_forward(ex)
 
 
@@ -154,6 +155,12 @@ def socket_pipeline(http: Pipeline, engine: Engine) -> Pipeline:
 
 
 # --- messages -------------------------------------------------------------------------------------
+
+
+def accumulator(ex: Exchange) -> Accumulator:
+    """The dialect's stream accumulator the socket's parse stage set on a call's exchange."""
+    assert ex.observer is not None
+    return cast("Accumulator", ex.observer)
 
 
 def sse_of(text: str) -> bytes:
@@ -295,7 +302,7 @@ class SocketCall:
             return
         if ex.first_byte_at is None:
             ex.first_byte_at = time.monotonic()
-        ex.observer.feed(sse_of(text))
+        accumulator(ex).feed(sse_of(text))
         self.fed = True
 
     def fail_with(self, text: str, status: int | None) -> None:
@@ -305,11 +312,12 @@ class SocketCall:
             ex.upstream_status = status if status is not None else 500
             if ex.first_byte_at is None:
                 ex.first_byte_at = time.monotonic()
+            observer = accumulator(ex)
             if self.fed:
-                ex.observer.feed(sse_of(text))
+                observer.feed(sse_of(text))
             else:
-                ex.observer.status = ex.upstream_status
-                ex.observer.feed(text.encode("utf-8", "surrogatepass"))  # a plain body: an error answer
+                observer.status = ex.upstream_status
+                observer.feed(text.encode("utf-8", "surrogatepass"))  # a plain body: an error answer
         self.settle()
 
     def settle(self, *, upstream_error: str | None = None, reason: str | None = None) -> None:

@@ -211,7 +211,7 @@ def play_upstream(
     else:
         out = raw
     ex.upstream_done = ex.started
-    if after_forward and ex.protocol is not None and hasattr(ex.protocol, "after_forward"):
+    if after_forward and ex.protocol is not None:
         ex.protocol.after_forward(ex)
     return out
 
@@ -398,7 +398,7 @@ class CannedUpstream(BaseStage):
         answer = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
         self.passed_on = play_upstream(ex, answer, status=self.status, after_forward=False)
-        if ex.protocol is not None and hasattr(ex.protocol, "await_result"):
+        if ex.protocol is not None:
             await ex.protocol.await_result(ex)
         if ex.protocol is not None:
             ex.protocol.after_forward(ex)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# LangSight's documented prevention-config example (reference seed 004), as sent with PUT.
+# LangSight's documented prevention-config example (../shared/reference/seeds/), as sent with PUT.
 # Treat as read-only: tests that change it deep-copy it first.
 LANGSIGHT_BODY: dict[str, Any] = {
     "loop_detection": {"enabled": True, "threshold": 3, "action": "terminate", "max_steps": 50},

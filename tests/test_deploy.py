@@ -119,7 +119,9 @@ def test_dockerfile_runs_non_root_with_data_volume_and_both_ports() -> None:
     assert [rest for w, rest in stage if w == "VOLUME"] == ['["/data"]']
     assert exec_form("ENTRYPOINT") == ["tripwire"]
     assert exec_form("CMD") == ["serve"]
-    assert "pip install --no-cache-dir ." in DOCKERFILE.read_text()
+    assert 'pip install --no-cache-dir ".${TRIPWIRE_EXTRAS:+[$TRIPWIRE_EXTRAS]}"' in DOCKERFILE.read_text()
+    # the chart's otlp.endpoint works with the image as built by default
+    assert re.search(r"^ARG TRIPWIRE_EXTRAS=otlp$", DOCKERFILE.read_text(), re.M)
     env = image_env()
     assert env["TRIPWIRE_DATA_DIR"] == "/data"
     assert env["PYTHONDONTWRITEBYTECODE"] == "1", "no .pyc written on a read-only root"
@@ -299,8 +301,14 @@ KEYS = {
     },
     "config": {"budget": {"max_cost_usd": 5}, "limits": {"max_llm_calls": 200}, "agent": "crew"},
 }
+# The chart-testing convention: charts/tripwire/ci/<case>-values.yaml, each linted, rendered and
+# validated below like the cases defined here.
+CI_CASES: dict[str, dict[str, Any]] = {
+    p.name.removesuffix("-values.yaml"): yaml.safe_load(p.read_text()) or {}
+    for p in sorted((CHART / "ci").glob("*-values.yaml"))
+}
 CASES: dict[str, dict[str, Any]] = {
-    "standalone": {},
+    **CI_CASES,
     "standalone-full": {
         **KEYS,
         "serviceMonitor": {"enabled": True},
@@ -310,8 +318,6 @@ CASES: dict[str, dict[str, Any]] = {
             "proxyFrom": [{"podSelector": {"matchLabels": {"role": "agent"}}}],
         },
     },
-    "sidecar-example": SIDECAR,
-    "sidecar-native": {**SIDECAR, "sidecar": {"native": True, "example": {"enabled": True}}},
     "sidecar-full": {
         **SIDECAR,
         **KEYS,
@@ -473,7 +479,7 @@ def test_sidecar_keeps_the_proxy_on_localhost_and_exposes_only_admin(helm: Any) 
 
 
 def test_native_sidecar_is_an_always_restarting_init_container(helm: Any) -> None:
-    pod = one(render(helm, CASES["sidecar-native"]), "Deployment")["spec"]["template"]["spec"]
+    pod = one(render(helm, CASES["native-sidecar"]), "Deployment")["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == ["tripwire"]
     assert pod["initContainers"][0]["restartPolicy"] == "Always"
     assert [c["name"] for c in pod["containers"]] == ["agent"]
@@ -567,10 +573,7 @@ def test_network_policy_limits_the_gateway_proxy_port(helm: Any) -> None:
     assert rules["proxy"]["from"] == [{"podSelector": {"matchLabels": {"role": "agent"}}}]
     assert "from" not in rules["admin"], "probes and Prometheus must still reach the admin port"
     assert (
-        of_kind(
-            render(helm, {**CASES["sidecar-example"], "networkPolicy": {"enabled": True}}), "NetworkPolicy"
-        )
-        == []
+        of_kind(render(helm, {**CASES["sidecar"], "networkPolicy": {"enabled": True}}), "NetworkPolicy") == []
     )
 
 
@@ -596,6 +599,10 @@ def test_admin_token_from_an_existing_secret_or_a_given_value(helm: Any) -> None
     assert base64.b64decode(one(docs, "Secret")["data"]["token"]).decode() == TOKEN
 
 
+# what the Secrets the cases name would hold, where the value must parse (else "secret:<name>")
+SECRET_VALUES = {("tripwire-redis", "url"): "redis://:hunter2@redis-master.agents.svc:6379/0"}
+
+
 def container_settings(docs: list[dict[str, Any]], tmp_path: Path) -> tuple[Settings, dict[str, Any]]:
     """Run the rendered container's args, env and config.yaml through the real CLI and settings code."""
     (template,) = pod_specs(docs)
@@ -605,7 +612,9 @@ def container_settings(docs: list[dict[str, Any]], tmp_path: Path) -> tuple[Sett
     args = [a if a != "/etc/tripwire/config.yaml" else str(config) for a in c["args"]]
     environ = {}
     for name, e in env_of(c).items():
-        environ[name] = e.get("value", f"secret:{e.get('valueFrom', {}).get('secretKeyRef', {}).get('name')}")
+        ref = e.get("valueFrom", {}).get("secretKeyRef", {})
+        secret = SECRET_VALUES.get((ref.get("name"), ref.get("key")), f"secret:{ref.get('name')}")
+        environ[name] = e.get("value", secret)
     parsed = build_parser().parse_args(args)
     settings = load_settings(
         cli_overrides(parsed), config_file=parsed.config, environ=environ, cwd=tmp_path, home=tmp_path
@@ -614,7 +623,7 @@ def container_settings(docs: list[dict[str, Any]], tmp_path: Path) -> tuple[Sett
     return settings, environ
 
 
-@pytest.mark.parametrize("case", ["standalone-full", "sidecar-full", "sidecar-example"])
+@pytest.mark.parametrize("case", ["standalone-full", "sidecar-full", "sidecar", "standalone-scaled"])
 def test_rendered_container_starts_with_its_config(helm: Any, case: str, tmp_path: Path) -> None:
     settings, environ = container_settings(render(helm, CASES[case]), tmp_path)
     sidecar = case.startswith("sidecar")
@@ -640,13 +649,100 @@ def test_rendered_container_starts_with_its_config(helm: Any, case: str, tmp_pat
     assert settings.llm["anthropic"].auth_header == "x-api-key"
 
 
+def test_ci_holds_the_four_chart_testing_cases() -> None:
+    assert set(CI_CASES) == {"sidecar", "native-sidecar", "standalone", "standalone-scaled"}
+
+
+@pytest.mark.parametrize("case", [c for c in CI_CASES if CI_CASES[c].get("mode") == "sidecar"])
+def test_sidecar_cases_render_the_agent_with_its_base_url(helm: Any, case: str) -> None:
+    pod = one(render(helm, CASES[case]), "Deployment")["spec"]["template"]["spec"]
+    (agent,) = [c for c in pod["containers"] if c["name"] == "agent"]
+    agent_name = CASES[case]["sidecar"].get("agentName")
+    path = f"/agents/{agent_name}/v1" if agent_name else "/v1"
+    assert env_of(agent)["OPENAI_BASE_URL"]["value"] == f"http://127.0.0.1:8713{path}"
+
+
+def test_scaled_out_gateway_shares_state_in_redis_and_exports_spans(helm: Any, tmp_path: Path) -> None:
+    docs = render(helm, CASES["standalone-scaled"])
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert "strategy" not in deployment["spec"], "rolling updates: no shared volume to wait for"
+    c = tripwire_container(deployment["spec"]["template"]["spec"])
+    env = env_of(c)
+    # the Redis URL (a password in it) only from the Secret, never in the ConfigMap
+    assert env["TRIPWIRE_STATE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "tripwire-redis", "key": "url"}
+    config = yaml.safe_load(config_yaml(docs))
+    assert config["state"] == {"on_unavailable": "fail_closed"}
+    assert config["otlp"] == {"endpoint": "http://otel-collector.observability.svc:4318"}
+    assert (
+        env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+        == "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
+    )
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    names = [e["name"] for e in c["env"]]
+    assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES"), "$(VAR) needs VAR defined first"
+    # what `tripwire serve` in each replica runs with
+    settings, _ = container_settings(docs, tmp_path)
+    assert settings.state.url == SECRET_VALUES[("tripwire-redis", "url")]
+    assert settings.state.on_unavailable == "fail_closed"
+    assert settings.otlp.traces_url() == "http://otel-collector.observability.svc:4318/v1/traces"
+    # identity is header-based until gateway mode: only the agents' pods reach the proxy port
+    policy = one(docs, "NetworkPolicy")
+    rules = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
+    assert rules["proxy"]["from"] == CASES["standalone-scaled"]["networkPolicy"]["proxyFrom"]
+
+
+def test_state_url_and_otlp_headers_as_values_or_secrets(helm: Any) -> None:
+    docs = render(helm, {"state": {"url": "redis://redis:6379/0"}})
+    assert yaml.safe_load(config_yaml(docs))["state"] == {
+        "url": "redis://redis:6379/0",
+        "on_unavailable": "fail_open",
+    }
+    c = tripwire_container(one(docs, "Deployment")["spec"]["template"]["spec"])
+    assert "TRIPWIRE_STATE_URL" not in env_of(c) and "OTEL_RESOURCE_ATTRIBUTES" not in env_of(c)
+    docs = render(
+        helm,
+        {
+            **CASES["sidecar"],
+            "otlp": {"endpoint": "https://otlp.example.com", "headersSecret": {"name": "otlp"}},
+        },
+    )
+    c = tripwire_container(one(docs, "Deployment")["spec"]["template"]["spec"])
+    assert env_of(c)["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "otlp",
+        "key": "headers",
+    }
+    assert "state" not in yaml.safe_load(config_yaml(docs)), "in memory unless asked"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicas": 2}, "need shared guard state"),
+        (
+            {"replicas": 2, "state": {"url": "redis://r:6379"}, "persistence": {"enabled": True}},
+            "own data dir",
+        ),
+    ],
+)
+def test_replicas_that_cannot_work_are_refused_with_the_fix(
+    helm: Any, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmError, match=message):
+        render(helm, values)
+    render(helm, {**values, "mode": "sidecar"})  # a sidecar has no replicas of its own
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"mode": "gateway"}, "mode"),
         ({"llm": {"x": {"url": "ftp://example.com"}}}, "url"),
-        ({"replicas": 2}, "replicas"),
+        ({"replicaCount": 2}, "replicaCount"),
         ({"upstream": {"authHeader": "bearer"}}, "authHeader"),
+        ({"state": {"url": "http://redis:6379"}}, "url"),
+        ({"state": {"onUnavailable": "retry"}}, "onUnavailable"),
+        ({"otlp": {"endpoint": "otel-collector:4317"}}, "endpoint"),
     ],
 )
 def test_invalid_values_are_refused_naming_the_field(helm: Any, values: dict[str, Any], message: str) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine import Engine
-from proxy.mcp.hub import INPUT_REQUIRED_TTL_S, LegacyStream
+from proxy.mcp.hub import INPUT_REQUIRED_TTL_S
 from proxy.mcp.jsonrpc import MCPToolCall
 from tests.factories import (
     EngineFactory,
-    make_route,
     mcp_tool_result,
 )
 
@@ -81,27 +80,3 @@ async def test_input_required_memory_is_pruned_after_its_ttl(mcp_engine: Engine)
     assert hub.awaiting_input[("run", "demo", None, "sig1")].started == 0.0
     hub.await_input(("run", "demo", None, "sig2"), INPUT_REQUIRED_TTL_S + 1, 2000.0)
     assert list(hub.awaiting_input) == [("run", "demo", None, "sig2")]
-
-
-async def test_the_endpoint_event_is_rewritten_to_point_at_tripwire(mcp_engine: Engine) -> None:
-    hub = mcp_engine.mcp
-    route = make_route("/agents/bot/mcp/demo/sse", mcp_names=("demo",))
-    stream = LegacyStream("demo")
-    upstream_stream = "http://127.0.0.1:9/base/mcp/sse"
-    rewritten = hub.rewrite_endpoint(stream, route, upstream_stream, "/base/mcp/messages?session_id=42")
-    assert rewritten == "/agents/bot/mcp/demo/messages?session_id=42"
-    assert stream.upstream_post_url == "http://127.0.0.1:9/base/mcp/messages?session_id=42"
-    assert hub.legacy_for("demo", "/messages", "session_id=42") is stream
-    # a second endpoint event replaces the first
-    hub.rewrite_endpoint(stream, route, upstream_stream, "messages?session_id=43")
-    assert hub.legacy_for("demo", "/messages", "session_id=42") is None
-    assert hub.legacy_for("demo", "/messages", "session_id=43") is stream
-
-
-async def test_injected_messages_wait_for_a_stream_not_yet_open(mcp_engine: Engine) -> None:
-    hub = mcp_engine.mcp
-    stream = LegacyStream("demo")
-    hub.inject(stream, b'{"jsonrpc":"2.0","id":1,"result":{}}')
-    queued = stream.take_queued()
-    assert queued.startswith(b"event: message\n") and b'"id":1' in queued
-    assert stream.take_queued() == b""

@@ -121,3 +121,60 @@ def test_upstream_key_from_env_and_file(tmp_path: Path) -> None:
 def test_a_blank_admin_token_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="admin_token: .*empty or only whitespace"):
         load_settings({"admin_token": "  "}, environ={}, cwd=tmp_path, home=tmp_path)
+
+
+def test_scale_out_settings_from_flags_env_and_file(tmp_path: Path) -> None:
+    """SPEC §8: --state URL / state: {url, on_unavailable}; --otlp-endpoint URL / otlp: {endpoint}."""
+    s = load(tmp_path)
+    assert s.state.url is None and s.state.on_unavailable == "fail_open"
+    assert s.otlp.endpoint is None and s.otlp.traces_url() is None
+    args = build_parser().parse_args(
+        ["serve", "--state", "redis://redis:6379/0", "--otlp-endpoint", "http://collector:4318"]
+    )
+    s = load(tmp_path, cli=cli_overrides(args))
+    assert s.state.url == "redis://redis:6379/0"
+    assert s.otlp.traces_url() == "http://collector:4318/v1/traces"
+    # a Secret can give the Redis URL (it may hold a password) as env; the file sets the rest
+    write(
+        tmp_path / "f/proj/.tripwire/config.yaml",
+        "state: {on_unavailable: fail_closed}\notlp: {timeout_s: 3}\n",
+    )
+    s = load(
+        tmp_path / "f",
+        env={
+            "TRIPWIRE_STATE_URL": "rediss://:pw@redis:6380/1",
+            "TRIPWIRE_OTLP_ENDPOINT": "https://otlp.example.com/v1/traces",
+        },
+    )
+    assert (s.state.url, s.state.on_unavailable) == ("rediss://:pw@redis:6380/1", "fail_closed")
+    assert s.otlp.traces_url() == "https://otlp.example.com/v1/traces" and s.otlp.timeout_s == 3
+
+
+@pytest.mark.parametrize(
+    ("cli", "field"),
+    [
+        ({"state": {"url": "http://redis:6379"}}, "state.url"),
+        ({"state": {"on_unavailable": "retry"}}, "state.on_unavailable"),
+        ({"otlp": {"endpoint": "collector:4317"}}, "otlp.endpoint"),
+        ({"otlp": {"endpoint": "http://c:4318", "max_queue": 0}}, "otlp.max_queue"),
+    ],
+)
+def test_scale_out_settings_are_validated(tmp_path: Path, cli: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load(tmp_path, cli=cli)
+
+
+def test_otlp_without_the_extra_is_refused_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def without_otlp(name: str, *a: object, **kw: object) -> object:
+        return None if name.startswith("opentelemetry.exporter") else real(name, *a, **kw)  # type: ignore[arg-type]
+
+    settings = load(tmp_path, cli={"otlp": {"endpoint": "http://127.0.0.1:4318"}})
+    check_startup(settings)  # installed here (the dev extra)
+    monkeypatch.setattr(importlib.util, "find_spec", without_otlp)
+    with pytest.raises(ConfigError, match=r"pip install 'tripwire\[otlp\]'"):
+        check_startup(settings)
+    check_startup(load(tmp_path))  # no endpoint, no need

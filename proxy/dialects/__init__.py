@@ -1,13 +1,16 @@
 """Protocol dialects: which module parses which LLM endpoint.
 
-Each module has the same functions (see docs/architecture.md): `parse_request`, `upstream_body`,
-`parse_response`, `StreamAccumulator`, `render_blocked`, `estimate_prompt_tokens`.
+Each module satisfies the same contract (`Dialect`, proxy/dialects/contract.py): `parse_request`,
+`upstream_body`, `parse_response`, `StreamAccumulator`, `render_blocked`, `estimate_prompt_tokens`.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from proxy.dialects.contract import Dialect
 
 # upstream-relative path (after an optional /v1) -> module name; only POSTs are recorded
 _EXACT = {
@@ -34,11 +37,12 @@ def dialect_name(path: str, method: str) -> str | None:
     return None
 
 
-def dialect_for(path: str, method: str) -> ModuleType | None:
+def dialect_for(path: str, method: str) -> Dialect | None:
     """The dialect module for an upstream-relative path like `/v1/chat/completions`, else None.
 
     Embeddings and legacy completions live in `other.py`; `embeddings.py` and `completions.py`
     give each the module interface every dialect has.
     """
     name = dialect_name(path, method)
-    return importlib.import_module(f"proxy.dialects.{name}") if name else None
+    # every module named in _EXACT satisfies the contract (mypy checks it: proxy/dialects/contract.py)
+    return cast("Dialect", importlib.import_module(f"proxy.dialects.{name}")) if name else None

@@ -107,6 +107,8 @@ def embeddings_parse_response(status: int, body: bytes, req: LLMRequest | None =
 class EmbeddingsAccumulator:
     """Embeddings do not stream; this only exists so every dialect has the same interface."""
 
+    status: int | None = None  # the caller may set the upstream status for error bodies
+
     def __init__(self, req: LLMRequest) -> None:
         self.req = req
         self._body = bytearray()
@@ -116,7 +118,7 @@ class EmbeddingsAccumulator:
         return chunk
 
     def finish(self, complete: bool) -> LLMResult:
-        result = embeddings_parse_response(200, bytes(self._body), self.req)
+        result = embeddings_parse_response(self.status or 200, bytes(self._body), self.req)
         result.complete = complete
         return result
 

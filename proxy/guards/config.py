@@ -41,7 +41,7 @@ class LoopDetectionConfig(_Section):
     mutating_tools: tuple[str, ...] = ()
     max_time_per_turn: PositiveFloat | None = 120
     turn_gap_s: PositiveFloat = 30
-    # the agent loop of seed 003: identical tool-call sets in consecutive LLM steps
+    # an agent loop that repeats its whole step: identical tool-call sets in consecutive LLM steps
     max_repeated_tool_steps: PositiveInt = 3
 
     @model_validator(mode="after")

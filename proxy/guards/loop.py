@@ -25,7 +25,7 @@ The patterns, each judged on the attempt before it is forwarded (so an MCP call 
   no news since (whatever the arguments: a failure changes nothing and teaches nothing new);
 - per_tool: a tool's calls without progress in the turn reach 5/8/12 (idempotent) or 3/5/7
   (mutating) -> warn/block/terminate; `per_tool_mode: count` counts every call, as Loop Guard;
-- identical_step (seed 003): the same set of calls in consecutive assistant steps, each stale;
+- identical_step: the same set of calls in consecutive assistant steps, each stale;
 - cycle (AgentDbg, opt-in `agentdbg_cycle`): name-only event signatures over a window.
 An attempt whose identity has come back before, with no news since, is presumed stale: its own
 result is not known yet ("the T-th attempt after T-1 results without progress").

@@ -19,7 +19,8 @@ from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.mcp import jsonrpc
-from proxy.mcp.hub import LegacyStream, McpHub, Pending
+from proxy.mcp.hub import McpHub, Pending
+from proxy.mcp.legacy import LegacyStream
 
 if TYPE_CHECKING:
     from proxy.metrics import Metrics
@@ -94,7 +95,7 @@ class MCPProtocol:
     def answer(self, message: bytes) -> Answer:
         """One JSON-RPC message in the client's transport."""
         if self.legacy is not None and self.legacy.exchange is not None:
-            self.hub.inject(self.legacy, message)
+            self.hub.legacy.inject(self.legacy, message)
             return Answer(202, b"Accepted", "text/plain")
         return Answer(200, message, "application/json")
 

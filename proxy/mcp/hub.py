@@ -1,4 +1,5 @@
-"""What Tripwire keeps across MCP requests: tool calls waiting for their result, legacy SSE streams.
+"""What Tripwire keeps across MCP requests: tool calls waiting for their result, and the GET streams
+it relays (a Streamable HTTP server stream, or a legacy SSE stream: proxy/mcp/legacy.py).
 
 A `tools/call` is answered on the POST's own answer (JSON or SSE), on a GET stream the client
 resumed after the POST's stream broke, or (legacy HTTP+SSE) on the session's long-lived SSE stream
@@ -13,17 +14,16 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urljoin, urlsplit
 
 from aiohttp import web
 
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.mcp import jsonrpc
+from proxy.mcp.legacy import LegacyStream, LegacyStreams
 from proxy.mcp.observe import MessageObserver
 from proxy.routing import Route, join_upstream
 
@@ -50,27 +50,6 @@ class Pending:
 
 
 @dataclass
-class LegacyStream:
-    """One client's legacy HTTP+SSE stream: where its POSTs go upstream, where results come back."""
-
-    server: str
-    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    exchange: Exchange | None = None  # the GET's exchange; its response is the client's stream
-    upstream_post_url: str | None = None
-    client_endpoint: tuple[str, str] | None = None  # (route path, query) the client POSTs to
-    queued: list[bytes] = field(default_factory=list)
-
-    @property
-    def session_key(self) -> str:
-        return f"legacy:{self.uid}"
-
-    def take_queued(self) -> bytes:
-        out = b"".join(self.queued)
-        self.queued.clear()
-        return out
-
-
-@dataclass
 class AwaitingInput:
     """A 2026-07-28 call answered `input_required`: the resend continues it (one TOOL_CALL)."""
 
@@ -85,9 +64,8 @@ class McpHub:
         self.forwarder = forwarder
         self.upstreams = upstreams
         self.pending: dict[PendingKey, Pending] = {}
-        self.legacy: dict[tuple[str, str, str], LegacyStream] = {}  # (server, path, query)
+        self.legacy = LegacyStreams(upstreams)  # legacy HTTP+SSE sessions (proxy/mcp/legacy.py)
         self.awaiting_input: dict[tuple[Any, ...], AwaitingInput] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- matching results -------------------------------------------------------------------
 
@@ -148,47 +126,6 @@ class McpHub:
             del self.awaiting_input[old]
         self.awaiting_input.setdefault(key, AwaitingInput(started, started_wall, guard_fields))
 
-    # --- legacy HTTP+SSE ---------------------------------------------------------------------
-
-    def legacy_for(self, server: str, path: str, query: str) -> LegacyStream | None:
-        return self.legacy.get((server, path, query))
-
-    def rewrite_endpoint(self, stream: LegacyStream, route: Route, stream_url: str, data: str) -> str:
-        """The `endpoint` event: point the client at Tripwire, remember where its POSTs really go."""
-        target = urljoin(stream_url, data.strip())
-        base = self.upstreams.get("mcp", route.upstream).url
-        parts = urlsplit(target)
-        if target.startswith(base) and target[len(base) : len(base) + 1] in ("/", "?", ""):
-            rest = target[len(base) :]
-            path, _, query = rest.partition("?")
-        else:
-            path, query = parts.path, parts.query
-        path = path if not path or path.startswith("/") else "/" + path
-        if stream.client_endpoint is not None:
-            self.legacy.pop((stream.server, *stream.client_endpoint), None)
-        stream.client_endpoint = (path, query)
-        stream.upstream_post_url = target
-        self.legacy[(stream.server, path, query)] = stream
-        return route.prefix + path + (f"?{query}" if query else "")
-
-    def inject(self, stream: LegacyStream, data: bytes) -> None:
-        """Put one of Tripwire's own JSON-RPC messages on a legacy stream, between the server's events."""
-        event = jsonrpc.sse_message(data)
-        response = stream.exchange.response if stream.exchange is not None else None
-        if response is None or not response.prepared:
-            stream.queued.append(event)
-            return
-
-        async def write() -> None:
-            try:
-                await response.write(event)
-            except (ConnectionResetError, RuntimeError):
-                log.info("legacy stream of %s closed before an injected answer", stream.server)
-
-        task = asyncio.get_running_loop().create_task(write())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # --- GET streams (Streamable HTTP server stream, legacy SSE stream) ----------------------
 
     def stream_handler(
@@ -212,7 +149,7 @@ class McpHub:
 
         def on_endpoint(data: str) -> str:
             state["key"] = legacy.session_key
-            return self.rewrite_endpoint(legacy, route, url, data)
+            return self.legacy.rewrite_endpoint(legacy, route, url, data)
 
         ex.observer = MessageObserver(
             lambda msg: self.deliver(route.upstream, state["key"], msg),
@@ -236,7 +173,7 @@ class McpHub:
             forward.cancel()
             gone.cancel()
             if legacy.client_endpoint is not None:
-                self.legacy.pop((legacy.server, *legacy.client_endpoint), None)
+                self.legacy.closed(legacy)
                 self.fail_session(legacy.server, legacy.session_key, "the legacy SSE stream closed")
         if ex.response is not None:
             return ex.response

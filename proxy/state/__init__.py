@@ -1,4 +1,4 @@
-"""Guard state shared by Tripwire replicas (SPEC §8; docs/scaling-redis.md).
+"""Guard state shared by Tripwire replicas (SPEC §8; docs/scaling.md).
 
 - `base`: the backend interface (`StateBackend`) and its types;
 - `memory` / `redis_backend`: in process memory, and Redis (Lua scripts in `lua`, keys in `keys`);

@@ -1,4 +1,4 @@
-"""Key names of the shared guard state (docs/scaling-redis.md lists them).
+"""Key names of the shared guard state (docs/scaling.md lists them).
 
 Every key starts with `tripwire:`; names that come from clients (agent, session and episode ids)
 are escaped so `:` inside them cannot make two different names one key.

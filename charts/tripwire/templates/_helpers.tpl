@@ -109,7 +109,38 @@ config.yaml: the `config` value with the chart's upstream sections on top.
 {{- $_ := set $cfg $kind $named }}
 {{- end }}
 {{- end }}
+{{- if include "tripwire.sharedState" . }}
+{{- $state := dict "on_unavailable" .Values.state.onUnavailable }}
+{{- if and .Values.state.url (not .Values.state.urlSecret.name) }}
+{{- $_ := set $state "url" .Values.state.url }}
+{{- end }}
+{{- $_ := set $cfg "state" $state }}
+{{- end }}
+{{- if .Values.otlp.endpoint }}
+{{- $_ := set $cfg "otlp" (dict "endpoint" .Values.otlp.endpoint) }}
+{{- end }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+"true" when guard state is shared through Redis (state.url or state.urlSecret), else empty.
+*/}}
+{{- define "tripwire.sharedState" -}}
+{{- if or .Values.state.url .Values.state.urlSecret.name }}true{{ end }}
+{{- end }}
+
+{{/*
+Values that cannot work together, refused at render time with the fix.
+*/}}
+{{- define "tripwire.validate" -}}
+{{- if and (eq .Values.mode "standalone") (gt (int .Values.replicas) 1) }}
+{{- if not (include "tripwire.sharedState" .) }}
+{{- fail (printf "replicas: %v replicas need shared guard state: set state.url or state.urlSecret (a Redis), or each replica guards only the calls it sees (docs/scaling.md)" .Values.replicas) }}
+{{- end }}
+{{- if .Values.persistence.enabled }}
+{{- fail "replicas: each replica keeps its own data dir, and persistence gives them one volume: disable persistence with replicas > 1 and export traces with otlp.endpoint (docs/scaling.md)" }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -172,6 +203,33 @@ The Tripwire container. Call with (dict "root" $ "sidecar" true|false).
           name: {{ $spec.apiKeySecret.name }}
           key: {{ default "api-key" $spec.apiKeySecret.key }}
     {{- end }}
+    {{- end }}
+    {{- end }}
+    {{- if $v.state.urlSecret.name }}
+    - name: TRIPWIRE_STATE_URL
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.state.urlSecret.name }}
+          key: {{ default "url" $v.state.urlSecret.key }}
+    {{- end }}
+    {{- if $v.otlp.endpoint }}
+    # the OpenTelemetry SDK reads these: spans name the pod that served the call
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: OTEL_RESOURCE_ATTRIBUTES
+      value: "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
+    {{- if $v.otlp.headersSecret.name }}
+    - name: OTEL_EXPORTER_OTLP_HEADERS
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.otlp.headersSecret.name }}
+          key: {{ default "headers" $v.otlp.headersSecret.key }}
     {{- end }}
     {{- end }}
     {{- with $v.extraEnv }}

@@ -1,0 +1,51 @@
+"""The dialect contract: what every module in proxy/dialects/ offers the LLM protocol adapter.
+
+A dialect is a module (no instances, no state); `Dialect` is the Protocol such a module satisfies,
+checked by mypy for every dialect below and exercised alike for each by tests/test_dialect_contract.py.
+Adding a dialect: a module with these names, a line in `_EXACT` (proxy/dialects/__init__.py) and one
+in `_CHECKED` here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from proxy.dialects.base import LLMRequest, LLMResult
+
+
+class Accumulator(Protocol):
+    """Reads an answer as it is relayed (a stream's events, or a plain body), passing bytes on."""
+
+    status: int | None  # the upstream's status, set by the caller before the first chunk
+
+    def feed(self, chunk: bytes) -> bytes: ...  # what goes on to the client (usually the chunk)
+
+    def finish(self, complete: bool) -> LLMResult: ...  # complete: the stream ended normally
+
+
+class Dialect(Protocol):
+    __name__: str
+    DIALECT: str  # the endpoint name recorded in LLM_CALL's `endpoint`
+    BLOCKED_STATUS: int  # the HTTP status render_blocked()'s body goes with
+
+    def StreamAccumulator(self, req: LLMRequest, /) -> Accumulator: ...  # noqa: N802 (a class)
+
+    def parse_request(self, body: dict[str, Any], /) -> LLMRequest: ...
+
+    def upstream_body(self, req: LLMRequest, body: dict[str, Any], /) -> dict[str, Any] | None: ...
+
+    def parse_response(self, status: int, body: bytes, req: LLMRequest | None = None) -> LLMResult: ...
+
+    def render_blocked(self, req: LLMRequest, text: str, guard: str, /) -> tuple[str, bytes]: ...
+
+    def estimate_prompt_tokens(self, req: LLMRequest, /) -> int: ...
+
+
+if TYPE_CHECKING:  # mypy checks each module against the contract
+    from proxy.dialects import anthropic, completions, embeddings, openai_chat, openai_responses
+
+    _chat: Dialect = openai_chat
+    _responses: Dialect = openai_responses
+    _anthropic: Dialect = anthropic
+    _embeddings: Dialect = embeddings
+    _completions: Dialect = completions

@@ -1,0 +1,146 @@
+"""Every dialect keeps the same contract (proxy/dialects/contract.py), exercised alike for each
+module `dialect_for` can return: a request parses as its own dialect, an upstream answer (whole
+or streamed through its accumulator) reads back with its usage, the blocked answer it renders
+carries the guard's text in a shape its own parser and accumulator read, and a prompt is
+estimated. A new dialect joins by a line in DIALECTS below."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.dialects import dialect_for
+from proxy.dialects.contract import Dialect
+from tests.factories import (
+    anthropic_message,
+    anthropic_request,
+    chat_completion,
+    chat_completion_sse,
+    chat_request,
+    responses_answer,
+    responses_request,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    path: str
+    request: dict[str, Any]
+    answer: dict[str, Any]
+    streams: bool  # the blocked answer of a streamed request is a stream
+
+
+EMBEDDINGS_ANSWER = {
+    "object": "list",
+    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+    "model": "text-embedding-3-small",
+    "usage": {"prompt_tokens": 5, "total_tokens": 5},
+}
+COMPLETIONS_ANSWER = {
+    "id": "cmpl-fake",
+    "object": "text_completion",
+    "created": 1700000000,
+    "model": "gpt-3.5-turbo-instruct",
+    "choices": [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+}
+
+DIALECTS = {
+    "openai_chat": Case("/v1/chat/completions", chat_request(), chat_completion("Hello"), True),
+    "openai_responses": Case("/v1/responses", responses_request("hi"), responses_answer("Hello"), True),
+    "anthropic": Case("/v1/messages", anthropic_request("hi"), anthropic_message("Hello"), True),
+    "embeddings": Case(
+        "/v1/embeddings", {"model": "text-embedding-3-small", "input": "hi"}, EMBEDDINGS_ANSWER, False
+    ),
+    "completions": Case(
+        "/v1/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "Say hi"}, COMPLETIONS_ANSWER, True
+    ),
+}
+
+
+def dialect(name: str) -> Dialect:
+    module = dialect_for(DIALECTS[name].path, "POST")
+    assert module is not None
+    return module
+
+
+def test_every_routed_dialect_has_a_case() -> None:
+    from proxy.dialects import _EXACT
+
+    assert set(_EXACT.values()) == set(DIALECTS)
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_request_parses_as_its_own_dialect(name: str) -> None:
+    d = dialect(name)
+    req = d.parse_request(DIALECTS[name].request)
+    assert d.DIALECT == name and req.dialect == name
+    assert req.model == DIALECTS[name].request["model"]
+    assert d.estimate_prompt_tokens(req) > 0
+    body = d.upstream_body(req, dict(DIALECTS[name].request))
+    assert body is None or isinstance(body, dict)
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_an_answer_reads_back_whole_and_through_the_accumulator(name: str) -> None:
+    d = dialect(name)
+    req = d.parse_request(DIALECTS[name].request)
+    raw = orjson.dumps(DIALECTS[name].answer)
+    whole = d.parse_response(200, raw, req)
+    assert whole.error is None and whole.usage is not None and whole.usage.total_tokens > 0
+    acc = d.StreamAccumulator(req)
+    acc.status = 200
+    passed = b"".join(acc.feed(raw[i : i + 7]) for i in range(0, len(raw), 7))
+    assert passed == raw  # a plain body passes through byte for byte
+    fed = acc.finish(True)
+    assert (fed.text, fed.usage) == (whole.text, whole.usage)
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_an_error_answer_is_an_error_whichever_way_it_is_read(name: str) -> None:
+    d = dialect(name)
+    req = d.parse_request(DIALECTS[name].request)
+    raw = orjson.dumps({"error": {"message": "quota", "type": "insufficient_quota"}})
+    assert d.parse_response(429, raw, req).error is not None
+    acc = d.StreamAccumulator(req)
+    acc.status = 429
+    acc.feed(raw)
+    assert acc.finish(True).error is not None
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_blocked_answer_carries_the_guards_text_in_the_dialects_shape(name: str, stream: bool) -> None:
+    d = dialect(name)
+    case = DIALECTS[name]
+    body = {**case.request, "stream": True} if stream else case.request
+    req = d.parse_request(body)
+    text = "[tripwire] blocked: the same call 4 times"
+    content_type, rendered = d.render_blocked(req, text, "loop_detection")
+    if d.BLOCKED_STATUS >= 400:  # an error the client's SDK raises (embeddings: 429)
+        assert content_type.startswith("application/json")
+        result = d.parse_response(d.BLOCKED_STATUS, rendered, req)
+        assert result.error is not None and text in orjson.dumps(result.error).decode()
+        return
+    if stream and case.streams:
+        assert content_type.startswith("text/event-stream")
+        acc = d.StreamAccumulator(req)
+        acc.status = d.BLOCKED_STATUS
+        acc.feed(rendered)
+        result = acc.finish(True)
+    else:
+        assert content_type.startswith("application/json")
+        result = d.parse_response(d.BLOCKED_STATUS, rendered, req)
+    assert result.error is None and text in result.text
+
+
+def test_a_streamed_answer_reads_as_the_whole_one() -> None:
+    d = dialect("openai_chat")
+    req = d.parse_request(chat_request(stream=True))
+    acc = d.StreamAccumulator(req)
+    acc.status = 200
+    acc.feed(chat_completion_sse("Hello there"))
+    assert acc.finish(True).text == "Hello there"
