@@ -19,7 +19,6 @@ Pure: headers, the parsed body and the parsed `LLMRequest` in, an `Episode` out.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from typing import Any
 
 import orjson
 
-from proxy import jsonparse
+from proxy.dialects.base import TOKENS_PER_MESSAGE, estimate_value_tokens
+from proxy.history import RecentConversations, Walked
 
 # dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
 CONVERSATIONAL = frozenset({"openai_chat", "openai_responses", "anthropic"})
@@ -163,29 +163,44 @@ def _normalised(message: Any) -> Any:
     return out
 
 
-def _message_bytes(message: Any) -> bytes:
-    try:
-        return orjson.dumps(message)
-    except TypeError:  # nesting deeper than orjson writes, integers beyond 64 bits, lone surrogates
-        return jsonparse.dumps_text(message).encode("utf-8")
+RECENT = RecentConversations()  # process-wide and bounded (proxy/history.py)
+
+
+def message_tokens(message: Any) -> int:
+    """A message's share of the prompt estimate (`dialects.base.estimate_prompt_tokens`)."""
+    return estimate_value_tokens(message) + TOKENS_PER_MESSAGE
+
+
+def digest_chains(messages: list[Any]) -> Walked:
+    """The digest of every prefix of a conversation, from the empty one to the whole: as sent
+    (`.sent`, the prompt delta) and without `cache_control` markers (`.lineage`), in one pass;
+    the chains are one list until a message carries a marker (never outside Anthropic's API)."""
+    return Walked(messages, _normalised, message_tokens)
+
+
+def call_digests(call: Any) -> Walked:
+    """A parsed request's conversation walked once per request (kept in its memo) for the session
+    lookup, the prompt estimate and the recorded prompt delta alike; a long conversation's walk
+    goes on from its previous request's (proxy/history.py)."""
+    memo = getattr(call, "memo", None)
+    found = memo.get("digests") if memo is not None else None
+    if found is None:
+        found = RECENT.walk(list(getattr(call, "messages", None) or []), _normalised, message_tokens)
+        if memo is not None:
+            memo["digests"] = found
+    return found
 
 
 def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:
-    """The digest of every prefix of a conversation, from the empty one to the whole, in one pass
+    """The digest of every prefix of a conversation, from the empty one to the whole
     (`normalise`: without Anthropic's `cache_control` markers, which move between requests)."""
-    h = hashlib.blake2b(digest_size=16)
-    out = [h.digest()]
-    for message in messages:
-        raw = _message_bytes(_normalised(message) if normalise else message)
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw)
-        out.append(h.digest())
-    return out
+    chains = digest_chains(messages)
+    return chains.lineage if normalise else chains.sent
 
 
 def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
     """The digest of every non-empty prefix of a conversation, shortest first, in one pass."""
-    return tuple(prefix_digests(messages, normalise=True)[1:])
+    return tuple(digest_chains(messages).lineage[1:])
 
 
 def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) -> Episode:
@@ -197,7 +212,7 @@ def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) 
         return NO_CONVERSATION
     previous = getattr(call, "previous_response_id", None)
     episode = Episode(
-        history=history_digests(list(getattr(call, "messages", None) or [])),
+        history=tuple(call_digests(call).lineage[1:]),
         previous_response_id=previous if isinstance(previous, str) and previous else None,
     )
     # an empty conversation (an unreadable body judged without its history) continues nothing

@@ -18,6 +18,7 @@ are the exception: a broken MCP stream is ended cleanly, its client resumes it w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -32,6 +33,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.egress import Egress
 from proxy.exchange import Answer, Exchange
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
 from proxy.settings import UpstreamConfig
@@ -286,6 +288,14 @@ def _chain(coding: _Coding, pieces: Iterable[bytes]) -> Iterator[bytes]:
         yield from coding.decode(piece)
 
 
+class WholeAnswer(web.StreamResponse):
+    """A non-streamed answer: its head goes out together with the first body bytes, in one write
+    (aiohttp's own `Response` does the same), instead of a write of its own. An SSE stream's head
+    goes at once (`web.StreamResponse`), as the upstream sent it."""
+
+    _send_headers_immediately = False
+
+
 RETRY_STATUSES = frozenset({502, 503})
 MAX_BACKOFF_S = 30.0
 
@@ -322,6 +332,11 @@ class Forwarder:
         self.ca_bundle = ca_bundle
         self.retries = retries  # opt-in (settings.upstream_retries): see send()
         self.retry_base_s = retry_base_s
+        # calls and alert webhooks; the way out (proxy, ~/.netrc) is read once, at start
+        self.http: aiohttp.ClientSession | None = None
+        self.egress: Egress | None = None
+        # WebSocket upgrades (proxy/websocket.py) read the way out from the environment per
+        # connection (trust_env): long-lived, so the lookup does not matter there
         self.session: aiohttp.ClientSession | None = None
         # answers being relayed right now, so a drain that runs out of grace can end them cleanly
         self._active: dict[int, tuple[Exchange, aiohttp.ClientResponse]] = {}
@@ -330,20 +345,26 @@ class Forwarder:
         ssl_ctx: ssl.SSLContext | bool = True
         if self.ca_bundle:
             ssl_ctx = ssl.create_default_context(cafile=self.ca_bundle)
-        self.session = aiohttp.ClientSession(
+        self.egress = Egress()  # HTTPS_PROXY / NO_PROXY / ~/.netrc, as trust_env reads them, once
+        self.http = self._client(ssl_ctx, trust_env=False)
+        self.session = self._client(ssl_ctx, trust_env=True)
+
+    def _client(self, ssl_ctx: ssl.SSLContext | bool, *, trust_env: bool) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             # no total timeout: streams of reasoning models run for minutes; sock_read bounds silence
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=self.connect_timeout_s, sock_read=self.ttfb_timeout_s
             ),
             connector=aiohttp.TCPConnector(ssl=ssl_ctx, limit=0),
             auto_decompress=False,  # relay bytes exactly as encoded; Content-Encoding passes through
-            trust_env=True,  # HTTPS_PROXY / NO_PROXY for the way out
+            trust_env=trust_env,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         )
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        for client in (self.http, self.session):
+            if client is not None:
+                await client.close()
 
     async def _relay(
         self, ex: Exchange, upstream: aiohttp.ClientResponse, response: web.StreamResponse
@@ -384,14 +405,18 @@ class Forwarder:
             ex.incomplete_reason = "Tripwire shut down before the answer ended (drain grace over)"
 
     @staticmethod
-    async def _write(ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
+    def _hung_up(ex: Exchange) -> None:
+        ex.stream_complete = False
+        ex.client_disconnected = True
+        ex.incomplete_reason = "the client disconnected before the answer ended"
+
+    @classmethod
+    async def _write(cls, ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
         try:
             await response.write(data)
             return True
         except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
-            ex.stream_complete = False
-            ex.client_disconnected = True
-            ex.incomplete_reason = "the client disconnected before the answer ended"
+            cls._hung_up(ex)
             return False
 
     @staticmethod
@@ -424,13 +449,18 @@ class Forwarder:
 
     async def post_json(self, url: str, body: dict[str, object]) -> None:
         """Alert webhooks: best effort, short timeout, failures logged."""
-        assert self.session is not None
+        assert self.http is not None and self.egress is not None
+        target = URL(url)
+        way = self.egress.route(target)
         try:
-            async with self.session.post(
-                url,
+            async with self.http.post(
+                target,
                 data=orjson.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **(way.headers or {})},
                 timeout=aiohttp.ClientTimeout(total=10),
+                proxy=way.proxy,
+                proxy_headers=way.proxy_headers,
+                auth=way.auth,
             ) as resp:
                 if resp.status >= 400:
                     log.warning("alert webhook %s answered HTTP %d", url, resp.status)
@@ -446,17 +476,25 @@ class Forwarder:
         with jittered exponential back-off, so the circuit breaker counts one failure only when
         every attempt failed. `ex.upstream_retries` says how many resends it took.
         """
-        assert self.session is not None, "Forwarder.start() not called"
+        assert self.http is not None and self.egress is not None, "Forwarder.start() not called"
+        # the path and query are passed on as the client encoded them (%23 stays %23)
+        target = URL(url, encoded=True)
+        way = self.egress.route(target)
+        if way.headers:
+            headers = headers.copy()
+            headers.update(way.headers)
         attempt = 0
         while True:
             try:
-                upstream = await self.session.request(
-                    # the path and query are passed on as the client encoded them (%23 stays %23)
+                upstream = await self.http.request(
                     method,
-                    URL(url, encoded=True),
+                    target,
                     headers=headers,
                     data=body or None,
                     allow_redirects=False,
+                    proxy=way.proxy,
+                    proxy_headers=way.proxy_headers,
+                    auth=way.auth,
                 )
             except aiohttp.ClientError as e:
                 if attempt >= self.retries or not retryable_error(e):
@@ -488,7 +526,7 @@ class Forwarder:
         ends the client's stream abnormally, as the upstream's ended. Either way `ex.upstream_error`
         says what happened.
         """
-        assert self.session is not None, "Forwarder.start() not called"
+        assert self.http is not None, "Forwarder.start() not called"
         request = ex.request
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
@@ -508,11 +546,18 @@ class Forwarder:
                     out_headers["X-Accel-Buffering"] = "no"
                 for name, value in extra_response_headers:
                     out_headers[name] = value
-                response = web.StreamResponse(
+                response = (web.StreamResponse if is_sse else WholeAnswer)(
                     status=upstream.status, reason=upstream.reason, headers=out_headers
                 )
                 ex.response = response
-                await response.prepare(request)
+                try:
+                    await response.prepare(request)
+                except ConnectionResetError:
+                    # aiohttp raises ClientConnectionResetError (a ClientError too) when the client
+                    # has hung up before the answer's head went out: the client's doing, not the
+                    # upstream's, so it must not count toward the circuit breaker
+                    self._hung_up(ex)
+                    return
                 self._active[id(ex)] = (ex, upstream)
                 try:
                     await self._relay(ex, upstream, response)
@@ -540,6 +585,9 @@ class Forwarder:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.client_disconnected:
             if self._broken(ex):
+                # a head still held back goes out first: the client sees the answer break, as direct
+                with contextlib.suppress(ConnectionResetError, RuntimeError):
+                    await response.write(b"")
                 self._cut(ex, response)
                 return
             try:

@@ -125,13 +125,18 @@ def llm_inputs(
     estimate_usd: float,
     estimate_tokens: int,
 ) -> tuple[dict[str, Any], list[tuple[str, ...]]]:
-    """The request's history as a delta from the previous request's; returns (inputs, its step ids)."""
-    rows = [[call_tuple(c) for c in step] for step in steps]
-    ids = [tuple(c[0] for c in row) for row in rows]
-    keep = 0
-    while keep < min(len(previous), len(ids)) and previous[keep] == ids[keep]:
-        keep += 1
-    added = rows[keep:]
+    """The request's history as a delta from the previous request's; returns (inputs, its step ids).
+
+    Only the ids of the steps are taken for the whole history (it usually starts with the previous
+    request's, compared at once); the calls of the added steps alone are read in full.
+    """
+    ids = [tuple([_call_id(c) for c in step]) for step in steps]
+    keep = len(previous)
+    if keep > len(ids) or ids[:keep] != previous:
+        keep = 0
+        while keep < min(len(previous), len(ids)) and previous[keep] == ids[keep]:
+            keep += 1
+    added = [[call_tuple(c) for c in step] for step in steps[keep:]]
     by_id = results_map(results)
     add: list[list[list[Any]]] = []
     got: dict[str, list[Any]] = {}
@@ -151,6 +156,11 @@ def llm_inputs(
         "tok": estimate_tokens,
     }
     return inputs, ids
+
+
+def _call_id(call: HistoryCall) -> str:
+    """`call_tuple(call)[0]`, without reading the rest of the call."""
+    return str(call[0]) if isinstance(call, tuple | list) else str(call.id)
 
 
 def settle_fields_tool(result_fingerprint: str, error: str | None) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from proxy.constants import (
     EventType,
 )
 from proxy.dialects import dialect_for
-from proxy.dialects.base import LLMRequest, LLMResult, Usage
+from proxy.dialects.base import LLMRequest, LLMResult, Usage, estimate_prompt_tokens
 from proxy.dialects.contract import Accumulator, Dialect
-from proxy.episodes import prefix_digests
+from proxy.episodes import call_digests
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
@@ -98,10 +98,20 @@ class LLMProtocol:
             decision, valid_unicode(text), self.engine.settings.expose_guard_details, self.dialect
         )
 
+    def prompt_tokens(self, call: LLMRequest) -> int:
+        """The dialect's prompt estimate; the conversational dialects' sum over the messages comes
+        from the conversation's walk, which counts only the messages new since its last request."""
+        if self.dialect.estimate_prompt_tokens is not estimate_prompt_tokens:
+            return int(self.dialect.estimate_prompt_tokens(call))
+        found = call.memo.get("prompt_tokens")
+        if found is None:  # kept for the token reservation (estimate_prompt_tokens reads the memo)
+            found = call.memo["prompt_tokens"] = call_digests(call).tokens
+        return int(found)
+
     def reservation_estimate(self, ex: Exchange) -> float:
         """USD to reserve against budgets before forwarding: prompt estimate + max_tokens."""
         call: LLMRequest = ex.call
-        prompt = self.dialect.estimate_prompt_tokens(call)
+        prompt = self.prompt_tokens(call)
         completion = call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
         usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
         return self.engine.pricing.estimate(usage, [call.model])
@@ -332,8 +342,9 @@ def llm_result(ex: Exchange) -> LLMResult:
         accumulator = cast("Accumulator", observer)  # the parse stage set the dialect's accumulator
         result = accumulator.finish(ex.stream_complete and ex.upstream_error is None)
     reason = ex.incomplete_reason
-    if reason and not result.complete:
-        # the client hung up, or shutdown cut the stream: not the upstream's failure
+    if reason:
+        # the client hung up, or shutdown cut the stream, before the whole answer reached the
+        # client: not the upstream's failure (which may have sent it all), but not a delivered answer
         result.error = {"error_type": "Incomplete", "message": reason, "details": None, "stack": None}
     elif not result.complete and ex.upstream_error is None:
         # a stream that ended without its terminator broke, even on a clean EOF (SPEC §5.3)
@@ -349,9 +360,10 @@ def llm_result(ex: Exchange) -> LLMResult:
     return result
 
 
-def prompt_digests(messages: list[Any], prefix: int) -> tuple[str | None, str]:
-    """(digest of messages[:prefix] or None when there are fewer, digest of all of them): one pass."""
-    digests = prefix_digests(messages)
+def prompt_digests(call: LLMRequest, prefix: int) -> tuple[str | None, str]:
+    """(digest of messages[:prefix] or None when there are fewer, digest of all of them), from the
+    digests the session lookup already took of the request (episodes.call_digests)."""
+    digests = call_digests(call).sent
     head = digests[prefix].hex() if prefix < len(digests) else None
     return head, digests[-1].hex()
 
@@ -366,7 +378,7 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     """
     seen = conversation.prompt_messages_seen
     messages = call.messages
-    head, digest = prompt_digests(messages, seen)
+    head, digest = prompt_digests(call, seen)
     continues = seen > 0 and head is not None and head == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
     if full or not continues or call.previous_response_id:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -155,6 +156,9 @@ class Metrics:
         self._store = _StoreCollector()
         r.register(self._store)
         self._circuit_upstreams: set[str] = set()
+        # the labelled children the per-call methods update, by label values: `labels()` checks and
+        # locks on every call; label values are bounded (LabelFolder, configured upstreams)
+        self._children: dict[tuple[Any, ...], Any] = {}
 
     # --- what the pipeline calls -------------------------------------------------------------
 
@@ -167,14 +171,14 @@ class Metrics:
         overhead_s: float | None,
     ) -> None:
         """One answered request; latency None when the upstream was never called (a guard answered)."""
-        self.requests.labels(kind, upstream, status_class(status)).inc()
+        self._child(self.requests, kind, upstream, status_class(status)).inc()
         if latency_s is not None:
-            self.upstream_latency.labels(kind, upstream).observe(max(0.0, latency_s))
+            self._child(self.upstream_latency, kind, upstream).observe(max(0.0, latency_s))
         if overhead_s is not None:
-            self.overhead.labels(kind).observe(max(0.0, overhead_s))
+            self._child(self.overhead, kind).observe(max(0.0, overhead_s))
 
     def observe_ttfb(self, upstream: str, seconds: float) -> None:
-        self.ttfb.labels(upstream).observe(max(0.0, seconds))
+        self._child(self.ttfb, upstream).observe(max(0.0, seconds))
 
     def observe_llm(
         self,
@@ -185,23 +189,31 @@ class Metrics:
         cost_usd: float | None,
     ) -> None:
         a, m = self._agent(agent), self._model(model)
-        self.llm_calls.labels(a, m).inc()
+        self._child(self.llm_calls, a, m).inc()
         if prompt_tokens > 0:
-            self.tokens.labels(a, m, "prompt").inc(prompt_tokens)
+            self._child(self.tokens, a, m, "prompt").inc(prompt_tokens)
         if completion_tokens > 0:
-            self.tokens.labels(a, m, "completion").inc(completion_tokens)
+            self._child(self.tokens, a, m, "completion").inc(completion_tokens)
         if cost_usd:
-            self.cost.labels(a, m).inc(max(0.0, cost_usd))
+            self._child(self.cost, a, m).inc(max(0.0, cost_usd))
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, kept: a series appears when first used, as with labels()."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_tool(self, server: str, outcome: str, tool: str | None = None) -> None:
         """outcome: ok / error / blocked (or any short fixed word the pipeline uses)."""
-        self.tool_calls.labels(server, self._tool(tool), outcome).inc()
+        self._child(self.tool_calls, server, self._tool(tool), outcome).inc()
 
     def observe_decision(self, guard: str, action: str, *, shadow: bool = False) -> None:
         """A guard's decision ("WARN" or "warn"); allow decisions are not counted."""
         action = action.lower()
         if action != "allow":
-            self.decisions.labels(guard, action, "true" if shadow else "false").inc()
+            self._child(self.decisions, guard, action, "true" if shadow else "false").inc()
 
     def set_open_circuits(self, counts: Mapping[str, int]) -> None:
         """Upstream name -> number of agents whose circuit to it is open; absent names read 0."""

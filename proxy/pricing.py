@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import genai_prices
@@ -61,8 +62,63 @@ def name_variants(model: str) -> list[str]:
     return out
 
 
+M_TOKENS = 1_000_000
+
+
+@dataclass(frozen=True)
+class LinearPrice:
+    """A model's package price when it is linear in the token counts (no tiers, no dated or
+    time-of-day prices): the coefficients, per million tokens, probed once from the package's own
+    calculation. `price()` then gives the package's exact Decimal result with a handful of Decimal
+    operations instead of the package's general calculation (a fraction of a millisecond per call).
+    Cache reads and writes are parts of the prompt, priced at their own rate or the input rate,
+    whatever the package does for the model: the probes include them."""
+
+    per_call: Decimal
+    uncached_input: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+    output: Decimal
+
+    @classmethod
+    def of(cls, found: tuple[gp_types.Provider, gp_types.ModelInfo]) -> LinearPrice | None:
+        provider, model = found
+        prices = model.prices
+        if not isinstance(prices, gp_types.ModelPrice):
+            return None  # dated prices: the package picks them by the call's time
+        if any(isinstance(v, gp_types.TieredPrices) for v in vars(prices).values()):
+            return None  # the rate depends on the prompt's size
+
+        def total(**counts: int) -> Decimal:
+            calc = model.calc_price(genai_prices.Usage(**counts), provider)
+            return Decimal(calc.total_price)
+
+        try:
+            base = total()
+            return cls(
+                per_call=base,
+                uncached_input=total(input_tokens=M_TOKENS) - base,
+                cache_read=total(input_tokens=M_TOKENS, cache_read_tokens=M_TOKENS) - base,
+                cache_write=total(input_tokens=M_TOKENS, cache_write_tokens=M_TOKENS) - base,
+                output=total(output_tokens=M_TOKENS) - base,
+            )
+        except (ValueError, ArithmeticError, LookupError):
+            return None  # the package refuses a probe: each call goes through its calculation
+
+    def price(self, prompt: int, completion: int, cache_read: int, cache_write: int) -> Decimal:
+        """Counts as `Pricing._package_cost` clamps them: cache_read + cache_write <= prompt."""
+        return (
+            self.per_call
+            + self.uncached_input * (prompt - cache_read - cache_write) / M_TOKENS
+            + self.cache_read * cache_read / M_TOKENS
+            + self.cache_write * cache_write / M_TOKENS
+            + self.output * completion / M_TOKENS
+        )
+
+
 class Pricing:
-    """Prices usage; one instance per app. Lookups are cached per model name."""
+    """Prices usage; one instance per app. Lookups are cached per model name, the candidate names
+    per list of models, and a linear model's price coefficients per model (LinearPrice)."""
 
     snapshot_version = SNAPSHOT_VERSION
     snapshot_date = SNAPSHOT_DATE
@@ -77,6 +133,8 @@ class Pricing:
         self._found: dict[str, tuple[gp_types.Provider, gp_types.ModelInfo] | None] = {}
         self._warned: set[str] = set()
         self._rates: dict[str, tuple[float, float]] = {}  # estimate(): per-1M rates by model names
+        self._candidates: dict[tuple[str | None, ...], list[str]] = {}
+        self._linear: dict[str, LinearPrice | None] = {}  # by genai-prices provider and model id
 
     def cost(self, usage: Usage, models: Sequence[str | None], at: datetime | None = None) -> PriceQuote:
         """Price `usage`; `models` in priority order: response model first, then the request's.
@@ -84,11 +142,7 @@ class Pricing:
         `at` selects dated prices in the package (None = now).
         """
         names = [m for m in models if m]
-        candidates: list[str] = []
-        for name in names:
-            for variant in name_variants(name):
-                if variant not in candidates:
-                    candidates.append(variant)
+        candidates = self._candidate_names(models, names)
         for name in candidates:
             rates = self._overrides.get(name.lower())
             if rates is not None:
@@ -143,6 +197,21 @@ class Pricing:
             rates = self._rates[key] = (per_in, per_out)
         return _per_million(usage.prompt_tokens, usage.completion_tokens, rates)
 
+    def _candidate_names(self, models: Sequence[str | None], names: list[str]) -> list[str]:
+        """Every name to try, in order: each model, then its variants (name_variants)."""
+        key = tuple(models)
+        found = self._candidates.get(key)
+        if found is None:
+            found = []
+            for name in names:
+                for variant in name_variants(name):
+                    if variant not in found:
+                        found.append(variant)
+            if len(self._candidates) >= _CACHE_LIMIT:
+                self._candidates.clear()
+            self._candidates[key] = found
+        return found
+
     def _lookup(self, name: str) -> tuple[gp_types.Provider, gp_types.ModelInfo] | None:
         key = name.lower()
         if key in self._found:
@@ -160,21 +229,34 @@ class Pricing:
         self._found[key] = found
         return found
 
-    @staticmethod
     def _package_cost(
-        usage: Usage, found: tuple[gp_types.Provider, gp_types.ModelInfo], at: datetime | None
+        self, usage: Usage, found: tuple[gp_types.Provider, gp_types.ModelInfo], at: datetime | None
     ) -> float:
         provider, model = found
         prompt = max(usage.prompt_tokens, 0)
         cache_read = min(max(usage.cached_tokens, 0), prompt)
         cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
-        fields: dict[str, Any] = {"input_tokens": prompt, "output_tokens": max(usage.completion_tokens, 0)}
+        completion = max(usage.completion_tokens, 0)
+        key = f"{provider.id}\x00{model.id}"
+        if key not in self._linear:
+            if len(self._linear) >= _CACHE_LIMIT:
+                self._linear.clear()
+            self._linear[key] = LinearPrice.of(found)
+        linear = self._linear[key]
+        if linear is not None:
+            return float(linear.price(prompt, completion, cache_read, cache_write))
+        fields: dict[str, Any] = {"input_tokens": prompt, "output_tokens": completion}
         if cache_read:
             fields["cache_read_tokens"] = cache_read
         if cache_write:
             fields["cache_write_tokens"] = cache_write
         calc = model.calc_price(genai_prices.Usage(**fields), provider, genai_request_timestamp=at)
         return float(calc.total_price)
+
+
+def load_snapshot() -> None:
+    """Load the package's price snapshot now (it loads on first use otherwise: the first call)."""
+    data_snapshot.get_snapshot()
 
 
 def _per_million(prompt_tokens: int, completion_tokens: int, rates: tuple[float, float]) -> float:

@@ -54,6 +54,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from proxy import runlock, storage
 from proxy.constants import (
     DEFAULT_MAX_FIELD_BYTES,
@@ -106,6 +108,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EVENT_TYPES = frozenset(t.value for t in EventType)
+_SHARED_CONFIGS = 256  # distinct guard configs kept shared (agents' overrides, admin API changes)
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
 
@@ -148,6 +151,7 @@ class TraceRecorder:
         self._watch: asyncio.Task[None] | None = None
         self.sinks: list[EventSink] = list(sinks)
         self.sink_errors = 0
+        self._configs: dict[bytes, dict[str, Any]] = {}  # guard configs shared by open runs
 
     def add_sink(self, sink: EventSink) -> None:
         """Hand every event recorded from now on to `sink` too (see the module docstring)."""
@@ -251,6 +255,8 @@ class TraceRecorder:
             "record_content": self.record_content,
         }
         clean_extra = sanitize(extra or {}, self.max_field_bytes)
+        if isinstance(clean_extra.get("guard_config"), dict):
+            clean_extra["guard_config"] = self._shared(clean_extra["guard_config"])
         if "guard_config" in clean_extra:
             run.fields.update(clean_extra)  # tripwire.json fields, guard_config among them
         else:
@@ -504,6 +510,17 @@ class TraceRecorder:
                 self.sink_errors += 1
                 if self.sink_errors == 1 or self.sink_errors % 1000 == 0:
                     logger.exception("event sink %s failed (%d failures so far)", sink.name, self.sink_errors)
+
+    def _shared(self, value: dict[str, Any]) -> dict[str, Any]:
+        """One copy of an equal guard config for every open run (read-only, kept for tripwire.json):
+        runs under the same config share it instead of holding ~2 KB each."""
+        key = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        found = self._configs.get(key)
+        if found is None:
+            if len(self._configs) >= _SHARED_CONFIGS:
+                self._configs.clear()
+            found = self._configs[key] = value
+        return found
 
     def _ts(self, ts: float | None) -> float:
         """The event time: the caller's wall-clock epoch seconds, else the clock."""

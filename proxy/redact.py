@@ -149,7 +149,15 @@ def scrub_text(s: str) -> str:
     """
     if len(s) < 8:
         return s
-    if "sk-" in s or "AIza" in s or "_" in s or "xox" in s or "AKIA" in s:
+    # every key _PROVIDER_KEY matches starts with one of these: ids and names with an underscore
+    # (`call_000005`, `tool_calls`) need no regex
+    if (
+        "sk-" in s
+        or "AIza" in s
+        or "xox" in s
+        or "AKIA" in s
+        or ("_" in s and ("hf_" in s or "gsk_" in s or "gh" in s))
+    ):
         s = _PROVIDER_KEY.sub(REDACTED_MARKER, s)
     lower = s.lower()
     if "bearer" in lower:
@@ -217,11 +225,74 @@ def _sanitize_str(s: str, max_field_bytes: int) -> str:
     return truncate(scrub_text(s), max_field_bytes)
 
 
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
+_SHORT = 512  # strings up to this long are remembered sanitised (at most _SHORT_KEPT of them)
+_SHORT_KEPT = 4096
+
+
+def _str(s: str, max_field_bytes: int) -> str:
+    """`_sanitize_str`, with the answer for a short ASCII string (roles, statuses) given at once:
+    nothing to scrub below 8 chars, nothing to replace or cut. Ids, names, models and tool
+    arguments repeat from event to event (a tool call's id and arguments are in the answer's
+    LLM_CALL, then in its TOOL_CALL): strings up to `_SHORT` chars are remembered sanitised."""
+    n = len(s)
+    if n < 8 and s.isascii() and (max_field_bytes <= 0 or n * 4 <= max_field_bytes):
+        return s
+    if n <= _SHORT:
+        return _sanitize_short(s, max_field_bytes)
+    return _sanitize_str(s, max_field_bytes)
+
+
+@lru_cache(maxsize=_SHORT_KEPT)
+def _sanitize_short(s: str, max_field_bytes: int) -> str:
+    return _sanitize_str(s, max_field_bytes)
+
+
 def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
     """A JSON-safe copy of obj with secret-named values redacted, secrets in text scrubbed, strings capped.
 
     Dict keys become str; tuples and sets become lists; other objects their str(). Never mutates obj.
+    Every event's payload goes through here: the JSON types take the short ways first.
     """
+    t = type(obj)
+    if t in _PLAIN:
+        return obj
+    if t is str:
+        return _str(obj, max_field_bytes)
+    if _depth < DEPTH_LIMIT:
+        if t is dict:
+            return _dict(obj, max_field_bytes, _depth)
+        if t is list:
+            return [
+                v
+                if type(v) in _PLAIN
+                else _str(v, max_field_bytes)
+                if type(v) is str
+                else sanitize(v, max_field_bytes, _depth + 1)
+                for v in obj
+            ]
+    return _other(obj, max_field_bytes, _depth)
+
+
+def _dict(obj: dict[Any, Any], max_field_bytes: int, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = k if type(k) is str and k.isascii() else valid_unicode(k if isinstance(k, str) else str(k))
+        if v is not None and is_secret_key(key):
+            out[key] = REDACTED_MARKER
+        elif type(v) in _PLAIN:
+            out[key] = v
+        elif type(v) is str:
+            out[key] = _str(v, max_field_bytes)
+        else:
+            out[key] = sanitize(v, max_field_bytes, depth + 1)
+    return out
+
+
+def _other(obj: Any, max_field_bytes: int, _depth: int) -> Any:
+    """Subclasses of the JSON types, other containers and objects, and anything past DEPTH_LIMIT."""
     if obj is None or isinstance(obj, bool | int | float):
         return obj
     if isinstance(obj, str):
@@ -229,14 +300,7 @@ def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
     if _depth >= DEPTH_LIMIT:
         return TRUNCATED_MARKER
     if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            key = valid_unicode(k if isinstance(k, str) else str(k))
-            if v is not None and is_secret_key(key):
-                out[key] = REDACTED_MARKER
-            else:
-                out[key] = sanitize(v, max_field_bytes, _depth + 1)
-        return out
+        return _dict(obj, max_field_bytes, _depth)
     if isinstance(obj, list | tuple | set | frozenset):
         return [sanitize(v, max_field_bytes, _depth + 1) for v in obj]
     if isinstance(obj, bytes | bytearray):

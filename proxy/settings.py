@@ -163,6 +163,9 @@ class Settings(BaseModel):
     header_timeout_s: PositiveFloat = 60
     body_idle_timeout_s: PositiveFloat = 60
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    # uvloop (a dependency on Linux and macOS) runs the proxy's event loop; "asyncio" picks the
+    # standard library's, and it is used anyway where uvloop is not installed (docs/benchmarks.md)
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     drain_grace_s: float = Field(20, ge=0)
     ca_bundle: Path | None = None
 
@@ -238,6 +241,7 @@ ENV_FIELDS = (
     "connect_timeout_s",
     "ttfb_timeout_s",
     "max_body_bytes",
+    "event_loop",
     "drain_grace_s",
     "ca_bundle",
     "max_field_bytes",

@@ -504,3 +504,36 @@ async def test_an_anthropic_sdk_conversation_with_moving_cache_markers_is_one_ru
     await tw.flush()
     runs = runs_by_marker(tw, ["anthropic one", "anthropic two"])
     assert all(len(llm_calls(tw, r)) == 3 for r in runs.values())
+
+
+def test_both_digest_chains_come_from_one_pass() -> None:
+    """digest_chains hashes each message once for both chains, forking the lineage chain at the
+    first `cache_control` marker: each chain is what hashing its own messages separately gives."""
+    import hashlib
+
+    import orjson
+
+    from proxy.episodes import digest_chains
+
+    def chain(messages: list) -> list[bytes]:
+        h = hashlib.blake2b(digest_size=16)
+        out = [h.digest()]
+        for m in messages:
+            raw = orjson.dumps(m)
+            h.update(len(raw).to_bytes(8, "little"))
+            h.update(raw)
+            out.append(h.digest())
+        return out
+
+    plain = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    marked = {
+        "role": "user",
+        "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}],
+    }
+    unmarked = {"role": "user", "content": [{"type": "text", "text": "c"}]}
+    messages = [*plain, marked, {"role": "assistant", "content": "d"}]
+    chains = digest_chains(messages)
+    assert chains.sent == chain(messages)
+    assert chains.lineage == chain([*plain, unmarked, {"role": "assistant", "content": "d"}])
+    assert chains.lineage[:3] == chains.sent[:3] and chains.lineage[3] != chains.sent[3]
+    assert digest_chains(plain).lineage == digest_chains(plain).sent == chain(plain)

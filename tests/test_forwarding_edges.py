@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.app import url_host
+from proxy.app import make_proxy_app, url_host
 from proxy.recorder import TraceRecorder
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import Reply
@@ -50,6 +50,87 @@ async def test_client_hang_up_is_recorded_and_never_trips_the_breaker(
     assert llm[4]["status"] == "ok"
     assert not [e for e in events if e["event_type"] == "ERROR"], "a hang-up is not an upstream failure"
     assert_run_valid(tw.data_dir, tw.run_ids()[0])
+
+
+async def _wait_for(condition: Any, what: str) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_hang_up_before_the_answer_head_never_trips_the_breaker(start_tripwire: StartTripwire) -> None:
+    """A client gone before the answer's head is written (a load generator stopping, a killed agent):
+    aiohttp raises ClientConnectionResetError, a ClientError, which must not count as the upstream's failure."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        await request.read()
+        arrived.set()
+        await release.wait()
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": "gpt-4o-mini",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", slow)
+    upstream = TestServer(app, host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        url = str(upstream.make_url("")).rstrip("/")
+        tw = await start_tripwire(
+            upstream={"url": url}, guards={"circuit_breaker": {"open_after_failures": 2}}
+        )
+        # served as `tripwire serve` serves (the test server cancels a handler on hang-up; serve does not)
+        runner = web.AppRunner(make_proxy_app(tw.engine), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = runner.server
+        assert server is not None
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        base = f"http://127.0.0.1:{port}"
+        body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        for _ in range(3):
+            arrived.clear()
+            release.clear()
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head + body)
+            # bounded: with the bug, the circuit opens and the third call never reaches the upstream
+            await asyncio.wait_for(arrived.wait(), 30)
+            writer.close()  # gone while the upstream is still working on the answer
+            await _wait_for(
+                lambda: all(h.transport is None for h in server.connections), "Tripwire to see the hang-up"
+            )
+            release.set()  # the answer comes: its head has nowhere to go
+            await _wait_for(lambda: tw.engine.inflight == 0, "the call to finish")
+        release.set()
+        resp = await client(base + "/v1").chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+        )
+        assert resp.choices[0].message.content == "hi", "three hang-ups must not open a 2-failure circuit"
+        await runner.cleanup()
+        await tw.flush()
+        events = tw.events()
+        llm = [e["payload"] for e in events if e["event_type"] == "LLM_CALL"]
+        assert [p["status"] for p in llm] == ["error", "error", "error", "ok"]
+        assert all("client disconnected" in p["error"]["message"] for p in llm[:3]), llm[0]["error"]
+        assert not [e for e in events if e["event_type"] == "ERROR"], "a hang-up is not an upstream failure"
+    finally:
+        await upstream.close()
 
 
 async def test_gzip_request_body_is_forwarded_decoded_and_labelled_so(
@@ -237,3 +318,28 @@ def test_headers_named_by_connection_are_hop_by_hop() -> None:
         [("Connection", "close, X-Upstream-Hop"), ("X-Upstream-Hop", "1"), ("Content-Type", "a/b")]
     )
     assert list(response_headers(answer, drop_length=False).keys()) == ["Content-Type"]
+
+
+async def test_an_answer_broken_before_its_body_still_shows_its_head(start_tripwire: StartTripwire) -> None:
+    """A non-streamed answer's head waits for its first body bytes (one write for both); an upstream
+    that breaks before any body byte still has its head relayed, so the client sees a broken body,
+    as it would direct, not a connection closed without an answer."""
+
+    async def head_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(head_only, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tw = await start_tripwire(upstream={"url": f"http://127.0.0.1:{port}"})
+        async with aiohttp.ClientSession() as http:
+            async with http.get(tw.url + "/v1/models") as r:
+                assert r.status == 200 and r.headers["Content-Length"] == "100"
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
+    finally:
+        server.close()
+        await server.wait_closed()

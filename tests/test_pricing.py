@@ -185,3 +185,52 @@ def test_estimate_matches_the_exact_price_for_linear_models() -> None:
     assert p.estimate(Usage(prompt_tokens=1000, total_tokens=1000), ["never-heard-of-it"]) == pytest.approx(
         0.01
     )
+
+
+def test_linear_prices_equal_the_packages_exact_calculation_for_every_model() -> None:
+    """The cached coefficients (LinearPrice) give the package's own Decimal result, to the last digit,
+    for every linear model of the snapshot; tiered and dated models keep the package's calculation."""
+    import random
+
+    from genai_prices import data_snapshot
+    from genai_prices import types as gp_types
+
+    from proxy.pricing import LinearPrice
+
+    rng = random.Random(10)
+    linear = other = 0
+    for provider in data_snapshot.get_snapshot().providers:
+        for model in provider.models:
+            fast = LinearPrice.of((provider, model))
+            if fast is None:
+                assert not isinstance(model.prices, gp_types.ModelPrice) or any(
+                    isinstance(v, gp_types.TieredPrices) for v in vars(model.prices).values()
+                )
+                other += 1
+                continue
+            linear += 1
+            for _ in range(3):
+                prompt = rng.randrange(0, 300_000)
+                read = rng.randrange(0, prompt + 1)
+                write = rng.randrange(0, prompt - read + 1)
+                out = rng.randrange(0, 50_000)
+                fields = {"input_tokens": prompt, "output_tokens": out}
+                if read:
+                    fields["cache_read_tokens"] = read
+                if write:
+                    fields["cache_write_tokens"] = write
+                try:
+                    exact = model.calc_price(genai_prices.Usage(**fields), provider).total_price
+                except (ValueError, ArithmeticError, LookupError):
+                    continue  # the package refuses these counts for this model (e.g. no cache pricing)
+                assert fast.price(prompt, out, read, write) == exact, (provider.id, model.id, fields)
+    assert linear > 1000 and other > 0
+
+
+def test_tiered_models_keep_the_packages_calculation() -> None:
+    # gemini-1.5-pro's rate doubles past 128k prompt tokens: a linear shortcut would get one side wrong
+    for prompt in (100_000, 200_000):
+        quote = Pricing().cost(Usage(prompt_tokens=prompt, completion_tokens=10), ["gemini-1.5-pro"], AT)
+        assert quote.cost_usd == pytest.approx(
+            package_price("gemini-1.5-pro", input_tokens=prompt, output_tokens=10)
+        )

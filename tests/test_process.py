@@ -84,6 +84,9 @@ async def test_startup_lines_and_sigkill_recovery(tmp_path: Path, fake_upstream)
     proc, base, banner = await start_serve(data, url)
     try:
         assert f"OPENAI_BASE_URL={base}/v1" in banner and "viewer: http://127.0.0.1:" in banner
+        # uvloop is a dependency where it builds, and the default there
+        uvloop_expected = sys.platform in ("linux", "darwin")
+        assert ("event loop: uvloop" in banner) == uvloop_expected, banner
         c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
         # two calls of one conversation (one episode, one run: SPEC §3); a third identical
         # LLM_CALL would add AgentDbg's cycle LOOP_WARNING
@@ -127,7 +130,9 @@ async def test_sigterm_drains_an_inflight_stream(tmp_path: Path, fake_upstream) 
     fake, url = fake_upstream
     fake.replies = [Reply(text="a slow stream that keeps going for a while", chunk_delay=0.1)]
     data = tmp_path / "data"
-    proc, base, _ = await start_serve(data, url)
+    # asyncio's own loop here (uvloop, the default, drains in the test above and the one below)
+    proc, base, banner = await start_serve(data, url, "--event-loop", "asyncio")
+    assert "event loop: asyncio" in banner
     c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
     stream = await c.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], stream=True
@@ -168,6 +173,7 @@ async def test_help_documents_every_flag(argv: list[str]) -> None:
             "--data-dir",
             "--config",
             "--session-idle-timeout",
+            "--event-loop",
         ):
             assert flag in out
     else:

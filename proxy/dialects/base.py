@@ -65,6 +65,9 @@ class LLMRequest:
     turn_start: int  # index into steps where the current turn begins (last real user message)
     previous_response_id: str | None = None
     client_asked_usage: bool = False
+    # values derived from the request, computed once for all the stages that need them (the prompt
+    # estimate, the conversation's digests): a long history is walked once per call, not per use
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -158,7 +161,12 @@ def estimate_prompt_tokens(req: LLMRequest) -> int:
     Inline attachments (base64 images, PDFs, audio) count at most `ATTACHMENT_TOKENS` each, not
     by their encoded size: a 1 MB screenshot is about a thousand tokens, not 350 000.
     """
-    return sum(estimate_value_tokens(message) + TOKENS_PER_MESSAGE for message in req.messages)
+    found = req.memo.get("prompt_tokens")
+    if found is None:  # asked for by the USD reservation and by the token reservation
+        found = req.memo["prompt_tokens"] = sum(
+            estimate_value_tokens(message) + TOKENS_PER_MESSAGE for message in req.messages
+        )
+    return int(found)
 
 
 # A high-detail image is 765-1105 tokens for OpenAI and about 1600 at most for Anthropic.

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -99,17 +99,43 @@ def call_tuple(call: Any) -> tuple[str, str, Any]:
     return str(call.id), str(call.name), call.arguments
 
 
+class _LazyResults(Mapping[str, tuple[str, str | None]]):
+    """tool_call_id -> (fingerprint, error text when is_error), each computed when first asked for.
+
+    A request carries every tool result of its history, and only the results of calls not seen
+    before are looked at: fingerprinting all of them on every call made a session's cost grow with
+    its history (80% of the time per call at 400 steps, docs/benchmarks.md).
+    """
+
+    def __init__(self, results: Iterable[Any]) -> None:
+        self._results = {str(r.tool_call_id): r for r in results}  # the last result of an id wins
+        self._done: dict[str, tuple[str, str | None]] = {}
+
+    def __getitem__(self, call_id: str) -> tuple[str, str | None]:
+        found = self._done.get(call_id)
+        if found is None:
+            r = self._results[call_id]
+            error = content_text(r.content) or "error" if getattr(r, "is_error", False) else None
+            found = self._done[call_id] = (result_fingerprint(r.content), error)
+        return found
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._results
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+
 def results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]:
-    """ToolResult objects -> (fingerprint, error text when is_error) by tool_call_id."""
+    """ToolResult objects -> (fingerprint, error text when is_error) by tool_call_id, computed lazily."""
     if isinstance(results, Mapping):
         return results
-    out: dict[str, tuple[str, str | None]] = {}
     # ToolResult-like objects (mypy does not drop the parameterised Mapping from the union above)
     items: Iterable[Any] = results
-    for r in items:
-        error = content_text(r.content) or "error" if getattr(r, "is_error", False) else None
-        out[str(r.tool_call_id)] = (result_fingerprint(r.content), error)
-    return out
+    return _LazyResults(items)
 
 
 def _words(name: str) -> list[str]:
@@ -730,15 +756,19 @@ class LoopDetector:
         turn = list(steps[turn_start:])
         if not turn or not turn[-1]:
             return []
-        attempts = [[self._by_id.get(c[0]) for c in step] for step in turn]
-        keys = [tuple(sorted(self._ident_of(c) for c in step)) for step in turn]
+
+        def key(step: Sequence[HistoryCall]) -> tuple[str, ...]:
+            return tuple(sorted(self._ident_of(c) for c in step))
+
+        # back from the last step while the steps repeat it: a long turn is not read whole per call
+        last = key(turn[-1])
         run = 1
-        while run < len(keys) and keys[-1 - run] == keys[-1]:
+        while run < len(turn) and key(turn[-1 - run]) == last:
             run += 1
         repeated = run - 1
         if repeated < limit:
             return []
-        middle = attempts[len(turn) - run + 1 : -1]
+        middle = [[self._by_id.get(c[0]) for c in step] for step in turn[len(turn) - run + 1 : -1]]
         if not all(a is not None and a.stale for row in middle for a in row):
             return []  # something new came back on the way: the agent is getting somewhere
         first_step = turn[len(turn) - run]
@@ -749,7 +779,7 @@ class LoopDetector:
                 ("identical_step", first_step[0][0]),
                 _ACTIONS[self.config.action],
                 f"the same tool calls were repeated in {run} consecutive steps and nothing new came back",
-                pattern=" + ".join(keys[-1]),
+                pattern=" + ".join(last),
                 threshold=limit,
                 actual=repeated,
                 repetitions=run,

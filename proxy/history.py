@@ -1,0 +1,155 @@
+"""A conversation's per-message work, done once per message rather than once per call.
+
+Agents resend their whole history on every call (Claude Code and Codex bodies are hundreds of KB).
+What Tripwire derives from the messages, the digest of every prefix (proxy/episodes.py: session
+lineage and the recorded prompt delta) and the prompt's token estimate (budget reservations), would
+then cost a walk over the whole history per call, growing with the conversation. So the most recent
+conversations are remembered with the parsed messages of their last request: a request whose
+messages start with exactly those (one comparison, in C: `list ==`) takes their digests, hasher
+state and token count and walks only its new messages.
+
+The comparison is Python equality, which holds for `1` and `1.0` (or `true` and `1`) where the
+digests, taken of the JSON text, would differ: a resent history with such a change continues as the
+same history, harmless for what the digests decide (which run, which messages are new).
+
+Bounded: conversations shorter than `MIN_MESSAGES` are cheap to walk and are not kept; at most
+`MAX_CONVERSATIONS` are, holding at most `MAX_MESSAGES` messages in all (least recently used first
+out). Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from proxy import jsonparse
+
+MIN_MESSAGES = 32
+MAX_CONVERSATIONS = 64
+MAX_MESSAGES = 40_000
+_PER_KEY = 4  # conversations sharing their first two messages (sub-agents of one task)
+
+
+def message_bytes(message: Any) -> bytes:
+    try:
+        return orjson.dumps(message)
+    except TypeError:  # nesting deeper than orjson writes, integers beyond 64 bits, lone surrogates
+        return jsonparse.dumps_text(message).encode("utf-8")
+
+
+def _size(raw: bytes) -> bytes:
+    return len(raw).to_bytes(8, "little")
+
+
+class Walked:
+    """One request's conversation, walked: the digest of every prefix, from the empty one to the
+    whole, as sent and as lineage compares them (`normalise`d), and the prompt's token estimate."""
+
+    def __init__(
+        self,
+        messages: list[Any],
+        normalise: Callable[[Any], Any],
+        count: Callable[[Any], int],
+        prior: Walked | None = None,
+    ) -> None:
+        self.messages = messages
+        self._count = count
+        self._forked: Any = None  # the lineage chain's hasher, once it differs from the sent one
+        if prior is None:
+            h = hashlib.blake2b(digest_size=16)
+            self.sent = [h.digest()]
+            self.lineage = self.sent
+            self._h = h
+            start = 0
+            self._prior_tokens: int | None = 0
+        else:  # the prior request's messages are this one's first ones: go on from there
+            start = len(prior.messages)
+            self.sent = prior.sent[:]
+            self.lineage = self.sent if prior.lineage is prior.sent else prior.lineage[:]
+            self._h = prior._h.copy()
+            self._forked = prior._forked.copy() if prior._forked is not None else None
+            self._prior_tokens = prior._tokens
+        self._start = start
+        self._tokens: int | None = None
+        self._extend(messages[start:], normalise)
+
+    def _extend(self, new: list[Any], normalise: Callable[[Any], Any]) -> None:
+        h, forked, sent, lineage = self._h, self._forked, self.sent, self.lineage
+        for message in new:
+            normalised = normalise(message)
+            if forked is None and normalised is not message:
+                # the first message lineage sees differently (an Anthropic cache_control marker)
+                forked, lineage = h.copy(), sent[:]
+            raw = message_bytes(message)
+            h.update(_size(raw))
+            h.update(raw)
+            sent.append(h.digest())
+            if forked is not None:
+                if normalised is not message:
+                    raw = message_bytes(normalised)
+                forked.update(_size(raw))
+                forked.update(raw)
+                lineage.append(forked.digest())
+        self._forked, self.lineage = forked, lineage
+
+    @property
+    def tokens(self) -> int:
+        """The sum of `count` over the messages (each counted once across the calls that resend it)."""
+        if self._tokens is None:
+            start, base = self._start, self._prior_tokens
+            if base is None:  # the prior request never needed its count
+                start, base = 0, 0
+            self._tokens = base + sum(self._count(m) for m in self.messages[start:])
+        return self._tokens
+
+
+class RecentConversations:
+    """The last request of the most recent long conversations (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._by_key: OrderedDict[bytes, list[Walked]] = OrderedDict()
+        self._messages = 0
+
+    @staticmethod
+    def _key(messages: list[Any]) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for message in messages[:2]:
+            raw = message_bytes(message)
+            h.update(_size(raw))
+            h.update(raw)
+        return h.digest()
+
+    def walk(
+        self, messages: list[Any], normalise: Callable[[Any], Any], count: Callable[[Any], int]
+    ) -> Walked:
+        if len(messages) < MIN_MESSAGES:
+            return Walked(messages, normalise, count)
+        key = self._key(messages)
+        kept = self._by_key.get(key, [])
+        prior = None
+        for candidate in kept:  # the longest earlier request this one extends
+            n = len(candidate.messages)
+            if (
+                n <= len(messages)
+                and (prior is None or n > len(prior.messages))
+                and messages[:n] == candidate.messages
+            ):
+                prior = candidate
+        walked = Walked(messages, normalise, count, prior)
+        if prior is not None:
+            kept.remove(prior)
+            self._messages -= len(prior.messages)
+        kept.insert(0, walked)
+        self._messages += len(messages)
+        while len(kept) > _PER_KEY:
+            self._messages -= len(kept.pop().messages)
+        self._by_key[key] = kept
+        self._by_key.move_to_end(key)
+        while self._by_key and (len(self._by_key) > MAX_CONVERSATIONS or self._messages > MAX_MESSAGES):
+            _, dropped = self._by_key.popitem(last=False)
+            self._messages -= sum(len(w.messages) for w in dropped)
+        return walked
