@@ -134,6 +134,21 @@ async def tripwire(name: str, up: int, *, lean: bool = False, extra: tuple[str, 
     return target
 
 
+async def redis_server() -> Target:
+    """Debian's redis-server on loopback, nothing persisted: the shared guard state of `tripwire-redis`."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server not installed (apt-get install redis-server)")
+    port = free_port()
+    argv = ("--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no")
+    return await _spawn("redis", port, binary, *argv)
+
+
+async def tripwire_redis(up: int, redis: Target) -> Target:
+    """`tripwire serve --state redis://...`: the guard state in Redis (docs/scaling.md)."""
+    return await tripwire("tripwire-redis", up, extra=("--state", f"redis://127.0.0.1:{redis.port}/0"))
+
+
 def _venv_tool(*candidates: Path) -> Path | None:
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):

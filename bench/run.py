@@ -10,6 +10,7 @@ rounds so a neighbour's load hits every column alike:
 - floor: the obvious aiohttp pass-through (bench/floor.py);
 - tripwire: `tripwire serve`, defaults (trace, guards, metrics);
 - tripwire-off: the same with the whole feature set off (bench/lean.py: forwarding only);
+- tripwire-redis: the defaults with `--state` on a local redis-server (issue 13; when installed);
 - mitmdump, litellm: when installed in .venv-mitm / .venv-litellm (skipped with a note otherwise).
 
 Sweeps on Tripwire alone (each against direct in the same rounds): streams (first chunk, chunk by
@@ -382,6 +383,13 @@ async def maybe(
         return None
 
 
+async def start_redis_column(up: int, started: list[procs.Target]) -> procs.Target:
+    """A redis-server, then Tripwire with its guard state there (the redis process is stopped with the rest)."""
+    redis = await procs.redis_server()
+    started.append(redis)
+    return await procs.tripwire_redis(up, redis)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": machine(), "args": vars(args), "skipped": {}}
     skipped: dict[str, str] = result["skipped"]
@@ -397,10 +405,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("floor", lambda: procs.floor(up.port)),
             ("tripwire", lambda: procs.tripwire("tripwire", up.port)),
             ("tripwire-off", lambda: procs.tripwire("tripwire-off", up.port, lean=True)),
+            ("tripwire-redis", lambda: start_redis_column(up.port, started)),
             ("mitmdump", lambda: procs.mitmdump(up.port)),
             ("litellm", lambda: procs.litellm(up.port)),
         ):
-            if name in ("mitmdump", "litellm"):
+            if name in ("mitmdump", "litellm", "tripwire-redis"):
                 if args.quick:
                     skipped[name] = "not run in --quick"
                     continue
@@ -497,6 +506,10 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             if other in tp:
                 x = tp["tripwire"]["rps"] / max(1, tp[other]["rps"])
                 add(f">= {factor}x {other}'s throughput", f"{x:.1f}x", x >= factor)
+    red = lat.get("tripwire-redis")
+    if tw and red:  # issue 13: one Redis round trip before forwarding, settling off the response path
+        extra = red["added_p50_ms"] - tw["added_p50_ms"]
+        add("shared state (Redis) <= 0.3 ms over in-memory (c=1 p50)", f"{extra:+.3f} ms", extra <= 0.3)
     if tw and off:
         cost = tw["added_p50_ms"] - off["added_p50_ms"]
         add("feature set <= 0.1 ms over all-off (c=1 p50)", f"{cost:.3f} ms", cost <= 0.1)

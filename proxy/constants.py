@@ -84,6 +84,7 @@ GUARD_MAX_STEPS = "max_steps"
 GUARD_CIRCUIT_BREAKER = "circuit_breaker"
 GUARD_KILL_SWITCH = "kill_switch"
 GUARD_SESSION_TERMINATED = "session_terminated"
+GUARD_STATE_UNAVAILABLE = "state_unavailable"  # shared state unreachable under fail_closed (SPEC §8)
 
 
 def default_counts() -> dict[str, int]:

@@ -32,6 +32,7 @@ from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
 from proxy.sessions import Refused, Session, SessionManager
 from proxy.settings import Settings
+from proxy.state.service import SharedState
 from proxy.storage import prune_runs
 from proxy.trace import sinks as trace_sinks
 from proxy.upstreams import UpstreamRegistry
@@ -84,6 +85,8 @@ class Engine:
             settings, self.forwarder, self.upstreams
         )  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
         self.stdio = StdioServers(settings.mcp_stdio, self.upstreams)  # --mcp-stdio children
+        # guard state shared with other replicas (--state, docs/scaling.md); None: this process's
+        self.shared = SharedState(settings, self.guard_store, self.metrics) if settings.state.url else None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -94,6 +97,8 @@ class Engine:
             log.warning("closed %d run(s) left running by a previous process as interrupted", len(closed))
         await self.recorder.start()
         await self.forwarder.start()
+        if self.shared is not None:
+            await self.shared.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="tripwire-session-sweeper")
 
     async def drain(self, grace_s: float) -> None:
@@ -118,6 +123,8 @@ class Engine:
                 await self._sweeper
         for session in self.sessions.live():
             self.end_session(session, status="ok", reason="shutdown")
+        if self.shared is not None:
+            await self.shared.close()
         await self.recorder.close()
         await self.alerts.close()
         await self.forwarder.close()
@@ -149,6 +156,8 @@ class Engine:
                     next_prune = time.monotonic() + RETENTION_INTERVAL_S
                     await self.prune()
                 await asyncio.sleep(interval)
+                if self.shared is not None:  # runs live on another replica stay open here too
+                    await self.shared.keep_alive(self.sessions.live(), time.monotonic())
                 self.sweep(time.monotonic())
             except asyncio.CancelledError:
                 raise
@@ -194,16 +203,20 @@ class Engine:
         *,
         wall: float | None = None,
         episode: Episode | None = None,
+        run_id: str | None = None,
     ) -> Session | Refused:
         """The call's session (SPEC §3): the explicit one, else the automatic one of its episode
         (`episode`: what the request says about it, proxy/episodes.py; None: a call with no
         conversation, which joins the agent's most recent automatic run).
-        `wall`: when the call arrived, so RUN_START is not later than the first call's own event."""
+        `wall`: when the call arrived, so RUN_START is not later than the first call's own event.
+        `run_id`: the run the shared state says the session is (several replicas)."""
         now = time.monotonic()
-        expired = self.sessions.expire(agent, explicit_id, now, episode)
+        expired = self.sessions.expire(agent, explicit_id, now, episode, run_id=run_id)
         if expired is not None:
             self.end_session(expired, status="ok", reason="idle_timeout")
-        opened = self.sessions.lookup(agent, explicit_id, now=now, wall=wall or time.time(), episode=episode)
+        opened = self.sessions.lookup(
+            agent, explicit_id, now=now, wall=wall or time.time(), episode=episode, run_id=run_id
+        )
         if isinstance(opened, Refused):
             return opened
         session, created = opened
@@ -244,6 +257,9 @@ class Engine:
         """
         if session.guards is None or session.ended:
             return
+        if self.shared is not None:  # through the run's shared guard log, in its order
+            self.shared.observe(session, event_type, name, event_id, self.on_cycle)
+            return
         decision = session.guards.observe_event(event_type, name, event_id)
         if decision is not None:
             self.on_cycle(session, decision)
@@ -280,6 +296,8 @@ class Engine:
         status, reason = self._pending_end.pop(session.run_id, (status, reason))
         session.ended = True
         self.recorder.end_run(session.run_id, status=status, reason=reason)
+        if self.shared is not None:
+            self.shared.ended(session)
 
     def terminate_session(
         self, session: Session, *, reason: str, tag: str | None = TAG_TERMINATED, own_call: bool = True
@@ -322,6 +340,8 @@ class Engine:
             },
         )
         self.metrics.observe_decision(GUARD_KILL_SWITCH, "terminate")
+        if self.shared is not None:  # every replica refuses the session's calls
+            self.shared.terminate(session, "terminated", kill=True)
         self.terminate_session(session, reason="terminated", own_call=False)
         return True
 
@@ -335,7 +355,10 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         store = self.recorder.health()
-        return {"status": "ok", "draining": self.draining, "trace_store": store}
+        out = {"status": "ok", "draining": self.draining, "trace_store": store}
+        if self.shared is not None:
+            out["state"] = self.shared.health()  # never fails readiness (SPEC §6, §8)
+        return out
 
     def observe_request(self, ex: Exchange) -> None:
         latency = overhead = None

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from proxy.constants import EventType
+from proxy.constants import GUARD_STATE_UNAVAILABLE, EventType
 from proxy.exchange import Exchange
-from proxy.guards.decision import Decision
+from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.signatures import signature
 
@@ -85,3 +85,21 @@ def write_refusal_error(engine: Engine, ex: Exchange, decision: Decision) -> Non
     )
     engine.observe_event(session, EventType.ERROR, decision.guard, event_id)
     engine.alerts.send(session, decision)
+
+
+def refuse_unavailable(engine: Engine, ex: Exchange, retry_after_s: float) -> None:
+    """Shared guard state unreachable under `fail_closed` (SPEC §8): the call is refused with guard
+    code `state_unavailable`, 503 + Retry-After in the protocol's shape (a JSON-RPC error for MCP)."""
+    decision = Decision(
+        Action.BLOCK,
+        GUARD_STATE_UNAVAILABLE,
+        "the shared guard state is unreachable and this proxy refuses calls it cannot guard (fail_closed)",
+        retry_after=retry_after_s,
+    )
+    engine.metrics.observe_decision(decision.guard, decision.action.name)
+    if ex.session is not None:
+        engine.write_event(
+            ex.session, EventType.ERROR, decision.guard, guard_error(decision, call=call_summary(ex))
+        )
+    assert ex.protocol is not None  # only calls a protocol adapter parsed are guarded
+    ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")

@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,59 @@ def validation_message(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def effective_config(
+    agent: str,
+    static_default: GuardConfig,
+    static_agents: dict[str, GuardConfig],
+    api_project: GuardConfig | None,
+    api_agents: dict[str, GuardConfig],
+) -> tuple[GuardConfig, bool]:
+    """An agent's config in force, and whether it is an agent override: the API value of each
+    level wins over the static one; an override replaces the project default whole (but inherits
+    its `shadow` when it says nothing)."""
+    project = api_project or static_default
+    override = api_agents.get(agent) or static_agents.get(agent)
+    if override is not None:
+        return override.inheriting_shadow(project), True
+    return project, False
+
+
+def snapshot_bytes(project: GuardConfig | None, agents: dict[str, GuardConfig]) -> bytes:
+    """The API-set configs as stored: `prevention-config.json`, and the shared state's snapshots."""
+    snapshot = {
+        "version": FORMAT_VERSION,
+        "project": None if project is None else project.dump(),
+        "agents": {name: cfg.dump() for name, cfg in sorted(agents.items())},
+    }
+    return orjson.dumps(snapshot, option=orjson.OPT_INDENT_2)
+
+
+def parse_snapshot(raw: bytes, where: str) -> tuple[GuardConfig | None, dict[str, GuardConfig]]:
+    """`snapshot_bytes` read back; errors name `where` and the field."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise GuardStoreError(f"{where}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise GuardStoreError(f"{where}: expected a JSON object")
+    project = None
+    try:
+        if data.get("project") is not None:
+            project = GuardConfig.model_validate(data["project"])
+    except ValidationError as e:
+        raise GuardStoreError(f"{where}: project.{validation_message(e)}") from e
+    agents_raw = data.get("agents") or {}
+    if not isinstance(agents_raw, dict):
+        raise GuardStoreError(f"{where}: agents: expected an object")
+    agents: dict[str, GuardConfig] = {}
+    for name, body in agents_raw.items():
+        try:
+            agents[str(name)] = GuardConfig.model_validate(body)
+        except ValidationError as e:
+            raise GuardStoreError(f"{where}: agents.{name}.{validation_message(e)}") from e
+    return project, agents
+
+
 class GuardConfigStore:
     """Project default and agent overrides, static and API-set; sync, thread-safe, tiny."""
 
@@ -57,16 +111,17 @@ class GuardConfigStore:
         self._static_agents: dict[str, GuardConfig] = dict(static_agents or {})
         self._api_project: GuardConfig | None = None
         self._api_agents: dict[str, GuardConfig] = {}
+        # with shared state (several replicas): what shares the API values after each API write
+        self.publisher: Callable[[GuardConfig | None, dict[str, GuardConfig]], Awaitable[None]] | None = None
         self._load()
 
     # --- reads -------------------------------------------------------------------------------
 
     def effective(self, agent: str) -> tuple[GuardConfig, bool]:
         """The config the agent's next call uses, and whether it is an agent override."""
-        override = self._api_agents.get(agent) or self._static_agents.get(agent)
-        if override is not None:
-            return override.inheriting_shadow(self.project()), True
-        return self.project(), False
+        return effective_config(
+            agent, self._static_default, self._static_agents, self._api_project, self._api_agents
+        )
 
     def project(self) -> GuardConfig:
         """The project default in force (API value, else the static one)."""
@@ -113,17 +168,27 @@ class GuardConfigStore:
             self._commit(None, self._api_agents)
             return True
 
+    def api_values(self) -> tuple[GuardConfig | None, dict[str, GuardConfig]]:
+        """What the API set: the project default (or None) and the agent overrides."""
+        return self._api_project, dict(self._api_agents)
+
+    async def publish(self) -> None:
+        """After an API write: share it with the other replicas (no-op without shared state)."""
+        if self.publisher is not None:
+            await self.publisher(*self.api_values())
+
+    def replace_api(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> None:
+        """Another replica changed the API values (shared state): take them, persisted here too."""
+        with self._lock:
+            if (project, agents) != (self._api_project, self._api_agents):
+                self._commit(project, dict(agents))
+
     # --- persistence -------------------------------------------------------------------------
 
     def _commit(self, project: GuardConfig | None, agents: dict[str, GuardConfig]) -> None:
         """Persist the new API values, then put them in force: a failed write (OSError: a full or
         read-only disk) changes nothing, so the caller's error answer tells the truth."""
-        snapshot = {
-            "version": FORMAT_VERSION,
-            "project": None if project is None else project.dump(),
-            "agents": {name: cfg.dump() for name, cfg in sorted(agents.items())},
-        }
-        self._write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2))
+        self._write(snapshot_bytes(project, agents))
         self._api_project, self._api_agents = project, agents
 
     def _write(self, data: bytes) -> None:
@@ -148,25 +213,7 @@ class GuardConfigStore:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise GuardStoreError(f"{self.path}: not valid JSON ({e})") from e
-        if not isinstance(data, dict):
-            raise GuardStoreError(f"{self.path}: expected a JSON object")
-        try:
-            if data.get("project") is not None:
-                self._api_project = GuardConfig.model_validate(data["project"])
-        except ValidationError as e:
-            raise GuardStoreError(f"{self.path}: project.{validation_message(e)}") from e
-        agents = data.get("agents") or {}
-        if not isinstance(agents, dict):
-            raise GuardStoreError(f"{self.path}: agents: expected an object")
-        for name, body in agents.items():
-            try:
-                self._api_agents[str(name)] = GuardConfig.model_validate(body)
-            except ValidationError as e:
-                raise GuardStoreError(f"{self.path}: agents.{name}.{validation_message(e)}") from e
+        self._api_project, self._api_agents = parse_snapshot(raw, str(self.path))
         log.info(
             "guard_store.loaded path=%s project=%s agents=%d",
             self.path,

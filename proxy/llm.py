@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 from proxy import guard_trace, jsonparse
-from proxy.constants import DEPTH_LIMIT, GUARD_CIRCUIT_BREAKER, TRUNCATED_MARKER, EventType
+from proxy.constants import (
+    DEPTH_LIMIT,
+    GUARD_CIRCUIT_BREAKER,
+    GUARD_STATE_UNAVAILABLE,
+    TRUNCATED_MARKER,
+    EventType,
+)
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, Usage, estimate_prompt_tokens
 from proxy.dialects.contract import Accumulator, Dialect
@@ -167,11 +173,14 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
         error["threshold"] = decision.threshold
         error["actual"] = decision.actual
     headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
-    if decision.guard == GUARD_CIRCUIT_BREAKER and decision.retry_after is not None:
+    retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE)
+    if retry_later and decision.retry_after is not None:
         headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
-        # an open circuit is worth retrying later: the SDK honours Retry-After
+        # an open circuit (or shared state coming back) is worth retrying later: the SDK honours Retry-After
         headers.pop("x-should-retry")
-    return Answer(429, error_body(dialect, 429, error), "application/json", headers)
+    # shared guard state unreachable under fail_closed: 503, the service is what is missing (SPEC §8)
+    status = 503 if decision.guard == GUARD_STATE_UNAVAILABLE else 429
+    return Answer(status, error_body(dialect, status, error), "application/json", headers)
 
 
 def shaped(ex: Exchange, answer: Answer) -> Answer:

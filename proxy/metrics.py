@@ -152,6 +152,7 @@ class Metrics:
             registry=r,
         )
         self.live_sessions = Gauge("tripwire_live_sessions", "Sessions (runs) currently open.", registry=r)
+        self.state_backend_up: Gauge | None = None  # only with a shared state backend (--state)
         self._store = _StoreCollector()
         r.register(self._store)
         self._circuit_upstreams: set[str] = set()
@@ -221,6 +222,15 @@ class Metrics:
         for name, n in counts.items():
             self.open_circuits.labels(name).set(n)
             self._circuit_upstreams.add(name)
+
+    def set_state_backend(self, up: bool) -> None:
+        if self.state_backend_up is None:
+            self.state_backend_up = Gauge(
+                "tripwire_state_backend_up",
+                "1 when the shared guard-state backend (Redis, --state) is reachable, 0 during an outage.",
+                registry=self.registry,
+            )
+        self.state_backend_up.set(1 if up else 0)
 
     def set_live_sessions(self, n: int) -> None:
         self.live_sessions.set(n)

@@ -17,6 +17,7 @@ from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
+from proxy.shared_stages import SharedBreakerStage, SharedGuardStage, SharedToolResultsStage
 from proxy.stages import ForwardStage, RecordStage, SessionStage
 
 if TYPE_CHECKING:
@@ -24,13 +25,16 @@ if TYPE_CHECKING:
 
 
 def llm_stages(engine: Engine) -> list[Stage]:
+    shared = engine.shared is not None  # guard state shared by replicas (--state, docs/scaling.md)
     return [
         LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
         SessionStage(engine),  # the call's run (explicit session, episode, lineage)
         ResponsesChainStage(),  # previous_response_id: synthetic parents rewritten, history found
-        ToolResultsStage(engine),  # TOOL_CALLs of the function-calling results the request brings
-        GuardStage(engine),  # loop, limits, budgets (pure guards); settles after the answer
-        BreakerStage(engine),  # the circuit of agent x upstream
+        # TOOL_CALLs of the function-calling results the request brings (shared: in the guards' round trip)
+        (SharedToolResultsStage if shared else ToolResultsStage)(engine),
+        # loop, limits, budgets (pure guards); settles after the answer
+        (SharedGuardStage if shared else GuardStage)(engine),
+        (SharedBreakerStage if shared else BreakerStage)(engine),  # the circuit of agent x upstream
         MaxTokensRecoveryStage(engine),  # opt-in: continues a chat answer cut at its token limit
         ForwardStage(engine),  # the upstream call, streams relayed chunk by chunk
         RecordStage(engine),  # LLM_CALL with call_seq and guard_input
@@ -38,11 +42,12 @@ def llm_stages(engine: Engine) -> list[Stage]:
 
 
 def mcp_stages(engine: Engine) -> list[Stage]:
+    shared = engine.shared is not None
     return [
         mcp_parse_stage(engine),  # JSON-RPC; tools/call matched to its result across streams
         SessionStage(engine),
-        GuardStage(engine),
-        BreakerStage(engine),
+        (SharedGuardStage if shared else GuardStage)(engine),
+        (SharedBreakerStage if shared else BreakerStage)(engine),
         ForwardStage(engine),
         RecordStage(engine),  # TOOL_CALL
     ]

@@ -160,8 +160,10 @@ class SessionManager:
         now: float,
         wall: float,
         episode: Episode | None = None,
+        run_id: str | None = None,
     ) -> tuple[Session, bool] | Refused:
-        """The live session for this call, starting one if needed: (session, created)."""
+        """The live session for this call, starting one if needed: (session, created).
+        `run_id`: the run the shared state (several replicas) says this session is, for a new one."""
         key: SessionKey = (agent, explicit_id)
         until = self._terminated_explicit.get(key)
         if until is not None:
@@ -186,7 +188,7 @@ class SessionManager:
             agent=agent,
             session_id=explicit_id or f"auto-{uuid.uuid4().hex[:12]}",
             explicit=explicit_id is not None,
-            run_id=str(uuid.uuid4()),
+            run_id=run_id or str(uuid.uuid4()),
             started_wall=wall,
             started_mono=now,
             last_seen=now,
@@ -238,11 +240,21 @@ class SessionManager:
     # --- ending ------------------------------------------------------------------------------
 
     def expire(
-        self, agent: str, explicit_id: str | None, now: float, episode: Episode | None = None
+        self,
+        agent: str,
+        explicit_id: str | None,
+        now: float,
+        episode: Episode | None = None,
+        *,
+        run_id: str | None = None,
     ) -> Session | None:
         """The session this call would join if it has gone idle (and is not terminated): the engine
-        ends its run before `lookup` starts the next one, so no run is left `running` between sweeps."""
+        ends its run before `lookup` starts the next one, so no run is left `running` between sweeps.
+        With shared state, a session here that is not the run the replicas share (`run_id`) is over."""
         current = self.match(agent, explicit_id, episode)
+        if current is not None and run_id is not None and current.run_id != run_id:
+            self._forget(current)
+            return None if current.ended else current
         if (
             current is None
             or current.terminated

@@ -9,11 +9,14 @@ from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
+from proxy.guard_events import refuse_unavailable
 from proxy.guards.decision import Action, Decision
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import synthetic_id_of
 from proxy.routing import join_upstream
 from proxy.sessions import Refused
+from proxy.state.base import StateUnavailable
+from proxy.state.service import TERMINATED
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
@@ -42,8 +45,20 @@ class SessionStage(BaseStage):
                 episode = episodes.for_llm(ex.request.headers, ex.request_json, ex.call)
             else:
                 episode = episodes.for_mcp(ex.request.headers)
-        opened = self.engine.open_session(
-            ex.route.agent, ex.route.session, wall=ex.started_wall, episode=episode
+        run_id = None
+        if self.engine.shared is not None:  # several replicas: the run all of them use for the session
+            try:
+                run_id = await self.engine.shared.run_for(
+                    self.engine.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
+                )
+            except StateUnavailable:
+                return refuse_unavailable(self.engine, ex, self.engine.shared.link.retry_after_s())
+        opened = (
+            Refused(None, "session terminated")
+            if run_id == TERMINATED
+            else self.engine.open_session(
+                ex.route.agent, ex.route.session, wall=ex.started_wall, episode=episode, run_id=run_id
+            )
         )
         if isinstance(opened, Refused):
             decision = Decision(

@@ -31,6 +31,14 @@ ensure_chromium() {
   fi
 }
 
+ensure_redis() {
+  # the shared guard-state tests (tests/test_state_*.py) start a real redis-server on loopback
+  if command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ]; then return 0; fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+}
+
 echo "== main environment"
 make_env .venv -e ".[dev,browser]"
 echo "== lint"
@@ -41,6 +49,7 @@ echo "== typing"
 echo "== imports"
 .venv/bin/lint-imports
 ensure_chromium || echo "warning: chromium unavailable; browser tests will be skipped" >&2
+ensure_redis || echo "warning: redis-server unavailable; shared-state tests will be skipped" >&2
 echo "== tests (main)"
 run_pytest .venv -m "not mcp1 and not mitm" "$@"
 

@@ -20,7 +20,7 @@ from proxy.settings import Settings
 from tests.fakes import FakeUpstream, Reply
 
 # the unit-test fixtures (`engine`, `engine_factory`) of tests/factories.py
-pytest_plugins = ["tests.factories"]
+pytest_plugins = ["tests.factories", "tests.redis_server"]
 
 AGENT_KEY = "sk-test-agent-secret-0123456789abcdef"
 

@@ -463,8 +463,9 @@ async def _config_from_request(request: web.Request) -> Any:
         return _detail(422, errors, message=validation_message(e))
 
 
-async def _store_write(write: Callable[..., Any], *args: Any) -> None:
-    """Run a guard-store write off the loop; a disk that refuses it is a 503 and the old config stays."""
+async def _store_write(store: GuardConfigStore, write: Callable[..., Any], *args: Any) -> None:
+    """Run a guard-store write off the loop; a disk that refuses it is a 503 and the old config stays.
+    With shared state the new values are then published to the other replicas (SPEC §8)."""
     try:
         await asyncio.to_thread(write, *args)
     except OSError as e:
@@ -472,6 +473,7 @@ async def _store_write(write: Callable[..., Any], *args: Any) -> None:
         raise _error(
             web.HTTPServiceUnavailable, f"prevention config not saved, the old one stays: {e}"
         ) from e
+    await store.publish()
 
 
 async def get_agent_config(request: web.Request) -> web.Response:
@@ -484,7 +486,7 @@ async def put_agent_config(request: web.Request) -> web.Response:
     if isinstance(cfg, web.Response):
         return cfg
     engine = _engine(request)
-    await _store_write(engine.guard_store.put_agent, name, cfg)
+    await _store_write(engine.guard_store, engine.guard_store.put_agent, name, cfg)
     log.info("guard_config.agent_saved agent=%s", name)
     return _json(_agent_config_body(engine, name))
 
@@ -492,7 +494,7 @@ async def put_agent_config(request: web.Request) -> web.Response:
 async def delete_agent_config(request: web.Request) -> web.Response:
     name = _agent_name(request)
     engine = _engine(request)
-    await _store_write(engine.guard_store.delete_agent, name)
+    await _store_write(engine.guard_store, engine.guard_store.delete_agent, name)
     log.info("guard_config.agent_reset agent=%s", name)
     return _json(_agent_config_body(engine, name))
 
@@ -506,14 +508,14 @@ async def put_project_config(request: web.Request) -> web.Response:
     if isinstance(cfg, web.Response):
         return cfg
     engine = _engine(request)
-    await _store_write(engine.guard_store.put_project, cfg)
+    await _store_write(engine.guard_store, engine.guard_store.put_project, cfg)
     log.info("guard_config.project_saved")
     return _json(_project_config_body(engine))
 
 
 async def delete_project_config(request: web.Request) -> web.Response:
     engine = _engine(request)
-    await _store_write(engine.guard_store.delete_project)
+    await _store_write(engine.guard_store, engine.guard_store.delete_project)
     log.info("guard_config.project_reset")
     return _json(_project_config_body(engine))
 

@@ -49,6 +49,27 @@ class Ticket:
     transition: Transition | None = None  # open -> half_open happens when the first trial is admitted
 
 
+def refusal(
+    upstream: str, state: State, failures: int, left: float, config: CircuitBreakerConfig
+) -> Decision:
+    """The BLOCK of a call an open (or trial-full half-open) circuit refuses, with `retry_after`.
+    Shared with the Redis backend, which keeps the state elsewhere (proxy/state/)."""
+    if state is State.OPEN:
+        message = f"circuit open for upstream {upstream!r}: {failures} consecutive failures"
+    else:
+        message = f"circuit half-open for upstream {upstream!r}: trial calls in progress"
+        left = max(left, 1.0)
+    return Decision(
+        Action.BLOCK,
+        GUARD_CIRCUIT_BREAKER,
+        message,
+        threshold=config.open_after_failures,
+        actual=failures,
+        retry_after=round(left, 3),
+        tags=(TAG_CIRCUIT_BREAKER_OPEN,),
+    )
+
+
 class CircuitBreaker:
     """One circuit: one agent calling one upstream."""
 
@@ -102,21 +123,7 @@ class CircuitBreaker:
         return self._refusal(now), None
 
     def _refusal(self, now: float) -> Decision:
-        left = self.retry_after(now)
-        if self.state is State.OPEN:
-            message = f"circuit open for upstream {self.upstream!r}: {self.failures} consecutive failures"
-        else:
-            message = f"circuit half-open for upstream {self.upstream!r}: trial calls in progress"
-            left = max(left, 1.0)
-        return Decision(
-            Action.BLOCK,
-            GUARD_CIRCUIT_BREAKER,
-            message,
-            threshold=self.config.open_after_failures,
-            actual=self.failures,
-            retry_after=round(left, 3),
-            tags=(TAG_CIRCUIT_BREAKER_OPEN,),
-        )
+        return refusal(self.upstream, self.state, self.failures, self.retry_after(now), self.config)
 
     def on_success(self, ticket: Ticket | None, now: float) -> Transition | None:
         if ticket is None or ticket.generation != self.generation:

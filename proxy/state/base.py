@@ -1,0 +1,217 @@
+"""The guard-state backend interface (SPEC §8): what replicas of Tripwire share, as storage primitives.
+
+Two implementations: `MemoryBackend` (one process, no service) and `RedisBackend` (several
+replicas). Every operation that must be atomic across replicas is ONE call here, and one round trip
+in Redis (a Lua script):
+
+- `append`: add entries to a run's ordered guard log and read back every entry after `since` (the
+  session guards are pure and deterministic, so each replica feeding the log, in order, into its
+  own `SessionGuards` takes the same decisions: proxy/state/replica.py); it also takes the
+  function-calling tool calls whose results the request brings, and keeps the run alive;
+- `resolve`: the run of a call (explicit session, announced episode, lineage), created if none;
+- `breaker_*`: the circuit of agent x upstream, decided where it is stored;
+- `publish_config` / `config_snapshot`: the API-set prevention configs, by revision.
+
+Clocks: the backend stamps log entries and breaker times with its own clock (Redis `TIME`), so
+replicas on different hosts agree on elapsed times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from proxy.guards.breaker import State, Ticket, Transition
+from proxy.guards.config import CircuitBreakerConfig
+from proxy.guards.decision import Decision
+
+# how a call names its run (SPEC §3): explicit session id, announced episode, conversation lineage,
+# or nothing at all (MCP calls, embeddings: the agent's latest automatic run)
+ResolveMode = Literal["explicit", "episode", "lineage", "none"]
+
+
+class StateUnavailable(Exception):
+    """The backend cannot be reached (or answered too late); the failure policy decides."""
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One entry of a run's guard log, as stored."""
+
+    seq: int  # position in the run's log, from 1
+    t: float  # the backend's clock when it was appended (seconds)
+    config_rev: int  # revision of the shared prevention config in force when it was appended
+    body: bytes  # proxy/state/entries.py
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What `append` returns: every entry after `since`, the appended ones last."""
+
+    entries: list[LogEntry]
+    first_own: int  # seq of the first entry this append added (taken tool calls included); 0: see `lost`
+    taken: list[tuple[str, bytes]] = field(default_factory=list)  # (tool_call_id, detail) of the calls taken
+    terminated: str | None = None  # the run's terminated mark, if any (kill switch, guard)
+    was_live: bool = True  # False: the run had expired before this append (it is live again now)
+    epoch: str = ""  # which log this is (the run's start stamp): pass it back with the next append
+    breakers: list[BreakerAdmission] = field(default_factory=list)  # one per `breakers` asked
+
+    @property
+    def lost(self) -> bool:
+        """Not the log the caller followed (Redis lost its data, or the run expired and started
+        again): nothing was appended; seed it again or rebuild from it."""
+        return self.first_own == 0
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The run of a call: an existing one, a new one, or a terminated one (refuse the call)."""
+
+    run_id: str
+    outcome: Literal["existing", "created", "terminated"]
+    started: float  # the backend's clock when the run started
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A function-calling tool call an answer asked for, waiting for its result in a later request.
+
+    `event` is the guard-log entry of its TOOL_CALL (written by the replica that gets the result);
+    `signatures` the MCP signatures that mean it was already recorded as an MCP call;
+    `detail` what that replica needs to write the event (name, arguments, times).
+    """
+
+    event: bytes
+    signatures: tuple[str, ...]
+    detail: bytes
+
+
+@dataclass(frozen=True)
+class BreakerAdmission:
+    """`breaker_admit`'s answer: a ticket (admitted) or a refusal decision with `retry_after`."""
+
+    ticket: Ticket | None
+    refusal: Decision | None
+    state: State = State.CLOSED  # after admitting (a closed circuit with no failures needs no report
+    failures: int = 0  # of a success: there is nothing to reset)
+
+
+@dataclass(frozen=True)
+class BreakerRequest:
+    """A circuit to admit a call through, in the same step as the call's check."""
+
+    agent: str
+    upstream: str
+    config: CircuitBreakerConfig
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    agent: str
+    upstream: str
+    state: State
+    failures: int
+
+
+class StateBackend(Protocol):
+    """Storage primitives shared by replicas. Methods raise `StateUnavailable` when unreachable."""
+
+    name: str
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # --- a run's guard log ---------------------------------------------------------------------
+
+    async def append(
+        self,
+        agent: str,
+        run_id: str,
+        bodies: Sequence[bytes],
+        *,
+        since: int,
+        idle_s: float,
+        epoch: str = "",
+        take: Sequence[str] = (),
+        take_at: int = 0,
+        put: Mapping[str, PendingCall] | None = None,
+        signatures: Sequence[str] = (),
+        keep_alive: Sequence[str] = (),
+        links: Mapping[str, str] | None = None,
+        breakers: Sequence[BreakerRequest] = (),
+    ) -> Appended:
+        """Append `bodies` and return every entry after `since`, in one atomic step.
+
+        Before the `take_at`-th body (from 1) go the TOOL_CALL entries of the pending calls in
+        `take` whose results arrived (each taken once; one already recorded as an MCP call, per
+        `signatures` noted so far, is dropped). `put`: pending calls an answer asked for;
+        `signatures`: MCP calls recorded; `keep_alive`: slot keys renewed with the run;
+        `links`: slot key -> run id to set (lineage); `breakers`: circuits to admit the checks
+        through (`breaker_admit`), in the same step."""
+        ...
+
+    async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]: ...
+
+    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
+        """Put a replica's copy of a run's log back into an empty log (after Redis lost its data);
+        False when the log was not empty (another replica seeded it first)."""
+        ...
+
+    async def resolve(
+        self,
+        agent: str,
+        mode: ResolveMode,
+        new_run_id: str,
+        *,
+        idle_s: float,
+        name: str | None = None,  # the explicit session id or the announced episode id
+        previous_response_id: str | None = None,
+        history: Sequence[str] = (),  # whole-history digests, longest first
+    ) -> Resolved: ...
+
+    async def terminate(
+        self, agent: str, run_id: str, reason: str, *, session_id: str | None = None, ttl_s: float = 0.0
+    ) -> None:
+        """Mark the run terminated (every replica refuses its calls); an explicit `session_id` also
+        keeps refusing for `ttl_s` after the run is gone (SPEC §3 `terminated_ttl_s`)."""
+        ...
+
+    async def live_runs(
+        self, agent_runs: Sequence[tuple[str, str]], *, idle_s: float | None = None
+    ) -> list[bool]:
+        """Which of these runs are still live somewhere; `idle_s` renews them (calls in flight)."""
+        ...
+
+    # --- circuit breakers (agent x upstream) ---------------------------------------------------
+
+    async def breaker_admit(
+        self, agent: str, upstream: str, config: CircuitBreakerConfig, *, now: float | None = None
+    ) -> BreakerAdmission: ...
+
+    async def breaker_report(
+        self,
+        agent: str,
+        upstream: str,
+        ticket: Ticket,
+        config: CircuitBreakerConfig,
+        *,
+        failed: bool,
+        now: float | None = None,
+    ) -> Transition | None: ...
+
+    async def breaker_release(self, agent: str, upstream: str, ticket: Ticket) -> None: ...
+
+    async def breakers(self) -> list[BreakerView]: ...
+
+    # --- prevention configs set through the admin API ------------------------------------------
+
+    async def publish_config(self, snapshot: bytes, *, after: int = 0) -> int:
+        """Store a new snapshot of the API-set configs; returns its revision (1, 2, ...), above
+        `after` (the newest the caller knows: a revision is never reused)."""
+        ...
+
+    async def config_snapshot(self, revision: int | None = None) -> tuple[int, bytes | None]:
+        """The snapshot of `revision` (None: the current one), with its revision (0: none yet)."""
+        ...

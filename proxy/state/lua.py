@@ -1,0 +1,322 @@
+"""The Redis backend's Lua scripts: each check-and-update that replicas must not interleave is one
+script, run atomically by Redis in one round trip (EVALSHA via redis-py's `register_script`).
+
+Times come from Redis `TIME` (one clock for every replica) unless a test passes one. Floats are
+returned as strings: Redis turns Lua numbers into integers. `MemoryBackend` implements the same
+rules in Python; tests/test_state_backend.py runs one contract against both.
+"""
+
+from __future__ import annotations
+
+# Seed a run's log again from a replica's copy after Redis lost it: KEYS 1 log, 2 run hash;
+# ARGV 1 idle ms, 2 log ms, 3.. stored entries. Only into an empty log (one replica seeds, the others
+# read what it seeded). Returns the log's length, or 0 when it was not empty.
+SEED = r"""
+if redis.call('LLEN', KEYS[1]) > 0 then return 0 end
+for i = 3, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[2], 'started', t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('LLEN', KEYS[1])
+"""
+
+# The run of a call (SPEC §3), found or created in one step so two replicas never start two runs
+# for one session. ARGV: 1 key prefix of the agent, 2 mode, 3 new run id, 4 idle ms, 5 slot ms,
+# 6 explicit session id or announced episode id, 7 previous_response_id, 8.. history digests,
+# longest first. Returns {outcome, run id, started}.
+RESOLVE = r"""
+local p, mode, new, idle, slot_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local name, prev = ARGV[6], ARGV[7]
+local function run_key(r) return p .. 'run:' .. r end
+local function live(r)
+  if r and redis.call('EXISTS', run_key(r)) == 1 then return r end
+  return false
+end
+local found = false
+if mode == 'explicit' then
+  if redis.call('EXISTS', p .. 'xterm:' .. name) == 1 then
+    return {'terminated', redis.call('GET', p .. 'x:' .. name) or '', '0'}
+  end
+  found = live(redis.call('GET', p .. 'x:' .. name))
+elseif mode == 'episode' then
+  found = live(redis.call('GET', p .. 'ep:' .. name))
+elseif mode == 'lineage' then
+  if prev ~= '' then found = live(redis.call('GET', p .. 'resp:' .. prev)) end
+  local i = 8
+  while not found and i <= #ARGV do
+    found = live(redis.call('GET', p .. 'h:' .. ARGV[i]))
+    i = i + 1
+  end
+  if not found then
+    -- a new conversation: the agent's latest run is its episode if it has seen none yet
+    local latest = live(redis.call('GET', p .. 'latest'))
+    if latest and not redis.call('HGET', run_key(latest), 'term')
+        and not redis.call('HGET', run_key(latest), 'lin') then
+      found = latest
+    end
+  end
+else
+  found = live(redis.call('GET', p .. 'latest'))
+end
+local function attach(r)
+  if mode == 'explicit' then return end
+  redis.call('SET', p .. 'latest', r, 'PX', slot_ttl)
+  if #ARGV >= 8 then
+    redis.call('SET', p .. 'h:' .. ARGV[8], r, 'PX', slot_ttl)
+    redis.call('HSET', run_key(r), 'lin', '1')
+  end
+end
+if found then
+  -- a call restarts the idle clock, a refused retry of a terminated episode too
+  redis.call('PEXPIRE', run_key(found), idle)
+  local started = redis.call('HGET', run_key(found), 'started') or '0'
+  if redis.call('HGET', run_key(found), 'term') then return {'terminated', found, started} end
+  attach(found)
+  return {'existing', found, started}
+end
+local t = redis.call('TIME')
+local started = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+redis.call('HSET', run_key(new), 'started', started)
+redis.call('PEXPIRE', run_key(new), idle)
+if mode == 'explicit' then
+  redis.call('SET', p .. 'x:' .. name, new, 'PX', slot_ttl)
+elseif mode == 'episode' then
+  redis.call('SET', p .. 'ep:' .. name, new, 'PX', slot_ttl)
+  redis.call('HSET', run_key(new), 'lin', '1')
+end
+attach(new)
+return {'created', new, started}
+"""
+
+# Terminate a run: KEYS 1 run hash, 2 the explicit session's mark (or an unused key); ARGV 1 reason,
+# 2 mark ms (0: none).
+TERMINATE = r"""
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'term', ARGV[1]) end
+if tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2]) end
+return 1
+"""
+
+# Circuit breaker of one agent x upstream (proxy/guards/breaker.py's CircuitBreaker; state in a hash:
+# s state, f consecutive failures, o opened at, ta trials admitted, g generation; a agent, u upstream).
+# `breaker(k, index, now, agent, upstream, ttl)` loads it; `admit(b, enabled, cooldown, half_max)`
+# returns {verdict, generation, trial, transition from ('' none), failures, retry_after, state}.
+_BREAKER = r"""
+local function clock(given)
+  local now = tonumber(given)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return now
+end
+local function breaker(k, index, now, agent, upstream, ttl)
+  local st = redis.call('HMGET', k, 's', 'f', 'o', 'ta', 'g')
+  local b = {k = k, index = index, now = now, agent = agent, upstream = upstream, ttl = ttl,
+    s = st[1] or 'closed', f = tonumber(st[2] or '0'), o = tonumber(st[3] or ''),
+    ta = tonumber(st[4] or '0'), g = tonumber(st[5] or '0')}
+  return b
+end
+local function save(b)
+  redis.call('HSET', b.k, 's', b.s, 'f', b.f, 'ta', b.ta, 'g', b.g, 'a', b.agent, 'u', b.upstream)
+  if b.o then redis.call('HSET', b.k, 'o', string.format('%.6f', b.o)) end
+  redis.call('PEXPIRE', b.k, b.ttl)
+  redis.call('SADD', b.index, b.k)
+end
+local function admit(b, enabled, cooldown, half_max)
+  if enabled == '0' then return {'allow', b.g, 0, '', b.f, '0', b.s} end
+  local function left()
+    if b.s ~= 'open' or not b.o then return 0 end
+    return math.max(0, b.o + tonumber(cooldown) - b.now)
+  end
+  local moved = ''
+  if b.s == 'open' and left() <= 0 then
+    moved = b.s
+    b.s = 'half_open'
+    b.g = b.g + 1
+    b.ta = 0
+    save(b)
+  end
+  if b.s == 'closed' then return {'allow', b.g, 0, '', b.f, '0', b.s} end
+  if b.s == 'half_open' and b.ta < tonumber(half_max) then
+    b.ta = b.ta + 1
+    save(b)
+    return {'allow', b.g, 1, moved, b.f, '0', b.s}
+  end
+  return {'refuse', b.g, 0, '', b.f, tostring(left()), b.s}
+end
+"""
+
+# KEYS: 1 breaker hash, 2 index of breakers. ARGV: 1 now ('' = TIME), 2 agent, 3 upstream, 4 ttl ms,
+# 5 enabled, 6 cooldown, 7 half-open max.
+BREAKER_ADMIT = (
+    _BREAKER
+    + r"""
+local b = breaker(KEYS[1], KEYS[2], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+return admit(b, ARGV[5], ARGV[6], ARGV[7])
+"""
+)
+
+# ARGV: 1 now, 2 agent, 3 upstream, 4 ttl ms, 5 enabled, 6 open after, 7 ticket generation,
+# 8 ticket trial (0/1), 9 failed (0/1). Returns {} or {from, to, failures, reason}.
+BREAKER_REPORT = (
+    _BREAKER
+    + r"""
+local b = breaker(KEYS[1], KEYS[2], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+if tonumber(ARGV[7]) ~= b.g then return {} end
+local trial = ARGV[8] == '1'
+local function move(new, reason)
+  local old = b.s
+  b.s = new
+  b.g = b.g + 1
+  b.ta = 0
+  save(b)
+  return {old, new, b.f, reason}
+end
+if ARGV[9] == '0' then
+  if b.s == 'half_open' and trial then
+    b.f = 0
+    return move('closed', 'trial call succeeded')
+  end
+  if b.s == 'closed' and b.f ~= 0 then
+    b.f = 0
+    save(b)
+  end
+  return {}
+end
+if ARGV[5] == '0' then return {} end
+b.f = b.f + 1
+if b.s == 'half_open' and trial then
+  b.o = b.now
+  return move('open', 'trial call failed')
+end
+if b.s == 'closed' and b.f >= tonumber(ARGV[6]) then
+  b.o = b.now
+  return move('open', b.f .. ' consecutive failures')
+end
+save(b)
+return {}
+"""
+)
+
+# ARGV: 1 now, 2 agent, 3 upstream, 4 ttl ms, 5 ticket generation.
+BREAKER_RELEASE = (
+    _BREAKER
+    + r"""
+local b = breaker(KEYS[1], KEYS[2], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+if tonumber(ARGV[5]) == b.g and b.ta > 0 then
+  b.ta = b.ta - 1
+  save(b)
+end
+return 1
+"""
+)
+
+# Prevention configs: KEYS 1 revision, ARGV 1 snapshot key prefix, 2 snapshot, 3 ms to keep old ones,
+# 4 the newest revision the publisher knows (revisions never repeat, even if Redis lost them).
+PUBLISH_CONFIG = r"""
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[4]) then redis.call('SET', KEYS[1], ARGV[4]) end
+local rev = redis.call('INCR', KEYS[1])
+redis.call('SET', ARGV[1] .. rev, ARGV[2])
+if rev > 1 then redis.call('PEXPIRE', ARGV[1] .. (rev - 1), ARGV[3]) end
+return rev
+"""
+
+# KEYS 1 revision; ARGV 1 snapshot key prefix, 2 wanted revision ('' = current).
+CONFIG_SNAPSHOT = r"""
+local rev = ARGV[2]
+if rev == '' then rev = redis.call('GET', KEYS[1]) or '0' end
+return {rev, redis.call('GET', ARGV[1] .. rev) or ''}
+"""
+
+# A run's guard log. KEYS: 1 log list, 2 run hash (its expiry is the run's idle clock), 3 config
+# revision, 4 pending function-calling tool calls, 5 MCP signatures recorded, 6.. slot keys kept
+# alive, then slot keys linked to the run. ARGV[1]: header JSON {since, idle, logttl, mapttl,
+# sigs (MCP signatures recorded), put (tool_call_id -> pending call JSON), take (tool_call_ids whose
+# results arrived), take_at (the body before which their TOOL_CALL entries go; 0: none), alive (how
+# many keep-alive keys), run (this run's id, for them), links (run id per link key), breakers (per
+# check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max}), breaker_index};
+# ARGV[2..]: entry
+# bodies. A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
+# the run hash's start stamp) appends nothing and returns first = 0.
+# Stored entry: "<time> <config revision> <body>". Returns {seq of the first entry added, entries
+# after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live, epoch,
+# the breakers' admissions (as BREAKER_ADMIT)}.
+
+_APPEND = r"""
+local h = cjson.decode(ARGV[1])
+local epoch = redis.call('HGET', KEYS[2], 'started') or ''
+if h.since > 0 and (redis.call('LLEN', KEYS[1]) < h.since or (h.epoch ~= '' and h.epoch ~= epoch)) then
+  -- the log is not the one this replica has followed (Redis restarted without its data, or the
+  -- run expired and started again): append nothing; the replica seeds it again or rebuilds (SEED)
+  return {0, {}, {}, '', 0, epoch, {}}
+end
+local t = redis.call('TIME')
+local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+local stamp = now .. ' ' .. (redis.call('GET', KEYS[3]) or '0') .. ' '
+local was_live = redis.call('EXISTS', KEYS[2])
+if was_live == 0 then
+  redis.call('HSET', KEYS[2], 'started', now)
+  epoch = now
+end
+local first = redis.call('LLEN', KEYS[1]) + 1
+for _, sig in ipairs(h.sigs) do redis.call('HINCRBY', KEYS[5], sig, 1) end
+for id, raw in pairs(h.put) do redis.call('HSET', KEYS[4], id, raw) end
+local taken = {}
+local function take()
+  for _, id in ipairs(h.take) do
+    local raw = redis.call('HGET', KEYS[4], id)
+    if raw then
+      redis.call('HDEL', KEYS[4], id)
+      local p = cjson.decode(raw)
+      local recorded = false
+      for _, sig in ipairs(p.sigs) do
+        if tonumber(redis.call('HGET', KEYS[5], sig) or '0') > 0 then
+          redis.call('HINCRBY', KEYS[5], sig, -1)
+          recorded = true
+          break
+        end
+      end
+      if not recorded then
+        redis.call('RPUSH', KEYS[1], stamp .. p.ev)
+        table.insert(taken, id)
+        table.insert(taken, p.detail)
+      end
+    end
+  end
+end
+for i = 2, #ARGV do
+  if i - 1 == h.take_at then take() end
+  redis.call('RPUSH', KEYS[1], stamp .. ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], h.logttl)
+redis.call('PEXPIRE', KEYS[2], h.idle)
+redis.call('PEXPIRE', KEYS[4], h.idle)
+redis.call('PEXPIRE', KEYS[5], h.idle)
+for i = 1, h.alive do
+  -- a slot naming this run lives as long as it can be live (set again if Redis lost it)
+  local cur = redis.call('GET', KEYS[5 + i])
+  if not cur then
+    redis.call('SET', KEYS[5 + i], h.run, 'PX', h.mapttl)
+  elseif cur == h.run then
+    redis.call('PEXPIRE', KEYS[5 + i], h.mapttl)
+  end
+end
+for j, run in ipairs(h.links) do redis.call('SET', KEYS[5 + h.alive + j], run, 'PX', h.mapttl) end
+if #h.links > 0 then redis.call('HSET', KEYS[2], 'lin', '1') end
+local term = redis.call('HGET', KEYS[2], 'term') or ''
+-- the circuit breakers of the checks appended, admitted in the same step (one round trip a call)
+local breakers = {}
+if #h.breakers > 0 then
+  local now = clock('')
+  for _, a in ipairs(h.breakers) do
+    local b = breaker(a[1], h.breaker_index, now, a[2], a[3], a[4])
+    table.insert(breakers, admit(b, a[5], a[6], a[7]))
+  end
+end
+return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers}
+"""
+
+APPEND = _BREAKER + _APPEND
