@@ -278,6 +278,10 @@ class GuardStage(BaseStage):
                 tokens=int(ex.tokens),
                 now=now,
             )
+        self.write_settled(session, guards, decisions)
+
+    def write_settled(self, session: Session, guards: SessionGuards, decisions: list[Decision]) -> None:
+        """What settling concluded (the soft budget alert): a STATE_UPDATE, tags, the alert."""
         for d in decisions:
             self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
             if d.tags:

@@ -21,7 +21,7 @@ import orjson
 
 from proxy import guard_trace
 from proxy.breaker_stage import BreakerStage
-from proxy.constants import TAG_SHADOW_FIRED, EventType
+from proxy.constants import EventType
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call, refuse_unavailable
 from proxy.guard_stage import GuardStage, token_estimate
@@ -242,27 +242,7 @@ class SharedGuardStage(GuardStage):
         guards = session.guards
         if guards is None or session.ended:
             return
-        for d in applied.decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
-            if d.tags:
-                self.engine.recorder.add_tags(
-                    session.run_id, *(d.tags if not guards.shadow else (TAG_SHADOW_FIRED,))
-                )
-            event_id = self.engine.write_event(
-                session,
-                EventType.STATE_UPDATE,
-                "state",
-                {
-                    "state": {"budget": {"cost_usd": d.actual, "soft_alert_threshold_usd": d.threshold}},
-                    "diff": {"budget_warning": True},
-                    "guardrail": d.guard,
-                    "message": d.message,
-                    **({"shadow": True} if guards.shadow else {}),
-                },
-            )
-            self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
-            if not guards.shadow:
-                self.engine.alerts.send(session, d)
+        self.write_settled(session, guards, list(applied.decisions))
 
 
 def pending_calls(session: Session, result: Any, llm_event_id: str | None) -> dict[str, PendingCall]:
