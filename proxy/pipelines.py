@@ -17,7 +17,12 @@ from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
-from proxy.shared_stages import SharedBreakerStage, SharedGuardStage, SharedToolResultsStage
+from proxy.shared_stages import (
+    SharedBreakerStage,
+    SharedGuardStage,
+    SharedResponsesChainStage,
+    SharedToolResultsStage,
+)
 from proxy.stages import ForwardStage, RecordStage, SessionStage
 
 if TYPE_CHECKING:
@@ -29,7 +34,8 @@ def llm_stages(engine: Engine) -> list[Stage]:
     return [
         LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
         SessionStage(engine),  # the call's run (explicit session, episode, lineage)
-        ResponsesChainStage(),  # previous_response_id: synthetic parents rewritten, history found
+        # previous_response_id: synthetic parents rewritten, history found (shared: links fetched/shared)
+        SharedResponsesChainStage(engine) if shared else ResponsesChainStage(),
         # TOOL_CALLs of the function-calling results the request brings (shared: in the guards' round trip)
         (SharedToolResultsStage if shared else ToolResultsStage)(engine),
         # loop, limits, budgets (pure guards); settles after the answer

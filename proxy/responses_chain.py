@@ -18,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from proxy.dialects import openai_responses
 from proxy.dialects.base import LLMRequest, ToolCall, ToolResult
 
@@ -37,6 +39,37 @@ class Link:
     real_parent: str | None = None
     input_items: list[Any] = field(default_factory=list)
     text: str | None = None
+    parent_id: str | None = None  # the request's previous_response_id (shared chains: proxy/shared_stages.py)
+    complete: bool = False  # every ancestor is linked here (`ResponsesChains.missing` walks no further)
+
+
+def link_blob(link: Link) -> bytes:
+    """A link as replicas share it (the parent by id; the chain's other links are shared alike)."""
+    return orjson.dumps(
+        {
+            "parent_id": link.parent_id,
+            "steps": [[[c.id, c.name, c.arguments] for c in step] for step in link.steps],
+            "results": [[r.tool_call_id, r.content, r.is_error] for r in link.results],
+            "turn_start": link.turn_start,
+            "real_parent": link.real_parent,
+            "input_items": link.input_items,
+            "text": link.text,
+        }
+    )
+
+
+def link_from_blob(blob: bytes, parent: Link | None) -> Link:
+    data = orjson.loads(blob)
+    return Link(
+        parent=parent,
+        steps=[[ToolCall(i, n, a) for i, n, a in step] for step in data["steps"]],
+        results=[ToolResult(i, c, bool(e)) for i, c, e in data["results"]],
+        turn_start=data["turn_start"],
+        real_parent=data["real_parent"],
+        input_items=list(data["input_items"]),
+        text=data["text"],
+        parent_id=data["parent_id"],
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +111,29 @@ class ResponsesChains:
         if link is not None:
             self.links.move_to_end(response_id)
         return link
+
+    def missing(self, response_id: str | None) -> str | None:
+        """The newest link of the chain ending at `response_id` that is not known here (another
+        replica answered it), or None when the whole chain is here. Links found complete are marked,
+        so a long chain is walked once."""
+        walked: list[Link] = []
+        rid = response_id
+        found: str | None = None
+        while rid is not None:
+            link = self.links.get(rid)
+            if link is None:
+                found = rid
+                break
+            if link.complete:
+                break
+            walked.append(link)
+            if link.parent is None and link.parent_id is not None:
+                link.parent = self.links.get(link.parent_id)  # it may have arrived since
+            rid = link.parent_id
+        if found is None:
+            for link in walked:
+                link.complete = True
+        return found
 
     def remember(self, response_id: str, link: Link) -> None:
         self.links[response_id] = link
@@ -125,6 +181,7 @@ class ResponsesChains:
             steps=[*call.steps, *answer_steps],
             results=list(call.tool_results),
             turn_start=call.turn_start if has_user_message(call) else None,
+            parent_id=call.previous_response_id,
         )
 
     def rewrite(self, body: dict[str, Any]) -> dict[str, Any] | None:

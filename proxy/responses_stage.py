@@ -70,5 +70,6 @@ class ResponsesChainStage(BaseStage):
                 steps=list(call.steps),
                 results=list(call.tool_results),
                 turn_start=call.turn_start if has_user_message(call) else None,
+                parent_id=call.previous_response_id,
             ),
         )

@@ -29,14 +29,69 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.signatures import signature
 from proxy.llm import ToolResultsStage, error_text, record_tool_results
-from proxy.responses_chain import synthetic_id_of
+from proxy.responses_chain import link_blob, link_from_blob, synthetic_id_of
+from proxy.responses_stage import ResponsesChainStage, is_responses
 from proxy.sessions import Session
 from proxy.state import entries
 from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
 from proxy.state.replica import Applied
 
 if TYPE_CHECKING:
+    from proxy.engine import Engine
     from proxy.state.service import SharedState
+
+
+CHAIN_FETCH_LIMITS = (8, 256, 2048)  # links fetched per round trip, growing while the gap lasts
+
+
+class SharedResponsesChainStage(ResponsesChainStage):
+    """`ResponsesChainStage` with the chains shared: a request continuing a response another replica
+    answered (or blocked) gets that chain's links from the backend first; each answer's link is shared
+    as soon as the client has it, so the replica that gets the next request judges the whole history
+    and rewrites a synthetic parent as this one would."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    @property
+    def shared(self) -> SharedState:
+        shared = self.engine.shared
+        assert shared is not None
+        return shared
+
+    async def request(self, ex: Exchange) -> None:
+        if ex.protocol is not None and ex.session is not None and is_responses(ex):
+            await self.fetch_missing(ex.session.agent, ex.call.previous_response_id)
+        await super().request(ex)
+
+    async def fetch_missing(self, agent: str, previous_response_id: str | None) -> None:
+        """Links of the chain this replica lacks, newest first; usually only the last answer (another
+        replica's), so a few at a time first, more when the gap is longer."""
+        for limit in CHAIN_FETCH_LIMITS:
+            missing = self.chains.missing(previous_response_id)
+            if missing is None:
+                return
+            fetched = await self.shared.chain(agent, missing, limit)
+            for response_id, blob in reversed(fetched):  # oldest first: each finds its parent
+                link = link_from_blob(blob, None)
+                link.parent = self.chains.get(link.parent_id)
+                self.chains.remember(response_id, link)
+            if len(fetched) < limit:
+                return  # the rest of the chain is not shared (expired, or before shared state)
+
+    async def finish(self, ex: Exchange) -> None:
+        await super().finish(ex)
+        if ex.protocol is None or ex.session is None or not is_responses(ex):
+            return
+        if ex.forwarded:
+            result = ex.result
+            response_id = result.response_id if result is not None and not result.error else None
+        else:
+            response_id = synthetic_id_of(ex.answer.body) if ex.answer is not None and ex.block_text else None
+        link = self.chains.links.get(response_id) if response_id else None
+        if response_id and link is not None:
+            await self.shared.share_link(ex.session.agent, response_id, link_blob(link), link.parent_id)
 
 
 class SharedToolResultsStage(ToolResultsStage):

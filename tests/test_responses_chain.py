@@ -64,3 +64,39 @@ def test_links_are_bounded() -> None:
     for i in range(3):
         chains.remember_answer(req({"input": "x"}), f"resp_{i}", [])
     assert chains.get("resp_0") is None and chains.get("resp_2") is not None
+
+
+def test_a_link_travels_between_replicas_whole() -> None:
+    from proxy.responses_chain import link_blob, link_from_blob
+
+    chains = ResponsesChains()
+    first = req({"input": "go"})
+    chains.remember_answer(first, "resp_1", [ToolCall("c1", "search", {"q": "x"})])
+    blocked = req({"previous_response_id": "resp_1", "input": [output("c1")]})
+    chains.remember_block(
+        blocked,
+        "resp_tripwire_1",
+        {"previous_response_id": "resp_1", "input": [output("c1")]},
+        "[tripwire] no",
+    )
+    other = ResponsesChains()  # another replica
+    for rid in ("resp_1", "resp_tripwire_1"):
+        link = chains.links[rid]
+        copy = link_from_blob(link_blob(link), other.get(link.parent_id))
+        other.remember(rid, copy)
+    later = req({"previous_response_id": "resp_tripwire_1", "input": "ok"})
+    assert other.history(later) == chains.history(later)
+    body = {"model": "gpt-4o", "previous_response_id": "resp_tripwire_1", "input": "ok"}
+    assert other.rewrite(dict(body)) == chains.rewrite(dict(body))
+
+
+def test_missing_names_the_newest_link_not_here_and_marks_whole_chains() -> None:
+    chains = ResponsesChains()
+    chains.remember_answer(req({"input": "go"}), "resp_1", [])
+    chains.remember_answer(req({"previous_response_id": "resp_1", "input": "more"}), "resp_2", [])
+    assert chains.missing("resp_2") is None and chains.links["resp_1"].complete
+    assert chains.missing("resp_elsewhere") == "resp_elsewhere"
+    # a link whose parent another replica answered: that parent is what is missing
+    chains.remember_answer(req({"previous_response_id": "resp_x", "input": "go on"}), "resp_3", [])
+    assert chains.missing("resp_3") == "resp_x"
+    assert chains.missing(None) is None

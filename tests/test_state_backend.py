@@ -275,3 +275,21 @@ async def test_a_log_that_lost_its_entries_is_seeded_again_once(backend: StateBa
     assert (
         await backend.append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch=again.epoch)
     ).first_own == 4
+
+
+async def test_responses_links_come_back_as_their_chain_newest_first(backend: StateBackend) -> None:
+    await backend.put_links("bot", {"resp_1": (b"one", None)}, idle_s=60)
+    await backend.put_links("bot", {"resp_2": (b"two", "resp_1"), "resp_3": (b"three", "resp_2")}, idle_s=60)
+    assert await backend.chain("bot", "resp_3", limit=10, idle_s=60) == [
+        ("resp_3", b"three"),
+        ("resp_2", b"two"),
+        ("resp_1", b"one"),
+    ]
+    assert await backend.chain("bot", "resp_3", limit=2, idle_s=60) == [
+        ("resp_3", b"three"),
+        ("resp_2", b"two"),
+    ]
+    assert await backend.chain("other-agent", "resp_3", limit=10, idle_s=60) == []  # per agent
+    # a link not shared ends the chain (expired, or answered before the replicas shared state)
+    await backend.put_links("bot", {"resp_9": (b"nine", "resp_gone")}, idle_s=60)
+    assert await backend.chain("bot", "resp_9", limit=10, idle_s=60) == [("resp_9", b"nine")]

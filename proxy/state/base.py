@@ -205,6 +205,22 @@ class StateBackend(Protocol):
 
     async def breakers(self) -> list[BreakerView]: ...
 
+    # --- Responses API chains -------------------------------------------------------------------
+
+    async def put_links(
+        self, agent: str, links: Mapping[str, tuple[bytes, str | None]], *, idle_s: float
+    ) -> None:
+        """Share Responses links: response id -> (blob, parent response id), kept while idle_s passes
+        without a read."""
+        ...
+
+    async def chain(
+        self, agent: str, response_id: str, *, limit: int, idle_s: float
+    ) -> list[tuple[str, bytes]]:
+        """The shared links of the chain ending at `response_id`, newest first, up to `limit` or the
+        first one not shared (one round trip); each link read is kept idle_s longer."""
+        ...
+
     # --- prevention configs set through the admin API ------------------------------------------
 
     async def publish_config(self, snapshot: bytes, *, after: int = 0) -> int:

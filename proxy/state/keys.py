@@ -32,6 +32,11 @@ def agent_prefix(agent: str) -> str:
     return f"{PREFIX}a:{part(agent)}:"
 
 
+def chain_link(agent: str, response_id: str) -> str:
+    """A Responses answer's link (proxy/responses_chain.py), a hash {b: blob, p: parent id}."""
+    return f"{agent_prefix(agent)}chain:{part(response_id)}"
+
+
 def run(agent: str, run_id: str) -> str:
     """Hash of the run's marks; its expiry is the run's idle clock (SPEC §3)."""
     return f"{agent_prefix(agent)}run:{part(run_id)}"

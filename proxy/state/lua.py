@@ -224,6 +224,24 @@ if rev > 1 then redis.call('PEXPIRE', ARGV[1] .. (rev - 1), ARGV[3]) end
 return rev
 """
 
+# Responses chains. KEYS 1 the agent's chain key prefix; ARGV 1 newest response id, 2 limit, 3 idle
+# seconds (each link read is kept that much longer). Returns id, blob, id, blob, ... newest first.
+CHAIN = r"""
+local out = {}
+local id = ARGV[1]
+for i = 1, tonumber(ARGV[2]) do
+  local key = KEYS[1] .. id
+  local v = redis.call('HMGET', key, 'b', 'p')
+  if not v[1] then break end
+  redis.call('EXPIRE', key, ARGV[3])
+  out[#out + 1] = id
+  out[#out + 1] = v[1]
+  if not v[2] or v[2] == '' then break end
+  id = v[2]
+end
+return out
+"""
+
 # KEYS 1 revision; ARGV 1 snapshot key prefix, 2 wanted revision ('' = current).
 CONFIG_SNAPSHOT = r"""
 local rev = ARGV[2]

@@ -310,6 +310,27 @@ class MemoryBackend:
         self._configs[self._config_rev] = bytes(snapshot)
         return self._config_rev
 
+    async def put_links(
+        self, agent: str, links: Mapping[str, tuple[bytes, str | None]], *, idle_s: float
+    ) -> None:
+        for response_id, (blob, parent) in links.items():
+            self._keys.set(keys.chain_link(agent, response_id), (blob, parent), idle_s)
+
+    async def chain(
+        self, agent: str, response_id: str, *, limit: int, idle_s: float
+    ) -> list[tuple[str, bytes]]:
+        out: list[tuple[str, bytes]] = []
+        rid: str | None = response_id
+        while rid and len(out) < limit:
+            key = keys.chain_link(agent, rid)
+            found = self._keys.get(key)
+            if found is None:
+                break
+            self._keys.expire(key, idle_s)
+            out.append((rid, found[0]))
+            rid = found[1]
+        return out
+
     async def config_snapshot(self, revision: int | None = None) -> tuple[int, bytes | None]:
         rev = self._config_rev if revision is None else revision
         return rev, self._configs.get(rev)

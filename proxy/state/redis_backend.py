@@ -99,6 +99,7 @@ class RedisBackend:
         self._breaker_release = c.register_script(lua.BREAKER_RELEASE)
         self._publish_config = c.register_script(lua.PUBLISH_CONFIG)
         self._config_snapshot = c.register_script(lua.CONFIG_SNAPSHOT)
+        self._chain = c.register_script(lua.CHAIN)
 
     async def _call(self, script: Any, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -318,6 +319,28 @@ class RedisBackend:
             [keys.CONFIG_SNAPSHOT, snapshot, OLD_CONFIG_TTL_MS, after],
         )
         return int(rev)
+
+    async def put_links(
+        self, agent: str, links: Mapping[str, tuple[bytes, str | None]], *, idle_s: float
+    ) -> None:
+        ttl = max(1, int(idle_s) + 1)
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for response_id, (blob, parent) in links.items():
+                    key = keys.chain_link(agent, response_id)
+                    pipe.hset(key, mapping={"b": blob, "p": parent or ""})
+                    pipe.expire(key, ttl)
+                await pipe.execute()
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    async def chain(
+        self, agent: str, response_id: str, *, limit: int, idle_s: float
+    ) -> list[tuple[str, bytes]]:
+        prefix = keys.chain_link(agent, "")
+        ttl = max(1, int(idle_s) + 1)
+        flat = await self._call(self._chain, [prefix], [keys.part(response_id), limit, ttl])
+        return [(bytes(flat[i]).decode(), bytes(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     async def config_snapshot(self, revision: int | None = None) -> tuple[int, bytes | None]:
         rev, snapshot = await self._call(

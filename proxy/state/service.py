@@ -10,6 +10,7 @@ it belongs to, so one session is one run id whichever replica serves it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ log = logging.getLogger("tripwire.state")
 
 TERMINATED = "terminated"  # `run_for`: the session was terminated (on any replica): refuse the call
 MAX_HISTORY_DIGESTS = 256  # prefixes of a conversation looked up when resolving its run
+MAX_CHAIN_LINKS = 2048  # Responses links fetched in one round trip (older ones: judged without)
 
 
 def backend_for(url: str) -> StateBackend:
@@ -201,6 +203,30 @@ class SharedState:
             newest = next(reversed(session.lineage.histories))
             links[keys.slot_history(session.agent, newest.hex())] = session.run_id
         return alive, links
+
+    # --- Responses API chains -------------------------------------------------------------------
+
+    async def chain(
+        self, agent: str, response_id: str, limit: int = MAX_CHAIN_LINKS
+    ) -> list[tuple[str, bytes]]:
+        """The shared links of a chain this replica is missing, newest first (none while the
+        backend is down: the call is then judged on what this replica has, and the guard stage's
+        round trip applies the failure policy)."""
+        try:
+            return await self.link.call(
+                lambda: self.backend.chain(
+                    agent, response_id, limit=min(limit, MAX_CHAIN_LINKS), idle_s=self.idle_s
+                )
+            )
+        except StateUnavailable:
+            return []
+
+    async def share_link(self, agent: str, response_id: str, blob: bytes, parent: str | None) -> None:
+        """A Responses answer's link, for the replica that gets the request continuing it."""
+        with contextlib.suppress(StateUnavailable):
+            await self.link.call(
+                lambda: self.backend.put_links(agent, {response_id: (blob, parent)}, idle_s=self.idle_s)
+            )
 
     def response_link(self, session: Session, response_id: str) -> dict[str, str]:
         if session.explicit:
