@@ -16,6 +16,7 @@ from aiohttp import WSMsgType
 from proxy.replay import replay_dir
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
+from tests.redis_server import RedisServer
 from tests.schema import assert_run_valid
 
 SESSION = {"X-Tripwire-Session": "ws-1", "X-Tripwire-Agent": "codex"}
@@ -560,3 +561,41 @@ async def test_real_codex_websocket_episodes_become_one_run_each(
         assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL"]  # the warm-up is no call
         seen.add(tw.tripwire_json(run_id)["episode"]["id"])
     assert seen == set(sessions)
+
+
+async def test_a_shared_state_outage_under_fail_closed_is_an_error_event_and_the_socket_goes_on(
+    own_redis: RedisServer, start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """`state_unavailable` over the WebSocket (issue 13, SPEC §8): the call gets a 503 error event
+    with retry-after, nothing reaches the upstream, the socket stays open, and once Redis is back
+    the next call goes through."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(text="back again")]
+    tw = await start_tripwire(
+        upstream={"url": url}, state={"url": own_redis.url, "on_unavailable": "fail_closed"}
+    )
+    own_redis.stop()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(tw.url + "/v1/responses", headers=auth(), autoping=False) as ws,
+    ):
+        await ws.send_str(create(input="one"))
+        refused = await next_json(ws)
+        await ws.ping(b"still open?")
+        pong = await asyncio.wait_for(ws.receive(), EVENT_WAIT_S)
+        assert refused["type"] == "error" and refused["status"] == 503
+        assert refused["error"]["code"] == "state_unavailable"
+        assert int(refused["headers"]["retry-after"]) > 0
+        assert pong.type == WSMsgType.PONG
+        assert fake.ws_messages == []
+        own_redis.start()
+        shared = tw.engine.shared
+        assert shared is not None
+        deadline = asyncio.get_running_loop().time() + EVENT_WAIT_S
+        while not shared.link.up:  # the probe notices (every second)
+            assert asyncio.get_running_loop().time() < deadline, "Redis never seen back"
+            await asyncio.sleep(0.05)
+        await ws.send_str(create(input="two"))
+        events = await until_done(ws)
+    assert events[-1]["type"] == "response.completed"
+    assert len(fake.ws_messages) == 1
