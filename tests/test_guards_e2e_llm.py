@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
+from tests.responses_chain_scenario import GUARDS, play_block_and_continuation, script
 from tests.schema import assert_run_valid
 
 SESSION = {"X-Tripwire-Session": "loop-1", "X-Tripwire-Agent": "looper"}
@@ -342,43 +343,10 @@ async def test_responses_chain_block_and_continuation_of_the_synthetic_id(
     """A Responses agent chaining with previous_response_id: the chain's history is judged, the
     block gets a `resp_tripwire_` id, and continuing it goes to the real parent."""
     fake, url = fake_upstream
-    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": "Paris"})]) for i in range(3)] + [
-        Reply(text="Paris is sunny")
-    ]
-    guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
-    tw = await start_tripwire(upstream={"url": url}, guards=guards)
+    script(fake)
+    tw = await start_tripwire(upstream={"url": url}, guards=GUARDS)
     client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
-
-    async def create(**kw: Any) -> Any:
-        if not stream:
-            return await client.responses.create(model="gpt-4o", **kw)
-        async with client.responses.stream(model="gpt-4o", **kw) as s:
-            return await s.get_final_response()
-
-    response = await create(input="weather in Paris?")
-    ids = [response.id]
-    for _ in range(3):
-        (call,) = [item for item in response.output if item.type == "function_call"]
-        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
-        response = await create(previous_response_id=response.id, input=[output])
-        ids.append(response.id)
-        if response.id.startswith("resp_tripwire_"):
-            break
-    # the 4th request holds the 3rd identical call in its chain: blocked, never sent upstream
-    assert len(fake.calls("/v1/responses")) == 3
-    assert response.status == "completed"
-    assert response.output_text.startswith("[tripwire] blocked:")
-    blocked_id = response.id
-    blocked_input = output
-
-    final = await create(previous_response_id=blocked_id, input="fine, just summarise")
-    assert final.output_text == "Paris is sunny"
-    sent = fake.calls("/v1/responses")[-1].body
-    assert sent["previous_response_id"] == ids[2]  # the real parent, which the upstream knows
-    assert sent["input"][0] == blocked_input  # the tool output the parent is waiting for
-    assert sent["input"][1]["role"] == "assistant"
-    assert sent["input"][1]["content"].startswith("[tripwire] blocked:")
-    assert sent["input"][2] == {"role": "user", "content": "fine, just summarise"}
+    await play_block_and_continuation(fake, lambda: client, stream)
     _, events = await one_run(tw)
     assert len(loop_warnings(events, "repetition")) == 1
     assert len(only(events, "ERROR")) == 1
