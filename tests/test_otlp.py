@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -287,6 +289,23 @@ async def test_close_flushes_and_is_bounded_by_the_export_timeout() -> None:
         await exporter.close()  # returns although the collector never answers
         assert exporter.health()["exported"] == 0
         exporter.accept({}, 0.0, agent="a", session_id="s")  # after close: ignored, never raises
+    # the collector is gone: the held export fails and the exporter's threads end (before the next
+    # test, whose log capture they would otherwise write into)
+    await wait_until(
+        lambda: not any(t.name.startswith(("Otel", "tripwire-otlp")) for t in threading.enumerate())
+    )
+
+
+def exporter_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(("Otel", "tripwire-otlp"))]
+
+
+@pytest.fixture(autouse=True)
+async def exporters_end_with_their_test() -> AsyncIterator[None]:
+    """A closed exporter's last export (to a collector now gone) ends before the next test starts:
+    its thread would otherwise log into that test's capture (seen in test_pricing)."""
+    yield
+    await wait_until(lambda: not exporter_threads())
 
 
 async def wait_until(predicate: Any, limit_s: float = 60) -> None:
