@@ -23,7 +23,7 @@ from proxy.constants import (
     EventType,
 )
 from proxy.dialects import dialect_for
-from proxy.dialects.base import LLMRequest, LLMResult, Usage, estimate_prompt_tokens
+from proxy.dialects.base import LLMRequest, LLMResult, ToolResult, Usage, estimate_prompt_tokens
 from proxy.dialects.contract import Accumulator, Dialect
 from proxy.episodes import call_digests
 from proxy.exchange import Answer, Exchange
@@ -453,30 +453,46 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         pending = session.conversation.pending_tool_calls.pop(tr.tool_call_id, None)
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
-        event_id = engine.write_event(
-            session,
-            EventType.TOOL_CALL,
-            pending.name,
-            {
-                "tool_name": pending.name,
-                "args": pending.arguments,
-                "result": tr.content,
-                "status": "error" if tr.is_error else "ok",
-                "error": {"error_type": "ToolError", "message": error_text(tr.content)}
-                if tr.is_error
-                else None,
-                "source": "llm",
-                "server": None,
-                "tool_call_id": tr.tool_call_id,
-            },
-            # from the answer that asked for the tool to the request that brings its result
-            duration_ms=max(0, int((ex.started_wall - pending.asked_at) * 1000)),
-            parent_id=pending.llm_event_id,
-            ts=ex.started_wall,
+        event_id = write_tool_result(
+            ex, engine, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
         )
         engine.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
-        session.conversation.tool_event_ids[tr.tool_call_id] = event_id
-        engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", pending.name)
+
+
+def write_tool_result(
+    ex: Exchange,
+    engine: Engine,
+    tr: ToolResult,
+    name: str,
+    arguments: Any,
+    asked_at: float,
+    llm_event_id: str | None,
+) -> str:
+    """The TOOL_CALL of one function-calling result (the caller lets the guards observe it)."""
+    session = ex.session
+    assert session is not None
+    event_id = engine.write_event(
+        session,
+        EventType.TOOL_CALL,
+        name,
+        {
+            "tool_name": name,
+            "args": arguments,
+            "result": tr.content,
+            "status": "error" if tr.is_error else "ok",
+            "error": {"error_type": "ToolError", "message": error_text(tr.content)} if tr.is_error else None,
+            "source": "llm",
+            "server": None,
+            "tool_call_id": tr.tool_call_id,
+        },
+        # from the answer that asked for the tool to the request that brings its result
+        duration_ms=max(0, int((ex.started_wall - asked_at) * 1000)),
+        parent_id=llm_event_id,
+        ts=ex.started_wall,
+    )
+    session.conversation.tool_event_ids[tr.tool_call_id] = event_id
+    engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", name)
+    return event_id
 
 
 def record_llm_call(ex: Exchange, engine: Engine) -> None:

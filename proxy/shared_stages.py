@@ -28,7 +28,7 @@ from proxy.guard_stage import GuardStage, token_estimate
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.signatures import signature
-from proxy.llm import ToolResultsStage, error_text, record_tool_results
+from proxy.llm import ToolResultsStage, record_tool_results, write_tool_result
 from proxy.responses_chain import link_blob, link_from_blob, synthetic_id_of
 from proxy.responses_stage import ResponsesChainStage, is_responses
 from proxy.sessions import Session
@@ -211,32 +211,16 @@ class SharedGuardStage(GuardStage):
             tr = by_id.get(call_id)
             if tr is None:
                 continue
-            name = str(detail.get("name"))
-            event_id = self.engine.write_event(
-                session,
-                EventType.TOOL_CALL,
-                name,
-                {
-                    "tool_name": name,
-                    "args": detail.get("arguments"),
-                    "result": tr.content,
-                    "status": "error" if tr.is_error else "ok",
-                    "error": {"error_type": "ToolError", "message": error_text(tr.content)}
-                    if tr.is_error
-                    else None,
-                    "source": "llm",
-                    "server": None,
-                    "tool_call_id": call_id,
-                },
-                duration_ms=max(
-                    0, int((ex.started_wall - float(detail.get("asked_at", ex.started_wall))) * 1000)
-                ),
-                parent_id=detail.get("llm_event_id"),
-                ts=ex.started_wall,
-            )
             # observed already: its entry went into the log right before this request's check
-            session.conversation.tool_event_ids[call_id] = event_id
-            self.engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", name)
+            write_tool_result(
+                ex,
+                self.engine,
+                tr,
+                str(detail.get("name")),
+                detail.get("arguments"),
+                float(detail.get("asked_at", ex.started_wall)),
+                detail.get("llm_event_id"),
+            )
 
     def refuse_ended_elsewhere(self, ex: Exchange, decision: Decision) -> None:
         """The session ended (on this replica or another): refused like every later call; this
