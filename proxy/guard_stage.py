@@ -22,8 +22,10 @@ from proxy.constants import (
     TAG_TERMINATED,
     EventType,
 )
+from proxy.dialects.base import ToolCall, ToolResult
 from proxy.exchange import Exchange
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning, write_refusal_error
+from proxy.guards.budget import Reservation
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.session import SessionGuards, Verdict
@@ -60,6 +62,25 @@ def token_estimate(ex: Exchange) -> int:
     )
 
 
+def llm_guard_inputs(
+    ex: Exchange, estimate: float
+) -> tuple[list[list[ToolCall]], int, list[ToolResult], int, dict[str, Any]]:
+    """An LLM call's history as the guards judge it (a Responses previous_response_id stands for
+    its chain's), its token reservation, and what its event keeps of them for replay."""
+    call = ex.call
+    session = ex.session
+    assert session is not None
+    steps, turn_start, results = call.steps, call.turn_start, call.tool_results
+    if ex.history is not None:
+        steps, turn_start, results = ex.history.steps, ex.history.turn_start, ex.history.results
+    tokens = token_estimate(ex)
+    conversation = session.conversation
+    inputs, conversation.guard_history = guard_trace.llm_inputs(
+        conversation.guard_history, steps, turn_start, results, estimate, tokens
+    )
+    return steps, turn_start, results, tokens, inputs
+
+
 class GuardStage(BaseStage):
     name = "guards"
     fail_open = True
@@ -92,14 +113,8 @@ class GuardStage(BaseStage):
             if session.terminated:  # a result it brings ended the session (stop_on_loop): refused
                 self.refuse_ended(ex, guards)
                 return
-            steps, turn_start, results = call.steps, call.turn_start, call.tool_results
-            if ex.history is not None:  # a Responses previous_response_id stands for a history
-                steps, turn_start, results = ex.history.steps, ex.history.turn_start, ex.history.results
-            tokens = token_estimate(ex)
+            steps, turn_start, results, tokens, inputs = llm_guard_inputs(ex, estimate)
             conversation = session.conversation
-            inputs, conversation.guard_history = guard_trace.llm_inputs(
-                conversation.guard_history, steps, turn_start, results, estimate, tokens
-            )
             seen = (guards.events_seen, guards.calls_settled)
             verdict = guards.before_llm_call(
                 steps,
@@ -110,6 +125,18 @@ class GuardStage(BaseStage):
                 now=now,
                 event_ids=conversation.tool_event_ids,
             )
+        self.apply(ex, guards, verdict, inputs, seen, now)
+
+    def apply(
+        self,
+        ex: Exchange,
+        guards: SessionGuards,
+        verdict: Verdict,
+        inputs: dict[str, Any],
+        seen: tuple[int, int],
+        now: float,
+    ) -> None:
+        """What the guards decided, carried out: the trace, the events, a refusal or a warning."""
         ex.guard_trace = self.trace(ex, guards, verdict, inputs, seen, now)
         ex.reservation = verdict.reservation
         ex.decisions.extend(verdict.decisions)
@@ -117,11 +144,15 @@ class GuardStage(BaseStage):
         if verdict.shadow:
             self.write_shadow_refusal(ex, verdict)
         if verdict.refused:
-            guards.release(ex.reservation)
+            self.give_back(guards, ex.reservation)
             ex.reservation = None
             self.refuse(ex, verdict.decision, loop_events=bool(verdict.loop_findings))
             return
         self.warn_agent(ex, verdict)
+
+    def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None:
+        """A refused call's budget reservation goes back."""
+        guards.release(reservation)
 
     def trace(
         self,

@@ -48,17 +48,24 @@ class ResponsesChainStage(BaseStage):
         ex.responses_body = rewritten if rewritten is not None else body
 
     async def finish(self, ex: Exchange) -> None:
+        self.continue_chain(ex)
+
+    def continue_chain(self, ex: Exchange) -> str | None:
+        """Remember the answer's link; returns the response id the chain now goes on from."""
         if ex.protocol is None or ex.session is None or not is_responses(ex):
-            return
+            return None
         if ex.forwarded:
             result = ex.result
             if result is not None and result.response_id and not result.error:
                 self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
-            return
+                return str(result.response_id)
+            return None
         if ex.answer is not None and ex.block_text is not None:
             synthetic = synthetic_id_of(ex.answer.body)
             if synthetic is not None:  # a request continuing the blocked answer goes to the real parent
                 self.chains.remember_block(ex.call, synthetic, ex.responses_body or {}, ex.block_text)
+                return synthetic
+        return None
 
     def link_warmup(self, call: LLMRequest, response_id: str) -> None:
         """A warm-up (generate: false) answered: the chain goes on from it, with its input and no

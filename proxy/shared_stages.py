@@ -24,9 +24,11 @@ from proxy.breaker_stage import BreakerStage
 from proxy.constants import EventType
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call, refuse_unavailable
-from proxy.guard_stage import GuardStage, token_estimate
+from proxy.guard_stage import GuardStage, llm_guard_inputs
+from proxy.guards.budget import Reservation
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
+from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import signature
 from proxy.llm import ToolResultsStage, record_tool_results, write_tool_result
 from proxy.responses_chain import link_blob, link_from_blob, synthetic_id_of
@@ -81,16 +83,9 @@ class SharedResponsesChainStage(ResponsesChainStage):
                 return  # the rest of the chain is not shared (expired, or before shared state)
 
     async def finish(self, ex: Exchange) -> None:
-        await super().finish(ex)
-        if ex.protocol is None or ex.session is None or not is_responses(ex):
-            return
-        if ex.forwarded:
-            result = ex.result
-            response_id = result.response_id if result is not None and not result.error else None
-        else:
-            response_id = synthetic_id_of(ex.answer.body) if ex.answer is not None and ex.block_text else None
+        response_id = self.continue_chain(ex)
         link = self.chains.links.get(response_id) if response_id else None
-        if response_id and link is not None:
+        if response_id and link is not None and ex.session is not None:
             await self.shared.share_link(ex.session.agent, response_id, link_blob(link), link.parent_id)
 
 
@@ -140,13 +135,7 @@ class SharedGuardStage(GuardStage):
             inputs = guard_trace.mcp_inputs(call.tool_name, call.arguments, ex.route.upstream, estimate)
             check = entries.tool_check(cid, call.tool_name, call.arguments, ex.route.upstream, estimate)
         else:
-            steps, turn_start, results = call.steps, call.turn_start, call.tool_results
-            if ex.history is not None:  # a Responses previous_response_id stands for a history
-                steps, turn_start, results = ex.history.steps, ex.history.turn_start, ex.history.results
-            tokens = token_estimate(ex)
-            inputs, conversation.guard_history = guard_trace.llm_inputs(
-                conversation.guard_history, steps, turn_start, results, estimate, tokens
-            )
+            steps, turn_start, results, tokens, inputs = llm_guard_inputs(ex, estimate)
             check = entries.llm_check(cid, steps, turn_start, results, estimate, tokens)
             # results whose TOOL_CALL is not written yet: the call that asked for them may have been
             # answered by any replica, so the shared pending calls decide
@@ -182,21 +171,12 @@ class SharedGuardStage(GuardStage):
             return
         verdict = applied.verdict
         assert verdict is not None
-        ex.guard_trace = self.trace(
-            ex, guards, verdict, inputs, (applied.events_before, applied.settled_before), now
-        )
-        ex.reservation = verdict.reservation
-        ex.decisions.extend(verdict.decisions)
-        self.write_findings(ex, verdict)
-        if verdict.shadow:
-            self.write_shadow_refusal(ex, verdict)
-        if verdict.refused:
-            ex.reservation = None  # the replica gave it back already (every replica does the same)
-            self.refuse(ex, verdict.decision, loop_events=bool(verdict.loop_findings))
-            if verdict.decision.action == Action.TERMINATE:
-                shared.terminate(session, f"guard:{verdict.decision.guard}")
-            return
-        self.warn_agent(ex, verdict)
+        self.apply(ex, guards, verdict, inputs, (applied.events_before, applied.settled_before), now)
+        if verdict.refused and verdict.decision.action == Action.TERMINATE:
+            shared.terminate(session, f"guard:{verdict.decision.guard}")
+
+    def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None:
+        """Nothing to give back: the replica did when it applied the refusal (every replica does)."""
 
     def write_taken_tool_calls(self, ex: Exchange, taken: list[tuple[str, bytes]], asked: list[str]) -> None:
         """The TOOL_CALLs of the function-calling results this request brings (SPEC §4.1), written
