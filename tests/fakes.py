@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -532,3 +533,38 @@ class _Compressor:
 
 def _pieces(text: str, size: int = 4) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+# ---- alert webhooks --------------------------------------------------------------------------------
+
+
+@dataclass
+class Webhook:
+    """What an `alert_webhook` receiver got: the JSON bodies, in order; `arrived` set at each."""
+
+    url: str
+    got: list[dict[str, Any]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@asynccontextmanager
+async def webhook_receiver() -> AsyncIterator[Webhook]:
+    """A webhook receiver on 127.0.0.1 (POST /hook answers 204), closed on exit."""
+    from aiohttp.test_utils import TestServer
+
+    received: list[dict[str, Any]] = []
+    arrived = asyncio.Event()
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        arrived.set()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield Webhook(str(server.make_url("/hook")), received, arrived)
+    finally:
+        await server.close()

@@ -4,30 +4,13 @@ body per firing guard, nothing for ALLOW or without a webhook, and a dead webhoo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.alerts import Alerts
 from proxy.forward import Forwarder
 from proxy.guards.decision import Action, Decision
 from proxy.sessions import Session
 from tests.factories import EngineFactory, make_session
-
-
-async def receiver() -> tuple[TestServer, list[dict[str, Any]]]:
-    got: list[dict[str, Any]] = []
-
-    async def hook(request: web.Request) -> web.Response:
-        got.append(await request.json())
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    return server, got
+from tests.fakes import webhook_receiver
 
 
 async def settled(alerts: Alerts) -> None:
@@ -39,31 +22,31 @@ async def settled(alerts: Alerts) -> None:
 async def test_a_firing_guard_posts_one_alert(engine_factory: EngineFactory) -> None:
     engine = await engine_factory()
     session: Session = make_session(engine, "bot", "s1")
-    server, got = await receiver()
     forwarder = Forwarder(connect_timeout_s=5, ttfb_timeout_s=5)
     await forwarder.start()
-    alerts = Alerts(str(server.make_url("/hook")), forwarder)
     try:
-        alerts.send(session, Decision(Action.ALLOW, "loop_detection", "fine"))
-        alerts.send(session, Decision(Action.BLOCK, "loop_detection", "a loop", threshold=3, actual=4))
-        await settled(alerts)
-        assert len(got) == 1
-        assert got[0] == {
-            "source": "tripwire",
-            "agent": "bot",
-            "session_id": "s1",
-            "run_id": session.run_id,
-            "guardrail": "loop_detection",
-            "action": "block",
-            "kind": None,
-            "message": "a loop",
-            "threshold": 3,
-            "actual": 4,
-        }
+        async with webhook_receiver() as webhook:
+            got = webhook.got
+            alerts = Alerts(webhook.url, forwarder)
+            alerts.send(session, Decision(Action.ALLOW, "loop_detection", "fine"))
+            alerts.send(session, Decision(Action.BLOCK, "loop_detection", "a loop", threshold=3, actual=4))
+            await settled(alerts)
+            assert len(got) == 1
+            assert got[0] == {
+                "source": "tripwire",
+                "agent": "bot",
+                "session_id": "s1",
+                "run_id": session.run_id,
+                "guardrail": "loop_detection",
+                "action": "block",
+                "kind": None,
+                "message": "a loop",
+                "threshold": 3,
+                "actual": 4,
+            }
+            await alerts.close()
     finally:
-        await alerts.close()
         await forwarder.close()
-        await server.close()
 
 
 async def test_no_webhook_no_post_and_a_dead_one_does_not_raise(engine_factory: EngineFactory) -> None:

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
-from tests.fakes import FakeUpstream, Reply
+from tests.fakes import FakeUpstream, Reply, webhook_receiver
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 from tests.responses_chain_scenario import GUARDS, play_block_and_continuation, script
 from tests.schema import assert_run_valid
@@ -299,27 +299,12 @@ async def test_alert_webhook_gets_a_post_when_a_guard_fires(
 ) -> None:
     import asyncio
 
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
-
-    got: list[dict[str, Any]] = []
-    arrived = asyncio.Event()
-
-    async def hook(request: web.Request) -> web.Response:
-        got.append(await request.json())
-        arrived.set()
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
+    async with webhook_receiver() as webhook:
         fake, url = fake_upstream
         tw = await start_tripwire(
             upstream={"url": url},
             guards={"limits": {"max_llm_calls": 1}},
-            alert_webhook=str(server.make_url("/hook")),
+            alert_webhook=webhook.url,
         )
         client = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION)
         await client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "a"}])
@@ -327,10 +312,8 @@ async def test_alert_webhook_gets_a_post_when_a_guard_fires(
             await client.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "b"}]
             )
-        await asyncio.wait_for(arrived.wait(), 5)
-    finally:
-        await server.close()
-    (alert,) = got
+        await asyncio.wait_for(webhook.arrived.wait(), 5)
+    (alert,) = webhook.got
     assert alert["guardrail"] == "max_llm_calls" and alert["action"] == "terminate"
     assert alert["agent"] == "looper" and alert["session_id"] == "loop-1"
     assert alert["threshold"] == 1 and alert["actual"] == 2

@@ -18,6 +18,7 @@ from mcp.server.mcpserver import MCPServer  # noqa: E402
 
 from proxy.mcp.jsonrpc import TRIPWIRE_GUARD_ERROR  # noqa: E402
 from tests.conftest import Running, StartTripwire  # noqa: E402
+from tests.fakes import webhook_receiver  # noqa: E402
 from tests.mcp_servers import ServerThread  # noqa: E402
 from tests.pipeline_errors import no_pipeline_errors  # noqa: E402, F401 (autouse fixture)
 from tests.schema import assert_run_valid  # noqa: E402
@@ -523,25 +524,13 @@ async def test_a_loop_warning_reaches_the_alert_webhook_once_per_streak(
 ) -> None:
     """`alert_webhook` gets a POST when a guard fires: a loop WARN (the default action) too, once
     for its LOOP_WARNING, not again for every further call of the streak."""
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
-
-    got: list[dict[str, Any]] = []
-
-    async def hook(request: web.Request) -> web.Response:
-        got.append(await request.json())
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
+    async with webhook_receiver() as webhook:
+        got = webhook.got
         with shop() as upstream:
             tw = await start_tripwire(
                 mcp={"shop": {"url": upstream}},
                 guards={"loop_detection": {"threshold": 3, "no_progress_warn": 8}},
-                alert_webhook=str(server.make_url("/hook")),
+                alert_webhook=webhook.url,
             )
             async with Client(tw.url + SESSION_URL, cache=None) as client:
                 results = [await client.call_tool("fetch_user", {"user_id": 1}) for _ in range(4)]
@@ -551,8 +540,6 @@ async def test_a_loop_warning_reaches_the_alert_webhook_once_per_streak(
                     break
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.1)
-    finally:
-        await server.close()
     assert [len(r.content) for r in results] == [1, 1, 2, 2]  # warned from the 3rd call on
     assert [w["payload"]["kind"] for w in guard_warnings(events)] == ["repetition"]
     # AgentDbg's cycle pattern (TOOL_CALL:fetch_user x3) alerts once on its own; the repetition once
