@@ -9,7 +9,7 @@ recover when it is back.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -26,32 +26,14 @@ HELLO = [{"role": "user", "content": "hello"}]
 WAIT_S = 30.0
 
 
-# Clients are closed explicitly (`close_clients`), never left to the garbage collector: a client
-# collected mid-test closes its sockets behind the event loop's back, and a listener that later gets
-# the same file descriptor is never accepted from (the loop believes it is registered already).
-_OPEN: list[openai.AsyncOpenAI] = []
-
-
 def client(
     tw: Running, session: str | None = "s1", agent: str = "researcher", **kw: Any
 ) -> openai.AsyncOpenAI:
     headers = {"X-Tripwire-Agent": agent}
     if session is not None:
         headers["X-Tripwire-Session"] = session
-    c = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=headers, **kw)
-    _OPEN.append(c)
-    return c
-
-
-async def close_clients() -> None:
-    while _OPEN:
-        await _OPEN.pop().close()
-
-
-@pytest.fixture(autouse=True)
-async def clients_closed() -> AsyncIterator[None]:
-    yield
-    await close_clients()
+    # kept until the test ends and closed then (tests/conftest.py: SDK clients live until their test ends)
+    return openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=headers, **kw)
 
 
 async def settle_all(replicas: list[Running]) -> None:
@@ -132,7 +114,6 @@ async def budget_trip(replicas: list[Running]) -> int:
             await clients[i % len(clients)].chat.completions.create(model="gpt-4o", messages=HELLO)
         except openai.RateLimitError as e:
             assert e.response.headers["X-Tripwire-Guard"] == "max_cost_usd"
-            await close_clients()
             return answers
         answers += 1
         if replicas[0].engine.shared is not None:
@@ -171,7 +152,6 @@ async def loop_caught_at(replicas: list[Running], fake: FakeUpstream) -> int:
         )
         if raw.headers.get("X-Tripwire-Guard"):
             raw.parse()  # read the answer: the connection goes back to the pool
-            await close_clients()
             return i + 1
         answer = raw.parse().choices[0].message
         messages.append(answer.model_dump(exclude_none=True))
