@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import aiohttp
 import aiohttp.http_exceptions
@@ -59,7 +59,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         return (await draining_answer(request, route)).to_response()
     if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
         return await handle_websocket(request, route, request.app[PIPELINES]["llm"])
-    streaming_handler = engine_stream_handler(engine, route, request)
+    # long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline
+    streaming_handler = engine.stream_handler(route, request)
     if streaming_handler is not None:
         return await streaming_handler(request, route)
     try:
@@ -133,14 +134,6 @@ async def draining_answer(request: web.Request, route: Route) -> Answer:
     answer = json_error(503, "Tripwire is shutting down", "tripwire_unavailable", "draining")
     answer.headers["Retry-After"] = "5"
     return answer
-
-
-def engine_stream_handler(
-    engine: Engine, route: Route, request: web.Request
-) -> Callable[[web.Request, Route], Awaitable[web.StreamResponse]] | None:
-    """Long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline."""
-    hook = getattr(engine, "stream_handler", None)
-    return hook(route, request) if hook is not None else None
 
 
 def make_proxy_app(engine: Engine) -> web.Application:
