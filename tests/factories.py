@@ -15,7 +15,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -134,17 +134,17 @@ EngineFactory = Callable[..., Awaitable[Engine]]
 async def engine_factory(tmp_path: Path) -> AsyncIterator[EngineFactory]:
     """`await engine_factory(**settings)`: a started Engine (each on its own data dir), closed at teardown."""
     started: list[Engine] = []
+    async with AsyncExitStack() as running:  # each engine closed by the lifecycle serve uses
 
-    async def start(**settings: Any) -> Engine:
-        data_dir = settings.pop("data_dir", tmp_path / f"data{len(started) or ''}")
-        engine = Engine(engine_settings(tmp_path, data_dir=data_dir, **settings), argv=["tripwire"])
-        await engine.start()
-        started.append(engine)
-        return engine
+        async def start(**settings: Any) -> Engine:
+            data_dir = settings.pop("data_dir", tmp_path / f"data{len(started) or ''}")
+            engine = await running.enter_async_context(
+                running_engine(engine_settings(tmp_path, data_dir=data_dir, **settings), argv=["tripwire"])
+            )
+            started.append(engine)
+            return engine
 
-    yield start
-    for engine in reversed(started):
-        await engine.close()
+        yield start
 
 
 @pytest.fixture
