@@ -131,11 +131,13 @@ async def wrk(port: int, script: Path, seconds: float, conns: int) -> dict[str, 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     if rps is None:
         raise RuntimeError(f"wrk: no Requests/sec in {out!r}")
+    requests = re.search(r"(\d+) requests in", out)
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
     return {
         "rps": float(rps.group(1)),
+        "requests": float(requests.group(1)) if requests else float("nan"),
         "non_2xx": float(non2xx.group(1)) if non2xx else 0.0,
         "p50_ms": float(p50.group(1)) * scale[p50.group(2)] if p50 else float("nan"),
     }
@@ -147,6 +149,7 @@ async def py_load(port: int, raw: bytes, seconds: float, conns: int) -> dict[str
     answers, wall = await concurrent(port, [raw] * n, conns)
     return {
         "rps": n / wall,
+        "requests": float(n),
         "non_2xx": float(sum(a.status != 200 for a in answers)),
         "p50_ms": ms(pct([a.total_s for a in answers], 0.5)),
     }
@@ -163,10 +166,15 @@ async def throughput(
     for r in range(rounds):
         order = targets[r % len(targets) :] + targets[: r % len(targets)]
         for t in order:
+            cpu_before = procs.cpu_seconds(t.pid) if t.pid else None
             if use_wrk:
-                runs[t.name].append(await wrk(t.port, script, seconds, conns))
+                run = await wrk(t.port, script, seconds, conns)
             else:
-                runs[t.name].append(await py_load(t.port, request_bytes(t.port, PATH, body), seconds, conns))
+                run = await py_load(t.port, request_bytes(t.port, PATH, body), seconds, conns)
+            if cpu_before is not None and t.pid and run["requests"] > 0:
+                # the proxy process's own CPU per call (all its threads): what bounds its throughput
+                run["cpu_us"] = (procs.cpu_seconds(t.pid) - cpu_before) / run["requests"] * 1e6
+            runs[t.name].append(run)
     out: dict[str, Any] = {
         "tool": "wrk -t1" if use_wrk else "asyncio client (wrk not installed, or under 1 s)"
     }
@@ -179,6 +187,9 @@ async def throughput(
             "non_2xx": int(sum(x["non_2xx"] for x in xs)),
             "p50_ms": round(statistics.median(x["p50_ms"] for x in xs), 3),
             "of_floor": round(rps / floor, 3) if floor else None,
+            "cpu_us_per_call": round(statistics.median(x["cpu_us"] for x in xs), 1)
+            if all("cpu_us" in x for x in xs)
+            else None,
         }
     return out
 
@@ -570,17 +581,18 @@ def print_table(r: dict[str, Any]) -> None:
     tp = r.get("throughput", {})
     if "latency_c1" in r or tp:
         print(
-            f"\n{'path':<14}{'c=1 p50':>9}{'p99':>8}{'added p50':>11}{'added p99':>11}{'c=32 req/s':>12}{'of floor':>10}"
+            f"\n{'path':<14}{'c=1 p50':>9}{'p99':>8}{'added p50':>11}{'added p99':>11}{'c=32 req/s':>12}{'of floor':>10}{'CPU us/call':>13}"
         )
         for name in dict.fromkeys([*r.get("latency_c1", {}), *(k for k in tp if isinstance(tp[k], dict))]):
             x = r.get("latency_c1", {}).get(name, {})
             t = tp.get(name, {})
             share = f"{t['of_floor']:.0%}" if t.get("of_floor") else "-"
+            cpu = f"{t['cpu_us_per_call']:.0f}" if t.get("cpu_us_per_call") else "-"
             cols = [
                 f"{x[k]:.3f}" if k in x else "-" for k in ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms")
             ]
             print(
-                f"{name:<14}{cols[0]:>9}{cols[1]:>8}{cols[2]:>11}{cols[3]:>11}{t.get('rps', '-'):>12}{share:>10}"
+                f"{name:<14}{cols[0]:>9}{cols[1]:>8}{cols[2]:>11}{cols[3]:>11}{t.get('rps', '-'):>12}{share:>10}{cpu:>13}"
             )
     s = r.get("streams")
     if s:
