@@ -420,6 +420,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("mitmdump", lambda: procs.mitmdump(up.port)),
             ("litellm", lambda: procs.litellm(up.port)),
         ):
+            if args.columns and name not in args.columns:
+                skipped[name] = "not in --columns"
+                continue
             if name in ("mitmdump", "litellm", "tripwire-redis"):
                 if args.quick:
                     skipped[name] = "not run in --quick"
@@ -656,6 +659,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--probe", type=int, default=400, help="calls per latency probe in the sweeps")
     ap.add_argument("--writer-seconds", type=float, default=5.0)
     ap.add_argument("--only", type=lambda x: x.split(","), help=f"some of the phases: {','.join(PHASES)}")
+    ap.add_argument(
+        "--columns",
+        type=lambda x: x.split(","),
+        help="some of the columns (direct always runs): floor,tripwire,tripwire-off,tripwire-redis,mitmdump,litellm",
+    )
     return ap
 
 
