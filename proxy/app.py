@@ -7,7 +7,8 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 import aiohttp.http_exceptions
@@ -18,6 +19,7 @@ from proxy.appkeys import ENGINE
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
+from proxy.lean_http import ClientAnswer, LeanAppRunner
 from proxy.lifecycle import running_engine
 from proxy.llm import shaped
 from proxy.mcp import jsonrpc
@@ -30,19 +32,22 @@ from proxy.websocket import handle_websocket, is_websocket_upgrade
 log = logging.getLogger("tripwire")
 
 RUNNER_SHUTDOWN_S = 2.0
+PROXY_MAX_FIELD_SIZE = 65536  # agents send long headers (cookies, tokens): aiohttp's 8190 is short
 PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
 
 
-async def proxy_handler(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE]
-    started, started_wall = time.monotonic(), time.time()
-    route = resolve(
-        request.raw_path.split("?", 1)[0],
-        request.headers,
+def route_of(engine: Engine, raw_path: str, headers: Mapping[str, str]) -> Route | RouteError:
+    return resolve(
+        raw_path.split("?", 1)[0],
+        headers,
         default_agent=engine.settings.agent,
         llm_names=engine.upstreams.names("llm"),
         mcp_names=engine.upstreams.names("mcp"),
     )
+
+
+async def proxy_handler(request: web.Request) -> web.StreamResponse:
+    route = route_of(request.app[ENGINE], request.raw_path, request.headers)
     if isinstance(route, RouteError):
         error_body = {
             "error": {
@@ -55,6 +60,16 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         return web.Response(
             status=route.status, body=orjson.dumps(error_body), content_type="application/json"
         )
+    answer = await handle_call(request, route)
+    assert isinstance(answer, web.StreamResponse), "aiohttp's lane answers with aiohttp's responses"
+    return answer
+
+
+async def handle_call(request: Any, route: Route) -> ClientAnswer:
+    """A routed call, on either lane (aiohttp's `web.Request`, or the lean lane's
+    `proxy.lean_http.LeanRequest` for plain LLM calls: see `proxy_runner`)."""
+    engine = request.app[ENGINE]
+    started, started_wall = time.monotonic(), time.time()
     if engine.draining:
         return (await draining_answer(request, route)).to_response()
     if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
@@ -142,12 +157,42 @@ def make_proxy_app(engine: Engine) -> web.Application:
         # aiohttp closes a connection that has not completed a request head within its keep-alive
         # timeout (also the idle time allowed between keep-alive requests): a slow-header client
         # (slowloris) holds a socket at most that long
-        handler_args={"max_field_size": 65536, "keepalive_timeout": engine.settings.header_timeout_s},
+        handler_args={
+            "max_field_size": PROXY_MAX_FIELD_SIZE,
+            "keepalive_timeout": engine.settings.header_timeout_s,
+        },
     )
     app[ENGINE] = engine
     app[PIPELINES] = pipelines(engine)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
+
+
+def lean_route(engine: Engine) -> Callable[[str, Mapping[str, str]], Route | None]:
+    """Which requests the lean lane takes: LLM calls (the hot path). MCP calls relay long-lived
+    streams and session GETs of their own, route errors are rare: aiohttp's lane serves those."""
+
+    def route(raw_path: str, headers: Mapping[str, str]) -> Route | None:
+        found = route_of(engine, raw_path, headers)
+        return found if isinstance(found, Route) and found.kind == "llm" else None
+
+    return route
+
+
+def proxy_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The proxy listener's runner: plain LLM calls on the lean HTTP/1.1 lane (proxy/lean_http.py),
+    everything else on aiohttp's (the same app)."""
+    engine = app[ENGINE]
+    settings = engine.settings
+    return LeanAppRunner(
+        app,
+        handler=handle_call,
+        route=lean_route(engine),
+        max_body=settings.max_body_bytes,
+        max_field_size=PROXY_MAX_FIELD_SIZE,
+        keepalive_timeout=settings.header_timeout_s,
+        **kwargs,
+    )
 
 
 def make_admin_app(engine: Engine) -> web.Application:
@@ -194,12 +239,12 @@ async def serve(
     async with running_engine(settings, argv=argv) as engine:
         runners: list[web.AppRunner] = []
         try:
-            for app, listen in (
-                (make_proxy_app(engine), settings.listen),
-                (make_admin_app(engine), settings.admin_listen),
+            for runner_for, app, listen in (
+                (proxy_runner, make_proxy_app(engine), settings.listen),
+                (web.AppRunner, make_admin_app(engine), settings.admin_listen),
             ):
                 # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
-                runner = web.AppRunner(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
+                runner = runner_for(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
                 await runner.setup()
                 host, port = split_host_port(listen)
                 await web.TCPSite(runner, host, port).start()

@@ -10,6 +10,7 @@ from aiohttp import web
 from proxy.guards.breaker import Ticket
 from proxy.guards.budget import Reservation
 from proxy.guards.decision import Decision
+from proxy.lean_http import ClientAnswer
 from proxy.responses_chain import History
 from proxy.routing import Route
 from proxy.sessions import Session
@@ -117,7 +118,7 @@ class Exchange:
 
     # answering
     answer: Answer | None = None  # set to answer without the upstream
-    response: web.StreamResponse | None = None  # what the client received (forwarded)
+    response: ClientAnswer | None = None  # what the client received (forwarded)
 
     # forward: what the upstream did
     forwarded: bool = False  # the upstream was called (even if it then failed)

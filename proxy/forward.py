@@ -35,6 +35,7 @@ from yarl import URL
 
 from proxy.egress import Egress
 from proxy.exchange import Answer, Exchange
+from proxy.lean_http import ClientAnswer, LeanRequest, LeanResponse
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
 from proxy.settings import UpstreamConfig
 
@@ -296,6 +297,15 @@ class WholeAnswer(web.StreamResponse):
     _send_headers_immediately = False
 
 
+def client_answer(
+    request: Any, is_sse: bool, status: int, reason: str | None, headers: CIMultiDict[str]
+) -> ClientAnswer:
+    """The answer object for the client's lane: aiohttp's, or the lean lane's (proxy/lean_http.py)."""
+    if isinstance(request, LeanRequest):
+        return LeanResponse(status=status, reason=reason, headers=headers, whole=not is_sse)
+    return (web.StreamResponse if is_sse else WholeAnswer)(status=status, reason=reason, headers=headers)
+
+
 RETRY_STATUSES = frozenset({502, 503})
 MAX_BACKOFF_S = 30.0
 
@@ -366,9 +376,7 @@ class Forwarder:
             if client is not None:
                 await client.close()
 
-    async def _relay(
-        self, ex: Exchange, upstream: aiohttp.ClientResponse, response: web.StreamResponse
-    ) -> None:
+    async def _relay(self, ex: Exchange, upstream: aiohttp.ClientResponse, response: ClientAnswer) -> None:
         """Copy the answer chunk by chunk through the observer to the client.
 
         A client that hangs up is not an upstream failure (it must not trip the breaker): stop
@@ -411,7 +419,7 @@ class Forwarder:
         ex.incomplete_reason = "the client disconnected before the answer ended"
 
     @classmethod
-    async def _write(cls, ex: Exchange, response: web.StreamResponse, data: bytes) -> bool:
+    async def _write(cls, ex: Exchange, response: ClientAnswer, data: bytes) -> bool:
         try:
             await response.write(data)
             return True
@@ -430,7 +438,7 @@ class Forwarder:
         return ex.upstream_error is not None or ex.drain_aborted
 
     @staticmethod
-    def _cut(ex: Exchange, response: web.StreamResponse) -> None:
+    def _cut(ex: Exchange, response: ClientAnswer) -> None:
         """Close the client's connection without the body's clean end (no last chunk, or short of
         Content-Length): what was relayed still goes out first, then the client sees the break."""
         response.force_close()
@@ -530,7 +538,7 @@ class Forwarder:
         request = ex.request
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
-        response: web.StreamResponse | None = None
+        response: ClientAnswer | None = None
         try:
             async with await self.send(ex, request.method, url, headers, body) as upstream:
                 ex.upstream_status = upstream.status
@@ -546,9 +554,7 @@ class Forwarder:
                     out_headers["X-Accel-Buffering"] = "no"
                 for name, value in extra_response_headers:
                     out_headers[name] = value
-                response = (web.StreamResponse if is_sse else WholeAnswer)(
-                    status=upstream.status, reason=upstream.reason, headers=out_headers
-                )
+                response = client_answer(request, is_sse, upstream.status, upstream.reason, out_headers)
                 ex.response = response
                 try:
                     await response.prepare(request)

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
+from aiohttp.web_runner import BaseRunner
 
-from proxy.app import make_admin_app, make_proxy_app
+from proxy.app import make_admin_app, make_proxy_app, proxy_runner
 from proxy.engine import Engine
 from proxy.settings import Settings
 from tests.fakes import FakeUpstream, Reply
@@ -71,6 +72,14 @@ def _sdk_clients_live_until_the_test_ends() -> Iterator[None]:
     start = len(SDK_CLIENTS)
     yield
     del SDK_CLIENTS[start:]  # closed by the async fixtures' teardown, or now freed with the test
+
+
+class ProxyTestServer(TestServer):
+    """The proxy app on the listener `tripwire serve` runs: plain LLM calls on the lean lane
+    (proxy/lean_http.py), the rest on aiohttp's."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return proxy_runner(self.app, **kwargs)
 
 
 @dataclass
@@ -146,7 +155,7 @@ async def start_tripwire(tmp_path: Path) -> AsyncIterator[StartTripwire]:
         settings = Settings.model_validate({"data_dir": data_dir, "session_idle_timeout_s": 300, **overrides})
         engine = Engine(settings, argv=["tripwire", "serve", "--admin-token", "hunter2"])
         await engine.start()
-        proxy = TestServer(make_proxy_app(engine), host="127.0.0.1")
+        proxy = ProxyTestServer(make_proxy_app(engine), host="127.0.0.1")
         admin = TestServer(make_admin_app(engine), host="127.0.0.1")
         await proxy.start_server()
         await admin.start_server()

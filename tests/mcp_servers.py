@@ -192,9 +192,9 @@ async def served_as_in_production(tw: Any) -> AsyncIterator[str]:
     short shutdown, as a GET stream whose client left ends only at the next upstream event."""
     from aiohttp import web
 
-    from proxy.app import make_proxy_app
+    from proxy.app import make_proxy_app, proxy_runner
 
-    runner = web.AppRunner(make_proxy_app(tw.engine), access_log=None, shutdown_timeout=0.5)
+    runner = proxy_runner(make_proxy_app(tw.engine), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.app import make_proxy_app, url_host
+from proxy.app import make_proxy_app, proxy_runner, url_host
 from proxy.recorder import TraceRecorder
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import Reply
@@ -91,7 +91,7 @@ async def test_hang_up_before_the_answer_head_never_trips_the_breaker(start_trip
             upstream={"url": url}, guards={"circuit_breaker": {"open_after_failures": 2}}
         )
         # served as `tripwire serve` serves (the test server cancels a handler on hang-up; serve does not)
-        runner = web.AppRunner(make_proxy_app(tw.engine), access_log=None)
+        runner = proxy_runner(make_proxy_app(tw.engine), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -175,7 +175,7 @@ class McpHub:
             if legacy.client_endpoint is not None:
                 self.legacy.closed(legacy)
                 self.fail_session(legacy.server, legacy.session_key, "the legacy SSE stream closed")
-        if ex.response is not None:
+        if isinstance(ex.response, web.StreamResponse):  # MCP is always on aiohttp's lane
             return ex.response
         if ex.answer is not None:
             return ex.answer.to_response()

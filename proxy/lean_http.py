@@ -1,0 +1,603 @@
+"""The proxy listener's lean lane: plain HTTP/1.1 calls served on an asyncio Protocol.
+
+Why: aiohttp's server machinery (its request and response objects, the payload writer, the
+keep-alive loop) costs ~30 us of Python per request, a fifth of what a whole proxied call may
+cost (docs/benchmarks.md). The ordinary case - an LLM call: HTTP/1.1, a Content-Length body,
+keep-alive - is served here on a Protocol with httptools' llhttp parser (the parser uvicorn
+uses) in a few microseconds. The request goes to the same handler as aiohttp's, through a small
+request object with what the pipeline reads, and the answer is written by `LeanResponse`
+(the same calls as aiohttp's `StreamResponse`: prepare, write, write_eof, force_close).
+
+Everything else hands the connection to aiohttp's own `RequestHandler`, from the first byte of
+the request that needs it, for good: an upgrade (WebSocket), a chunked, compressed or `Expect` body,
+HTTP/1.0, an oversized or malformed head, a body over the limit, a route that is not an LLM call
+(MCP, which relays long-lived streams of its own). aiohttp stays the reference for every edge;
+this lane only takes what it can serve exactly as aiohttp would.
+
+One request at a time per connection, as aiohttp: pipelined bytes wait until the answer before
+them is out (reading pauses if they pile up). A connection that has not completed a request head
+within `keepalive_timeout` (also the idle time between requests) is closed, as aiohttp does
+(slow-header clients).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE  # the Server header aiohttp sends: both lanes answer alike
+from aiohttp.web_server import Server
+from multidict import CIMultiDict, CIMultiDictProxy
+
+log = logging.getLogger("tripwire.lean_http")
+
+MAX_REQUEST_LINE = 8190  # aiohttp's max_line_size: longer request lines go to aiohttp (it answers 414)
+HIGH_WATER = 64 * 1024  # pipelined bytes kept before reading pauses
+
+
+class _Handover(Exception):
+    """Raised from a parser callback: this request is for aiohttp."""
+
+
+class _RawQuery:
+    __slots__ = ("raw_query_string",)
+
+    def __init__(self, raw_query_string: str) -> None:
+        self.raw_query_string = raw_query_string
+
+
+class LeanContent:
+    """The request body as it arrives: the subset of aiohttp's StreamReader that read_body uses."""
+
+    __slots__ = ("_chunks", "_left", "_waiter", "_exc")
+
+    def __init__(self, length: int) -> None:
+        self._chunks: list[bytes] = []
+        self._left = length
+        self._waiter: asyncio.Future[None] | None = None
+        self._exc: BaseException | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._left -= len(data)
+        self._wake()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._exc = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def is_eof(self) -> bool:
+        return self._left <= 0 and not self._chunks
+
+    def read_nowait(self) -> bytes:
+        if self._exc is not None:
+            raise self._exc
+        if not self._chunks:
+            return b""
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks = []
+        return data
+
+    async def readany(self) -> bytes:
+        while not self._chunks and self._left > 0 and self._exc is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.read_nowait()
+
+    async def read(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            chunk = await self.readany()
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+
+
+class LeanRequest:
+    """What the proxy handler and the pipeline read of a request (aiohttp's names and types)."""
+
+    __slots__ = (
+        "app",
+        "method",
+        "raw_path",
+        "headers",
+        "content_length",
+        "content",
+        "transport",
+        "keep_alive",
+        "rel_url",
+        "_conn",
+    )
+
+    def __init__(
+        self,
+        conn: LeanConnection,
+        app: web.Application,
+        method: str,
+        raw_path: str,
+        headers: CIMultiDictProxy[str],
+        content_length: int,
+        keep_alive: bool,
+    ) -> None:
+        self._conn = conn
+        self.app = app
+        self.method = method
+        self.raw_path = raw_path
+        self.headers = headers
+        self.content_length: int | None = content_length
+        self.content = LeanContent(content_length)
+        self.transport: asyncio.Transport | None = conn.transport
+        self.keep_alive = keep_alive
+        query = raw_path.partition("?")[2]
+        self.rel_url = _RawQuery(query)
+
+    async def read(self) -> bytes:
+        return await self.content.read()
+
+
+_date_cache: list[Any] = [0, ""]
+
+
+def http_date() -> str:
+    """The Date header's value, made once a second (as aiohttp does)."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0], _date_cache[1] = now, formatdate(now, usegmt=True)
+    return str(_date_cache[1])
+
+
+def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool) -> bytearray:
+    out = bytearray(f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1"))
+    headers.setdefault("Date", http_date())
+    headers.setdefault("Server", SERVER_SOFTWARE)
+    if not keep_alive:
+        headers["Connection"] = "close"
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"newline in header {name!r}")  # as aiohttp refuses them
+        out += f"{name}: {value}\r\n".encode("utf-8", "surrogateescape")
+    out += b"\r\n"
+    return out
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+class LeanResponse:
+    """An answer written straight to the connection: the calls forward() makes of aiohttp's
+    StreamResponse. `whole` answers send their head with the first body bytes (one write);
+    streams send it at prepare. Without a Content-Length the body is chunked, as aiohttp does."""
+
+    __slots__ = ("status", "reason", "headers", "_whole", "_conn", "_head", "_chunked", "prepared", "_eof")
+
+    def __init__(
+        self, *, status: int, reason: str | None, headers: CIMultiDict[str], whole: bool = False
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self._whole = whole
+        self._conn: LeanConnection | None = None
+        self._head: bytearray | None = None
+        self._chunked = False
+        self.prepared = False
+        self._eof = False
+
+    async def prepare(self, request: Any) -> None:  # a LeanRequest (typed Any as aiohttp's is)
+        conn = request._conn
+        self._conn = conn
+        self.prepared = True
+        if "Content-Length" not in self.headers:
+            self._chunked = True
+            self.headers["Transfer-Encoding"] = "chunked"
+        self._head = _head(self.status, self.reason or _reason(self.status), self.headers, conn.keep_alive)
+        conn.responding = self
+        if not self._whole:
+            await self._send(b"")
+
+    def force_close(self) -> None:
+        if self._conn is not None:
+            self._conn.keep_alive = False
+
+    async def write(self, data: bytes) -> None:
+        if self._chunked and data:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        await self._send(data)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._eof:
+            return
+        if data:
+            await self.write(data)
+        await self._send(b"0\r\n\r\n" if self._chunked else b"")
+        self._eof = True
+        if self._conn is not None:
+            self._conn.answer_done()
+
+    async def _send(self, data: bytes) -> None:
+        conn = self._conn
+        assert conn is not None, "prepare() first"
+        if self._head is not None:
+            data, self._head = bytes(self._head) + data, None
+        if not data:
+            return
+        transport = conn.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        transport.write(data)
+        if conn.write_paused:
+            await conn.drain()
+
+
+ClientAnswer = web.StreamResponse | LeanResponse  # what a client is answered with, on either lane
+Handler = Callable[[LeanRequest, Any], Awaitable[web.StreamResponse | LeanResponse]]
+Router = Callable[[str, CIMultiDictProxy[str]], Any]
+
+
+class LeanConnection(asyncio.Protocol):
+    """One client connection on the lean lane (see the module's docstring)."""
+
+    def __init__(self, server: LeanServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._buf = b""
+        self._busy = False  # a request is being answered
+        self._request: LeanRequest | None = None  # its body still arriving
+        self._headers: list[tuple[str, str]] = []
+        self._url = b""
+        self._head_done = False
+        self.keep_alive = True
+        self.responding: LeanResponse | None = None
+        self.write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+        self._route: Any = None
+
+    # --- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.lean_connections.add(self)
+        self._start_idle()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.server.forget(self)
+        self._cancel_idle()
+        if self._request is not None:
+            self._request.content.set_exception(ConnectionResetError("the client closed the connection"))
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("the client closed the connection"))
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    async def drain(self) -> None:
+        if self.write_paused:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+
+    def data_received(self, data: bytes) -> None:
+        request = self._request
+        if request is not None:  # the body of the request being answered
+            left = request.content._left
+            if len(data) <= left:
+                request.content.feed(data)
+                if len(data) == left:
+                    self._request = None
+                return
+            request.content.feed(data[:left])
+            self._request = None
+            data = data[left:]
+        self._buf = self._buf + data if self._buf else data
+        if not self._busy:
+            self._next()
+        elif len(self._buf) > HIGH_WATER and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    # --- httptools callbacks (the head only: the body is framed here, by Content-Length)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_REQUEST_LINE:
+            raise _Handover
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(value) > self.server.max_field_size or len(name) > self.server.max_field_size:
+            raise _Handover
+        self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+
+    # --- requests
+
+    def _next(self) -> None:
+        """Start on the next request in the buffer, if its head is complete."""
+        buf = self._buf
+        if not buf:
+            return
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_REQUEST_LINE + 128 * self.server.max_field_size:
+                self._hand_over()
+            return
+        head_len = end + 4
+        self._headers, self._url, self._head_done = [], b"", False
+        try:
+            self._parser.feed_data(buf[:head_len])
+        except (_Handover, httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self._hand_over()
+            return
+        if not self._head_done:
+            self._hand_over()
+            return
+        request = self._lean_request()
+        if request is None:
+            self._hand_over()
+            return
+        self._cancel_idle()
+        self._busy = True
+        self._parser = httptools.HttpRequestParser(self)  # a fresh one: the body never goes through it
+        length = request.content._left
+        body = buf[head_len : head_len + length]
+        self._buf = buf[head_len + length :]
+        if body:
+            request.content.feed(body)
+        if request.content._left > 0:
+            self._request = request
+        asyncio.get_running_loop().create_task(self._answer(request, self._route))
+
+    def _lean_request(self) -> LeanRequest | None:
+        """The request, if the lean lane serves it exactly as aiohttp would; None: aiohttp's."""
+        parser = self._parser
+        if parser.get_http_version() != "1.1" or parser.should_upgrade():
+            return None
+        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        if "Transfer-Encoding" in headers or "Expect" in headers or "Upgrade" in headers:
+            return None
+        if headers.get("Content-Encoding", "identity").lower() != "identity":
+            return None  # aiohttp decodes a compressed request body for the handler
+        lengths = headers.getall("Content-Length", ())
+        if len(lengths) > 1:
+            return None
+        length = 0
+        if lengths:
+            value = lengths[0]
+            if not value.isdigit() or not value.isascii():
+                return None
+            length = int(value)
+            if length > self.server.max_body:
+                return None  # aiohttp's path answers 413 (read_body)
+        raw_path = self._url.decode("utf-8", "surrogateescape")
+        if not raw_path.startswith("/"):
+            return None  # absolute-form or asterisk-form targets: aiohttp's
+        route = self.server.route(raw_path, headers)
+        if route is None:
+            return None
+        self._route = route
+        method = parser.get_method().decode("ascii")
+        return LeanRequest(
+            self, self.server.app, method, raw_path, headers, length, parser.should_keep_alive()
+        )
+
+    async def _answer(self, request: LeanRequest, route: Any) -> None:
+        self.keep_alive = request.keep_alive
+        try:
+            response = await self.server.handler(request, route)
+        except Exception:
+            log.exception("error handling a request")
+            response = web.Response(status=500, text="500 Internal Server Error")
+            self.keep_alive = False
+        try:
+            if isinstance(response, LeanResponse):
+                if not response._eof:
+                    await response.write_eof()
+            elif isinstance(response, web.Response):
+                await self._write_response(response)
+            else:  # pragma: no cover - every handler path answers with one of the two
+                raise TypeError(f"unexpected answer type {type(response).__name__}")
+        except (ConnectionResetError, RuntimeError):
+            self.keep_alive = False
+        if self.responding is not None and not self.responding._eof:
+            self.keep_alive = False  # a stream that never ended: the connection cannot be reused
+        self.responding = None
+        self._finish()
+
+    async def _write_response(self, response: web.Response) -> None:
+        body = response.body
+        if body is None:
+            body = b""
+        elif not isinstance(body, bytes | bytearray):
+            raise TypeError("the lean lane answers bytes bodies only")
+        headers = CIMultiDict(response.headers)
+        if response.status not in (204, 304) and not 100 <= response.status < 200:
+            headers["Content-Length"] = str(len(body))
+        if headers.get("Connection", "").lower() == "close":
+            self.keep_alive = False
+        reason = response.reason or _reason(response.status)
+        out = _head(response.status, reason, headers, self.keep_alive)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        transport.write(bytes(out) + bytes(body))
+        if self.write_paused:
+            await self.drain()
+
+    def answer_done(self) -> None:
+        """The answer's last byte is out (LeanResponse.write_eof)."""
+
+    def _finish(self) -> None:
+        self._busy = False
+        self._request = None
+        transport = self.transport
+        if transport is None:
+            return
+        if not self.keep_alive or self.server.closing:
+            transport.close()
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._start_idle()
+        if self._buf:
+            self._next()
+
+    def _hand_over(self) -> None:
+        """From this request on, the connection is aiohttp's (its own handler, its own rules)."""
+        transport = self.transport
+        if transport is None:
+            return
+        self._cancel_idle()
+        self.server.forget(self)
+        handler = self.server.aiohttp_handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._reading_paused:
+            transport.resume_reading()
+        buf, self._buf = self._buf, b""
+        self.transport = None
+        if buf:
+            handler.data_received(buf)
+
+    # --- the idle timer (no request head within keepalive_timeout: close)
+
+    def _start_idle(self) -> None:
+        timeout = self.server.keepalive_timeout
+        if timeout and self.transport is not None:
+            self._idle = asyncio.get_running_loop().call_later(timeout, self._idle_expired)
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_expired(self) -> None:
+        self._idle = None
+        if not self._busy and self.transport is not None:
+            self.transport.close()
+
+    def close_if_idle(self) -> None:
+        if not self._busy and self.transport is not None:
+            self.transport.close()
+
+
+class LeanServer:
+    """What `AppRunner` hands the listening socket: a factory of connections that start on the lean
+    lane. It wraps aiohttp's own `Server`, which makes the handlers connections are handed over to
+    and which the runner's shutdown reaches through `pre_shutdown` / `shutdown`."""
+
+    def __init__(
+        self,
+        inner: Server,
+        *,
+        app: web.Application,
+        handler: Handler,
+        route: Router,
+        max_body: int,
+        max_field_size: int,
+        keepalive_timeout: float,
+    ) -> None:
+        self.inner = inner
+        self.app = app
+        self.handler = handler
+        self.route = route
+        self.max_body = max_body
+        self.max_field_size = max_field_size
+        self.keepalive_timeout = keepalive_timeout
+        self.lean_connections: set[LeanConnection] = set()
+        self.closing = False
+        self._none_left: asyncio.Event | None = None  # set when the last lean connection is gone
+
+    def forget(self, conn: LeanConnection) -> None:
+        self.lean_connections.discard(conn)
+        if not self.lean_connections and self._none_left is not None:
+            self._none_left.set()
+
+    def __call__(self) -> LeanConnection:
+        return LeanConnection(self)
+
+    @property
+    def connections(self) -> list[Any]:
+        """Open connections, on either lane (aiohttp's `Server.connections`)."""
+        return [*self.lean_connections, *self.inner.connections]
+
+    def aiohttp_handler(self) -> asyncio.Protocol:
+        return self.inner()
+
+    def pre_shutdown(self) -> None:
+        self.closing = True
+        for conn in list(self.lean_connections):
+            conn.close_if_idle()
+        self.inner.pre_shutdown()
+
+    # the runner calls shutdown(timeout) as it calls aiohttp's Server.shutdown
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Answers being written get `timeout` to end (as aiohttp gives its handlers), then close."""
+        self.closing = True
+        if self.lean_connections:
+            self._none_left = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout or 0):
+                    await self._none_left.wait()
+        for conn in list(self.lean_connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self.inner.shutdown(timeout)
+
+
+class LeanAppRunner(web.AppRunner):
+    """`web.AppRunner` whose listener serves plain calls on the lean lane (`handler(request, route)`
+    for requests `route(raw_path, headers)` gives a route for) and the rest with the app."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        handler: Handler,
+        route: Router,
+        max_body: int,
+        max_field_size: int,
+        keepalive_timeout: float,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(app, **kwargs)
+        self._lean = {
+            "handler": handler,
+            "route": route,
+            "max_body": max_body,
+            "max_field_size": max_field_size,
+            "keepalive_timeout": keepalive_timeout,
+        }
+
+    async def _make_server(self) -> Server:
+        inner = await super()._make_server()
+        return LeanServer(inner, app=self.app, **self._lean)  # type: ignore[return-value,arg-type]
