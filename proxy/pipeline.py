@@ -39,13 +39,31 @@ class BaseStage:
         return None
 
 
+def _implements(stage: Stage, hook: str) -> bool:
+    """The stage has a hook of its own (not BaseStage's no-op)."""
+    return getattr(type(stage), hook, None) is not getattr(BaseStage, hook)
+
+
 class Pipeline:
     def __init__(self, stages: list[Stage]) -> None:
-        self.stages = stages
+        self._set(stages)
+
+    def _set(self, stages: list[Stage]) -> None:
+        self.stages: tuple[Stage, ...] = tuple(stages)
+        # only the hooks that do something are awaited: a no-op hook is a coroutine made, run and
+        # dropped per call (half the pipeline's hooks are no-ops)
+        self._requests = [s for s in stages if _implements(s, "request")]
+        self._finishes = [s for s in reversed(stages) if _implements(s, "finish")]
+
+    def insert_after(self, name: str, stage: Stage) -> None:
+        """Put `stage` right after the stage called `name` (tests and plug-ins)."""
+        stages = list(self.stages)
+        stages.insert([s.name for s in stages].index(name) + 1, stage)
+        self._set(stages)
 
     async def run(self, ex: Exchange) -> None:
         try:
-            for stage in self.stages:
+            for stage in self._requests:
                 if ex.answer is not None or ex.response is not None:
                     break
                 try:
@@ -55,7 +73,7 @@ class Pipeline:
                         raise
                     log.exception("stage %s failed on request; carrying on (fail open)", stage.name)
         finally:
-            for stage in reversed(self.stages):
+            for stage in self._finishes:
                 try:
                     await stage.finish(ex)
                 except Exception:

@@ -231,8 +231,7 @@ class PolicyStage(BaseStage):
 
 def install_policy(tw: Any) -> PolicyStage:
     stage = PolicyStage()
-    stages = tw.proxy.app[PIPELINES]["mcp"].stages
-    stages.insert([s.name for s in stages].index("session") + 1, stage)
+    tw.proxy.app[PIPELINES]["mcp"].insert_after("session", stage)
     return stage
 
 
