@@ -139,6 +139,8 @@ class GuardStage(BaseStage):
         """What the guards decided, carried out: the trace, the events, a refusal or a warning."""
         ex.guard_trace = self.trace(ex, guards, verdict, inputs, seen, now)
         ex.reservation = verdict.reservation
+        if not verdict.decisions:
+            return  # nothing fired (most calls): no finding, no tag, nothing refused or warned
         ex.decisions.extend(verdict.decisions)
         self.write_findings(ex, verdict)
         if verdict.shadow:

@@ -181,19 +181,32 @@ def estimate_value_tokens(value: Any) -> int:
     """
     total = 0
     stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            tokens = estimate_text_tokens(v)
-            total += min(tokens, ATTACHMENT_TOKENS) if _is_attachment(v) else tokens
+        v = pop()
+        if type(v) is dict:  # the usual JSON object: its string members counted here, the rest pushed
+            total += len(v)
+            for member in v.values():
+                if type(member) is str:
+                    total += _text_tokens(member)
+                else:
+                    push(member)
+        elif isinstance(v, str):
+            total += _text_tokens(v)
         elif isinstance(v, dict):
             total += len(v)
-            stack.extend(v.values())
+            extend(v.values())
         elif isinstance(v, list | tuple):
-            stack.extend(v)
+            extend(v)
         elif v is not None:
             total += 1
     return total
+
+
+def _text_tokens(text: str) -> int:
+    """A string's share: chars/4, an inline attachment at most ATTACHMENT_TOKENS."""
+    tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return min(tokens, ATTACHMENT_TOKENS) if len(text) >= 2048 and _is_attachment(text) else tokens
 
 
 def _is_attachment(text: str) -> bool:

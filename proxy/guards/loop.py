@@ -131,7 +131,7 @@ class _LazyResults(Mapping[str, tuple[str, str | None]]):
 
 def results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]:
     """ToolResult objects -> (fingerprint, error text when is_error) by tool_call_id, computed lazily."""
-    if isinstance(results, Mapping):
+    if type(results) is not list and isinstance(results, Mapping):  # a list is the usual case: no ABC check
         return results
     # ToolResult-like objects (mypy does not drop the parameterised Mapping from the union above)
     items: Iterable[Any] = results
@@ -227,6 +227,11 @@ class _Turn:
         self.pending: dict[str, list[_Attempt]] = {}  # exact signature -> MCP calls in flight
         self.periodic = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
         self.ids: set[str] = set()  # tool_call_ids of this turn
+
+    @property
+    def pristine(self) -> bool:
+        """No attempt, answer or claimed call yet: every container is still as built."""
+        return self.count == 0 and self.serial == 0 and not self.ids
 
     def forget_if_large(self) -> None:
         if len(self.answered) > MAX_TURN_KEYS or len(self.results) > MAX_TURN_KEYS:
@@ -502,7 +507,12 @@ class LoopDetector:
     # -- attempts and their results --------------------------------------------------------------
 
     def _new_turn(self, now: float) -> None:
-        self._turn = _Turn(self._turn.number + 1, now)
+        t = self._turn
+        if t.pristine:  # nothing happened in it: the next turn is the same empty one, renumbered
+            t.number += 1
+            t.started_at = now
+            return
+        self._turn = _Turn(t.number + 1, now)
 
     def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> _Attempt:
         """One more call of the turn, with what was known when it was made."""

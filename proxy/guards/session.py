@@ -84,7 +84,7 @@ class SessionGuards:
     def configure(self, config: GuardConfig) -> bool:
         """The config in force changed (admin API): effective on the next call, counts kept.
         True when it did change."""
-        if config == self.config:
+        if config is self.config or config == self.config:  # identity first: pydantic's == walks fields
             return False
         self.config = config
         self.config_rev += 1
