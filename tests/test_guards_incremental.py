@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from factories import chat_completion, make_engine, make_exchange, play_upstream
+
 from proxy.dialects import openai_chat
 from proxy.dialects.base import LLMRequest, ParseState
 from proxy.guard_trace import llm_inputs
@@ -34,7 +34,11 @@ def step(i: int, tool: str, args: dict[str, Any], result: str, *, user: str | No
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": f"call_{i}", "type": "function", "function": {"name": tool, "arguments": json.dumps(args)}}
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": tool, "arguments": json.dumps(args)},
+                }
             ],
         }
     )
