@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.base import TOKENS_PER_MESSAGE, estimate_value_tokens
-from proxy.history import RecentConversations, Walked
+from proxy.history import FIND, RecentConversations, Walked
 
 # dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
 CONVERSATIONAL = frozenset({"openai_chat", "openai_responses", "anthropic"})
@@ -185,10 +185,23 @@ def call_digests(call: Any) -> Walked:
     memo = getattr(call, "memo", None)
     found = memo.get("digests") if memo is not None else None
     if found is None:
-        found = RECENT.walk(list(getattr(call, "messages", None) or []), _normalised, message_tokens)
+        # the parse stage may have found the request this one continues already (PRIOR)
+        prior = memo.get(PRIOR, FIND) if memo is not None else FIND
+        found = RECENT.walk(list(getattr(call, "messages", None) or []), _normalised, message_tokens, prior)
+        parsed = getattr(call, "parsed", None)
+        if parsed is not None and parsed.messages == len(found.messages):
+            found.parsed = parsed  # a later request resending these messages reads only its new ones
         if memo is not None:
             memo["digests"] = found
     return found
+
+
+PRIOR = "prior"  # memo key: the kept request a call's messages were proven to continue (or None)
+
+
+def find_prior(messages: list[Any]) -> Walked | None:
+    """The kept earlier request `messages` continues, for the parse stage (proxy/history.py)."""
+    return RECENT.find(messages)
 
 
 def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:

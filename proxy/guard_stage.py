@@ -22,12 +22,13 @@ from proxy.constants import (
     TAG_TERMINATED,
     EventType,
 )
-from proxy.dialects.base import ToolCall, ToolResult
+from proxy.dialects.base import ParseState, ToolCall, ToolResult
 from proxy.exchange import Exchange
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning, write_refusal_error
 from proxy.guards.budget import Reservation
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
+from proxy.guards.loop import HistoryResults, results_from_index
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS
 from proxy.pipeline import BaseStage
@@ -64,20 +65,33 @@ def token_estimate(ex: Exchange) -> int:
 
 def llm_guard_inputs(
     ex: Exchange, estimate: float
-) -> tuple[list[list[ToolCall]], int, list[ToolResult], int, dict[str, Any]]:
+) -> tuple[list[list[ToolCall]], int, list[ToolResult] | HistoryResults, int, dict[str, Any]]:
     """An LLM call's history as the guards judge it (a Responses previous_response_id stands for
-    its chain's), its token reservation, and what its event keeps of them for replay."""
+    its chain's), its token reservation, and what its event keeps of them for replay.
+
+    A history the dialect read on from the session's previous request (`LLMRequest.continues`) is
+    compared, and its results indexed, from there on only: the work grows with what is new."""
     call = ex.call
     session = ex.session
     assert session is not None
-    steps, turn_start, results = call.steps, call.turn_start, call.tool_results
+    conversation = session.conversation
+    steps, turn_start = call.steps, call.turn_start
+    results: list[ToolResult] | HistoryResults = call.tool_results
+    state: ParseState | None = getattr(call, "parsed", None)
+    known = 0
     if ex.history is not None:
         steps, turn_start, results = ex.history.steps, ex.history.turn_start, ex.history.results
+        state = None
+    elif state is not None:
+        prior = call.continues
+        if prior is not None and prior is conversation.guard_state:
+            known = len(prior.steps)
+        results = results_from_index(state.results_by_id(prior))
     tokens = token_estimate(ex)
-    conversation = session.conversation
     inputs, conversation.guard_history = guard_trace.llm_inputs(
-        conversation.guard_history, steps, turn_start, results, estimate, tokens
+        conversation.guard_history, steps, turn_start, results, estimate, tokens, known=known
     )
+    conversation.guard_state = state
     return steps, turn_start, results, tokens, inputs
 
 
@@ -124,6 +138,8 @@ class GuardStage(BaseStage):
                 estimate_tokens=tokens,
                 now=now,
                 event_ids=conversation.tool_event_ids,
+                reading=conversation.guard_state,
+                read_from=getattr(call, "continues", None),
             )
         self.apply(ex, guards, verdict, inputs, seen, now)
 
@@ -139,6 +155,8 @@ class GuardStage(BaseStage):
         """What the guards decided, carried out: the trace, the events, a refusal or a warning."""
         ex.guard_trace = self.trace(ex, guards, verdict, inputs, seen, now)
         ex.reservation = verdict.reservation
+        if not verdict.decisions:
+            return  # nothing fired (most calls): no finding, no tag, nothing refused or warned
         ex.decisions.extend(verdict.decisions)
         self.write_findings(ex, verdict)
         if verdict.shadow:

@@ -124,18 +124,25 @@ def llm_inputs(
     results: HistoryResults,
     estimate_usd: float,
     estimate_tokens: int,
+    *,
+    known: int = 0,
 ) -> tuple[dict[str, Any], list[tuple[str, ...]]]:
     """The request's history as a delta from the previous request's; returns (inputs, its step ids).
 
     Only the ids of the steps are taken for the whole history (it usually starts with the previous
-    request's, compared at once); the calls of the added steps alone are read in full.
+    request's, compared at once); the calls of the added steps alone are read in full. `known`:
+    the caller has proven that the first `known` steps are the previous request's, unchanged (the
+    dialect read this request on from it): only the ids of the rest are taken.
     """
-    ids = [tuple([_call_id(c) for c in step]) for step in steps]
     keep = len(previous)
-    if keep > len(ids) or ids[:keep] != previous:
-        keep = 0
-        while keep < min(len(previous), len(ids)) and previous[keep] == ids[keep]:
-            keep += 1
+    if known and known == keep and known <= len(steps):
+        ids = previous + [tuple([_call_id(c) for c in step]) for step in steps[known:]]
+    else:
+        ids = [tuple([_call_id(c) for c in step]) for step in steps]
+        if keep > len(ids) or ids[:keep] != previous:
+            keep = 0
+            while keep < min(len(previous), len(ids)) and previous[keep] == ids[keep]:
+                keep += 1
     added = [[call_tuple(c) for c in step] for step in steps[keep:]]
     by_id = results_map(results)
     add: list[list[list[Any]]] = []

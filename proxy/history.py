@@ -57,6 +57,7 @@ class Walked:
         prior: Walked | None = None,
     ) -> None:
         self.messages = messages
+        self.parsed: Any = None  # the dialect's reading of these messages (dialects.base.ParseState)
         self._count = count
         self._forked: Any = None  # the lineage chain's hasher, once it differs from the sent one
         if prior is None:
@@ -107,6 +108,13 @@ class Walked:
         return self._tokens
 
 
+class Find:
+    """`RecentConversations.walk`'s default: look for the request to go on from."""
+
+
+FIND = Find()
+
+
 class RecentConversations:
     """The last request of the most recent long conversations (see the module docstring)."""
 
@@ -123,15 +131,14 @@ class RecentConversations:
             h.update(raw)
         return h.digest()
 
-    def walk(
-        self, messages: list[Any], normalise: Callable[[Any], Any], count: Callable[[Any], int]
-    ) -> Walked:
+    def find(self, messages: list[Any]) -> Walked | None:
+        """The longest kept request whose messages this one starts with (compared whole, in C), or
+        None; short conversations are never kept. The parse stage asks first, so the dialect reads
+        only the new messages; `walk` then goes on from the same request without comparing again."""
         if len(messages) < MIN_MESSAGES:
-            return Walked(messages, normalise, count)
-        key = self._key(messages)
-        kept = self._by_key.get(key, [])
+            return None
         prior = None
-        for candidate in kept:  # the longest earlier request this one extends
+        for candidate in self._by_key.get(self._key(messages), ()):
             n = len(candidate.messages)
             if (
                 n <= len(messages)
@@ -139,8 +146,24 @@ class RecentConversations:
                 and messages[:n] == candidate.messages
             ):
                 prior = candidate
+        return prior
+
+    def walk(
+        self,
+        messages: list[Any],
+        normalise: Callable[[Any], Any],
+        count: Callable[[Any], int],
+        prior: Walked | None | Find = FIND,
+    ) -> Walked:
+        """`messages` walked, going on from `prior` (FIND: `find` it here), and kept."""
+        if len(messages) < MIN_MESSAGES:
+            return Walked(messages, normalise, count)
+        if isinstance(prior, Find):
+            prior = self.find(messages)
+        key = self._key(messages)
+        kept = self._by_key.get(key, [])
         walked = Walked(messages, normalise, count, prior)
-        if prior is not None:
+        if prior is not None and prior in kept:  # (a concurrent request may have gone on from it first)
             kept.remove(prior)
             self._messages -= len(prior.messages)
         kept.insert(0, walked)

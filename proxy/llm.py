@@ -25,7 +25,7 @@ from proxy.constants import (
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, ToolResult, Usage, estimate_prompt_tokens
 from proxy.dialects.contract import Accumulator, Dialect
-from proxy.episodes import call_digests
+from proxy.episodes import PRIOR, call_digests, find_prior
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
@@ -236,6 +236,22 @@ def fallback_request(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
     )
 
 
+def parse(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
+    """The dialect's parse; a long conversation that continues a recent request (its messages
+    proven to start with that request's, proxy/history.py) is read from there on only."""
+    parse_from = getattr(dialect, "parse_request_from", None)
+    messages = body.get("messages")
+    if parse_from is None or type(messages) is not list:
+        return dialect.parse_request(body)
+    prior = find_prior(messages)
+    state = None
+    if prior is not None and prior.parsed is not None and prior.parsed.messages == len(prior.messages):
+        state = prior.parsed
+    call: LLMRequest = parse_from(body, state)
+    call.memo[PRIOR] = prior  # the digests go on from the same request, without comparing again
+    return call
+
+
 class LLMParseStage(BaseStage):
     """Find the dialect from the path and parse the body; unknown endpoints forward unrecorded.
 
@@ -262,7 +278,7 @@ class LLMParseStage(BaseStage):
             self.refuse(ex, dialect, "the request body must be a JSON object")
             return
         try:
-            call: LLMRequest = dialect.parse_request(body)
+            call: LLMRequest = parse(dialect, body)
         except Exception:
             log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
             call = fallback_request(dialect, body)
@@ -449,7 +465,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
     session = ex.session
     call: LLMRequest = ex.call
     assert session is not None
-    for tr in call.tool_results:
+    for tr in results_to_record(call, session.conversation.pending_tool_calls):
         pending = session.conversation.pending_tool_calls.pop(tr.tool_call_id, None)
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
@@ -457,6 +473,18 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
             ex, engine, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
         )
         engine.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
+
+
+def results_to_record(call: LLMRequest, pending: dict[str, PendingToolCall]) -> list[ToolResult]:
+    """The results that may complete a pending call, in request order: all of them, or, when the
+    dialect read the request on from an earlier one (its results indexed), the first result of
+    each pending id: the same ones the whole list would pop, without walking a long history."""
+    state = call.parsed
+    if state is None or call.continues is None or not pending:
+        return call.tool_results if pending else []
+    first = state.first_results(call.continues)
+    found = sorted(i for i in (first.get(call_id) for call_id in pending) if i is not None)
+    return [call.tool_results[i] for i in found]
 
 
 def write_tool_result(

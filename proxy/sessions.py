@@ -62,6 +62,9 @@ class Conversation:
     # replay (proxy.guard_trace): the previous request's history as step ids, and the config
     # revisions already written into the trace
     guard_history: list[tuple[str, ...]] = field(default_factory=list)
+    # the dialect's reading of that request (dialects.base.ParseState), when it has one: the next
+    # request that goes on from it compares and judges only its new steps
+    guard_state: Any = None
     configs_recorded: set[int] = field(default_factory=set)
 
 

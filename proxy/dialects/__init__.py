@@ -44,5 +44,13 @@ def dialect_for(path: str, method: str) -> Dialect | None:
     give each the module interface every dialect has.
     """
     name = dialect_name(path, method)
-    # every module named in _EXACT satisfies the contract (mypy checks it: proxy/dialects/contract.py)
-    return cast("Dialect", importlib.import_module(f"proxy.dialects.{name}")) if name else None
+    if name is None:
+        return None
+    found = _MODULES.get(name)
+    if found is None:
+        # every module named in _EXACT satisfies the contract (mypy checks it: proxy/dialects/contract.py)
+        found = _MODULES[name] = cast("Dialect", importlib.import_module(f"proxy.dialects.{name}"))
+    return found
+
+
+_MODULES: dict[str, Dialect] = {}  # name -> module, imported on first use (a handful of names)

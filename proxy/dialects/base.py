@@ -51,6 +51,46 @@ class Usage:
     estimated: bool = False
 
 
+@dataclass(eq=False)
+class ParseState:
+    """What a dialect read from a request's first `messages` messages: kept with the request (in
+    proxy/history.py) so a later request that resends them, proven unchanged, goes on from here
+    instead of reading the whole history again. Read-only once built: requests share its lists'
+    items (`steps` and `tool_results` of a continuing request start with these, the same objects)."""
+
+    messages: int
+    steps: list[list[ToolCall]]
+    tool_results: list[ToolResult]
+    turn_start: int
+    # tool_call_id -> its last result / the position of its first result (readers differ on
+    # duplicate ids); built on first use, from the prior request's when it built them
+    last_result: dict[str, ToolResult] | None = field(default=None, repr=False)
+    first_result: dict[str, int] | None = field(default=None, repr=False)
+
+    def results_by_id(self, prior: ParseState | None) -> dict[str, ToolResult]:
+        """tool_call_id -> its last result (`prior`: the state this one went on from, if any)."""
+        if self.last_result is None:
+            start, index = 0, {}
+            if prior is not None and prior.last_result is not None:
+                start, index = len(prior.tool_results), dict(prior.last_result)
+            for r in self.tool_results[start:]:
+                index[str(r.tool_call_id)] = r
+            self.last_result = index
+        return self.last_result
+
+    def first_results(self, prior: ParseState | None) -> dict[str, int]:
+        """tool_call_id -> the position of its first result in `tool_results`."""
+        if self.first_result is None:
+            start, index = 0, {}
+            if prior is not None and prior.first_result is not None:
+                start, index = len(prior.tool_results), dict(prior.first_result)
+            results = self.tool_results
+            for i in range(start, len(results)):
+                index.setdefault(results[i].tool_call_id, i)
+            self.first_result = index
+        return self.first_result
+
+
 @dataclass
 class LLMRequest:
     dialect: str  # openai_chat | openai_responses | anthropic | embeddings | completions
@@ -68,6 +108,10 @@ class LLMRequest:
     # values derived from the request, computed once for all the stages that need them (the prompt
     # estimate, the conversation's digests): a long history is walked once per call, not per use
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # dialects that read a conversation incrementally (openai_chat): what they read, and the prior
+    # request's reading this one went on from (its first steps and results are that one's)
+    parsed: ParseState | None = field(default=None, repr=False, compare=False)
+    continues: ParseState | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -181,19 +225,32 @@ def estimate_value_tokens(value: Any) -> int:
     """
     total = 0
     stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            tokens = estimate_text_tokens(v)
-            total += min(tokens, ATTACHMENT_TOKENS) if _is_attachment(v) else tokens
+        v = pop()
+        if type(v) is dict:  # the usual JSON object: its string members counted here, the rest pushed
+            total += len(v)
+            for member in v.values():
+                if type(member) is str:
+                    total += _text_tokens(member)
+                else:
+                    push(member)
+        elif isinstance(v, str):
+            total += _text_tokens(v)
         elif isinstance(v, dict):
             total += len(v)
-            stack.extend(v.values())
+            extend(v.values())
         elif isinstance(v, list | tuple):
-            stack.extend(v)
+            extend(v)
         elif v is not None:
             total += 1
     return total
+
+
+def _text_tokens(text: str) -> int:
+    """A string's share: chars/4, an inline attachment at most ATTACHMENT_TOKENS."""
+    tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return min(tokens, ATTACHMENT_TOKENS) if len(text) >= 2048 and _is_attachment(text) else tokens
 
 
 def _is_attachment(text: str) -> bool:

@@ -21,6 +21,7 @@ from proxy.dialects.base import (
     BodySniffer,
     LLMRequest,
     LLMResult,
+    ParseState,
     ToolCall,
     ToolCallBuilder,
     ToolResult,
@@ -46,6 +47,7 @@ __all__ = [
     "StreamAccumulator",
     "estimate_prompt_tokens",
     "parse_request",
+    "parse_request_from",
     "parse_response",
     "render_blocked",
     "upstream_body",
@@ -59,12 +61,22 @@ SSE_TYPE = "text/event-stream; charset=utf-8"
 
 
 def parse_request(body: dict) -> LLMRequest:
+    return parse_request_from(body, None)
+
+
+def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
+    """`parse_request`, going on from `prior`: the caller has proven that this request's first
+    `prior.messages` messages are those `prior` read (proxy/history.py), so only the rest is read."""
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
-    steps: list[list[ToolCall]] = []
-    results: list[ToolResult] = []
-    turn_start = 0
-    for message in messages:
+    if prior is not None and prior.messages <= len(messages):
+        steps, results, turn_start = prior.steps[:], prior.tool_results[:], prior.turn_start
+        new = messages[prior.messages :]
+    else:
+        prior = None
+        steps, results, turn_start = [], [], 0
+        new = messages
+    for message in new:
         if not isinstance(message, dict):
             continue
         role = message.get("role")
@@ -91,6 +103,8 @@ def parse_request(body: dict) -> LLMRequest:
         steps=steps,
         turn_start=turn_start,
         client_asked_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        parsed=ParseState(len(messages), steps, results, turn_start),
+        continues=prior,
     )
 
 

@@ -74,6 +74,12 @@ class SessionBudget:
         self.events = 0
         self.soft_alerted = False
         self._inflight: dict[int, Reservation] = {}
+        # what the calls in flight hold, kept as they come and go (a busy session has dozens in
+        # flight: summing them per call was the budget's main cost); USD is summed when a cost
+        # budget asks, in the order it always was, so the float is the same to the last bit
+        self._inflight_tokens = 0
+        self._inflight_llm = 0
+        self._inflight_tool = 0
         self._ids = itertools.count(1)
 
     def configure(self, budget: BudgetConfig, limits: LimitsConfig, max_steps: int | None) -> None:
@@ -100,28 +106,34 @@ class SessionBudget:
             return refusal, None
         res = Reservation(next(self._ids), kind, max(0.0, estimate_usd), max(0, estimate_tokens))
         self._inflight[res.id] = res
+        self._hold(res, 1)
         return refusal or ALLOW, res
+
+    def _hold(self, res: Reservation, sign: int) -> None:
+        """A reservation taken (+1) or given back / settled (-1): the in-flight counts follow."""
+        self._inflight_tokens += sign * res.tokens
+        if res.kind == "llm":
+            self._inflight_llm += sign
+        else:
+            self._inflight_tool += sign
 
     def refusal(self, kind: CallKind, now: float) -> Decision | None:
         """The refusal `check()` would give, without reserving (for a call another guard refused)."""
         return self._refusal(kind, now)
 
-    def _inflight_sum(self) -> tuple[float, int, int, int]:
+    def _inflight_usd(self) -> float:
         usd = 0.0
-        tokens = llm = tool = 0
         for r in self._inflight.values():
             usd += r.usd
-            tokens += r.tokens
-            if r.kind == "llm":
-                llm += 1
-            else:
-                tool += 1
-        return float(usd), int(tokens), llm, tool
+        return float(usd)
+
+    def _inflight_sum(self) -> tuple[float, int, int, int]:
+        return self._inflight_usd(), self._inflight_tokens, self._inflight_llm, self._inflight_tool
 
     def _refusal(self, kind: CallKind, now: float) -> Decision | None:
         b, lim = self.budget, self.limits
         elapsed = now - self.started_at
-        usd, tokens, llm_inflight, tool_inflight = self._inflight_sum()
+        tokens, llm_inflight, tool_inflight = self._inflight_tokens, self._inflight_llm, self._inflight_tool
 
         if b.max_wall_time_seconds is not None and elapsed > b.max_wall_time_seconds:
             return _stop(
@@ -131,7 +143,7 @@ class SessionBudget:
                 round(elapsed, 3),
                 budget=True,
             )
-        if b.max_cost_usd is not None and self.cost_usd + usd >= b.max_cost_usd:
+        if b.max_cost_usd is not None and self.cost_usd + (usd := self._inflight_usd()) >= b.max_cost_usd:
             spent = round(self.cost_usd + usd, 6)
             return _stop(
                 GUARD_MAX_COST_USD,
@@ -210,8 +222,10 @@ class SessionBudget:
         self, reservation: Reservation | None, cost_usd: float, tokens: int, now: float
     ) -> list[Decision]:
         """The call was answered: replace its estimate by the real cost; the soft alert fires once."""
-        if reservation is not None and self._inflight.pop(reservation.id, None) is not None:
-            if reservation.kind == "llm":
+        held = self._inflight.pop(reservation.id, None) if reservation is not None else None
+        if held is not None:
+            self._hold(held, -1)
+            if held.kind == "llm":
                 self.llm_calls += 1
             else:
                 self.tool_calls += 1
@@ -234,8 +248,9 @@ class SessionBudget:
 
     def release(self, reservation: Reservation | None) -> None:
         """The call never reached the upstream (refused later, or failed to connect): not counted."""
-        if reservation is not None:
-            self._inflight.pop(reservation.id, None)
+        held = self._inflight.pop(reservation.id, None) if reservation is not None else None
+        if held is not None:
+            self._hold(held, -1)
 
     def count_history_tool_calls(self, n: int) -> None:
         """Function-calling tool calls first seen in an LLM request's history (not via MCP)."""

@@ -107,8 +107,9 @@ class _LazyResults(Mapping[str, tuple[str, str | None]]):
     its history (80% of the time per call at 400 steps, docs/benchmarks.md).
     """
 
-    def __init__(self, results: Iterable[Any]) -> None:
-        self._results = {str(r.tool_call_id): r for r in results}  # the last result of an id wins
+    def __init__(self, results: Iterable[Any], index: dict[str, Any] | None = None) -> None:
+        # the last result of an id wins
+        self._results = index if index is not None else {str(r.tool_call_id): r for r in results}
         self._done: dict[str, tuple[str, str | None]] = {}
 
     def __getitem__(self, call_id: str) -> tuple[str, str | None]:
@@ -131,11 +132,17 @@ class _LazyResults(Mapping[str, tuple[str, str | None]]):
 
 def results_map(results: HistoryResults) -> Mapping[str, tuple[str, str | None]]:
     """ToolResult objects -> (fingerprint, error text when is_error) by tool_call_id, computed lazily."""
-    if isinstance(results, Mapping):
+    if type(results) is not list and isinstance(results, Mapping):  # a list is the usual case: no ABC check
         return results
     # ToolResult-like objects (mypy does not drop the parameterised Mapping from the union above)
     items: Iterable[Any] = results
     return _LazyResults(items)
+
+
+def results_from_index(index: dict[str, Any]) -> Mapping[str, tuple[str, str | None]]:
+    """`results_map` of a request's results already indexed by tool_call_id, the last of an id
+    (dialects.base.ParseState.results_by_id): read-only, fingerprints computed when asked for."""
+    return _LazyResults((), index)
 
 
 def _words(name: str) -> list[str]:
@@ -171,6 +178,23 @@ def classify_tool(name: str, config: LoopDetectionConfig) -> str:
     if _has_word(words, IDEMPOTENT_WORDS):
         return "idempotent"
     return "mutating"
+
+
+@dataclass(frozen=True)
+class _Read:
+    """The history `check_llm_history` read last, named by its caller (`reading`).
+
+    After reading it, every call id of its `steps` is in `_seen_ids` (so reading them again changes
+    nothing), and, when it was judged (`judged`, detection on), the turn's call ids hold none of the
+    calls before `turn_start` (a new user turn would start a new one) and `inside` says whether the
+    turn had a call. A history that goes on from it with the same `turn_start` keeps all of that.
+    """
+
+    token: object
+    steps: int
+    turn_start: int
+    inside: bool
+    enabled: bool
 
 
 @dataclass(eq=False)
@@ -228,6 +252,11 @@ class _Turn:
         self.periodic = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
         self.ids: set[str] = set()  # tool_call_ids of this turn
 
+    @property
+    def pristine(self) -> bool:
+        """No attempt, answer or claimed call yet: every container is still as built."""
+        return self.count == 0 and self.serial == 0 and not self.ids
+
     def forget_if_large(self) -> None:
         if len(self.answered) > MAX_TURN_KEYS or len(self.results) > MAX_TURN_KEYS:
             self.answered.clear()
@@ -255,6 +284,7 @@ class LoopDetector:
         self._event_ids: Mapping[str, str] | None = None  # tool_call_id -> TOOL_CALL event id
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
         self._history_seen = False  # a request's history was read before (later unseen ids are new)
+        self._read: _Read | None = None  # the history read last, when its caller named it
         # AgentDbg cycle: event signatures in a sliding window
         self._window: deque[tuple[str, str]] = deque(maxlen=max(2, config.window))
         self._cycle_reported: set[str] = set()
@@ -349,6 +379,9 @@ class LoopDetector:
         tool_results: HistoryResults,
         now: float,
         event_ids: Mapping[str, str] | None = None,
+        *,
+        reading: object = None,
+        read_from: object = None,
     ) -> list[Decision]:
         """Before forwarding an LLM request: the tool calls its history holds, new ones counted once.
 
@@ -357,24 +390,50 @@ class LoopDetector:
         for the results the request carries. Sending the same history again gives the same answer.
         `event_ids` maps tool_call_id -> the id of its TOOL_CALL event, for the evidence of a
         LOOP_WARNING (a call without one is left out); without it the evidence is tool_call_ids.
+
+        `reading` names this history (any object, compared by identity) and `read_from` the one it
+        goes on from, when the caller knows: its first steps are that history's, unchanged (the
+        dialect read it on from there). If that is the history this detector read last, only the
+        steps after it are read; the decisions are the same as reading the whole.
         """
         self._event_ids = event_ids
-        steps = [[call_tuple(c) for c in step] for step in steps]
-        tool_results = results_map(tool_results)
         turn_start = max(0, min(turn_start, len(steps)))
-        if not self.config.enabled:
-            self._count_ids_only(steps, turn_start)
+        enabled = self.config.enabled
+        # what this detector read last (see `_Read`): when this history goes on from it with the
+        # same turn, every call of its first steps is one already seen, and nothing about the turn
+        # changes but what the new steps bring; those steps alone are read
+        last, self._read = self._read, None
+        start = 0
+        if (
+            last is not None
+            and read_from is not None
+            and read_from is last.token
+            and last.steps <= len(steps)
+            and (not enabled or (last.enabled and last.turn_start == turn_start))
+        ):
+            start = last.steps
+        new_steps = [[call_tuple(c) for c in step] for step in (steps[start:] if start else steps)]
+        tool_results = results_map(tool_results)
+        if not enabled:
+            self._count_ids_only(new_steps, turn_start, start)
+            self._read = _Read(reading, len(steps), turn_start, False, False)
             return []
         self._llm_seen = True
-        inside = [c[0] for step in steps[turn_start:] for c in step]
-        before = [c[0] for step in steps[:turn_start] for c in step]
-        if not inside or self._turn.ids.intersection(before) or self._turn.started_at is None:
-            self._new_turn(now)
+        if start:
+            inside = last is not None and last.inside or any(new_steps)
+            if not inside or self._turn.started_at is None:
+                self._new_turn(now)
+        else:
+            inside_ids = [c[0] for step in new_steps[turn_start:] for c in step]
+            before = [c[0] for step in new_steps[:turn_start] for c in step]
+            inside = bool(inside_ids)
+            if not inside or self._turn.ids.intersection(before) or self._turn.started_at is None:
+                self._new_turn(now)
 
         decisions: list[Decision] = []
         new_calls = 0
         self.new_history_calls = 0
-        for k, step in enumerate(steps):
+        for k, step in enumerate(new_steps, start):
             made: list[tuple[_Attempt, tuple[str, str | None] | None]] = []
             for call_id, name, args in step:
                 first = self._first_sight(call_id, name, args)
@@ -407,7 +466,7 @@ class LoopDetector:
                     self._apply(attempt, *result)
 
         # the request's shape: the same history sent again gets the same answer
-        last_ids = (str(turn_start), str(len(steps)), *(c[0] for c in steps[-1])) if steps else ()
+        last_ids = (str(turn_start), str(len(steps)), *(call_tuple(c)[0] for c in steps[-1])) if steps else ()
         if new_calls == 0 and last_ids in self._answers:
             decisions = [replace(d, new_finding=False) for d in self._answers[last_ids]]
         else:
@@ -418,15 +477,19 @@ class LoopDetector:
         self._history_seen = True
         turn_time = self._turn_time(now)
         self._tally(turn_time)
+        self._read = _Read(reading, len(steps), turn_start, inside, True)
         return self._dedupe(decisions + turn_time)
 
     def _evidence_id(self, call_id: str) -> str | None:
         return call_id if self._event_ids is None else self._event_ids.get(call_id)
 
-    def _count_ids_only(self, steps: Sequence[Sequence[HistoryCall]], turn_start: int) -> None:
-        """Detection off: still tell the budget which history calls are new (limits stay on)."""
+    def _count_ids_only(
+        self, steps: Sequence[Sequence[HistoryCall]], turn_start: int, start: int = 0
+    ) -> None:
+        """Detection off: still tell the budget which history calls are new (limits stay on).
+        `steps` are the history's from index `start` on."""
         self.new_history_calls = 0
-        for k, step in enumerate(steps):
+        for k, step in enumerate(steps, start):
             for call_id, name, args in step:
                 first = self._first_sight(call_id, name, args)
                 if first is not None and not first[1] and (k >= turn_start or self._history_seen):
@@ -502,7 +565,12 @@ class LoopDetector:
     # -- attempts and their results --------------------------------------------------------------
 
     def _new_turn(self, now: float) -> None:
-        self._turn = _Turn(self._turn.number + 1, now)
+        t = self._turn
+        if t.pristine:  # nothing happened in it: the next turn is the same empty one, renumbered
+            t.number += 1
+            t.started_at = now
+            return
+        self._turn = _Turn(t.number + 1, now)
 
     def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> _Attempt:
         """One more call of the turn, with what was known when it was made."""
@@ -753,26 +821,30 @@ class LoopDetector:
         """003's guard: the same set of calls in consecutive assistant steps of this turn, each step
         after the first of the run stale (the same calls, the same results)."""
         limit = self.config.max_repeated_tool_steps
-        turn = list(steps[turn_start:])
-        if not turn or not turn[-1]:
+        size = len(steps) - turn_start  # the turn's steps, read back from the last one only
+        if size <= 0 or not steps[-1]:
             return []
 
-        def key(step: Sequence[HistoryCall]) -> tuple[str, ...]:
+        def step_at(back: int) -> list[tuple[str, str, Any]]:  # the turn's step `back` from the end
+            return [call_tuple(c) for c in steps[len(steps) - 1 - back]]
+
+        def key(step: Sequence[tuple[str, str, Any]]) -> tuple[str, ...]:
             return tuple(sorted(self._ident_of(c) for c in step))
 
         # back from the last step while the steps repeat it: a long turn is not read whole per call
-        last = key(turn[-1])
+        last = key(step_at(0))
         run = 1
-        while run < len(turn) and key(turn[-1 - run]) == last:
+        while run < size and key(step_at(run)) == last:
             run += 1
         repeated = run - 1
         if repeated < limit:
             return []
-        middle = [[self._by_id.get(c[0]) for c in step] for step in turn[len(turn) - run + 1 : -1]]
+        turn = [step_at(back) for back in range(run - 1, -1, -1)]  # the run, oldest first
+        middle = [[self._by_id.get(c[0]) for c in step] for step in turn[1:-1]]
         if not all(a is not None and a.stale for row in middle for a in row):
             return []  # something new came back on the way: the agent is getting somewhere
-        first_step = turn[len(turn) - run]
-        ids = tuple(e for step in turn[-run:] for c in step if (e := self._evidence_id(c[0])))
+        first_step = turn[0]
+        ids = tuple(e for step in turn for c in step if (e := self._evidence_id(c[0])))
         return [
             self._loop(
                 "identical_step",

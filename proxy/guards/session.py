@@ -84,7 +84,7 @@ class SessionGuards:
     def configure(self, config: GuardConfig) -> bool:
         """The config in force changed (admin API): effective on the next call, counts kept.
         True when it did change."""
-        if config == self.config:
+        if config is self.config or config == self.config:  # identity first: pydantic's == walks fields
             return False
         self.config = config
         self.config_rev += 1
@@ -113,15 +113,20 @@ class SessionGuards:
         now: float,
         estimate_tokens: int = 0,
         event_ids: Mapping[str, str] | None = None,
+        reading: object = None,
+        read_from: object = None,
     ) -> Verdict:
         """Before forwarding an LLM request: its history's tool calls, then budgets and limits.
 
         Pass `LLMRequest.steps`, `.turn_start` and `.tool_results` as they are (ToolCall /
         ToolResult objects), or tuples (tool_call_id, name, arguments) and a mapping
         tool_call_id -> (result fingerprint, error text or None). `event_ids` (tool_call_id ->
-        TOOL_CALL event id) makes a LOOP_WARNING's evidence event ids.
+        TOOL_CALL event id) makes a LOOP_WARNING's evidence event ids. `reading` / `read_from`:
+        this history's name and that of the one it goes on from (`LoopDetector.check_llm_history`).
         """
-        decisions = self.loop.check_llm_history(steps, turn_start, tool_results, now, event_ids)
+        decisions = self.loop.check_llm_history(
+            steps, turn_start, tool_results, now, event_ids, reading=reading, read_from=read_from
+        )
         self.budget.count_history_tool_calls(self.loop.new_history_calls)
         return self._admit("llm", decisions, estimate_usd, estimate_tokens, now)
 
