@@ -272,6 +272,7 @@ class LeanConnection(asyncio.Protocol):
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # when the connection went idle (None: a request is on)
         self._reading_paused = False
         self._route: Any = None
 
@@ -285,6 +286,9 @@ class LeanConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.server.forget(self)
         self._cancel_idle()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._request is not None:
             self._request.content.set_exception(ConnectionResetError("the client closed the connection"))
         if self._drain is not None and not self._drain.done():
@@ -477,6 +481,9 @@ class LeanConnection(asyncio.Protocol):
         if transport is None:
             return
         self._cancel_idle()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         self.server.forget(self)
         handler = self.server.aiohttp_handler()
         transport.set_protocol(handler)
@@ -489,21 +496,32 @@ class LeanConnection(asyncio.Protocol):
             handler.data_received(buf)
 
     # --- the idle timer (no request head within keepalive_timeout: close)
+    # One timer per connection, moved lazily: a request only stamps when the connection went idle
+    # (cheaper than a timer made and cancelled per request, as aiohttp does it too).
 
     def _start_idle(self) -> None:
         timeout = self.server.keepalive_timeout
-        if timeout and self.transport is not None:
-            self._idle = asyncio.get_running_loop().call_later(timeout, self._idle_expired)
+        if not timeout or self.transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_since = loop.time()
+        if self._idle is None:
+            self._idle = loop.call_at(self._idle_since + timeout, self._idle_expired)
 
     def _cancel_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._idle_since = None
 
     def _idle_expired(self) -> None:
         self._idle = None
-        if not self._busy and self.transport is not None:
+        since = self._idle_since
+        if since is None or self._busy or self.transport is None:
+            return  # busy: the timer starts again when the answer is out
+        due = since + self.server.keepalive_timeout
+        loop = asyncio.get_running_loop()
+        if loop.time() >= due:
             self.transport.close()
+        else:  # it went idle again after the timer was set
+            self._idle = loop.call_at(due, self._idle_expired)
 
     def close_if_idle(self) -> None:
         if not self._busy and self.transport is not None:
