@@ -34,10 +34,12 @@ import ssl
 from collections.abc import Iterable
 from typing import Any
 
+import aiohappyeyeballs
 import httptools
 from aiohttp import (
     ClientConnectionError,
     ClientConnectorCertificateError,
+    ClientConnectorDNSError,
     ClientConnectorError,
     ClientConnectorSSLError,
     ClientOSError,
@@ -47,10 +49,11 @@ from aiohttp import (
     InvalidUrlClientError,
     ServerDisconnectedError,
     SocketTimeoutError,
+    hdrs,
 )
 from aiohttp.client_reqrep import ConnectionKey, RequestInfo
 from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 # methods aiohttp sends without Content-Length when they carry no body
@@ -60,10 +63,27 @@ _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _HIGH_WATER = 128 * 1024
 # an idle pooled connection is closed after this long (aiohttp's keepalive_timeout default)
 KEEPALIVE_S = 15.0
+# aiohttp's connector default
+_HAPPY_EYEBALLS_DELAY_S = 0.25
 # a read timer may fire a little early (the loop's clock resolution): that close is close enough
 _TIMER_SLACK_S = 0.001
 
 PoolKey = tuple[str, str, int]
+
+# aiohttp's parser spells the header names it knows its own way (set-cookie -> Set-Cookie) and
+# response_headers() passes names on as they come: the client keeps getting those spellings
+_KNOWN_NAMES = {str(v).lower().encode(): str(v) for v in vars(hdrs).values() if isinstance(v, istr)}
+_names: dict[bytes, str] = {}  # raw name -> its text, for the names upstreams send (bounded)
+_NAMES_KEPT = 512
+
+
+def _header_name(raw: bytes) -> str:
+    name = _names.get(raw)
+    if name is None:
+        name = _KNOWN_NAMES.get(raw.lower()) or raw.decode("utf-8", "surrogateescape")
+        if len(_names) < _NAMES_KEPT:
+            _names[raw] = name
+    return name
 
 
 def ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
@@ -216,8 +236,9 @@ class _Connection(asyncio.Protocol):
         # the answer being parsed
         self._reason = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
-        self._framed = False  # a Content-Length or a chunked body (else it runs until the close)
-        self._length_framed = False
+        self._chunked = False
+        self._content_length: int | None = None
+        self._body_received = 0
         self._interim = False  # a 1xx answer before the real one
 
     # --- the request ----------------------------------------------------------------------------
@@ -289,13 +310,17 @@ class _Connection(asyncio.Protocol):
                 response._fail(ClientOSError(*exc.args))
             else:
                 response._fail(ServerDisconnectedError())
-        elif not self._framed and exc is None:
+        elif not self._chunked and self._content_length is None and exc is None:
             response._finish()  # a body without length ends with the connection
         else:
+            # aiohttp's words for each case
             underlying: Exception = (
-                ContentLengthError("Not enough data to satisfy content length header.")
-                if self._length_framed
-                else TransferEncodingError("Not enough data to satisfy transfer length header.")
+                TransferEncodingError("Not enough data to satisfy transfer length header.")
+                if self._chunked or self._content_length is None
+                else ContentLengthError(
+                    "Not enough data to satisfy content length header "
+                    f"(received {self._body_received} of {self._content_length} bytes)."
+                )
             )
             message = f"Response payload is not completed: {underlying!r}"
             if exc is not None:
@@ -312,13 +337,14 @@ class _Connection(asyncio.Protocol):
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) in (14, 17):
-            low = name.lower()
-            if low == b"content-length":
-                self._framed = self._length_framed = True
-            elif low == b"transfer-encoding" and b"chunked" in value.lower():
-                self._framed = True
-        self._headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        text = _header_name(name)
+        if len(text) in (14, 17):
+            if text == "Content-Length":
+                with contextlib.suppress(ValueError):  # (llhttp refuses a malformed one itself)
+                    self._content_length = int(value)
+            elif text == "Transfer-Encoding" and b"chunked" in value.lower():
+                self._chunked = True
+        self._headers.add(text, value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
         response = self.response
@@ -340,6 +366,7 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         response = self.response
+        self._body_received += len(body)
         if response is not None and response._feed(body) and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
@@ -356,7 +383,9 @@ class _Connection(asyncio.Protocol):
     def _start_message(self) -> None:
         self._reason = b""
         self._headers = CIMultiDict()
-        self._framed = self._length_framed = False
+        self._chunked = False
+        self._content_length = None
+        self._body_received = 0
 
     def _message_done(self) -> None:
         response = self.response
@@ -465,14 +494,26 @@ class UpstreamPool:
         return response
 
     async def _connect(self, key: PoolKey, url: URL) -> _Connection:
+        """A new connection, as aiohttp's connector made it (resolve, then happy eyeballs), so a
+        failure says what it said."""
         scheme, host, port = key
         tls = scheme == "https"
         try:
             async with asyncio.timeout(self.connect_timeout_s):
+                try:
+                    infos = await self.loop.getaddrinfo(
+                        host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG
+                    )
+                except OSError as e:
+                    if e.errno is None and isinstance(e, TimeoutError):
+                        raise
+                    raise ClientConnectorDNSError(_connection_key(url, tls), e) from e
+                sock = await aiohappyeyeballs.start_connection(
+                    infos, happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY_S, loop=self.loop
+                )
                 _, conn = await self.loop.create_connection(
                     lambda: _Connection(self, key),
-                    host,
-                    port,
+                    sock=sock,
                     ssl=self.ssl_context if tls else None,
                     server_hostname=host if tls else None,
                 )
