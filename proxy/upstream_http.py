@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Iterable
 from typing import Any
 
 import aiohappyeyeballs
@@ -565,8 +564,12 @@ class UpstreamPool:
             conn.close()
         self._idle.clear()
 
-    def open_connections(self) -> Iterable[_Connection]:
+    def open_connections(self) -> tuple[_Connection, ...]:
         return tuple(self._open)
+
+    def idle_count(self) -> int:
+        """Connections kept for the next call (those the server closed meanwhile not counted)."""
+        return sum(not c.closed for idle in self._idle.values() for c in idle)
 
 
 def _connection_key(url: URL, tls: bool) -> Any:
