@@ -1,8 +1,9 @@
 """Forwarding to the upstream and relaying its answer chunk by chunk.
 
-One `aiohttp.ClientSession` per app. The answer is relayed as it arrives: each chunk goes through
-the exchange's observer (which may drop an injected event, never hold a stream back) and straight
-to the client.
+Upstream calls go through a lean pooled HTTP/1.1 client (proxy/upstream_http.py); aiohttp's
+`ClientSession` stays for calls through an egress proxy or with ~/.netrc credentials, alert webhooks
+and WebSocket upgrades. The answer is relayed as it arrives: each chunk goes through the exchange's
+observer (which may drop an injected event, never hold a stream back) and straight to the client.
 
 An answer the upstream compressed although Tripwire asked for `identity` (gzip, deflate; br when a
 brotli module is installed) is decoded for the observer only: the client gets the upstream's bytes
@@ -33,11 +34,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.egress import Egress
+from proxy.egress import Egress, Route
 from proxy.exchange import Answer, Exchange
 from proxy.lean_http import ClientAnswer, LeanRequest, LeanResponse
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
 from proxy.settings import UpstreamConfig
+from proxy.upstream_http import UpstreamPool, UpstreamResponse, ssl_context
+
+# an answer being relayed: from the lean client, or from aiohttp (the egress proxy's way)
+Upstream = UpstreamResponse | aiohttp.ClientResponse
 
 log = logging.getLogger("tripwire.forward")
 
@@ -342,14 +347,17 @@ class Forwarder:
         self.ca_bundle = ca_bundle
         self.retries = retries  # opt-in (settings.upstream_retries): see send()
         self.retry_base_s = retry_base_s
-        # calls and alert webhooks; the way out (proxy, ~/.netrc) is read once, at start
+        # the upstream calls that go out directly (nearly all of them)
+        self.pool: UpstreamPool | None = None
+        # calls through an egress proxy or with ~/.netrc credentials, and alert webhooks; the way out
+        # (proxy, ~/.netrc) is read once, at start
         self.http: aiohttp.ClientSession | None = None
         self.egress: Egress | None = None
         # WebSocket upgrades (proxy/websocket.py) read the way out from the environment per
         # connection (trust_env): long-lived, so the lookup does not matter there
         self.session: aiohttp.ClientSession | None = None
         # answers being relayed right now, so a drain that runs out of grace can end them cleanly
-        self._active: dict[int, tuple[Exchange, aiohttp.ClientResponse]] = {}
+        self._active: dict[int, tuple[Exchange, Upstream]] = {}
 
     async def start(self) -> None:
         ssl_ctx: ssl.SSLContext | bool = True
@@ -358,6 +366,11 @@ class Forwarder:
         self.egress = Egress()  # HTTPS_PROXY / NO_PROXY / ~/.netrc, as trust_env reads them, once
         self.http = self._client(ssl_ctx, trust_env=False)
         self.session = self._client(ssl_ctx, trust_env=True)
+        self.pool = UpstreamPool(
+            ssl_context=ssl_ctx if isinstance(ssl_ctx, ssl.SSLContext) else ssl_context(None),
+            connect_timeout_s=self.connect_timeout_s,
+            read_timeout_s=self.ttfb_timeout_s,
+        )
 
     def _client(self, ssl_ctx: ssl.SSLContext | bool, *, trust_env: bool) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
@@ -372,19 +385,22 @@ class Forwarder:
         )
 
     async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         for client in (self.http, self.session):
             if client is not None:
                 await client.close()
 
-    async def _relay(self, ex: Exchange, upstream: aiohttp.ClientResponse, response: ClientAnswer) -> None:
+    async def _relay(self, ex: Exchange, upstream: Upstream, response: ClientAnswer) -> None:
         """Copy the answer chunk by chunk through the observer to the client.
 
         A client that hangs up is not an upstream failure (it must not trip the breaker): stop
         reading (the upstream stops generating) and let the call be recorded as incomplete.
         """
         tap = Tap(ex.observer, content_codings(upstream.headers))
+        chunks = upstream if isinstance(upstream, UpstreamResponse) else upstream.content.iter_any()
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in chunks:
                 out = tap.feed(chunk)
                 if out and not await self._write(ex, response, out):
                     break
@@ -477,33 +493,30 @@ class Forwarder:
 
     async def send(
         self, ex: Exchange, method: str, url: str, headers: CIMultiDict[str], body: bytes
-    ) -> aiohttp.ClientResponse:
+    ) -> Upstream:
         """Send the request; with `retries`, resend it after a connection error, 502 or 503.
 
         Only before anything reached the client (the answer is not relayed until this returns),
         with jittered exponential back-off, so the circuit breaker counts one failure only when
         every attempt failed. `ex.upstream_retries` says how many resends it took.
         """
-        assert self.http is not None and self.egress is not None, "Forwarder.start() not called"
+        assert self.pool is not None and self.egress is not None, "Forwarder.start() not called"
         # the path and query are passed on as the client encoded them (%23 stays %23)
         target = URL(url, encoded=True)
         way = self.egress.route(target)
         if way.headers:
             headers = headers.copy()
             headers.update(way.headers)
+        # the lean client goes straight to the upstream; aiohttp knows proxies and credentials
+        direct = way.proxy is None and way.auth is None and target.raw_user is None
         attempt = 0
         while True:
             try:
-                upstream = await self.http.request(
-                    method,
-                    target,
-                    headers=headers,
-                    data=body or None,
-                    allow_redirects=False,
-                    proxy=way.proxy,
-                    proxy_headers=way.proxy_headers,
-                    auth=way.auth,
-                )
+                upstream: Upstream
+                if direct:
+                    upstream = await self.pool.request(method, target, headers, body)
+                else:
+                    upstream = await self._via_aiohttp(method, target, headers, body, way)
             except aiohttp.ClientError as e:
                 if attempt >= self.retries or not retryable_error(e):
                     raise
@@ -518,6 +531,21 @@ class Forwarder:
             delay = backoff_delay(attempt, self.retry_base_s)
             log.info("upstream %s: %s; retry %d/%d in %.2fs", url, why, attempt, self.retries, delay)
             await asyncio.sleep(delay)
+
+    async def _via_aiohttp(
+        self, method: str, target: URL, headers: CIMultiDict[str], body: bytes, way: Route
+    ) -> aiohttp.ClientResponse:
+        assert self.http is not None
+        return await self.http.request(
+            method,
+            target,
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+            proxy=way.proxy,
+            proxy_headers=way.proxy_headers,
+            auth=way.auth,
+        )
 
     async def forward(
         self,
@@ -534,7 +562,7 @@ class Forwarder:
         ends the client's stream abnormally, as the upstream's ended. Either way `ex.upstream_error`
         says what happened.
         """
-        assert self.http is not None, "Forwarder.start() not called"
+        assert self.pool is not None, "Forwarder.start() not called"
         request = ex.request
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
