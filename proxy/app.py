@@ -25,7 +25,7 @@ from proxy.llm import shaped
 from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
-from proxy.routing import Route, RouteError, resolve
+from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
 from proxy.settings import Settings, split_host_port
 from proxy.websocket import handle_websocket, is_websocket_upgrade
 
@@ -37,13 +37,23 @@ PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", di
 
 
 def route_of(engine: Engine, raw_path: str, headers: Mapping[str, str]) -> Route | RouteError:
-    return resolve(
-        raw_path.split("?", 1)[0],
-        headers,
-        default_agent=engine.settings.agent,
-        llm_names=engine.upstreams.names("llm"),
-        mcp_names=engine.upstreams.names("mcp"),
-    )
+    """The call's route; an agent calls the same few paths again and again, so routes are kept
+    (`resolve` is pure: same path, identity headers and upstream names, same route)."""
+    path = raw_path.split("?", 1)[0]
+    llm_names, mcp_names = engine.upstreams.names("llm"), engine.upstreams.names("mcp")
+    agent = engine.settings.agent
+    key = (path, headers.get(AGENT_HEADER), headers.get(SESSION_HEADER), agent, llm_names, mcp_names)
+    found = _ROUTES.get(key)
+    if found is None:
+        found = resolve(path, headers, default_agent=agent, llm_names=llm_names, mcp_names=mcp_names)
+        if len(_ROUTES) >= ROUTES_KEPT:
+            _ROUTES.clear()  # paths that carry session ids are many; a full table starts over
+        _ROUTES[key] = found
+    return found
+
+
+ROUTES_KEPT = 4096
+_ROUTES: dict[tuple[object, ...], Route | RouteError] = {}
 
 
 async def proxy_handler(request: web.Request) -> web.StreamResponse:

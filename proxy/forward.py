@@ -60,6 +60,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+HOP_BY_HOP_LENGTH = HOP_BY_HOP | {"content-length"}
 AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
 
 
@@ -69,6 +70,13 @@ def connection_named(headers: Mapping[str, str]) -> set[str]:
         headers.getall("connection", []) if hasattr(headers, "getall") else [headers.get("connection", "")]
     )
     return {h.strip().lower() for v in values for h in v.split(",") if h.strip()}
+
+
+# request headers never sent upstream: hop-by-hop, Host (the upstream's own), Content-Length (the
+# body may be rewritten), Content-Encoding (aiohttp hands over a compressed body decoded), Expect
+# (aiohttp answered any 100-continue itself and sends the whole body)
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "content-encoding", "expect"}
+_NOT_FORWARDED_IDENTITY = _NOT_FORWARDED | {"accept-encoding"}
 
 
 def request_headers(
@@ -81,22 +89,16 @@ def request_headers(
 
     `identity_encoding` asks for an uncompressed answer when the proxy must read it.
     """
-    out: CIMultiDict[str] = CIMultiDict()
-    named_in_connection = connection_named(incoming)
-    for name, value in incoming.items():
-        low = name.lower()
-        if (
-            low in HOP_BY_HOP
-            or low in named_in_connection
-            # aiohttp hands us the body already decompressed, so its Content-Encoding no longer applies;
-            # aiohttp answered any Expect: 100-continue itself and sends the whole body
-            or low in ("host", "content-length", "content-encoding", "expect")
-            or low.startswith(TRIPWIRE_HEADER_PREFIX)
-        ):
-            continue
-        if identity_encoding and low == "accept-encoding":
-            continue
-        out.add(name, value)
+    drop = _NOT_FORWARDED_IDENTITY if identity_encoding else _NOT_FORWARDED
+    if "connection" in incoming:
+        drop = drop | connection_named(incoming)
+    out: CIMultiDict[str] = CIMultiDict(
+        [
+            (name, value)
+            for name, value in incoming.items()
+            if (low := name.lower()) not in drop and not low.startswith(TRIPWIRE_HEADER_PREFIX)
+        ]
+    )
     if identity_encoding:
         # without the header any coding is acceptable (RFC 9110 §12.5.3): say so explicitly
         out["Accept-Encoding"] = "identity"
@@ -112,14 +114,12 @@ def request_headers(
 
 
 def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    named_in_connection = connection_named(upstream_headers)
-    for name, value in upstream_headers.items():
-        low = name.lower()
-        if low in HOP_BY_HOP or low in named_in_connection or (drop_length and low == "content-length"):
-            continue
-        out.add(name, value)
-    return out
+    drop = HOP_BY_HOP_LENGTH if drop_length else HOP_BY_HOP
+    if "connection" in upstream_headers:
+        drop = drop | connection_named(upstream_headers)
+    return CIMultiDict(
+        [(name, value) for name, value in upstream_headers.items() if name.lower() not in drop]
+    )
 
 
 try:  # optional, as for aiohttp itself: br answers are decoded only when one is installed

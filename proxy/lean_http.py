@@ -162,18 +162,15 @@ def http_date() -> str:
     return str(_date_cache[1])
 
 
-def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool) -> bytearray:
-    out = bytearray(f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1"))
+def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool) -> bytes:
     headers.setdefault("Date", http_date())
     headers.setdefault("Server", SERVER_SOFTWARE)
     if not keep_alive:
         headers["Connection"] = "close"
-    for name, value in headers.items():
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-            raise ValueError(f"newline in header {name!r}")  # as aiohttp refuses them
-        out += f"{name}: {value}\r\n".encode("utf-8", "surrogateescape")
-    out += b"\r\n"
-    return out
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
+        raise ValueError("a newline in a header")  # as aiohttp refuses them: no header injection
+    return f"HTTP/1.1 {status} {reason}\r\n{lines}\r\n".encode("utf-8", "surrogateescape")
 
 
 def _reason(status: int) -> str:
@@ -198,7 +195,7 @@ class LeanResponse:
         self.headers = headers
         self._whole = whole
         self._conn: LeanConnection | None = None
-        self._head: bytearray | None = None
+        self._head: bytes | None = None
         self._chunked = False
         self.prepared = False
         self._eof = False
@@ -238,7 +235,7 @@ class LeanResponse:
         conn = self._conn
         assert conn is not None, "prepare() first"
         if self._head is not None:
-            data, self._head = bytes(self._head) + data, None
+            data, self._head = self._head + data, None
         if not data:
             return
         transport = conn.transport
@@ -452,7 +449,7 @@ class LeanConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("Cannot write to closing transport")
-        transport.write(bytes(out) + bytes(body))
+        transport.write(out + bytes(body))
         if self.write_paused:
             await self.drain()
 
