@@ -282,3 +282,30 @@ def test_huge_string_that_shrinks_a_lot_is_scrubbed_whole() -> None:
     out = sanitize(keys + " " + "tail " * 10, 20000)
     assert "sk-proj" not in out
     assert len(out.encode()) <= 20000
+
+
+def test_keys_remembered_as_plain_are_judged_the_same_every_time() -> None:
+    """_dict remembers ASCII keys that are not secret-named; the answers stay those of the full check,
+    whatever came first (a null secret, a key of another type, a str subclass, non-ASCII text)."""
+
+    class Name(str):
+        pass
+
+    first = {"api_key": None, "city": "Paris", 7: "seven", "clé": "x", "prompt_tokens": 3}
+    second = {"api_key": "sk-live", Name("city"): "Lyon", "7": 7, "clé": None, "prompt_tokens": 4}
+    for _ in range(3):
+        assert sanitize(first, 1000) == {
+            "api_key": None,
+            "city": "Paris",
+            "7": "seven",
+            "clé": "x",
+            "prompt_tokens": 3,
+        }
+        assert sanitize(second, 1000) == {
+            "api_key": REDACTED_MARKER,
+            "city": "Lyon",
+            "7": 7,
+            "clé": None,
+            "prompt_tokens": 4,
+        }
+        assert sanitize({"token": "abc", "tokens": 5}, 1000) == {"token": REDACTED_MARKER, "tokens": 5}
