@@ -60,7 +60,7 @@ def normalise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [walk(e) for e in events]
 
 
-async def play(tw: Running, fake: FakeUpstream, anthropic_url: str) -> None:
+async def play(tw: Running, fake: FakeUpstream) -> None:
     chat = openai.AsyncOpenAI(
         base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=0
     )
@@ -123,7 +123,7 @@ async def record(start_tripwire: StartTripwire, fake: FakeUpstream, url: str, **
         max_field_bytes=2048,
         **settings,
     )
-    await play(tw, fake, url)
+    await play(tw, fake)
     await tw.engine.recorder.close()  # RUN_END, and nothing more to write
     (run_id,) = tw.run_ids()
     _, events = assert_run_valid(tw.data_dir, run_id)
