@@ -265,15 +265,19 @@ def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
         if t is dict:
             return _dict(obj, max_field_bytes, _depth)
         if t is list:
-            return [
-                v
-                if type(v) in _PLAIN
-                else _str(v, max_field_bytes)
-                if type(v) is str
-                else sanitize(v, max_field_bytes, _depth + 1)
-                for v in obj
-            ]
+            return _list(obj, max_field_bytes, _depth)
     return _other(obj, max_field_bytes, _depth)
+
+
+def _list(obj: list[Any], max_field_bytes: int, depth: int) -> list[Any]:
+    return [
+        v
+        if type(v) in _PLAIN
+        else _str(v, max_field_bytes)
+        if type(v) is str
+        else sanitize(v, max_field_bytes, depth + 1)
+        for v in obj
+    ]
 
 
 # keys seen to be plain ASCII text and not secret-named: the common case of every payload's dict
@@ -300,6 +304,10 @@ def _dict(obj: dict[Any, Any], max_field_bytes: int, depth: int) -> dict[str, An
             out[key] = _str(v, max_field_bytes)
         elif t in _PLAIN:
             out[key] = v
+        elif t is dict and depth + 1 < DEPTH_LIMIT:  # sanitize's own ways, without its call
+            out[key] = _dict(v, max_field_bytes, depth + 1)
+        elif t is list and depth + 1 < DEPTH_LIMIT:
+            out[key] = _list(v, max_field_bytes, depth + 1)
         else:
             out[key] = sanitize(v, max_field_bytes, depth + 1)
     return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from proxy.constants import REDACTED_MARKER, TRUNCATED_MARKER
@@ -309,3 +311,25 @@ def test_keys_remembered_as_plain_are_judged_the_same_every_time() -> None:
             "prompt_tokens": 4,
         }
         assert sanitize({"token": "abc", "tokens": 5}, 1000) == {"token": REDACTED_MARKER, "tokens": 5}
+
+
+def test_containers_past_the_depth_limit_become_the_marker_whatever_their_mix() -> None:
+    """Dicts in dicts, lists in dicts, dicts in lists: every container DEPTH_LIMIT levels down (the
+    root is level 0) is the marker; what is above it is kept."""
+    from proxy.constants import DEPTH_LIMIT
+
+    def reference(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, dict | list):
+            if depth >= DEPTH_LIMIT:
+                return TRUNCATED_MARKER
+            if isinstance(value, dict):
+                return {k: reference(v, depth + 1) for k, v in value.items()}
+            return [reference(v, depth + 1) for v in value]
+        return value
+
+    for shape in ("dict", "list", "mixed"):
+        value: Any = {"leaf": 1, "list": [2]}
+        for level in range(DEPTH_LIMIT + 5):
+            kind = shape if shape != "mixed" else ("dict", "list")[level % 2]
+            value = {"next": value, "n": level} if kind == "dict" else [value, level]
+        assert sanitize(value, 10_000) == reference(value), shape
