@@ -544,8 +544,7 @@ def llm_call_payload(
         "endpoint": clean(call.dialect, m, 1),
         "http_status": clean(ex.upstream_status, m, 1),
     }
-    for key, value in guard_trace.call_fields(ex).items():
-        payload[key] = clean(value, m, 1)
+    payload.update(guard_trace.call_fields(ex, max_field_bytes))
     if usage is not None and usage.estimated:
         payload["usage_estimated"] = True
     meta: dict[str, Any] = {

@@ -176,7 +176,12 @@ async def test_the_llm_call_payload_built_sanitised_is_sanitize_of_the_raw_one(e
         assert list(clean) == list(raw)  # the fields' order
     # the payload's own names are none secret-named: sanitize would leave every one as it is
     assert "guard_input" in clean and clean["call_seq"] == 1
+    from proxy.guard_trace import SETTLE_KEYS, settle_fields_llm, settle_fields_tool
+
+    assert {*settle_fields_llm(0.0, 0), *settle_fields_tool("f", None), "released"} == set(SETTLE_KEYS)
+
     names = [*raw, *raw["response"], *raw["usage"], *raw["response"]["tool_calls"][0], *raw_meta]
+    names += [*SETTLE_KEYS, "rank", "t_end"]  # what a settle adds to guard_input
     assert not [name for name in names if is_secret_key(name)]
 
 
