@@ -31,6 +31,7 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
+from proxy.redact import sanitize
 
 T_DIGITS = 6
 
@@ -64,19 +65,31 @@ class GuardTrace:
         assert self.settled_at is not None
         return self.settled_at
 
-    def payload(self) -> dict[str, Any]:
-        """The fields the call's event carries."""
-        guard_input = dict(self.fields)
+    def payload(self, max_field_bytes: int | None = None) -> dict[str, Any]:
+        """The fields the call's event carries; with `max_field_bytes`, already as `sanitize` makes
+        them where they sit in the event's payload (the recorder then keeps them as they are)."""
+        clean = _as_is if max_field_bytes is None else sanitize
+        m = max_field_bytes or 0
+        guard_input = dict(self.fields) if max_field_bytes is None else sanitize(self.fields, m, 1)
         if self.rank is not None and self.settled_at is not None:
             guard_input["rank"] = self.rank
             guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)
-            guard_input.update(self.settle)
-        out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
+            for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
+                guard_input[key] = clean(value, m, 2)
+        out: dict[str, Any] = {"call_seq": clean(self.call_seq, m, 1), "guard_input": guard_input}
         if "sig" in self.fields:
-            out["args_fingerprint"] = self.fields["sig"]
+            out["args_fingerprint"] = guard_input["sig"]
         if "res" in self.settle:
-            out["result_fingerprint"] = self.settle["res"]
+            out["result_fingerprint"] = guard_input["res"]
         return out
+
+
+# what a settle adds to a call's guard_input (besides rank and t_end)
+SETTLE_KEYS = ("released", "res", "err", "cost", "tokens")
+
+
+def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
+    return value
 
 
 def begin(
@@ -178,8 +191,9 @@ def settle_fields_llm(cost_usd: float, tokens: int) -> dict[str, Any]:
     return {"cost": cost_usd, "tokens": tokens}
 
 
-def call_fields(ex: Any) -> dict[str, Any]:
-    """The guard fields of a call's event (LLM_CALL / TOOL_CALL), written when it is recorded.
+def call_fields(ex: Any, max_field_bytes: int | None = None) -> dict[str, Any]:
+    """The guard fields of a call's event (LLM_CALL / TOOL_CALL), written when it is recorded
+    (with `max_field_bytes`: already sanitised, see GuardTrace.payload).
 
     Takes the call's settle rank now: the guard stage settles it right after, with these values.
     """
@@ -187,7 +201,7 @@ def call_fields(ex: Any) -> dict[str, Any]:
     if trace is None:
         return {}
     mark_settled(ex, trace, time.monotonic())
-    return trace.payload()
+    return trace.payload(max_field_bytes)
 
 
 def mark_settled(ex: Any, trace: GuardTrace, now: float) -> float:

@@ -30,7 +30,7 @@ from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.pipeline import BaseStage
-from proxy.redact import valid_unicode
+from proxy.redact import sanitize, valid_unicode
 from proxy.sessions import Conversation, PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
@@ -405,11 +405,15 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
 def usage_dict(usage: Usage | None) -> dict[str, int]:
     if usage is None:
         return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    return {
+    out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cached_tokens or usage.cache_creation_tokens:
+        out["cached_tokens"] = usage.cached_tokens
+        out["cache_creation_tokens"] = usage.cache_creation_tokens
+    return out
 
 
 def tool_calls_payload(result: LLMResult) -> list[dict[str, Any]]:
@@ -523,49 +527,85 @@ def write_tool_result(
     return event_id
 
 
+def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
+    return value
+
+
+def llm_call_payload(
+    ex: Exchange, prompt: list[Any], max_field_bytes: int | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The LLM_CALL's payload and meta, in the trace's field order.
+
+    With `max_field_bytes`, built already as `sanitize` would make them (each value sanitised in
+    place, at the depth it has in the event), so the recorder takes them as they are: one pass, not
+    a build and then a walk. The payload's own keys are fixed names, none secret-named
+    (tests/test_stage_record.py). Without, the values are the call's own (record_content: false
+    strips the payload before sanitising it).
+    """
+    session = ex.session
+    call: LLMRequest = ex.call
+    result: LLMResult = ex.result
+    assert session is not None
+    clean = _as_is if max_field_bytes is None else sanitize
+    m = max_field_bytes or 0
+    usage = result.usage
+    ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
+    tool_calls = [
+        {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
+        for tc in result.tool_calls
+    ]
+    payload: dict[str, Any] = {
+        "model": clean(result.model or call.model or "unknown", m, 1),
+        "request_model": clean(call.model, m, 1),  # what was asked for; `model` is what answered (OTLP)
+        "prompt": clean(prompt, m, 1),
+        "prompt_messages_total": len(call.messages),
+        "response": {"text": clean(result.text, m, 2), "tool_calls": tool_calls},
+        "usage": clean(usage_dict(usage), m, 1),
+        "provider": provider_name(dialect_name_of(ex)),
+        "temperature": clean(call.temperature, m, 1),
+        "stop_reason": clean(result.stop_reason, m, 1),
+        "status": "ok" if ok else "error",
+        "error": None if ok else clean(result.error or http_error(ex), m, 1),
+        "cost_usd": clean(ex.cost_usd, m, 1),
+        "upstream": clean(ex.route.upstream, m, 1),
+        "stream": clean(call.stream, m, 1),
+        "endpoint": clean(call.dialect, m, 1),
+        "http_status": clean(ex.upstream_status, m, 1),
+    }
+    payload.update(guard_trace.call_fields(ex, max_field_bytes))
+    if usage is not None and usage.estimated:
+        payload["usage_estimated"] = True
+    meta: dict[str, Any] = {
+        "agent": clean(session.agent, m, 1),
+        "session_id": clean(session.session_id, m, 1),
+    }
+    if ex.upstream_retries:
+        meta["upstream_retries"] = clean(ex.upstream_retries, m, 1)
+    if ex.first_byte_at is not None and ex.upstream_started is not None:
+        meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
+    return payload, meta
+
+
 def record_llm_call(ex: Exchange, engine: Engine) -> None:
     session = ex.session
     call: LLMRequest = ex.call
     result: LLMResult = ex.result
     assert session is not None
-    settings = engine.settings
+    recorder = engine.recorder
     usage = result.usage
+    prompt, prompt_digest = new_prompt_messages(
+        session.conversation, call, engine.settings.record_full_prompts
+    )
+    if recorder.record_content:
+        # built already sanitised (sanitize cuts at DEPTH_LIMIT itself)
+        payload, meta = llm_call_payload(ex, prompt, recorder.max_field_bytes)
+    else:
+        # a body may nest 10,000 levels deep: the trace keeps DEPTH_LIMIT of them (as sanitize does),
+        # so nothing that walks the payload recursively (strip_content) meets the rest
+        prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
+        payload, meta = llm_call_payload(ex, prompt, None)
     model = result.model or call.model or "unknown"
-    ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
-    prompt, prompt_digest = new_prompt_messages(session.conversation, call, settings.record_full_prompts)
-    # a body may nest 10,000 levels deep: the trace keeps DEPTH_LIMIT of them (as sanitize does),
-    # so nothing that walks the payload recursively (record_content: false) meets the rest
-    prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
-    payload: dict[str, Any] = {
-        "model": model,
-        "request_model": call.model,  # what was asked for; `model` is what answered (OTLP export)
-        "prompt": prompt,
-        "prompt_messages_total": len(call.messages),
-        "response": {"text": result.text, "tool_calls": tool_calls_payload(result)},
-        "usage": usage_dict(usage),
-        "provider": provider_name(dialect_name_of(ex)),
-        "temperature": call.temperature,
-        "stop_reason": result.stop_reason,
-        "status": "ok" if ok else "error",
-        "error": None if ok else (result.error or http_error(ex)),
-        "cost_usd": ex.cost_usd,
-        "upstream": ex.route.upstream,
-        "stream": call.stream,
-        "endpoint": call.dialect,
-        "http_status": ex.upstream_status,
-        **guard_trace.call_fields(ex),
-    }
-    if usage is not None and usage.estimated:
-        payload["usage_estimated"] = True
-    if usage is not None and (usage.cached_tokens or usage.cache_creation_tokens):
-        payload["usage"]["cached_tokens"] = usage.cached_tokens
-        payload["usage"]["cache_creation_tokens"] = usage.cache_creation_tokens
     end = ex.upstream_done or time.monotonic()
-    meta: dict[str, Any] = {"agent": session.agent, "session_id": session.session_id}
-    if ex.upstream_retries:
-        meta["upstream_retries"] = ex.upstream_retries
-    if ex.first_byte_at is not None and ex.upstream_started is not None:
-        meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
     event_id = engine.write_event(
         session,
         EventType.LLM_CALL,
@@ -574,6 +614,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         duration_ms=int((end - ex.started) * 1000),
         meta=meta,
         ts=ex.started_wall,
+        sanitized=recorder.record_content,
     )
     engine.observe_event(session, EventType.LLM_CALL, model, event_id)
     ex.llm_event_id = event_id
@@ -596,7 +637,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
             parent_id=event_id,
         )
         engine.observe_event(session, EventType.ERROR, "upstream_error", error_id)
-    engine.recorder.add_usage(session.run_id, payload["cost_usd"], usage.total_tokens if usage else 0)
+    recorder.add_usage(session.run_id, ex.cost_usd, usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
     session.conversation.prompt_digest = prompt_digest
     remember_tool_calls(session, result, event_id, time.time())
@@ -605,7 +646,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         ex.priced_model or model,
         usage.prompt_tokens if usage else 0,
         usage.completion_tokens if usage else 0,
-        payload["cost_usd"],
+        ex.cost_usd,
     )
 
 

@@ -4,17 +4,27 @@ No global registry (several apps in one test process must not collide). Every la
 from a bounded set: upstream names are configured; agent, model and tool names are user-supplied,
 so past a cap each new one folds into `other`. No label carries a session id, a prompt or a key.
 The pipeline calls the plain `observe_*` / `set_*` methods; `/metrics` serves `render()`.
+
+The per-call counters and histograms are plain Python numbers (`CounterFamily`, `HistogramFamily`),
+updated without locks on the event loop and turned into the families prometheus_client's own
+`Counter` / `Histogram` would expose only when scraped (`CallCollector`): the exposition is the
+same (tests/test_metrics.py compares it with theirs), a call pays a dict update instead of a lock
+per series. Gauges set now and then (live sessions, open circuits) stay prometheus_client's.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import prometheus_client.metrics
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from proxy.redact import valid_unicode
 
@@ -55,6 +65,106 @@ def status_class(status: int | None) -> str:
     return f"{status // 100}xx"
 
 
+_STATUS_CLASSES: dict[int | None, str] = {status: status_class(status) for status in range(100, 600)}
+_RAW_LABELS_KEPT = 4096  # (agent, model) pairs remembered with their folded labels
+
+
+def _use_created() -> bool:
+    """Whether prometheus_client exposes `_created` series (PROMETHEUS_DISABLE_CREATED_SERIES)."""
+    return bool(getattr(prometheus_client.metrics, "_use_created", True))
+
+
+class CounterFamily:
+    """A labelled counter as plain numbers: label values -> value, and when each series began."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.values: dict[tuple[str, ...], float] = {}
+        self.created: dict[tuple[str, ...], float] = {}
+
+    def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        value = self.values.get(labels)
+        if value is None:
+            self.created[labels] = time.time()  # a series appears when first used, as with labels()
+            value = 0.0
+        self.values[labels] = value + amount
+
+    def family(self, created: bool) -> Metric:
+        """What prometheus_client's Counter exposes: `_total` per series, then its `_created`."""
+        metric = Metric(self.name, self.documentation, "counter")
+        for labels, value in list(self.values.items()):
+            named = dict(zip(self.labelnames, labels, strict=True))
+            metric.add_sample(self.name + "_total", named, value)
+            if created:
+                metric.add_sample(self.name + "_created", named, self.created[labels])
+        return metric
+
+
+class _Buckets:
+    __slots__ = ("counts", "sum", "created")
+
+    def __init__(self, n: int) -> None:
+        self.counts = [0] * n
+        self.sum = 0.0
+        self.created = time.time()
+
+
+class HistogramFamily:
+    """A labelled histogram as plain numbers: per series, a count per bucket, the sum, its start."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: tuple[str, ...], buckets: Iterable[float]
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        bounds = [float(b) for b in buckets]
+        if bounds[-1] != math.inf:
+            bounds.append(math.inf)
+        self.bounds = tuple(bounds)
+        self._le = [floatToGoString(b) for b in bounds]
+        self.series: dict[tuple[str, ...], _Buckets] = {}
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = _Buckets(len(self.bounds))
+        series.sum += value
+        if value == value:  # NaN lands in no bucket (prometheus_client's `value <= bound` loop)
+            series.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value
+
+    def family(self, created: bool) -> Metric:
+        """What prometheus_client's Histogram exposes: cumulative buckets, count, sum, created."""
+        metric = Metric(self.name, self.documentation, "histogram")
+        name = self.name
+        for labels, series in list(self.series.items()):
+            named = dict(zip(self.labelnames, labels, strict=True))
+            acc = 0.0
+            for le, count in zip(self._le, series.counts, strict=True):
+                acc += count
+                metric.add_sample(name + "_bucket", {**named, "le": le}, acc)
+            metric.add_sample(name + "_count", named, acc)
+            if self.bounds[0] >= 0:
+                metric.add_sample(name + "_sum", named, series.sum)
+            if created:
+                metric.add_sample(name + "_created", named, series.created)
+        return metric
+
+
+class CallCollector(Collector):
+    """The per-call families, in the order given, exposed from their plain numbers at scrape time."""
+
+    def __init__(self, families: list[CounterFamily | HistogramFamily]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        created = _use_created()
+        for family in self.families:
+            yield family.family(created)
+
+
 class _StoreCollector(Collector):
     """Event-store numbers the recorder owns (its error count is cumulative, so a counter)."""
 
@@ -90,60 +200,66 @@ class Metrics:
         self._tool = LabelFolder(tool_cap)
         self._agent = LabelFolder(agent_cap)
         r = self.registry
-        self.requests = Counter(
+        self.requests = CounterFamily(
             "tripwire_requests",
             "Requests the proxy answered, by upstream kind (llm/mcp), upstream name and status class.",
-            ["kind", "upstream", "status_class"],
-            registry=r,
+            ("kind", "upstream", "status_class"),
         )
-        self.upstream_latency = Histogram(
+        self.upstream_latency = HistogramFamily(
             "tripwire_upstream_latency_seconds",
             "Time from forwarding a call to its complete answer from the upstream.",
-            ["kind", "upstream"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            ("kind", "upstream"),
+            LATENCY_BUCKETS,
         )
-        self.overhead = Histogram(
+        self.overhead = HistogramFamily(
             "tripwire_proxy_overhead_seconds",
             "Time the proxy itself adds to a call (parsing, guards, recording), upstream time excluded.",
-            ["kind"],
-            buckets=OVERHEAD_BUCKETS,
-            registry=r,
+            ("kind",),
+            OVERHEAD_BUCKETS,
         )
-        self.ttfb = Histogram(
+        self.ttfb = HistogramFamily(
             "tripwire_stream_time_to_first_byte_seconds",
             "Streamed calls: time from forwarding to the first byte from the upstream.",
-            ["upstream"],
-            buckets=TTFB_BUCKETS,
-            registry=r,
+            ("upstream",),
+            TTFB_BUCKETS,
         )
-        self.llm_calls = Counter(
-            "tripwire_llm_calls", "LLM calls recorded, by agent and model.", ["agent", "model"], registry=r
+        self.llm_calls = CounterFamily(
+            "tripwire_llm_calls", "LLM calls recorded, by agent and model.", ("agent", "model")
         )
-        self.tokens = Counter(
+        self.tokens = CounterFamily(
             "tripwire_llm_tokens",
             "LLM tokens by agent, model and type (prompt/completion).",
-            ["agent", "model", "type"],
-            registry=r,
+            ("agent", "model", "type"),
         )
-        self.cost = Counter(
-            "tripwire_llm_cost_usd",
-            "Estimated LLM spend in USD, by agent and model.",
-            ["agent", "model"],
-            registry=r,
+        self.cost = CounterFamily(
+            "tripwire_llm_cost_usd", "Estimated LLM spend in USD, by agent and model.", ("agent", "model")
         )
-        self.tool_calls = Counter(
+        self.tool_calls = CounterFamily(
             "tripwire_tool_calls",
             "Tool calls by server (MCP name, or 'llm' for function calling), tool and outcome.",
-            ["server", "tool", "outcome"],
-            registry=r,
+            ("server", "tool", "outcome"),
         )
-        self.decisions = Counter(
+        self.decisions = CounterFamily(
             "tripwire_guard_decisions",
             "Guard decisions other than allow, by guard, action (warn/block/terminate) and whether they "
             "were taken in shadow mode (recorded, not enforced).",
-            ["guard", "action", "shadow"],
-            registry=r,
+            ("guard", "action", "shadow"),
+        )
+        # first in the registry: the exposition keeps the order these families always had
+        r.register(
+            CallCollector(
+                [
+                    self.requests,
+                    self.upstream_latency,
+                    self.overhead,
+                    self.ttfb,
+                    self.llm_calls,
+                    self.tokens,
+                    self.cost,
+                    self.tool_calls,
+                    self.decisions,
+                ]
+            )
         )
         self.open_circuits = Gauge(
             "tripwire_circuits_open",
@@ -156,9 +272,9 @@ class Metrics:
         self._store = _StoreCollector()
         r.register(self._store)
         self._circuit_upstreams: set[str] = set()
-        # the labelled children the per-call methods update, by label values: `labels()` checks and
-        # locks on every call; label values are bounded (LabelFolder, configured upstreams)
-        self._children: dict[tuple[Any, ...], Any] = {}
+        # (agent, model) as the call named them -> their folded labels (LabelFolder's answer for a
+        # value never changes once given)
+        self._llm_labels: dict[tuple[str, str | None], tuple[str, str]] = {}
 
     # --- what the pipeline calls -------------------------------------------------------------
 
@@ -171,14 +287,14 @@ class Metrics:
         overhead_s: float | None,
     ) -> None:
         """One answered request; latency None when the upstream was never called (a guard answered)."""
-        self._child(self.requests, kind, upstream, status_class(status)).inc()
+        self.requests.inc((kind, upstream, _STATUS_CLASSES.get(status, "error")))
         if latency_s is not None:
-            self._child(self.upstream_latency, kind, upstream).observe(max(0.0, latency_s))
+            self.upstream_latency.observe((kind, upstream), max(0.0, latency_s))
         if overhead_s is not None:
-            self._child(self.overhead, kind).observe(max(0.0, overhead_s))
+            self.overhead.observe((kind,), max(0.0, overhead_s))
 
     def observe_ttfb(self, upstream: str, seconds: float) -> None:
-        self._child(self.ttfb, upstream).observe(max(0.0, seconds))
+        self.ttfb.observe((upstream,), max(0.0, seconds))
 
     def observe_llm(
         self,
@@ -188,32 +304,30 @@ class Metrics:
         completion_tokens: int,
         cost_usd: float | None,
     ) -> None:
-        a, m = self._agent(agent), self._model(model)
-        self._child(self.llm_calls, a, m).inc()
+        raw = (agent, model)
+        labels = self._llm_labels.get(raw)
+        if labels is None:
+            labels = (self._agent(agent), self._model(model))
+            if len(self._llm_labels) < _RAW_LABELS_KEPT:
+                self._llm_labels[raw] = labels
+        self.llm_calls.inc(labels)
+        a, m = labels
         if prompt_tokens > 0:
-            self._child(self.tokens, a, m, "prompt").inc(prompt_tokens)
+            self.tokens.inc((a, m, "prompt"), prompt_tokens)
         if completion_tokens > 0:
-            self._child(self.tokens, a, m, "completion").inc(completion_tokens)
+            self.tokens.inc((a, m, "completion"), completion_tokens)
         if cost_usd:
-            self._child(self.cost, a, m).inc(max(0.0, cost_usd))
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, kept: a series appears when first used, as with labels()."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+            self.cost.inc(labels, max(0.0, cost_usd))
 
     def observe_tool(self, server: str, outcome: str, tool: str | None = None) -> None:
         """outcome: ok / error / blocked (or any short fixed word the pipeline uses)."""
-        self._child(self.tool_calls, server, self._tool(tool), outcome).inc()
+        self.tool_calls.inc((server, self._tool(tool), outcome))
 
     def observe_decision(self, guard: str, action: str, *, shadow: bool = False) -> None:
         """A guard's decision ("WARN" or "warn"); allow decisions are not counted."""
         action = action.lower()
         if action != "allow":
-            self._child(self.decisions, guard, action, "true" if shadow else "false").inc()
+            self.decisions.inc((guard, action, "true" if shadow else "false"))
 
     def set_open_circuits(self, counts: Mapping[str, int]) -> None:
         """Upstream name -> number of agents whose circuit to it is open; absent names read 0."""

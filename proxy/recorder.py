@@ -287,8 +287,13 @@ class TraceRecorder:
         parent_id: str | None = None,
         meta: dict[str, Any] | None = None,
         ts: float | None = None,
+        sanitized: bool = False,
     ) -> str:
         """Queue one event; returns its event_id. Payload and meta are redacted and truncated.
+
+        `sanitized`: the caller built payload and meta already as `sanitize` makes them (the LLM_CALL
+        does, in one pass), so they are kept as they are. Only with record_content: a payload
+        stripped of its content must be stripped before it is sanitised (ValueError otherwise).
 
         An event for a run that is not open (never started, already ended) is dropped with a warning,
         so a late stream finishing after its session ended cannot write past RUN_END.
@@ -296,6 +301,8 @@ class TraceRecorder:
         """
         if event_type not in _EVENT_TYPES or event_type in (EventType.RUN_START, EventType.RUN_END):
             raise ValueError(f"not a recordable event type: {event_type!r}")
+        if sanitized and not self.record_content:
+            raise ValueError("a sanitised payload cannot be stripped of its content (record_content is off)")
         run = self._registry.get(run_id)
         if run is None or run.status != STATUS_RUNNING:
             logger.warning("dropping %s for run %s: run is not open", event_type, run_id)
@@ -305,7 +312,15 @@ class TraceRecorder:
             if event_type == EventType.LOOP_WARNING:
                 name = tool_names_only(name)
         return self._append(
-            run, event_type, name, payload, duration_ms=duration_ms, parent_id=parent_id, meta=meta, ts=ts
+            run,
+            event_type,
+            name,
+            payload,
+            duration_ms=duration_ms,
+            parent_id=parent_id,
+            meta=meta,
+            ts=ts,
+            sanitized=sanitized,
         )
 
     def add_usage(self, run_id: str, cost_usd: float, tokens: int) -> None:
@@ -478,6 +493,7 @@ class TraceRecorder:
         parent_id: str | None = None,
         meta: dict[str, Any] | None = None,
         ts: float | None = None,
+        sanitized: bool = False,
     ) -> str:
         now = self._ts(ts)
         if parent_id is not None and not is_uuid(parent_id):
@@ -493,6 +509,7 @@ class TraceRecorder:
             parent_id=parent_id,
             meta=meta,
             ts=now,
+            sanitized=sanitized,
         )
         run.note_event(event_type, payload, now, event["ts"])
         self._writer.enqueue(run, event, now)

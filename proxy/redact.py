@@ -265,27 +265,49 @@ def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
         if t is dict:
             return _dict(obj, max_field_bytes, _depth)
         if t is list:
-            return [
-                v
-                if type(v) in _PLAIN
-                else _str(v, max_field_bytes)
-                if type(v) is str
-                else sanitize(v, max_field_bytes, _depth + 1)
-                for v in obj
-            ]
+            return _list(obj, max_field_bytes, _depth)
     return _other(obj, max_field_bytes, _depth)
+
+
+def _list(obj: list[Any], max_field_bytes: int, depth: int) -> list[Any]:
+    return [
+        v
+        if type(v) in _PLAIN
+        else _str(v, max_field_bytes)
+        if type(v) is str
+        else sanitize(v, max_field_bytes, depth + 1)
+        for v in obj
+    ]
+
+
+# keys seen to be plain ASCII text and not secret-named: the common case of every payload's dict
+# keys takes one set lookup (bounded: keys of user JSON beyond it take the full check)
+_PLAIN_KEYS: set[str] = set()
+_PLAIN_KEYS_KEPT = 4096
 
 
 def _dict(obj: dict[Any, Any], max_field_bytes: int, depth: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in obj.items():
-        key = k if type(k) is str and k.isascii() else valid_unicode(k if isinstance(k, str) else str(k))
-        if v is not None and is_secret_key(key):
-            out[key] = REDACTED_MARKER
-        elif type(v) in _PLAIN:
-            out[key] = v
-        elif type(v) is str:
+        if k in _PLAIN_KEYS:
+            key = k
+        else:
+            key = k if type(k) is str and k.isascii() else valid_unicode(k if isinstance(k, str) else str(k))
+            if is_secret_key(key):
+                if v is not None:
+                    out[key] = REDACTED_MARKER
+                    continue
+            elif type(k) is str and key is k and len(_PLAIN_KEYS) < _PLAIN_KEYS_KEPT:
+                _PLAIN_KEYS.add(k)
+        t = type(v)
+        if t is str:
             out[key] = _str(v, max_field_bytes)
+        elif t in _PLAIN:
+            out[key] = v
+        elif t is dict and depth + 1 < DEPTH_LIMIT:  # sanitize's own ways, without its call
+            out[key] = _dict(v, max_field_bytes, depth + 1)
+        elif t is list and depth + 1 < DEPTH_LIMIT:
+            out[key] = _list(v, max_field_bytes, depth + 1)
         else:
             out[key] = sanitize(v, max_field_bytes, depth + 1)
     return out

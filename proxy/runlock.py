@@ -76,6 +76,7 @@ class OwnerLock:
         self.host = socket.gethostname()
         self.started_at = time.time()
         self._fd: int | None = None
+        self._head: str | None = None
 
     @property
     def path(self) -> Path:
@@ -124,12 +125,21 @@ class OwnerLock:
             return
         w = _PROGRESS_WIDTH
         record = (
-            f'{{"owner": "{self.id}", "pid": {self.pid}, "host": {orjson.dumps(self.host).decode()}, '
-            f'"started_at": {self.started_at:.3f}, "passes": {passes:<{w}d}, '
+            f'{self._record_head}"passes": {passes:<{w}d}, '
             f'"written_seq": {written_seq:<{w}d}, "check": {passes:<{w}d}}}\n'
         ).encode()
         with contextlib.suppress(OSError):
             os.pwrite(self._fd, record, 0)
+
+    @property
+    def _record_head(self) -> str:
+        """The record's fixed part, formatted once (progress() runs after every writer pass)."""
+        if self._head is None:
+            self._head = (
+                f'{{"owner": "{self.id}", "pid": {self.pid}, "host": {orjson.dumps(self.host).decode()}, '
+                f'"started_at": {self.started_at:.3f}, '
+            )
+        return self._head
 
     def release(self) -> None:
         """Give the runs up: the file is removed while still locked, then the lock is dropped."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -144,3 +145,56 @@ def test_status_class() -> None:
         "error",
         "error",
     ]
+
+
+def test_exposition_is_prometheus_clients_own() -> None:
+    """The per-call families are plain numbers exposed at scrape time: the text is what
+    prometheus_client's Counter / Histogram fed the same observations expose, byte for byte."""
+    from unittest import mock
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from proxy.metrics import CounterFamily, HistogramFamily
+
+    with mock.patch("time.time", return_value=1700000000.25):
+        m = Metrics()
+        ref_registry = CollectorRegistry(auto_describe=True)
+        ref: dict[str, Any] = {}
+        for fam in (m.requests, m.upstream_latency, m.overhead, m.ttfb, m.llm_calls, m.tokens, m.cost):
+            if isinstance(fam, CounterFamily):
+                ref[fam.name] = Counter(fam.name, fam.documentation, fam.labelnames, registry=ref_registry)
+            else:
+                assert isinstance(fam, HistogramFamily)
+                ref[fam.name] = Histogram(
+                    fam.name, fam.documentation, fam.labelnames, buckets=fam.bounds, registry=ref_registry
+                )
+        for i in range(60):
+            status = [200, 429, None, 503, 0, 302, 999][i % 7]
+            latency = (i * 0.37) % 700 if i % 5 else None
+            overhead = [0.0, 0.0005, 0.001, 1.0, 2.5, (i * 0.0013)][i % 6]
+            kind, up = ("llm" if i % 3 else "mcp"), f"up{i % 2}"
+            m.observe_request(kind, up, status, latency, overhead)
+            ref["tripwire_requests"].labels(kind, up, status_class(status)).inc()
+            if latency is not None:
+                ref["tripwire_upstream_latency_seconds"].labels(kind, up).observe(latency)
+            ref["tripwire_proxy_overhead_seconds"].labels(kind).observe(overhead)
+            m.observe_ttfb(up, (i * 0.41) % 650)
+            ref["tripwire_stream_time_to_first_byte_seconds"].labels(up).observe((i * 0.41) % 650)
+            agent, model, prompt, completion, cost = (
+                f"a{i % 4}",
+                f"m{i % 6}",
+                i * 13 % 5,
+                i % 3,
+                (i % 4) * 1e-4,
+            )
+            m.observe_llm(agent, model, prompt, completion, cost)
+            ref["tripwire_llm_calls"].labels(agent, model).inc()
+            if prompt:
+                ref["tripwire_llm_tokens"].labels(agent, model, "prompt").inc(prompt)
+            if completion:
+                ref["tripwire_llm_tokens"].labels(agent, model, "completion").inc(completion)
+            if cost:
+                ref["tripwire_llm_cost_usd"].labels(agent, model).inc(cost)
+        ours = m.render().decode()
+        theirs = generate_latest(ref_registry).decode()
+    assert theirs and ours.startswith(theirs)

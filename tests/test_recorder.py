@@ -325,6 +325,23 @@ async def test_live_run_metadata_waits_its_turn_and_never_counts_ahead(tmp_path:
     assert meta["status"] == "ok" and events[-1]["payload"]["summary"]["llm_calls"] == 3
 
 
+async def test_deferred_metadata_is_written_when_due_with_no_event_to_wake_the_writer(tmp_path: Path) -> None:
+    """The writer's timer keeps the earliest deferred rewrite across passes and wakes the writer for
+    it: run.json catches up with the events on its own, even when none come after them."""
+    rec = TraceRecorder(tmp_path, meta_interval_s=0.05, recover_interval_s=None)
+    await rec.start()
+    run_id = _start(rec)
+    for _ in range(6):  # passes back to back, each leaving the rewrite deferred
+        rec.record(run_id, "LLM_CALL", "m", _llm_payload())
+        await asyncio.sleep(0.003)
+    for _ in range(1000):  # no flush(): a condition, not a clock
+        if _files(tmp_path, run_id)[0]["counts"]["llm_calls"] == 6:
+            break
+        await asyncio.sleep(0.005)
+    assert _files(tmp_path, run_id)[0]["counts"]["llm_calls"] == 6
+    await rec.close()
+
+
 async def test_record_does_no_io_on_the_loop(tmp_path: Path) -> None:
     rec = TraceRecorder(tmp_path)  # writer not started
     run_id = _start(rec)

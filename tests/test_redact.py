@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from proxy.constants import REDACTED_MARKER, TRUNCATED_MARKER
@@ -282,3 +284,52 @@ def test_huge_string_that_shrinks_a_lot_is_scrubbed_whole() -> None:
     out = sanitize(keys + " " + "tail " * 10, 20000)
     assert "sk-proj" not in out
     assert len(out.encode()) <= 20000
+
+
+def test_keys_remembered_as_plain_are_judged_the_same_every_time() -> None:
+    """_dict remembers ASCII keys that are not secret-named; the answers stay those of the full check,
+    whatever came first (a null secret, a key of another type, a str subclass, non-ASCII text)."""
+
+    class Name(str):
+        pass
+
+    first = {"api_key": None, "city": "Paris", 7: "seven", "clé": "x", "prompt_tokens": 3}
+    second = {"api_key": "sk-live", Name("city"): "Lyon", "7": 7, "clé": None, "prompt_tokens": 4}
+    for _ in range(3):
+        assert sanitize(first, 1000) == {
+            "api_key": None,
+            "city": "Paris",
+            "7": "seven",
+            "clé": "x",
+            "prompt_tokens": 3,
+        }
+        assert sanitize(second, 1000) == {
+            "api_key": REDACTED_MARKER,
+            "city": "Lyon",
+            "7": 7,
+            "clé": None,
+            "prompt_tokens": 4,
+        }
+        assert sanitize({"token": "abc", "tokens": 5}, 1000) == {"token": REDACTED_MARKER, "tokens": 5}
+
+
+def test_containers_past_the_depth_limit_become_the_marker_whatever_their_mix() -> None:
+    """Dicts in dicts, lists in dicts, dicts in lists: every container DEPTH_LIMIT levels down (the
+    root is level 0) is the marker; what is above it is kept."""
+    from proxy.constants import DEPTH_LIMIT
+
+    def reference(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, dict | list):
+            if depth >= DEPTH_LIMIT:
+                return TRUNCATED_MARKER
+            if isinstance(value, dict):
+                return {k: reference(v, depth + 1) for k, v in value.items()}
+            return [reference(v, depth + 1) for v in value]
+        return value
+
+    for shape in ("dict", "list", "mixed"):
+        value: Any = {"leaf": 1, "list": [2]}
+        for level in range(DEPTH_LIMIT + 5):
+            kind = shape if shape != "mixed" else ("dict", "list")[level % 2]
+            value = {"next": value, "n": level} if kind == "dict" else [value, level]
+        assert sanitize(value, 10_000) == reference(value), shape

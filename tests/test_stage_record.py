@@ -133,3 +133,63 @@ async def test_an_mcp_tools_call_is_one_tool_call_event(engine_factory: EngineFa
     assert tool["payload"]["status"] == "ok"
     assert tool["meta"]["jsonrpc_id"] == 7 and tool["meta"]["transport"] == "streamable"
     assert ex.tool_event_id == tool["event_id"] and ex.mcp_recorded is True
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = {"next": [value]}
+    return value
+
+
+async def test_the_llm_call_payload_built_sanitised_is_sanitize_of_the_raw_one(engine: Engine) -> None:
+    """The LLM_CALL is built already sanitised (one pass): exactly what sanitize makes of the raw
+    payload and meta, secrets, long text and a prompt nested past DEPTH_LIMIT included."""
+    from proxy import jsonparse
+    from proxy.constants import DEPTH_LIMIT, TRUNCATED_MARKER
+    from proxy.llm import llm_call_payload
+    from proxy.redact import is_secret_key, sanitize
+
+    secret = "sk-proj-" + "Z9y8X7w6V5" * 3
+    messages = [
+        {"role": "system", "content": f"key {secret}", "api_key": secret, "token_count": 3},
+        {"role": "user", "content": "x" * 5000, "deep": _deep(DEPTH_LIMIT + 20)},
+    ]
+    ex = await attached(
+        engine, SESSION + CHAT, chat_request(messages, temperature={"password": "p", "t": [0.5]})
+    )
+    from proxy.guard_stage import GuardStage
+
+    await GuardStage(engine).request(ex)
+    assert ex.guard_trace is not None  # its fields are in the payload too
+    answer = chat_completion("Bearer abcdefghijklmnop " + "y" * 3000)
+    answer["choices"][0]["message"]["tool_calls"] = [
+        {"id": "call_1", "type": "function", "function": {"name": "login", "arguments": '{"password": "pw"}'}}
+    ]
+    play_upstream(ex, answer)
+    prompt = list(ex.call.messages)
+    for max_field_bytes in (1024, 0, 1 << 20):
+        clean, clean_meta = llm_call_payload(ex, prompt, max_field_bytes)
+        raw, raw_meta = llm_call_payload(ex, jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER), None)
+        assert clean == sanitize(raw, max_field_bytes)
+        assert clean_meta == sanitize(raw_meta, max_field_bytes)
+        assert list(clean) == list(raw)  # the fields' order
+    # the payload's own names are none secret-named: sanitize would leave every one as it is
+    assert "guard_input" in clean and clean["call_seq"] == 1
+    from proxy.guard_trace import SETTLE_KEYS, settle_fields_llm, settle_fields_tool
+
+    assert {*settle_fields_llm(0.0, 0), *settle_fields_tool("f", None), "released"} == set(SETTLE_KEYS)
+
+    names = [*raw, *raw["response"], *raw["usage"], *raw["response"]["tool_calls"][0], *raw_meta]
+    names += [*SETTLE_KEYS, "rank", "t_end"]  # what a settle adds to guard_input
+    assert not [name for name in names if is_secret_key(name)]
+
+
+async def test_a_sanitised_payload_is_refused_when_content_is_stripped(engine_factory: EngineFactory) -> None:
+    import pytest
+
+    engine = await engine_factory(record_content=False)
+    ex = await attached(engine, SESSION + CHAT, chat_request())
+    assert ex.session is not None
+    with pytest.raises(ValueError, match="sanitised"):
+        engine.recorder.record(ex.session.run_id, "LLM_CALL", "m", {"model": "m"}, sanitized=True)

@@ -93,10 +93,16 @@ def envelope(
     parent_id: str | None = None,
     meta: dict[str, Any] | None = None,
     ts: float,
+    sanitized: bool = False,
 ) -> dict[str, Any]:
-    """The AgentDbg event, its name, payload and meta redacted and truncated to `max_field_bytes`."""
-    clean = sanitize(payload, max_field_bytes) if payload else {}
-    clean_meta = sanitize(meta, max_field_bytes) if meta else {}
+    """The AgentDbg event, its name, payload and meta redacted and truncated to `max_field_bytes`
+    (`sanitized`: payload and meta already are, and are kept as they are)."""
+    if sanitized:
+        clean: Any = payload or {}
+        clean_meta: Any = meta or {}
+    else:
+        clean = sanitize(payload, max_field_bytes) if payload else {}
+        clean_meta = sanitize(meta, max_field_bytes) if meta else {}
     return {
         "spec_version": SPEC_VERSION,
         "event_id": storage.uuid4_text(),

@@ -49,6 +49,25 @@ class Disk:
         elif line.event_type == EventType.RUN_END:
             self.ended = True
 
+    def add_lines(self, lines: list[Line]) -> None:
+        """`add` of each line, in order (a writer pass adds a few dozen at a time)."""
+        counts = self.counts
+        last_ts, last_iso = self.last_ts, self.last_event_ts
+        for line in lines:
+            if line.key:
+                counts[line.key] += 1
+            if line.ts >= last_ts or last_iso is None:
+                last_ts, last_iso = line.ts, line.ts_iso
+            if line.event_type == EventType.RUN_START:
+                self.started = True
+            elif line.event_type == EventType.RUN_END:
+                self.ended = True
+        self.last_ts, self.last_event_ts = last_ts, last_iso
+
+    def copy(self) -> Disk:
+        """A copy to add a job's lines to (dataclasses.replace, without its per-call introspection)."""
+        return Disk(dict(self.counts), self.last_ts, self.last_event_ts, self.started, self.ended, self.size)
+
 
 @dataclass
 class Run:

@@ -19,9 +19,9 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from proxy import runlock, storage
 from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, RUN_JSON, STATUS_RUNNING, TRIPWIRE_JSON, EventType
@@ -52,6 +52,7 @@ class Job:
     make_dir: bool
     lines: list[Line]
     data: list[bytes]  # the lines encoded
+    data_size: int  # their bytes
     after: Disk  # the run's disk state once the lines are appended
     size: int | None
     torn: bool
@@ -96,7 +97,7 @@ def write_job(job: Job) -> JobResult:
                 res.errno = getattr(e, "errno", None)
             return res
     if job.lines:
-        path = job.dir / EVENTS_JSONL
+        path = f"{job.dir}/{EVENTS_JSONL}"  # a str: pathlib's join costs more than the append
         try:
             if res.size is None:
                 res.size = storage.file_size(path)
@@ -116,7 +117,7 @@ def write_job(job: Job) -> JobResult:
                     res.torn = True  # cut before the next append
             return res
         res.lines_ok = True
-        res.size += sum(len(d) for d in job.data)
+        res.size += job.data_size
     if job.tripwire is not None:
         try:
             storage.write_json_atomic(job.dir / TRIPWIRE_JSON, job.tripwire, fsync=job.fsync)
@@ -174,6 +175,8 @@ class TraceWriter:
         self.lock = asyncio.Lock()  # one writer pass at a time keeps lines in order
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due: float | None = None  # the wait the timer is set for
+        self._flushing = 0  # flush() calls waiting for a pass
         self._closing = False
         self._closed = False
         self.write_errors = 0
@@ -214,6 +217,7 @@ class TraceWriter:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+            self._timer_due = None
         await self.drain(force=True, final=True)
         self._closed = True
 
@@ -229,8 +233,12 @@ class TraceWriter:
             return
         self._force = True
         self._wake.set()
-        async with self._progress:
-            await self._progress.wait_for(lambda: self._synced_seq >= target)
+        self._flushing += 1
+        try:
+            async with self._progress:
+                await self._progress.wait_for(lambda: self._synced_seq >= target)
+        finally:
+            self._flushing -= 1
 
     # --- the queue ---------------------------------------------------------------------------
 
@@ -291,11 +299,17 @@ class TraceWriter:
             return None
         lines, run.pending = run.pending, []
         disk = run.disk
-        data: list[bytes] = []
-        after = replace(disk, counts=dict(disk.counts))
-        for line in lines:
-            data.append(line.data if line.data is not None else encode_end(run, after.counts))
-            after.add(line)
+        after = disk.copy()
+        encoded = [line.data for line in lines]
+        if None not in encoded:  # no RUN_END: every line is encoded already
+            after.add_lines(lines)
+            data = cast("list[bytes]", encoded)
+        else:  # RUN_END is encoded now, its summary counting the lines before it
+            data = []
+            for line in lines:
+                data.append(line.data if line.data is not None else encode_end(run, after.counts))
+                after.add(line)
+        data_size = sum(map(len, data))
         ending = run.status != STATUS_RUNNING
         run_json_ = tripwire = None
         if run.run_json_dirty or run.tripwire_dirty or lines:
@@ -320,6 +334,7 @@ class TraceWriter:
             make_dir=not run.dir_made,
             lines=lines,
             data=data,
+            data_size=data_size,
             after=after,
             size=disk.size,
             torn=run.torn,
@@ -469,17 +484,28 @@ class TraceWriter:
                 self.passes += 1
                 self.owner.progress(self.passes, self.done_seq)
             self._schedule()
-        async with self._progress:
-            self._progress.notify_all()
+        if self._flushing:
+            async with self._progress:
+                self._progress.notify_all()
 
     def _schedule(self) -> None:
-        """Wake the writer when the first deferred rewrite or retry is due."""
+        """Wake the writer when the first deferred rewrite or retry is due (the timer already set
+        for that moment is kept: most passes leave the earliest wait as it was)."""
+        due = self._waiting[0][0] if self._waiting and self._task is not None and not self._closing else None
+        if due == self._timer_due and self._timer is not None:
+            return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._waiting and self._task is not None and not self._closing:
-            delay = max(0.0, self._waiting[0][0] - time.monotonic())
-            self._timer = asyncio.get_running_loop().call_later(delay, self._wake.set)
+        self._timer_due = due
+        if due is not None:
+            delay = max(0.0, due - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None  # the next pass sets one again, even for the same moment (uvloop's
+        self._timer_due = None  # clock may fire it a little before time.monotonic() says it is due)
+        self._wake.set()
 
     def _retire(self, run: Run) -> None:
         """An ended run whose last writes are done leaves memory; its summary is kept for a while."""
