@@ -298,6 +298,29 @@ async def test_writer_flushes_promptly_without_flush(rec: TraceRecorder, tmp_pat
     assert path.read_bytes().count(b"\n") == 2  # written by the writer on its own, no flush()
 
 
+async def test_calls_a_moment_apart_share_one_writer_pass(tmp_path: Path) -> None:
+    """The writer lingers after the first event (LINGER_S) so the next calls' events join its pass;
+    a linger made long here shows it without timing anything, and flush() cuts it short."""
+    rec = TraceRecorder(tmp_path, clock=Clock())
+    await rec.start()
+    try:
+        writer = rec._writer
+        run_id = _start(rec)
+        await rec.flush()
+        passes = writer.passes
+        writer.linger_s = 3600.0  # only flush() can end this linger
+        for i in range(5):  # five calls, the loop turning between them
+            rec.record(run_id, "LLM_CALL", "m", _llm_payload(f"call {i}"))
+            await asyncio.sleep(0)
+        path = tmp_path / "runs" / run_id / EVENTS_JSONL
+        assert path.read_bytes().count(b"\n") == 1  # RUN_START only: the pass is still lingering
+        await asyncio.wait_for(rec.flush(), 30)  # generous bound: flush ends the linger at once
+        assert path.read_bytes().count(b"\n") == 6
+        assert writer.passes == passes + 1  # all five in one pass
+    finally:
+        await rec.close()
+
+
 async def test_live_run_metadata_waits_its_turn_and_never_counts_ahead(tmp_path: Path) -> None:
     """Lines are written at once; run.json of a live run is rewritten at most every meta_interval_s
     (a rename each), never counts more than events.jsonl holds, and is exact after flush() and at end."""

@@ -40,6 +40,12 @@ _LOG_EVERY_S = 10.0  # write-error log rate limit
 _SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # space comes back: keep the lines, retry
 _YIELD_EVERY = 512  # runs written per slice of a pass before other tasks get the loop
 _META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the rest wait for the next)
+# A pass waits this long after the first event that woke it, so the events of the next few calls go
+# in the same pass (as Kafka's linger.ms): a pass has a fixed cost (the file's open, append and close,
+# the owner lock's progress write) that one call at a time would pay per call, on its agent's next
+# call. flush(), close and a filling queue cut it short. Events reach the disk at most this much later.
+LINGER_S = 0.002
+_LINGER_EVENTS = 256  # this many events queued: no more lingering
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
 
@@ -139,6 +145,11 @@ def write_jobs(jobs: list[Job]) -> list[JobResult]:
     return [write_job(job) for job in jobs]
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class TraceWriter:
     """The write queue of a recorder's runs and the background task that drains it."""
 
@@ -177,6 +188,8 @@ class TraceWriter:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due: float | None = None  # the wait the timer is set for
         self._flushing = 0  # flush() calls waiting for a pass
+        self.linger_s = LINGER_S
+        self._hurry: asyncio.Future[None] | None = None  # resolved to end a linger early
         self._closing = False
         self._closed = False
         self.write_errors = 0
@@ -202,6 +215,7 @@ class TraceWriter:
         """Close mode: writes fsync under "run_end", and the task stops after its current pass."""
         self._closing = True
         self._wake.set()
+        self._end_linger()
 
     async def close(self) -> None:
         """Stop the task, then a last pass: anything queued since, and a last try for failures."""
@@ -233,6 +247,7 @@ class TraceWriter:
             return
         self._force = True
         self._wake.set()
+        self._end_linger()
         self._flushing += 1
         try:
             async with self._progress:
@@ -275,6 +290,8 @@ class TraceWriter:
             run.pending.append(line)
             self.pending_events += 1
             self.pending_bytes += line.size
+            if self.pending_events >= _LINGER_EVENTS:
+                self._end_linger()
         self.touch(run, run_json=True)
 
     def unqueue(self, lines: list[Line]) -> None:
@@ -530,6 +547,23 @@ class TraceWriter:
 
     async def _writer(self) -> None:
         while not self._closing:
-            await self._wake.wait()  # set by record(): the pass runs in the next loop iteration,
-            self._wake.clear()  # with every event queued in this one
+            await self._wake.wait()  # set by record(): the pass runs LINGER_S later,
+            await self._linger()
+            self._wake.clear()  # with every event queued until then
             await self.drain()
+
+    async def _linger(self) -> None:
+        if not self.linger_s or self._force or self._closing or self.pending_events >= _LINGER_EVENTS:
+            return
+        loop = asyncio.get_running_loop()
+        self._hurry = hurry = loop.create_future()
+        timer = loop.call_later(self.linger_s, _resolve, hurry)
+        try:
+            await hurry
+        finally:
+            timer.cancel()
+            self._hurry = None
+
+    def _end_linger(self) -> None:
+        if self._hurry is not None:
+            _resolve(self._hurry)
