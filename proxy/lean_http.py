@@ -258,7 +258,8 @@ class LeanConnection(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
-        self._buf = b""
+        self._buf: bytes | bytearray = b""
+        self._scanned = 0  # bytes of _buf searched for the head's end without finding it
         self._busy = False  # a request is being answered
         self._request: LeanRequest | None = None  # its body still arriving
         self._headers: list[tuple[str, str]] = []
@@ -317,7 +318,12 @@ class LeanConnection(asyncio.Protocol):
             request.content.feed(data[:left])
             self._request = None
             data = data[left:]
-        self._buf = self._buf + data if self._buf else data
+        if not self._buf:
+            self._buf = data  # the usual case: a whole request in one read, no copy
+        else:  # a head arriving in pieces: appended in place (a byte at a time stays linear)
+            if not isinstance(self._buf, bytearray):
+                self._buf = bytearray(self._buf)
+            self._buf += data
         if not self._busy:
             self._next()
         elif len(self._buf) > HIGH_WATER and not self._reading_paused and self.transport is not None:
@@ -346,11 +352,15 @@ class LeanConnection(asyncio.Protocol):
         buf = self._buf
         if not buf:
             return
-        end = buf.find(b"\r\n\r\n")
+        end = buf.find(b"\r\n\r\n", self._scanned)
         if end < 0:
-            if len(buf) > MAX_REQUEST_LINE + 128 * self.server.max_field_size:
-                self._hand_over()
+            self._scanned = max(0, len(buf) - 3)
+            if len(buf) > MAX_REQUEST_LINE + self.server.max_field_size:
+                self._hand_over()  # a head this long is aiohttp's to refuse (or take), not ours to hold
             return
+        self._scanned = 0
+        if isinstance(buf, bytearray):
+            buf = bytes(buf)
         head_len = end + 4
         self._headers, self._url, self._head_done = [], b"", False
         try:
@@ -487,7 +497,7 @@ class LeanConnection(asyncio.Protocol):
         handler.connection_made(transport)
         if self._reading_paused:
             transport.resume_reading()
-        buf, self._buf = self._buf, b""
+        buf, self._buf = bytes(self._buf), b""
         self.transport = None
         if buf:
             handler.data_received(buf)

@@ -119,6 +119,31 @@ async def test_a_body_sent_in_pieces_is_read_whole(
     assert fake.calls(CHAT)[0].body["messages"][0]["content"] == "x" * 5000
 
 
+async def test_a_head_sent_a_byte_at_a_time_and_a_long_head_in_pieces(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Trickled heads are buffered in place (linear, not a copy per byte); a head longer than one
+    field may be (80 KiB here, in 1 KiB pieces) goes to aiohttp, which serves it."""
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    reader, writer = await connect(tw)
+    raw = chat_request("trickled")
+    head_end = raw.index(b"\r\n\r\n") + 4
+    for i in range(head_end):
+        writer.write(raw[i : i + 1])
+    writer.write(raw[head_end:])
+    await writer.drain()
+    long_head = chat_request("long", extra="".join(f"X-Long-{i}: {'v' * 4096}\r\n" for i in range(20)))
+    for i in range(0, len(long_head), 1024):
+        writer.write(long_head[i : i + 1024])
+        await writer.drain()
+    answers = await AnswerReader(reader).read(2)
+    writer.close()
+    assert [a.status for a in answers] == [200, 200]
+    assert [s.body["messages"][0]["content"] for s in fake.calls(CHAT)] == ["trickled", "long"]
+    assert fake.calls(CHAT)[1].headers["X-Long-19"] == "v" * 4096
+
+
 @pytest.mark.parametrize(
     ("second", "status"),
     [
