@@ -9,7 +9,11 @@ answer: the request goes out in one write, the answer's body is handed on as it 
   timeout between bytes (aiohttp's `sock_read`, stopped while the consumer is behind) and no total
   timeout: streams of reasoning models run for minutes.
 - A keep-alive pool per (scheme, host, port) without a connection limit (as `TCPConnector(limit=0)`).
-  A connection goes back only once its whole answer was read and both sides allow keep-alive.
+  A connection goes back only once its whole answer was read and both sides allow keep-alive, and
+  is closed once idle for 15 s (aiohttp's keepalive_timeout). A request is sent again on a fresh
+  connection only if idempotent and its pooled connection broke before any byte of the answer.
+- The answer's head is bounded as aiohttp's client bounds it (8190 bytes a line or field, 128
+  fields); the body's framing follows Transfer-Encoding's last coding (RFC 9112 section 6.3).
 - The request's bytes are what aiohttp sent for the same call: `Host` from the URL, the caller's
   headers in their order, `Accept: */*` when absent, `Content-Length` for a body (and 0 for a
   bodyless POST/PUT/PATCH/DELETE); no User-Agent, no Accept-Encoding, no Content-Type of its own.
@@ -51,12 +55,29 @@ from aiohttp import (
     hdrs,
 )
 from aiohttp.client_reqrep import ConnectionKey, RequestInfo
-from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    ContentLengthError,
+    HttpProcessingError,
+    LineTooLong,
+    TransferEncodingError,
+)
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
 # methods aiohttp sends without Content-Length when they carry no body
 _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# methods a request may be sent again for (aiohttp's IDEMPOTENT_METHODS, RFC 9112 section 9.3.1)
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# the answer's head, as aiohttp's client bounds it (max_line_size, max_field_size, max_headers): a
+# longer reason, a longer field (name and value) or more fields fail the answer. llhttp hands a field
+# over only once it is whole, so the head's bytes are counted as they come too: past what the limits
+# allow in all (every field at its longest, with its ": " and CRLF), the answer fails without waiting
+# for the end of a field that never ends
+_MAX_LINE_SIZE = 8190
+_MAX_FIELD_SIZE = 8190
+_MAX_HEADERS = 128
+_MAX_HEAD_BYTES = (_MAX_HEADERS + 1) * (_MAX_FIELD_SIZE + 4)
 # flow control, as aiohttp's StreamReader (2 x its 64 KiB limit): stop reading the socket while the
 # consumer has this much waiting, read again once it took it
 _HIGH_WATER = 128 * 1024
@@ -74,15 +95,22 @@ PoolKey = tuple[str, str, int]
 _KNOWN_NAMES = {str(v).lower().encode(): str(v) for v in vars(hdrs).values() if isinstance(v, istr)}
 _names: dict[bytes, str] = {}  # raw name -> its text, for the names upstreams send (bounded)
 _NAMES_KEPT = 512
+_NAME_KEPT_LEN = 64  # longer names are spelled out each time (an upstream's odd ones are not kept)
 
 
 def _header_name(raw: bytes) -> str:
     name = _names.get(raw)
     if name is None:
         name = _KNOWN_NAMES.get(raw.lower()) or raw.decode("utf-8", "surrogateescape")
-        if len(_names) < _NAMES_KEPT:
+        if len(_names) < _NAMES_KEPT and len(raw) <= _NAME_KEPT_LEN:
             _names[raw] = name
     return name
+
+
+def _last_coding_is_chunked(value: bytes) -> bool:
+    """Whether a Transfer-Encoding value's last coding is chunked: only then is the body chunked
+    (RFC 9112 section 6.3; `chunked, gzip` is read until the connection closes, as llhttp reads it)."""
+    return value.rpartition(b",")[2].strip(b" \t").lower() == b"chunked"
 
 
 def ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
@@ -230,6 +258,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
         self.got_bytes = False  # anything of the current answer arrived
+        self.head_bytes = 0  # bytes received since the request went out, until the answer's head ended
         self.last_read = 0.0
         self.timer: asyncio.TimerHandle | None = None
         # the answer being parsed
@@ -238,6 +267,7 @@ class _Connection(asyncio.Protocol):
         self._chunked = False
         self._content_length: int | None = None
         self._body_received = 0
+        self._header_count = 0
         self._interim = False  # a 1xx answer before the real one
 
     # --- the request ----------------------------------------------------------------------------
@@ -246,6 +276,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = response
         self.got_bytes = False
+        self.head_bytes = 0
         self._start_message()
         self.transport.write(data)
         timeout = self.pool.read_timeout_s
@@ -283,14 +314,28 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
         self.last_read = self.loop.time()
+        response = self.response
+        if response is not None and not response.head_done:
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.reusable = False  # not asked for; what follows the head is not HTTP
             if self.response is not None and self.response.head_done:
                 self._message_done()
+            return
         except httptools.HttpParserError as e:
-            self._parse_failed(e)
+            # a limit of ours raised inside a callback comes back wrapped: say what it said
+            cause = e.__context__
+            self._parse_failed(cause if isinstance(cause, BadHttpMessage) else e)
+            return
+        if (
+            response is not None
+            and self.head_bytes > _MAX_HEAD_BYTES
+            and self.response is response
+            and not response.head_done
+        ):
+            self._parse_failed(BadHttpMessage(f"Response head longer than {_MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
         self.closed = True  # a pooled connection the server closed is never used again
@@ -334,15 +379,23 @@ class _Connection(asyncio.Protocol):
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
+        if len(self._reason) > _MAX_LINE_SIZE:
+            raise LineTooLong(self._reason[:100] + b"...", _MAX_LINE_SIZE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > _MAX_FIELD_SIZE:
+            raise LineTooLong((name + b": " + value)[:100] + b"...", _MAX_FIELD_SIZE)
+        self._header_count += 1
+        if self._header_count > _MAX_HEADERS:
+            raise BadHttpMessage("Too many headers received")
         text = _header_name(name)
         if len(text) in (14, 17):
             if text == "Content-Length":
                 with contextlib.suppress(ValueError):  # (llhttp refuses a malformed one itself)
                     self._content_length = int(value)
-            elif text == "Transfer-Encoding" and b"chunked" in value.lower():
-                self._chunked = True
+            elif text == "Transfer-Encoding":
+                # the last coding decides (a later Transfer-Encoding field continues the list)
+                self._chunked = _last_coding_is_chunked(value)
         self._headers.add(text, value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
@@ -385,6 +438,7 @@ class _Connection(asyncio.Protocol):
         self._chunked = False
         self._content_length = None
         self._body_received = 0
+        self._header_count = 0
 
     def _message_done(self) -> None:
         response = self.response
@@ -409,9 +463,14 @@ class _Connection(asyncio.Protocol):
         if response is None:
             return
         if not response.head_done:
+            # what aiohttp's ClientResponse.start raised for a head its parser refused
             url = response.url
             info = RequestInfo(url, response.method, CIMultiDictProxy(CIMultiDict()), url)
-            response._fail(ClientResponseError(info, (), status=400, message=str(e)))
+            if isinstance(e, HttpProcessingError):
+                error = ClientResponseError(info, (), status=e.code, message=e.message)
+            else:
+                error = ClientResponseError(info, (), status=400, message=str(e))
+            response._fail(error)
         else:
             response._fail(ClientPayloadError(f"Response payload is not completed: {e!r}"))
 
@@ -456,8 +515,11 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
+        # per key, oldest first: a connection goes back at the end and is taken from the end
         self._idle: dict[PoolKey, list[_Connection]] = {}
         self._open: set[_Connection] = set()
+        # one timer for the pool, due when the oldest idle connection has idled `keepalive_s`
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def request(
         self, method: str, url: URL, headers: CIMultiDict[str], body: bytes
@@ -475,10 +537,13 @@ class UpstreamPool:
             try:
                 return await self._exchange(conn, method, url, data)
             except (ClientOSError, ServerDisconnectedError):
-                if conn.got_bytes:
+                if conn.got_bytes or method not in _IDEMPOTENT_METHODS:
                     raise
-                # A pooled connection that failed before any byte of the answer: the server closed
-                # it idle as the request went out (or never saw it). Once more on a fresh one.
+                # A pooled connection that failed before any byte of the answer: most likely the
+                # server closed it idle as the request went out, but it may as well have received
+                # the request and acted on it before the connection broke. Only an idempotent
+                # request is sent once more, on a fresh connection (as aiohttp does, RFC 9112
+                # section 9.3.1); a POST or PATCH fails here, as it may have happened upstream.
         conn = await self._connect(key, url)
         return await self._exchange(conn, method, url, data)
 
@@ -548,10 +613,26 @@ class UpstreamPool:
     def put(self, conn: _Connection) -> None:
         now = self.loop.time()
         conn.idle_since = now
-        idle = self._idle.setdefault(conn.key, [])
-        if idle and now - idle[0].idle_since > self.keepalive_s:
-            idle.pop(0).close()  # the oldest has idled too long (the rest go when they are reached)
-        idle.append(conn)
+        self._idle.setdefault(conn.key, []).append(conn)
+        if self._reaper is None:
+            self._reaper = self.loop.call_at(now + self.keepalive_s, self._reap)
+
+    def _reap(self) -> None:
+        """Close the connections idle for `keepalive_s` (aiohttp's keepalive_timeout), then wait for
+        the next oldest: a burst's connections do not stay open until the upstream closes them."""
+        self._reaper = None
+        now = self.loop.time()
+        due: float | None = None
+        for key, idle in list(self._idle.items()):
+            while idle and now + _TIMER_SLACK_S >= idle[0].idle_since + self.keepalive_s:
+                idle.pop(0).close()
+            if idle:
+                first = idle[0].idle_since + self.keepalive_s
+                due = first if due is None else min(due, first)
+            else:
+                del self._idle[key]
+        if due is not None:
+            self._reaper = self.loop.call_at(due, self._reap)
 
     def forget(self, conn: _Connection) -> None:
         self._open.discard(conn)
@@ -560,6 +641,9 @@ class UpstreamPool:
             idle.remove(conn)
 
     def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         for conn in list(self._open):
             conn.close()
         self._idle.clear()

@@ -8,7 +8,9 @@ import asyncio
 import datetime
 import ipaddress
 import re
+import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy import upstream_http
 from proxy.forward import retryable_error
 from proxy.upstream_http import UpstreamPool, request_bytes, ssl_context
 
@@ -145,6 +148,51 @@ async def test_an_answer_let_go_before_its_end_closes_its_connection(pool: Upstr
         server.close()
 
 
+async def test_idle_connections_are_closed_after_the_keepalive_time() -> None:
+    """A burst of concurrent calls leaves as many idle connections: each is closed once it has idled
+    the pool's keep-alive time (aiohttp's keepalive_timeout), with no further traffic."""
+    pool = UpstreamPool(ssl_context=ssl_context(None), connect_timeout_s=5, read_timeout_s=5, keepalive_s=0.2)
+    burst = 5
+    arrived = 0
+    all_arrived = asyncio.Event()
+    closed_by_client = 0
+    closes_expected = burst
+    all_closed = asyncio.Event()
+
+    async def holds_until_all_arrived(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal arrived, closed_by_client
+        await read_request(reader)
+        arrived += 1
+        if arrived == burst:
+            all_arrived.set()
+        await all_arrived.wait()  # so the burst needs one connection per call
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        assert await reader.read() == b""  # the client closes it, not the server
+        closed_by_client += 1
+        if closed_by_client >= closes_expected:
+            all_closed.set()
+
+    server, url = await raw_server(holds_until_all_arrived)
+    try:
+        results = await asyncio.gather(*(get(pool, url) for _ in range(burst)))
+        assert results == [(200, b"ok")] * burst
+        assert pool.idle_count() == burst
+        async with asyncio.timeout(10):  # generous: the reaper runs at about 0.2 s
+            await all_closed.wait()
+        assert pool.idle_count() == 0 and all(c.closed for c in pool.open_connections())
+        # a connection put back after the pool went empty is reaped in its turn
+        closes_expected = burst + 1
+        all_closed.clear()
+        assert await get(pool, url) == (200, b"ok")
+        async with asyncio.timeout(10):
+            await all_closed.wait()
+        assert pool.idle_count() == 0 and all(c.closed for c in pool.open_connections())
+    finally:
+        pool.close()
+        server.close()
+
+
 async def test_a_connection_the_server_closed_idle_is_not_used(pool: UpstreamPool) -> None:
     connections = 0
 
@@ -185,8 +233,37 @@ async def test_a_reused_connection_that_fails_before_any_answer_is_retried_on_a_
     server, url = await raw_server(closes_on_the_second)
     try:
         assert await get(pool, url) == (200, b"ok")
-        assert await get(pool, url, "POST", b"{}") == (200, b"ok")
+        assert await get(pool, url, "PUT", b"{}") == (200, b"ok")  # idempotent: sent again
         assert connections == 2
+    finally:
+        server.close()
+
+
+async def test_a_post_on_a_reused_connection_that_breaks_before_the_answer_is_not_resent(
+    pool: UpstreamPool,
+) -> None:
+    """The upstream may have received the POST and acted on it before the connection broke: it is
+    not sent again (aiohttp resends only idempotent methods); the caller gets the error."""
+    posts: list[bytes] = []
+
+    async def resets_on_the_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        posts.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        posts.append(await read_request(reader))  # received (and, for all the client knows, done)
+        await asyncio.sleep(0.5)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # a reset, not a clean close
+
+    server, url = await raw_server(resets_on_the_second)
+    try:
+        assert await get(pool, url, "POST", b'{"n":1}') == (200, b"ok")
+        assert pool.idle_count() == 1
+        with pytest.raises((aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)):
+            await get(pool, url, "POST", b'{"n":2}')
+        await asyncio.sleep(0.1)  # a resend, had there been one, would have reached the server
+        assert len(posts) == 2 and posts[1].endswith(b'{"n":2}')
     finally:
         server.close()
 
@@ -242,6 +319,22 @@ async def test_chunked_content_length_and_close_delimited_bodies(pool: UpstreamP
     assert await answer_with(old, pool) == (200, b"hello world", 0)
 
 
+async def test_only_a_last_transfer_coding_of_chunked_makes_the_body_chunked(pool: UpstreamPool) -> None:
+    """RFC 9112 section 6.3: `chunked, gzip` is not chunked, its body ends with the connection (as
+    llhttp reads it), and that clean close is the end of the answer, not a broken one."""
+    body = b"5\r\nhello\r\n0\r\n\r\n"  # chunk syntax, relayed as it came
+    gzip_last = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\nConnection: close\r\n\r\n" + body
+    assert await answer_with(gzip_last, pool) == (200, body, 0)
+    # a later field continues the list: the last coding of the last one decides
+    two_fields = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n"
+        b"Connection: close\r\n\r\n" + body
+    )
+    assert await answer_with(two_fields, pool) == (200, body, 0)
+    chunked_last = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip , Chunked\r\n\r\n" + body
+    assert await answer_with(chunked_last, pool) == (200, b"hello", 1)
+
+
 async def test_answers_without_a_body(pool: UpstreamPool) -> None:
     assert await answer_with(b"HTTP/1.1 204 No Content\r\n\r\n", pool) == (204, b"", 1)
     assert await answer_with(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", pool) == (304, b"", 1)
@@ -275,6 +368,69 @@ async def test_interim_answers_are_skipped_and_headers_kept_as_sent(pool: Upstre
             ]
             assert resp.headers["X-Own"] == "é" and "Link" not in resp.headers
             assert await resp.read() == b"ok"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (b"HTTP/1.1 200 " + b"r" * 8191 + b"\r\nContent-Length: 0\r\n\r\n", "Got more than 8190 bytes"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"v" * 8186 + b"\r\n\r\n", "Got more than 8190 bytes"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X-N: 1\r\n" * 129 + b"\r\n", "Too many headers received"),
+        # a field that never ends: refused once the head is past what the limits allow in all
+        (b"HTTP/1.1 200 OK\r\nX-Endless: " + b"v" * (2 * 1024 * 1024), "Response head longer than"),
+        (b"HTTP/1.1 200 OK\r\n" + b"x" * (2 * 1024 * 1024), "Response head longer than"),
+    ],
+    ids=["reason", "field", "count", "endless-value", "endless-name"],
+)
+async def test_a_head_past_aiohttps_limits_fails_the_answer(
+    pool: UpstreamPool, head: bytes, message: str
+) -> None:
+    """aiohttp's client refuses a line or field over 8190 bytes and more than 128 fields: the
+    same ClientResponseError (a 502 for the Forwarder), and the connection is not kept."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head)
+        await writer.drain()
+        await reader.read()  # the head is not ended: the client must not wait for more
+
+    server, url = await raw_server(handler)
+    try:
+        with pytest.raises(aiohttp.ClientResponseError, match=message) as e:
+            await get(pool, url)
+        assert e.value.status == 400 and isinstance(e.value, aiohttp.ClientError)
+        assert not pool.open_connections() or all(c.closed for c in pool.open_connections())
+        assert pool.idle_count() == 0
+    finally:
+        server.close()
+
+
+async def test_a_head_at_aiohttps_limits_is_read(pool: UpstreamPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """128 fields, nearly all of 8190 bytes (name and value), and a reason of 8190 bytes pass; an
+    odd long name is not kept in the names cache."""
+    value = b"v" * (8190 - len(b"X-Field-000"))
+    fields = b"".join(b"X-Field-%03d: %s\r\n" % (i, value) for i in range(126))
+    long_name = b"X-" + b"n" * 63  # 65 bytes
+    monkeypatch.setattr(upstream_http, "_names", {})  # room in the cache, whatever ran before
+    head = (
+        b"HTTP/1.1 200 " + b"r" * 8190 + b"\r\n" + fields + long_name + b": 1\r\nContent-Length: 2\r\n\r\nok"
+    )
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head)
+        await writer.drain()
+        await reader.read()
+
+    server, url = await raw_server(handler)
+    try:
+        async with await pool.request("GET", URL(url), CIMultiDict(), b"") as resp:
+            assert resp.status == 200 and len(resp.reason) == 8190
+            assert len(resp.headers) == 128 and resp.headers["X-Field-125"] == value.decode()
+            assert await resp.read() == b"ok"
+        assert long_name not in upstream_http._names and b"X-Field-125" in upstream_http._names
     finally:
         server.close()
 
