@@ -33,6 +33,7 @@ from typing import Any
 
 import httptools
 from aiohttp import web
+from aiohttp.helpers import must_be_empty_body, should_remove_content_length
 from aiohttp.http import SERVER_SOFTWARE  # the Server header aiohttp sends: both lanes answer alike
 from aiohttp.web_server import Server
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -41,6 +42,20 @@ log = logging.getLogger("tripwire.lean_http")
 
 MAX_REQUEST_LINE = 8190  # aiohttp's max_line_size: longer request lines go to aiohttp (it answers 414)
 HIGH_WATER = 64 * 1024  # pipelined bytes kept before reading pauses
+MAX_HEADERS = 128  # aiohttp's max_headers: more goes to aiohttp (it answers 400)
+# headers a request may carry once only (aiohttp's http_parser refuses duplicates of these)
+SINGLETON_HEADERS = (
+    "Content-Length",
+    "Content-Location",
+    "Content-Range",
+    "Content-Type",
+    "ETag",
+    "Host",
+    "Max-Forwards",
+    "Server",
+    "Transfer-Encoding",
+    "User-Agent",
+)
 
 
 class _Handover(Exception):
@@ -165,7 +180,7 @@ def http_date() -> str:
 def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool) -> bytes:
     headers.setdefault("Date", http_date())
     headers.setdefault("Server", SERVER_SOFTWARE)
-    if not keep_alive:
+    if not keep_alive and "Connection" not in headers:
         headers["Connection"] = "close"
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
@@ -185,7 +200,18 @@ class LeanResponse:
     StreamResponse. `whole` answers send their head with the first body bytes (one write);
     streams send it at prepare. Without a Content-Length the body is chunked, as aiohttp does."""
 
-    __slots__ = ("status", "reason", "headers", "_whole", "_conn", "_head", "_chunked", "prepared", "_eof")
+    __slots__ = (
+        "status",
+        "reason",
+        "headers",
+        "_whole",
+        "_conn",
+        "_head",
+        "_chunked",
+        "_empty",
+        "prepared",
+        "_eof",
+    )
 
     def __init__(
         self, *, status: int, reason: str | None, headers: CIMultiDict[str], whole: bool = False
@@ -197,17 +223,35 @@ class LeanResponse:
         self._conn: LeanConnection | None = None
         self._head: bytes | None = None
         self._chunked = False
+        self._empty = False  # HEAD, 1xx, 204, 304: a head and nothing more
         self.prepared = False
         self._eof = False
+
+    @property
+    def head_sent(self) -> bool:
+        return self.prepared and self._head is None
 
     async def prepare(self, request: Any) -> None:  # a LeanRequest (typed Any as aiohttp's is)
         conn = request._conn
         self._conn = conn
         self.prepared = True
-        if "Content-Length" not in self.headers:
-            self._chunked = True
-            self.headers["Transfer-Encoding"] = "chunked"
-        self._head = _head(self.status, self.reason or _reason(self.status), self.headers, conn.keep_alive)
+        headers = self.headers
+        # as aiohttp's StreamResponse._prepare_headers frames an answer
+        self._empty = must_be_empty_body(request.method, self.status)
+        if self._empty:
+            if should_remove_content_length(request.method, self.status):
+                headers.popall("Content-Length", None)
+            headers.popall("Transfer-Encoding", None)
+        else:
+            length = headers.get("Content-Length")
+            if length is None:
+                self._chunked = True
+                headers["Transfer-Encoding"] = "chunked"
+            if length != "0":
+                headers.setdefault("Content-Type", "application/octet-stream")
+        if headers.get("Connection", "").lower() == "close":
+            conn.keep_alive = False
+        self._head = _head(self.status, self.reason or _reason(self.status), headers, conn.keep_alive)
         conn.responding = self
         if not self._whole:
             await self._send(b"")
@@ -217,7 +261,9 @@ class LeanResponse:
             self._conn.keep_alive = False
 
     async def write(self, data: bytes) -> None:
-        if self._chunked and data:
+        if self._empty:
+            data = b""  # (the head, if still held, goes out)
+        elif self._chunked and data:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         await self._send(data)
 
@@ -260,6 +306,8 @@ class LeanConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._buf: bytes | bytearray = b""
         self._scanned = 0  # bytes of _buf searched for the head's end without finding it
+        self._discard = 0  # bytes of an unread body still to come, to drop
+        self._task: asyncio.Task[None] | None = None  # the request being answered
         self._busy = False  # a request is being answered
         self._request: LeanRequest | None = None  # its body still arriving
         self._headers: list[tuple[str, str]] = []
@@ -307,6 +355,12 @@ class LeanConnection(asyncio.Protocol):
             await self._drain
 
     def data_received(self, data: bytes) -> None:
+        if self._discard:
+            if len(data) <= self._discard:
+                self._discard -= len(data)
+                return
+            data = data[self._discard :]
+            self._discard = 0
         request = self._request
         if request is not None:  # the body of the request being answered
             left = request.content._left
@@ -354,11 +408,17 @@ class LeanConnection(asyncio.Protocol):
             return
         end = buf.find(b"\r\n\r\n", self._scanned)
         if end < 0:
+            if b"\n\n" in buf or b"\n\r\n" in buf:
+                self._hand_over()  # a head ended by a bare LF: aiohttp answers it (400)
+                return
             self._scanned = max(0, len(buf) - 3)
             if len(buf) > MAX_REQUEST_LINE + self.server.max_field_size:
                 self._hand_over()  # a head this long is aiohttp's to refuse (or take), not ours to hold
             return
         self._scanned = 0
+        if buf.find(b"\n\n", 0, end + 2) >= 0 or buf.find(b"\n\r\n", 0, end) >= 0:
+            self._hand_over()  # a line ended by a bare LF: aiohttp's rules (the framing must agree)
+            return
         if isinstance(buf, bytearray):
             buf = bytes(buf)
         head_len = end + 4
@@ -385,14 +445,22 @@ class LeanConnection(asyncio.Protocol):
             request.content.feed(body)
         if request.content._left > 0:
             self._request = request
-        asyncio.get_running_loop().create_task(self._answer(request, self._route))
+        self._task = asyncio.get_running_loop().create_task(self._answer(request, self._route))
 
     def _lean_request(self) -> LeanRequest | None:
         """The request, if the lean lane serves it exactly as aiohttp would; None: aiohttp's."""
         parser = self._parser
         if parser.get_http_version() != "1.1" or parser.should_upgrade():
             return None
+        if len(self._headers) > MAX_HEADERS:
+            return None
         headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        if len(headers.getall("Host", ())) != 1:
+            return None  # HTTP/1.1 needs exactly one Host (aiohttp answers 400)
+        if len({name.lower() for name, _ in self._headers}) != len(self._headers) and any(
+            len(headers.getall(name, ())) > 1 for name in SINGLETON_HEADERS
+        ):
+            return None  # a header that must appear once, twice: aiohttp answers 400
         if "Transfer-Encoding" in headers or "Expect" in headers or "Upgrade" in headers:
             return None
         if headers.get("Content-Encoding", "identity").lower() != "identity":
@@ -423,39 +491,61 @@ class LeanConnection(asyncio.Protocol):
     async def _answer(self, request: LeanRequest, route: Any) -> None:
         self.keep_alive = request.keep_alive
         try:
-            response = await self.server.handler(request, route)
-        except Exception:
-            log.exception("error handling a request")
-            response = web.Response(status=500, text="500 Internal Server Error")
-            self.keep_alive = False
-        try:
-            if isinstance(response, LeanResponse):
+            try:
+                response: web.StreamResponse | LeanResponse | None = await self.server.handler(request, route)
+            except Exception:
+                log.exception("error handling a request")
+                response = None
+                self.keep_alive = False
+            responding = self.responding
+            if response is None:
+                if responding is None or not responding.head_sent:
+                    # nothing went out yet: a 500, as aiohttp answers; else the answer is cut (close)
+                    await self._write_response(
+                        web.Response(status=500, text="500 Internal Server Error"), request.method
+                    )
+            elif isinstance(response, LeanResponse):
                 if not response._eof:
                     await response.write_eof()
             elif isinstance(response, web.Response):
-                await self._write_response(response)
-            else:  # pragma: no cover - every handler path answers with one of the two
+                await self._write_response(response, request.method)
+            else:  # every handler path answers with one of the two
                 raise TypeError(f"unexpected answer type {type(response).__name__}")
         except (ConnectionResetError, RuntimeError):
             self.keep_alive = False
-        if self.responding is not None and not self.responding._eof:
-            self.keep_alive = False  # a stream that never ended: the connection cannot be reused
-        self.responding = None
-        self._finish()
+        except Exception:
+            log.exception("error writing an answer")
+            self.keep_alive = False
+        finally:
+            if self.responding is not None and not self.responding._eof:
+                self.keep_alive = False  # a stream that never ended: the connection cannot be reused
+            self.responding = None
+            self._task = None
+            self._finish()
 
-    async def _write_response(self, response: web.Response) -> None:
+    async def _write_response(self, response: web.Response, method: str) -> None:
         body = response.body
         if body is None:
             body = b""
         elif not isinstance(body, bytes | bytearray):
             raise TypeError("the lean lane answers bytes bodies only")
         headers = CIMultiDict(response.headers)
-        if response.status not in (204, 304) and not 100 <= response.status < 200:
+        status = response.status
+        if must_be_empty_body(method, status):
+            if should_remove_content_length(method, status):
+                headers.popall("Content-Length", None)
+            else:
+                headers["Content-Length"] = str(len(body))  # HEAD: the length a GET would get
+            headers.popall("Transfer-Encoding", None)
+            body = b""
+        else:
             headers["Content-Length"] = str(len(body))
+            if body:
+                headers.setdefault("Content-Type", "application/octet-stream")
         if headers.get("Connection", "").lower() == "close":
             self.keep_alive = False
-        reason = response.reason or _reason(response.status)
-        out = _head(response.status, reason, headers, self.keep_alive)
+        reason = response.reason or _reason(status)
+        out = _head(status, reason, headers, self.keep_alive)
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("Cannot write to closing transport")
@@ -468,7 +558,11 @@ class LeanConnection(asyncio.Protocol):
 
     def _finish(self) -> None:
         self._busy = False
-        self._request = None
+        if self._request is not None:
+            # the answer went out before the whole body arrived (a refusal, a draining 503): the
+            # rest of it is read and dropped, as aiohttp does, so it is never taken for a request
+            self._discard = self._request.content._left
+            self._request = None
         transport = self.transport
         if transport is None:
             return
@@ -586,13 +680,19 @@ class LeanServer:
 
     # the runner calls shutdown(timeout) as it calls aiohttp's Server.shutdown
     async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        """Answers being written get `timeout` to end (as aiohttp gives its handlers), then close."""
+        """Answers being written get `timeout` to end (as aiohttp gives its handlers); then the
+        handlers still running are cancelled (their calls are recorded as cut) and awaited."""
         self.closing = True
         if self.lean_connections:
             self._none_left = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout or 0):
                     await self._none_left.wait()
+        tasks = [c._task for c in self.lean_connections if c._task is not None and not c._task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(timeout or 0, 1.0))
         for conn in list(self.lean_connections):
             if conn.transport is not None:
                 conn.transport.close()

@@ -241,3 +241,169 @@ async def test_guard_answers_go_out_on_the_lean_lane(
     assert first.status == 200
     assert second.status == 429 and b"max_llm_calls" in second.body
     assert len(fake.calls(CHAT)) == 1  # the second never reached the upstream
+
+
+async def test_bodyless_answers_carry_no_body_and_keep_the_connection_in_step(
+    start_tripwire: StartTripwire,
+) -> None:
+    """A 204 from the upstream and an answer to HEAD are a head only (no chunked terminator, no
+    default Content-Type): the next answer on the connection parses, as with aiohttp."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def no_content(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=204, headers={"X-A": "1"})
+
+    async def head(request: web.Request) -> web.Response:
+        return web.Response(status=200, headers={"X-Head": "yes"})
+
+    app = web.Application()
+    app.router.add_post(CHAT, no_content)
+    app.router.add_route("HEAD", "/v1/models", head)
+    upstream = TestServer(app, host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        tw = await start_tripwire(upstream={"url": str(upstream.make_url("")).rstrip("/")})
+        reader, writer = await connect(tw)
+        head_request = b"HEAD /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        writer.write(chat_request("a") + head_request + chat_request("b"))
+        # all three answers are heads only: the stream is exactly three heads, back to back
+        raw = b""
+        async with asyncio.timeout(WAIT_S):
+            while raw.count(b"\r\n\r\n") < 3:
+                chunk = await reader.read(65536)
+                assert chunk, f"closed early: {raw!r}"
+                raw += chunk
+        writer.close()
+    finally:
+        await upstream.close()
+    heads = raw.split(b"\r\n\r\n")
+    assert heads[3] == b"", raw  # nothing after the third head: no body, no chunked terminator
+    assert heads[0].startswith(b"HTTP/1.1 204") and heads[2].startswith(b"HTTP/1.1 204"), raw
+    assert heads[1].startswith(b"HTTP/1.1 200") and b"X-Head: yes" in heads[1], raw
+    for head in heads[:3]:
+        assert b"Transfer-Encoding" not in head and b"Content-Type" not in head, head
+
+
+async def test_a_body_the_handler_did_not_read_is_dropped_not_parsed(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Draining answers 503 before the body has arrived; the rest of the body is read and dropped,
+    so the next request on the connection is the next request (aiohttp does the same)."""
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    tw.engine.draining = True
+    try:
+        reader, writer = await connect(tw)
+        raw = chat_request(body=b'{"a": "' + b"x" * 20000 + b'"}')
+        split = raw.index(b"\r\n\r\n") + 10
+        writer.write(raw[:split])
+        await writer.drain()
+        reading = AnswerReader(reader)
+        (first,) = await reading.read(1)  # the 503 comes before the rest of the body is sent
+        assert first.status == 503
+        writer.write(raw[split:] + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers = await reading.read(2)
+        writer.close()
+        assert [a.status for a in answers] == [503, 503]
+    finally:
+        tw.engine.draining = False
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",  # no Host
+        chat_request(extra="Host: twice\r\n"),
+        chat_request(extra="Content-Type: text/plain\r\n"),  # a singleton header twice
+        chat_request(extra="".join(f"X-{i}: v\r\n" for i in range(130))),
+        b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}",  # bare LF
+    ],
+    ids=["no-host", "two-hosts", "two-content-types", "130-headers", "bare-lf"],
+)
+async def test_what_aiohttp_refuses_is_refused(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], raw: bytes
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    reader, writer = await connect(tw)
+    writer.write(raw)
+    (answer,) = await AnswerReader(reader).read(1)
+    writer.close()
+    assert answer.status == 400
+    assert not fake.calls(CHAT)
+
+
+async def test_a_failure_after_the_head_went_out_cuts_the_answer_and_writes_no_second_one(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug mid-stream (here the relay's tap raising on the second chunk) ends the client's stream
+    abnormally; a 500 head written into the body would be read as chunk data."""
+    import proxy.forward
+
+    fake, url = fake_upstream
+    fake.default.chunk_delay = 0.01  # the chunks arrive one by one
+    tw = await start_tripwire(upstream={"url": url})
+    real_feed = proxy.forward.Tap.feed
+    fed = []
+
+    def failing_feed(self: proxy.forward.Tap, chunk: bytes) -> bytes:
+        fed.append(chunk)
+        if len(fed) == 2:
+            raise RuntimeError("a bug in the relay")
+        return real_feed(self, chunk)
+
+    monkeypatch.setattr(proxy.forward.Tap, "feed", failing_feed)
+    reader, writer = await connect(tw)
+    body = orjson.dumps(
+        {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "s"}]}
+    )
+    writer.write(chat_request(body=body))
+    raw = b""
+    async with asyncio.timeout(WAIT_S):
+        while chunk := await reader.read(65536):  # until the server closes
+            raw += chunk
+    writer.close()
+    assert raw.startswith(b"HTTP/1.1 200")
+    assert raw.count(b"HTTP/1.1") == 1, raw  # no second answer inside the first
+    assert not raw.endswith(b"0\r\n\r\n")  # and no clean end: the client sees the stream break
+
+
+async def test_shutdown_cancels_a_call_still_running_after_the_grace(start_tripwire: StartTripwire) -> None:
+    """The runner's shutdown gives calls its timeout, then cancels them, as aiohttp's does: the
+    call ends (and is recorded as cut) instead of being dropped with the loop."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from proxy.app import make_proxy_app, proxy_runner
+
+    arrived, never = asyncio.Event(), asyncio.Event()
+
+    async def silent(request: web.Request) -> web.Response:
+        await request.read()
+        arrived.set()
+        await never.wait()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post(CHAT, silent)
+    upstream = TestServer(app, host="127.0.0.1")
+    await upstream.start_server()
+    try:
+        tw = await start_tripwire(upstream={"url": str(upstream.make_url("")).rstrip("/")})
+        runner = proxy_runner(make_proxy_app(tw.engine), access_log=None, shutdown_timeout=0.2)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(chat_request("hangs"))
+        await asyncio.wait_for(arrived.wait(), WAIT_S)
+        assert tw.engine.inflight == 1
+        await asyncio.wait_for(runner.cleanup(), WAIT_S)
+        assert tw.engine.inflight == 0  # the call ended with the listener
+        writer.close()
+    finally:
+        never.set()
+        await upstream.close()
