@@ -35,9 +35,10 @@ MAX_ID_CHARS = 256  # a longer announced id is not an id (a prompt pasted into a
 _PRINTABLE = re.compile(r"[\x21-\x7e][\x20-\x7e]*")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Episode:
-    """What one request says about its episode."""
+    """What one request says about its episode (read-only; not frozen: one is made per call, and a
+    frozen dataclass pays a guarded setattr per field)."""
 
     announced: str | None = None  # the client's own episode id
     source: str | None = None  # which extractor found it (recorded in tripwire.json)

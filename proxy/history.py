@@ -80,15 +80,19 @@ class Walked:
 
     def _extend(self, new: list[Any], normalise: Callable[[Any], Any]) -> None:
         h, forked, sent, lineage = self._h, self._forked, self.sent, self.lineage
+        update, digest, dumps = h.update, h.digest, orjson.dumps
         for message in new:
             normalised = normalise(message)
             if forked is None and normalised is not message:
                 # the first message lineage sees differently (an Anthropic cache_control marker)
                 forked, lineage = h.copy(), sent[:]
-            raw = message_bytes(message)
-            h.update(_size(raw))
-            h.update(raw)
-            sent.append(h.digest())
+            try:  # message_bytes and _size, inline: this runs for every message of every request
+                raw = dumps(message)
+            except TypeError:
+                raw = message_bytes(message)
+            update(len(raw).to_bytes(8, "little"))
+            update(raw)
+            sent.append(digest())
             if forked is not None:
                 if normalised is not message:
                     raw = message_bytes(normalised)

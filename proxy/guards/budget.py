@@ -45,8 +45,11 @@ def dollars(amount: float) -> str:
     return f"${amount:.{digits}f}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reservation:
+    """One call's hold on the budget (read-only once taken; not frozen: one is made per call, and a
+    frozen dataclass pays a guarded setattr per field)."""
+
     id: int
     kind: CallKind
     usd: float
