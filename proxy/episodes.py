@@ -65,11 +65,17 @@ def clean_id(value: Any) -> str | None:
     return value
 
 
-def _header(name: str) -> Callable[[Mapping[str, str], dict[str, Any]], str | None]:
-    def extract(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
-        return clean_id(headers.get(name))
+class _header:  # noqa: N801 (an extractor, as the functions of the table below)
+    """The id a client sends in one header (`announced` reads `name` itself: most requests send
+    none of these headers, and a lookup is all it takes to see that)."""
 
-    return extract
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        return clean_id(headers.get(self.name))
 
 
 _CLAUDE_LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,})$")
@@ -136,6 +142,8 @@ def announced(headers: Mapping[str, str], body: dict[str, Any] | None) -> tuple[
     """(source, id) of the first extractor that finds an episode id in the request, else None."""
     body = body if isinstance(body, dict) else {}
     for source, extract in EXTRACTORS:
+        if type(extract) is _header and headers.get(extract.name) is None:
+            continue  # the header is absent: nothing to extract
         try:
             value = extract(headers, body)
         except Exception:  # a malformed field names no episode; never fail the call over it

@@ -135,6 +135,9 @@ def llm_inputs(
     dialect read this request on from it): only the ids of the rest are taken.
     """
     keep = len(previous)
+    if not steps and not keep:  # no assistant step now or before (plain chat calls): nothing to compare
+        hist = {"keep": 0, "add": [], "turn_start": turn_start, "results": {}}
+        return {"kind": "llm", "hist": hist, "est": estimate_usd, "tok": estimate_tokens}, []
     if known and known == keep and known <= len(steps):
         ids = previous + [tuple([_call_id(c) for c in step]) for step in steps[known:]]
     else:
