@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.base import TOKENS_PER_MESSAGE, estimate_value_tokens
+from proxy.dialects.base import CHARS_PER_TOKEN, TOKENS_PER_MESSAGE, estimate_value_tokens
 from proxy.history import FIND, RecentConversations, Walked
 
 # dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
@@ -177,6 +177,13 @@ RECENT = RecentConversations()  # process-wide and bounded (proxy/history.py)
 
 def message_tokens(message: Any) -> int:
     """A message's share of the prompt estimate (`dialects.base.estimate_prompt_tokens`)."""
+    if type(message) is dict:  # the usual message, all short strings ({"role", "content"}): counted here
+        total = len(message) + TOKENS_PER_MESSAGE
+        for value in message.values():
+            if type(value) is not str or len(value) >= 2048:
+                return estimate_value_tokens(message) + TOKENS_PER_MESSAGE
+            total += (len(value) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+        return total
     return estimate_value_tokens(message) + TOKENS_PER_MESSAGE
 
 

@@ -112,7 +112,8 @@ class Walked:
             start, base = self._start, self._prior_tokens
             if base is None:  # the prior request never needed its count
                 start, base = 0, 0
-            self._tokens = base + sum(self._count(m) for m in self.messages[start:])
+            messages = self.messages
+            self._tokens = base + sum(map(self._count, messages[start:] if start else messages))
         return self._tokens
 
 
