@@ -66,11 +66,11 @@ class GuardTrace:
 
     def payload(self) -> dict[str, Any]:
         """The fields the call's event carries."""
-        guard_input = dict(self.fields)
-        if self.rank is not None and self.settled_at is not None:
-            guard_input["rank"] = self.rank
-            guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)
-            guard_input.update(self.settle)
+        if self.rank is not None and self.settled_at is not None:  # (one dict built, in the same order)
+            t_end = round(self.settled_at - self.started_at, T_DIGITS)
+            guard_input = {**self.fields, "rank": self.rank, "t_end": t_end, **self.settle}
+        else:
+            guard_input = dict(self.fields)
         out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
         if "sig" in self.fields:
             out["args_fingerprint"] = self.fields["sig"]
