@@ -102,11 +102,16 @@ def claude_code_metadata(headers: Mapping[str, str], body: dict[str, Any]) -> st
     return clean_id(m.group(1)) if m else None
 
 
-def body_field(name: str) -> Callable[[Mapping[str, str], dict[str, Any]], str | None]:
-    def extract(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
-        return clean_id(body.get(name))
+class body_field:  # noqa: N801 (an extractor, as the functions of the table below)
+    """The id a client sends in one top-level body field."""
 
-    return extract
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        return clean_id(body.get(self.name))
 
 
 def responses_conversation(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
@@ -138,12 +143,30 @@ EXTRACTORS: tuple[tuple[str, Callable[[Mapping[str, str], dict[str, Any]], str |
 )
 
 
+# the top-level body field each body extractor reads first: without it, it finds nothing
+_BODY_FIELD: dict[Callable[[Mapping[str, str], dict[str, Any]], str | None], str] = {
+    claude_code_metadata: "metadata",
+    responses_conversation: "conversation",
+}
+
+
 def announced(headers: Mapping[str, str], body: dict[str, Any] | None) -> tuple[str, str] | None:
-    """(source, id) of the first extractor that finds an episode id in the request, else None."""
+    """(source, id) of the first extractor that finds an episode id in the request, else None.
+
+    Most requests announce nothing: an extractor whose header or body field is absent is skipped
+    without being called."""
     body = body if isinstance(body, dict) else {}
     for source, extract in EXTRACTORS:
-        if type(extract) is _header and headers.get(extract.name) is None:
-            continue  # the header is absent: nothing to extract
+        if isinstance(extract, _header):
+            if headers.get(extract.name) is None:
+                continue
+        elif isinstance(extract, body_field):
+            if extract.name not in body:
+                continue
+        else:
+            field_name = _BODY_FIELD.get(extract)
+            if field_name is not None and field_name not in body:
+                continue
         try:
             value = extract(headers, body)
         except Exception:  # a malformed field names no episode; never fail the call over it
