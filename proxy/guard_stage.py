@@ -86,7 +86,8 @@ def llm_guard_inputs(
         prior = call.continues
         if prior is not None and prior is conversation.guard_state:
             known = len(prior.steps)
-        results = results_from_index(state.results_by_id(prior))
+        if state.tool_results:  # (no result, no index: the next request reading on builds the same one)
+            results = results_from_index(state.results_by_id(prior))
     tokens = token_estimate(ex)
     inputs, conversation.guard_history = guard_trace.llm_inputs(
         conversation.guard_history, steps, turn_start, results, estimate, tokens, known=known

@@ -53,6 +53,20 @@ class Walked:
     """One request's conversation, walked: the digest of every prefix, from the empty one to the
     whole, as sent and as lineage compares them (`normalise`d), and the prompt's token estimate."""
 
+    # one per request: slots make it and its reads cheaper
+    __slots__ = (
+        "messages",
+        "parsed",
+        "sent",
+        "lineage",
+        "_count",
+        "_forked",
+        "_h",
+        "_start",
+        "_prior_tokens",
+        "_tokens",
+    )
+
     def __init__(
         self,
         messages: list[Any],
