@@ -177,7 +177,8 @@ class SessionManager:
         `run_id`: the run the shared state (several replicas) says this session is, for a new one.
         `matched`: what `match` answered for this call, when nothing changed since (`expire`)."""
         key: SessionKey = (agent, explicit_id)
-        until = self._terminated_explicit.get(key)
+        # only explicit sessions stay refused by key (`terminate`)
+        until = self._terminated_explicit.get(key) if explicit_id is not None else None
         if until is not None:
             if now < until:
                 return Refused(self._explicit.get(key), "session terminated")
