@@ -211,11 +211,21 @@ class Engine:
         `wall`: when the call arrived, so RUN_START is not later than the first call's own event.
         `run_id`: the run the shared state says the session is (several replicas)."""
         now = time.monotonic()
-        expired = self.sessions.expire(agent, explicit_id, now, episode, run_id=run_id)
+        sessions = self.sessions
+        # matched once: `lookup` takes expire's match unless expire forgot the session it found
+        expired, matched = sessions.expire_matched(
+            sessions.match(agent, explicit_id, episode), now, run_id=run_id
+        )
         if expired is not None:
             self.end_session(expired, status="ok", reason="idle_timeout")
-        opened = self.sessions.lookup(
-            agent, explicit_id, now=now, wall=wall or time.time(), episode=episode, run_id=run_id
+        opened = sessions.lookup(
+            agent,
+            explicit_id,
+            now=now,
+            wall=wall or time.time(),
+            episode=episode,
+            run_id=run_id,
+            matched=matched,
         )
         if isinstance(opened, Refused):
             return opened

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.base import TOKENS_PER_MESSAGE, estimate_value_tokens
+from proxy.dialects.base import CHARS_PER_TOKEN, TOKENS_PER_MESSAGE, estimate_value_tokens
 from proxy.history import FIND, RecentConversations, Walked
 
 # dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
@@ -35,9 +35,10 @@ MAX_ID_CHARS = 256  # a longer announced id is not an id (a prompt pasted into a
 _PRINTABLE = re.compile(r"[\x21-\x7e][\x20-\x7e]*")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Episode:
-    """What one request says about its episode."""
+    """What one request says about its episode (read-only; not frozen: one is made per call, and a
+    frozen dataclass pays a guarded setattr per field)."""
 
     announced: str | None = None  # the client's own episode id
     source: str | None = None  # which extractor found it (recorded in tripwire.json)
@@ -64,11 +65,17 @@ def clean_id(value: Any) -> str | None:
     return value
 
 
-def _header(name: str) -> Callable[[Mapping[str, str], dict[str, Any]], str | None]:
-    def extract(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
-        return clean_id(headers.get(name))
+class _header:  # noqa: N801 (an extractor, as the functions of the table below)
+    """The id a client sends in one header (`announced` reads `name` itself: most requests send
+    none of these headers, and a lookup is all it takes to see that)."""
 
-    return extract
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        return clean_id(headers.get(self.name))
 
 
 _CLAUDE_LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,})$")
@@ -95,11 +102,16 @@ def claude_code_metadata(headers: Mapping[str, str], body: dict[str, Any]) -> st
     return clean_id(m.group(1)) if m else None
 
 
-def body_field(name: str) -> Callable[[Mapping[str, str], dict[str, Any]], str | None]:
-    def extract(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
-        return clean_id(body.get(name))
+class body_field:  # noqa: N801 (an extractor, as the functions of the table below)
+    """The id a client sends in one top-level body field."""
 
-    return extract
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
+        return clean_id(body.get(self.name))
 
 
 def responses_conversation(headers: Mapping[str, str], body: dict[str, Any]) -> str | None:
@@ -131,10 +143,30 @@ EXTRACTORS: tuple[tuple[str, Callable[[Mapping[str, str], dict[str, Any]], str |
 )
 
 
+# the top-level body field each body extractor reads first: without it, it finds nothing
+_BODY_FIELD: dict[Callable[[Mapping[str, str], dict[str, Any]], str | None], str] = {
+    claude_code_metadata: "metadata",
+    responses_conversation: "conversation",
+}
+
+
 def announced(headers: Mapping[str, str], body: dict[str, Any] | None) -> tuple[str, str] | None:
-    """(source, id) of the first extractor that finds an episode id in the request, else None."""
+    """(source, id) of the first extractor that finds an episode id in the request, else None.
+
+    Most requests announce nothing: an extractor whose header or body field is absent is skipped
+    without being called."""
     body = body if isinstance(body, dict) else {}
     for source, extract in EXTRACTORS:
+        if isinstance(extract, _header):
+            if headers.get(extract.name) is None:
+                continue
+        elif isinstance(extract, body_field):
+            if extract.name not in body:
+                continue
+        else:
+            field_name = _BODY_FIELD.get(extract)
+            if field_name is not None and field_name not in body:
+                continue
         try:
             value = extract(headers, body)
         except Exception:  # a malformed field names no episode; never fail the call over it
@@ -168,6 +200,13 @@ RECENT = RecentConversations()  # process-wide and bounded (proxy/history.py)
 
 def message_tokens(message: Any) -> int:
     """A message's share of the prompt estimate (`dialects.base.estimate_prompt_tokens`)."""
+    if type(message) is dict:  # the usual message, all short strings ({"role", "content"}): counted here
+        total = len(message) + TOKENS_PER_MESSAGE
+        for value in message.values():
+            if type(value) is not str or len(value) >= 2048:
+                return estimate_value_tokens(message) + TOKENS_PER_MESSAGE
+            total += (len(value) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+        return total
     return estimate_value_tokens(message) + TOKENS_PER_MESSAGE
 
 

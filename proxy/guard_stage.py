@@ -86,7 +86,8 @@ def llm_guard_inputs(
         prior = call.continues
         if prior is not None and prior is conversation.guard_state:
             known = len(prior.steps)
-        results = results_from_index(state.results_by_id(prior))
+        if state.tool_results:  # (no result, no index: the next request reading on builds the same one)
+            results = results_from_index(state.results_by_id(prior))
     tokens = token_estimate(ex)
     inputs, conversation.guard_history = guard_trace.llm_inputs(
         conversation.guard_history, steps, turn_start, results, estimate, tokens, known=known
@@ -108,14 +109,15 @@ class GuardStage(BaseStage):
         session = ex.session
         if ex.protocol is None or session is None:
             return
-        if is_tool_call(ex) and ex.protocol.continues(ex):
+        tool_call = is_tool_call(ex)
+        if tool_call and ex.protocol.continues(ex):
             # an MCP resend after `input_required`: the same call going on, admitted and counted once
             ex.guards_skipped = True
             return
         now = time.monotonic()
         guards = session_guards(self.engine, session, now)
         estimate = ex.protocol.reservation_estimate(ex)
-        if is_tool_call(ex):
+        if tool_call:
             call = ex.call
             inputs = guard_trace.mcp_inputs(call.tool_name, call.arguments, ex.route.upstream, estimate)
             seen = (guards.events_seen, guards.calls_settled)

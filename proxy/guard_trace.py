@@ -68,15 +68,23 @@ class GuardTrace:
     def payload(self, max_field_bytes: int | None = None) -> dict[str, Any]:
         """The fields the call's event carries; with `max_field_bytes`, already as `sanitize` makes
         them where they sit in the event's payload (the recorder then keeps them as they are)."""
-        clean = _as_is if max_field_bytes is None else sanitize
-        m = max_field_bytes or 0
-        guard_input = dict(self.fields) if max_field_bytes is None else sanitize(self.fields, m, 1)
-        if self.rank is not None and self.settled_at is not None:
-            guard_input["rank"] = self.rank
-            guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)
-            for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
-                guard_input[key] = clean(value, m, 2)
-        out: dict[str, Any] = {"call_seq": clean(self.call_seq, m, 1), "guard_input": guard_input}
+        settled = self.rank is not None and self.settled_at is not None
+        if max_field_bytes is None:
+            if settled:  # (one dict built, in the same order)
+                t_end = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
+                guard_input = {**self.fields, "rank": self.rank, "t_end": t_end, **self.settle}
+            else:
+                guard_input = dict(self.fields)
+            out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
+        else:
+            m = max_field_bytes
+            guard_input = sanitize(self.fields, m, 1)
+            if settled:
+                guard_input["rank"] = self.rank
+                guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
+                for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
+                    guard_input[key] = sanitize(value, m, 2)
+            out = {"call_seq": sanitize(self.call_seq, m, 1), "guard_input": guard_input}
         if "sig" in self.fields:
             out["args_fingerprint"] = guard_input["sig"]
         if "res" in self.settle:
@@ -86,10 +94,6 @@ class GuardTrace:
 
 # what a settle adds to a call's guard_input (besides rank and t_end)
 SETTLE_KEYS = ("released", "res", "err", "cost", "tokens")
-
-
-def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
-    return value
 
 
 def begin(
@@ -148,6 +152,9 @@ def llm_inputs(
     dialect read this request on from it): only the ids of the rest are taken.
     """
     keep = len(previous)
+    if not steps and not keep:  # no assistant step now or before (plain chat calls): nothing to compare
+        hist = {"keep": 0, "add": [], "turn_start": turn_start, "results": {}}
+        return {"kind": "llm", "hist": hist, "est": estimate_usd, "tok": estimate_tokens}, []
     if known and known == keep and known <= len(steps):
         ids = previous + [tuple([_call_id(c) for c in step]) for step in steps[known:]]
     else:

@@ -41,6 +41,10 @@ def message_bytes(message: Any) -> bytes:
         return jsonparse.dumps_text(message).encode("utf-8")
 
 
+_EMPTY = hashlib.blake2b(digest_size=16)  # every walk starts from it (copied: cheaper than made)
+_EMPTY_DIGEST = _EMPTY.digest()
+
+
 def _size(raw: bytes) -> bytes:
     return len(raw).to_bytes(8, "little")
 
@@ -48,6 +52,20 @@ def _size(raw: bytes) -> bytes:
 class Walked:
     """One request's conversation, walked: the digest of every prefix, from the empty one to the
     whole, as sent and as lineage compares them (`normalise`d), and the prompt's token estimate."""
+
+    # one per request: slots make it and its reads cheaper
+    __slots__ = (
+        "messages",
+        "parsed",
+        "sent",
+        "lineage",
+        "_count",
+        "_forked",
+        "_h",
+        "_start",
+        "_prior_tokens",
+        "_tokens",
+    )
 
     def __init__(
         self,
@@ -61,8 +79,8 @@ class Walked:
         self._count = count
         self._forked: Any = None  # the lineage chain's hasher, once it differs from the sent one
         if prior is None:
-            h = hashlib.blake2b(digest_size=16)
-            self.sent = [h.digest()]
+            h = _EMPTY.copy()
+            self.sent = [_EMPTY_DIGEST]
             self.lineage = self.sent
             self._h = h
             start = 0
@@ -80,15 +98,19 @@ class Walked:
 
     def _extend(self, new: list[Any], normalise: Callable[[Any], Any]) -> None:
         h, forked, sent, lineage = self._h, self._forked, self.sent, self.lineage
+        update, digest, dumps = h.update, h.digest, orjson.dumps
         for message in new:
             normalised = normalise(message)
             if forked is None and normalised is not message:
                 # the first message lineage sees differently (an Anthropic cache_control marker)
                 forked, lineage = h.copy(), sent[:]
-            raw = message_bytes(message)
-            h.update(_size(raw))
-            h.update(raw)
-            sent.append(h.digest())
+            try:  # message_bytes and _size, inline: this runs for every message of every request
+                raw = dumps(message)
+            except TypeError:
+                raw = message_bytes(message)
+            update(len(raw).to_bytes(8, "little"))
+            update(raw)
+            sent.append(digest())
             if forked is not None:
                 if normalised is not message:
                     raw = message_bytes(normalised)
@@ -104,7 +126,8 @@ class Walked:
             start, base = self._start, self._prior_tokens
             if base is None:  # the prior request never needed its count
                 start, base = 0, 0
-            self._tokens = base + sum(self._count(m) for m in self.messages[start:])
+            messages = self.messages
+            self._tokens = base + sum(map(self._count, messages[start:] if start else messages))
         return self._tokens
 
 

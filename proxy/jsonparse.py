@@ -320,22 +320,24 @@ def _orjson_faithful(value: Any) -> bool:
 # --- depth ---------------------------------------------------------------------------------------
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def max_depth(value: Any) -> int:
-    """Nesting depth of a JSON-like value (a scalar is 0, `[]` is 1, `[[1]]` is 2), iteratively."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, dict):
-            children: Any = v.values()
-        elif isinstance(v, list | tuple):
-            children = v
-        else:
-            continue
+    """Nesting depth of a JSON-like value (a scalar is 0, `[]` is 1, `[[1]]` is 2), iteratively:
+    one level at a time, only the containers of each kept for the next (the record path asks this
+    of every prompt, mostly strings)."""
+    depth = 0
+    level = [value] if isinstance(value, _CONTAINERS) else []
+    while level:
         depth += 1
-        deepest = max(deepest, depth)
-        stack.extend((c, depth) for c in children)
-    return deepest
+        below: list[Any] = []
+        for v in level:
+            for child in v.values() if isinstance(v, dict) else v:
+                if isinstance(child, _CONTAINERS):
+                    below.append(child)
+        level = below
+    return depth
 
 
 def cap_depth(value: Any, limit: int, marker: Any) -> Any:

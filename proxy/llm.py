@@ -264,6 +264,14 @@ class LLMParseStage(BaseStage):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # one adapter per dialect: it holds nothing of a call (the dialect and the engine only)
+        self._protocols: dict[Dialect, LLMProtocol] = {}
+
+    def protocol(self, dialect: Dialect) -> LLMProtocol:
+        found = self._protocols.get(dialect)
+        if found is None:
+            found = self._protocols[dialect] = LLMProtocol(dialect, self.engine)
+        return found
 
     async def request(self, ex: Exchange) -> None:
         dialect = dialect_for(ex.route.path, ex.request.method)
@@ -282,7 +290,7 @@ class LLMParseStage(BaseStage):
         except Exception:
             log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
             call = fallback_request(dialect, body)
-        ex.protocol = LLMProtocol(dialect, self.engine)
+        ex.protocol = self.protocol(dialect)
         ex.call = call
         ex.request_json = body  # the session stage reads the client's episode id in it
         rewritten = dialect.upstream_body(call, body)

@@ -111,6 +111,13 @@ class Refused:
     reason: str
 
 
+class Unmatched:
+    """`SessionManager.lookup`'s default: match the call itself."""
+
+
+UNMATCHED = Unmatched()
+
+
 class SessionManager:
     def __init__(self, *, idle_timeout_s: float, terminated_ttl_s: float) -> None:
         self.idle_timeout_s = idle_timeout_s
@@ -164,17 +171,20 @@ class SessionManager:
         wall: float,
         episode: Episode | None = None,
         run_id: str | None = None,
+        matched: Session | None | Unmatched = UNMATCHED,
     ) -> tuple[Session, bool] | Refused:
         """The live session for this call, starting one if needed: (session, created).
-        `run_id`: the run the shared state (several replicas) says this session is, for a new one."""
+        `run_id`: the run the shared state (several replicas) says this session is, for a new one.
+        `matched`: what `match` answered for this call, when nothing changed since (`expire`)."""
         key: SessionKey = (agent, explicit_id)
-        until = self._terminated_explicit.get(key)
+        # only explicit sessions stay refused by key (`terminate`)
+        until = self._terminated_explicit.get(key) if explicit_id is not None else None
         if until is not None:
             if now < until:
                 return Refused(self._explicit.get(key), "session terminated")
             del self._terminated_explicit[key]
         episode = episode or NO_CONVERSATION
-        current = self.match(agent, explicit_id, episode)
+        current = self.match(agent, explicit_id, episode) if isinstance(matched, Unmatched) else matched
         if current is not None:
             # a call still in flight (a long stream) keeps its session alive
             idle = current.inflight == 0 and now - current.last_seen >= self.idle_timeout_s
@@ -212,15 +222,23 @@ class SessionManager:
         call's whole history so the calls that continue the conversation find it."""
         if session.explicit:
             return
-        recent = self._recent.setdefault(session.agent, OrderedDict())
-        recent[session.run_id] = session
-        recent.move_to_end(session.run_id)
+        recent = self._recent.get(session.agent)
+        if recent is None:
+            recent = self._recent[session.agent] = OrderedDict()
+        run_id = session.run_id
+        # most calls come from the agent's most recent session, with the history it last saw
+        if not (recent and next(reversed(recent)) == run_id and recent[run_id] is session):
+            recent[run_id] = session
+            recent.move_to_end(run_id)
         if not episode.history:
             return
         own = session.lineage.histories
-        own[episode.history[-1]] = None
-        own.move_to_end(episode.history[-1])
-        self._by_history[(session.agent, episode.history[-1])] = session
+        digest = episode.history[-1]
+        if own and next(reversed(own)) == digest and self._by_history.get((session.agent, digest)) is session:
+            return  # the same history again (a resent request): already the newest it remembers
+        own[digest] = None
+        own.move_to_end(digest)
+        self._by_history[(session.agent, digest)] = session
         while len(own) > MAX_HISTORIES_PER_RUN:
             old, _ = own.popitem(last=False)
             if self._by_history.get((session.agent, old)) is session:
@@ -254,19 +272,26 @@ class SessionManager:
         """The session this call would join if it has gone idle (and is not terminated): the engine
         ends its run before `lookup` starts the next one, so no run is left `running` between sweeps.
         With shared state, a session here that is not the run the replicas share (`run_id`) is over."""
-        current = self.match(agent, explicit_id, episode)
+        return self.expire_matched(self.match(agent, explicit_id, episode), now, run_id=run_id)[0]
+
+    def expire_matched(
+        self, current: Session | None, now: float, *, run_id: str | None = None
+    ) -> tuple[Session | None, Session | None | Unmatched]:
+        """`expire` of the session `match` found for the call: (the session whose run to end, or
+        None; what `lookup` may take as the call's match, UNMATCHED when a session was forgotten
+        here and the call must be matched again)."""
         if current is not None and run_id is not None and current.run_id != run_id:
             self._forget(current)
-            return None if current.ended else current
+            return (None if current.ended else current), UNMATCHED
         if (
             current is None
             or current.terminated
             or current.inflight
             or now - current.last_seen < self.idle_timeout_s
         ):
-            return None
+            return None, current
         self._forget(current)
-        return None if current.ended else current
+        return (None if current.ended else current), UNMATCHED
 
     def idle_sessions(self, now: float) -> list[Session]:
         """Sessions past their idle timeout with nothing in flight: the engine ends their runs."""

@@ -537,3 +537,20 @@ def test_both_digest_chains_come_from_one_pass() -> None:
     assert chains.lineage == chain([*plain, unmarked, {"role": "assistant", "content": "d"}])
     assert chains.lineage[:3] == chains.sent[:3] and chains.lineage[3] != chains.sent[3]
     assert digest_chains(plain).lineage == digest_chains(plain).sent == chain(plain)
+
+
+def test_message_tokens_counts_a_plain_message_as_the_prompt_estimate_does() -> None:
+    from proxy.dialects.base import TOKENS_PER_MESSAGE, estimate_value_tokens
+    from proxy.episodes import message_tokens
+
+    for message in (
+        {"role": "user", "content": "hello there"},
+        {"role": "system", "content": "x" * 2047},
+        {"role": "user", "content": "A" * 4096},  # an attachment-like string: the capped count
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "f"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {},
+        "a bare string",
+        ["a", "list"],
+    ):
+        assert message_tokens(message) == estimate_value_tokens(message) + TOKENS_PER_MESSAGE

@@ -173,3 +173,21 @@ def test_budget_messages_show_enough_digits_to_tell_small_amounts_apart() -> Non
     big = _budget(BudgetConfig(max_cost_usd=2.5))
     big.settle(big.check("llm", 0.0, 1000.0)[1], 3.0, 10, 1000.0)
     assert _call(big).message == "session cost $3.0000 reached the $2.5000 budget"
+
+
+def test_a_budget_without_limits_refuses_nothing_until_one_is_configured() -> None:
+    from proxy.guards.budget import SessionBudget
+    from proxy.guards.config import BudgetConfig, LimitsConfig
+
+    budget = SessionBudget(BudgetConfig(), LimitsConfig(), None, started_at=0.0)
+    assert budget.refusal("llm", now=10_000.0) is None
+    budget.count_event(100)
+    budget.configure(BudgetConfig(), LimitsConfig(max_events=50), None)
+    refusal = budget.refusal("llm", now=10_000.0)
+    assert refusal is not None and refusal.guard == "max_events"
+    budget.configure(BudgetConfig(), LimitsConfig(), None)
+    assert budget.refusal("llm", now=10_000.0) is None
+    budget.configure(BudgetConfig(), LimitsConfig(), 1)  # max_steps alone
+    budget.count_history_tool_calls(2)
+    refusal = budget.refusal("llm", now=10_000.0)
+    assert refusal is not None and refusal.guard == "max_steps"

@@ -43,14 +43,22 @@ def dialect_for(path: str, method: str) -> Dialect | None:
     Embeddings and legacy completions live in `other.py`; `embeddings.py` and `completions.py`
     give each the module interface every dialect has.
     """
+    key = (path, method)
+    if key in _BY_PATH:  # an agent calls the same endpoint over and over
+        return _BY_PATH[key]
     name = dialect_name(path, method)
-    if name is None:
-        return None
-    found = _MODULES.get(name)
-    if found is None:
-        # every module named in _EXACT satisfies the contract (mypy checks it: proxy/dialects/contract.py)
-        found = _MODULES[name] = cast("Dialect", importlib.import_module(f"proxy.dialects.{name}"))
+    found = None
+    if name is not None:
+        found = _MODULES.get(name)
+        if found is None:
+            # every module named in _EXACT satisfies the contract (mypy checks it: proxy/dialects/contract.py)
+            found = _MODULES[name] = cast("Dialect", importlib.import_module(f"proxy.dialects.{name}"))
+    if len(_BY_PATH) >= _PATHS_KEPT:  # paths are the client's to choose: bounded
+        _BY_PATH.clear()
+    _BY_PATH[key] = found
     return found
 
 
 _MODULES: dict[str, Dialect] = {}  # name -> module, imported on first use (a handful of names)
+_BY_PATH: dict[tuple[str, str], Dialect | None] = {}  # (path, method) -> dialect_for's answer
+_PATHS_KEPT = 256

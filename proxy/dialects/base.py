@@ -232,7 +232,12 @@ def estimate_value_tokens(value: Any) -> int:
             total += len(v)
             for member in v.values():
                 if type(member) is str:
-                    total += _text_tokens(member)
+                    # _text_tokens, inline for the usual short string (never an attachment)
+                    total += (
+                        (len(member) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+                        if len(member) < 2048
+                        else _text_tokens(member)
+                    )
                 else:
                     push(member)
         elif isinstance(v, str):

@@ -85,6 +85,7 @@ class CircuitBreaker:
         # (e.g. a slow closed-state call that fails after the circuit re-opened) changes nothing
         self.generation = 0
         self.last_transition: Transition | None = None
+        self._closed: Ticket | None = None  # see _closed_ticket
 
     def configure(self, config: CircuitBreakerConfig) -> None:
         """Config changes at run time (admin API) apply on the next call; the state is kept."""
@@ -115,12 +116,20 @@ class CircuitBreaker:
         if self.state is State.OPEN and self.retry_after(now) <= 0:
             transition = self._move(State.HALF_OPEN, "cooldown elapsed")
         if self.state is State.CLOSED:
-            return ALLOW, Ticket(self.generation, trial=False)
+            return ALLOW, self._closed_ticket()
         if self.state is State.HALF_OPEN and self.trials_admitted < self.config.half_open_max_calls:
             self.trials_admitted += 1
             self.trials_in_flight += 1
             return ALLOW, Ticket(self.generation, trial=True, transition=transition)
         return self._refusal(now), None
+
+    def _closed_ticket(self) -> Ticket:
+        """The ticket of a call a closed circuit admits: the same (frozen) one for every such call of
+        a generation, rather than one made per call."""
+        ticket = self._closed
+        if ticket is None or ticket.generation != self.generation:
+            ticket = self._closed = Ticket(self.generation, trial=False)
+        return ticket
 
     def _refusal(self, now: float) -> Decision:
         return refusal(self.upstream, self.state, self.failures, self.retry_after(now), self.config)

@@ -45,8 +45,11 @@ def dollars(amount: float) -> str:
     return f"${amount:.{digits}f}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reservation:
+    """One call's hold on the budget (read-only once taken; not frozen: one is made per call, and a
+    frozen dataclass pays a guarded setattr per field)."""
+
     id: int
     kind: CallKind
     usd: float
@@ -81,10 +84,12 @@ class SessionBudget:
         self._inflight_llm = 0
         self._inflight_tool = 0
         self._ids = itertools.count(1)
+        self._limited = _any_limit(budget, limits, max_steps)
 
     def configure(self, budget: BudgetConfig, limits: LimitsConfig, max_steps: int | None) -> None:
         """A config change (admin API) applies from the next call; what was spent stays spent."""
         self.budget, self.limits, self.max_steps = budget, limits, max_steps
+        self._limited = _any_limit(budget, limits, max_steps)
 
     # -- before a call ---------------------------------------------------------------------------
 
@@ -131,6 +136,8 @@ class SessionBudget:
         return self._inflight_usd(), self._inflight_tokens, self._inflight_llm, self._inflight_tool
 
     def _refusal(self, kind: CallKind, now: float) -> Decision | None:
+        if not self._limited:  # no budget and no limit set (the default): nothing can refuse
+            return None
         b, lim = self.budget, self.limits
         elapsed = now - self.started_at
         tokens, llm_inflight, tool_inflight = self._inflight_tokens, self._inflight_llm, self._inflight_tool
@@ -274,6 +281,22 @@ class SessionBudget:
         if now is not None:
             out["elapsed_s"] = round(now - self.started_at, 3)
         return out
+
+
+def _any_limit(budget: BudgetConfig, limits: LimitsConfig, max_steps: int | None) -> bool:
+    """Whether any budget or limit `SessionBudget._refusal` checks is set."""
+    return max_steps is not None or any(
+        value is not None
+        for value in (
+            budget.max_wall_time_seconds,
+            budget.max_cost_usd,
+            budget.max_tokens,
+            limits.max_duration_s,
+            limits.max_llm_calls,
+            limits.max_tool_calls,
+            limits.max_events,
+        )
+    )
 
 
 def _stop(guard: str, message: str, threshold: Any, actual: Any, *, budget: bool = False) -> Decision:

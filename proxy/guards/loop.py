@@ -180,7 +180,7 @@ def classify_tool(name: str, config: LoopDetectionConfig) -> str:
     return "mutating"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Read:
     """The history `check_llm_history` read last, named by its caller (`reading`).
 
@@ -397,8 +397,18 @@ class LoopDetector:
         steps after it are read; the decisions are the same as reading the whole.
         """
         self._event_ids = event_ids
-        turn_start = max(0, min(turn_start, len(steps)))
         enabled = self.config.enabled
+        if not steps:
+            # a history without an assistant step (a plain chat call): no call to count or judge, a
+            # turn without calls (renumbered when detection is on), and no turn time spent in it yet
+            self.new_history_calls = 0
+            if enabled:
+                self._llm_seen = True
+                self._new_turn(now)
+            self._history_seen = True
+            self._read = _Read(reading, 0, 0, False, enabled)
+            return []
+        turn_start = max(0, min(turn_start, len(steps)))
         # what this detector read last (see `_Read`): when this history goes on from it with the
         # same turn, every call of its first steps is one already seen, and nothing about the turn
         # changes but what the new steps bring; those steps alone are read

@@ -194,8 +194,9 @@ class SessionGuards:
         self, kind: CallKind, decisions: list[Decision], estimate_usd: float, estimate_tokens: int, now: float
     ) -> Verdict:
         self.calls_seen += 1
-        verdict = Verdict(list(decisions), call_seq=self.calls_seen, shadow=self.shadow)
-        if verdict.refused and not self.shadow:
+        shadow = self.config.in_shadow
+        verdict = Verdict(list(decisions), None, self.calls_seen, shadow)
+        if decisions and verdict.refused and not shadow:
             # refused by a loop guard: the budget still says whether it would have stopped it too,
             # without reserving anything
             refusal = self.budget.refusal(kind, now)
@@ -203,12 +204,13 @@ class SessionGuards:
                 verdict.decisions.append(refusal)
         else:
             decision, reservation = self.budget.check(
-                kind, estimate_usd, now, estimate_tokens=estimate_tokens, reserve_anyway=self.shadow
+                kind, estimate_usd, now, estimate_tokens=estimate_tokens, reserve_anyway=shadow
             )
-            if decision.action is not Action.ALLOW:
+            if decision is not ALLOW and decision.action is not Action.ALLOW:
                 verdict.decisions.append(decision)
             verdict.reservation = reservation
-        self._count(verdict.decisions)
+        if verdict.decisions:
+            self._count(verdict.decisions)
         return verdict
 
     def _count(self, decisions: list[Decision]) -> list[Decision]:
