@@ -302,6 +302,7 @@ class LeanConnection(asyncio.Protocol):
 
     def __init__(self, server: LeanServer) -> None:
         self.server = server
+        self._loop = asyncio.get_running_loop()  # made by the listening server, on its loop
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._buf: bytes | bytearray = b""
@@ -445,7 +446,7 @@ class LeanConnection(asyncio.Protocol):
             request.content.feed(body)
         if request.content._left > 0:
             self._request = request
-        self._task = asyncio.get_running_loop().create_task(self._answer(request, self._route))
+        self._task = self._loop.create_task(self._answer(request, self._route))
 
     def _lean_request(self) -> LeanRequest | None:
         """The request, if the lean lane serves it exactly as aiohttp would; None: aiohttp's."""
@@ -604,7 +605,7 @@ class LeanConnection(asyncio.Protocol):
         timeout = self.server.keepalive_timeout
         if not timeout or self.transport is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._idle_since = loop.time()
         if self._idle is None:
             self._idle = loop.call_at(self._idle_since + timeout, self._idle_expired)
@@ -618,7 +619,7 @@ class LeanConnection(asyncio.Protocol):
         if since is None or self._busy or self.transport is None:
             return  # busy: the timer starts again when the answer is out
         due = since + self.server.keepalive_timeout
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if loop.time() >= due:
             self.transport.close()
         else:  # it went idle again after the timer was set
