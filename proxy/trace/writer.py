@@ -45,6 +45,7 @@ _META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the r
 # the owner lock's progress write) that one call at a time would pay per call, on its agent's next
 # call. flush(), close and a filling queue cut it short. Events reach the disk at most this much later.
 LINGER_S = 0.002
+_new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
 _LINGER_EVENTS = 256  # this many events queued: no more lingering
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
@@ -286,7 +287,7 @@ class TraceWriter:
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
             else:
                 data = encode(event)
-                line = Line(data, event_type, key, now, event["ts"], len(data))
+                line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
             run.pending.append(line)
             self.pending_events += 1
             self.pending_bytes += line.size
