@@ -407,8 +407,8 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     continues = seen > 0 and head is not None and head == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
     if full or not continues or call.previous_response_id:
-        return list(messages), digest
-    return list(messages[seen:]), digest
+        return messages, digest  # the call's own list: the recorder copies it as it sanitises or strips it
+    return messages[seen:], digest
 
 
 def usage_dict(usage: Usage | None) -> dict[str, int]:
@@ -655,7 +655,8 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     recorder.add_usage(session.run_id, ex.cost_usd, usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
     session.conversation.prompt_digest = prompt_digest
-    remember_tool_calls(session, result, event_id, time.time())
+    if result.tool_calls:
+        remember_tool_calls(session, result, event_id, time.time())
     engine.metrics.observe_llm(
         session.agent,
         ex.priced_model or model,
