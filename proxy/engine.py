@@ -252,11 +252,32 @@ class Engine:
         return session
 
     def write_event(
-        self, session: Session, event_type: str, name: str, payload: dict[str, Any], **kw: Any
+        self,
+        session: Session,
+        event_type: str,
+        name: str,
+        payload: dict[str, Any],
+        *,
+        duration_ms: float | None = None,
+        parent_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+        ts: float | None = None,
+        sanitized: bool = False,
     ) -> str:
         """Write one event of a session's run; returns its id. Writing is all it does: the writer
-        then hands the event to the session's guards itself (`observe_event`)."""
-        return self.recorder.record(session.run_id, event_type, name, payload, **kw)
+        then hands the event to the session's guards itself (`observe_event`). (The recorder's
+        keywords spelled out: no **kw dict packed and unpacked per event.)"""
+        return self.recorder.record(
+            session.run_id,
+            event_type,
+            name,
+            payload,
+            duration_ms=duration_ms,
+            parent_id=parent_id,
+            meta=meta,
+            ts=ts,
+            sanitized=sanitized,
+        )
 
     def observe_event(self, session: Session, event_type: str, name: str, event_id: str) -> None:
         """Let the session's guards see an event written to its run.

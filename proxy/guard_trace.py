@@ -31,7 +31,7 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
-from proxy.redact import sanitize
+from proxy.redact import PLAIN, sanitize
 
 T_DIGITS = 6
 
@@ -78,18 +78,59 @@ class GuardTrace:
             out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
         else:
             m = max_field_bytes
-            guard_input = sanitize(self.fields, m, 1)
+            guard_input = sanitized_fields(self.fields, m)
             if settled:
                 guard_input["rank"] = self.rank
                 guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
                 for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
-                    guard_input[key] = sanitize(value, m, 2)
-            out = {"call_seq": sanitize(self.call_seq, m, 1), "guard_input": guard_input}
+                    guard_input[key] = value if type(value) in PLAIN else sanitize(value, m, 2)
+            call_seq = self.call_seq
+            out = {
+                "call_seq": call_seq if type(call_seq) is int else sanitize(call_seq, m, 1),
+                "guard_input": guard_input,
+            }
         if "sig" in self.fields:
             out["args_fingerprint"] = guard_input["sig"]
         if "res" in self.settle:
             out["result_fingerprint"] = guard_input["res"]
         return out
+
+
+def sanitized_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]:
+    """`sanitize(fields, max_field_bytes, 1)`, the walk cut short where Tripwire made the value.
+
+    The keys are Tripwire's own names (begin, mcp_inputs, llm_inputs; none secret-named), numbers
+    stay as they are, and a plain call's history delta (nothing added, no results) holds only
+    numbers: what sanitize would copy, copied without the walk. The rest is sanitised.
+    """
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        t = type(value)
+        if t in PLAIN:
+            out[key] = value
+        elif t is dict and key == "hist" and _numbers_only_hist(value):
+            out[key] = {"keep": value["keep"], "add": [], "turn_start": value["turn_start"], "results": {}}
+        elif t is list and not value:
+            out[key] = []
+        else:
+            out[key] = sanitize(value, max_field_bytes, 2)
+    return out
+
+
+_HIST_KEYS = ("keep", "add", "turn_start", "results")
+
+
+def _numbers_only_hist(hist: dict[str, Any]) -> bool:
+    """A history delta as llm_inputs builds it with no step added: its own keys, ints and empties."""
+    return (
+        tuple(hist) == _HIST_KEYS
+        and type(hist["keep"]) is int
+        and type(hist["turn_start"]) is int
+        and type(hist["add"]) is list
+        and not hist["add"]
+        and type(hist["results"]) is dict
+        and not hist["results"]
+    )
 
 
 # what a settle adds to a call's guard_input (besides rank and t_end)

@@ -30,7 +30,7 @@ from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.pipeline import BaseStage
-from proxy.redact import sanitize, valid_unicode
+from proxy.redact import PLAIN, sanitize, valid_unicode
 from proxy.sessions import Conversation, PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class LLMProtocol:
     def __init__(self, dialect: Dialect, engine: Engine) -> None:
         self.dialect = dialect
         self.engine = engine
+        self.provider = provider_name(dialect.__name__)  # the LLM_CALL's `provider`
 
     def continues(self, ex: Exchange) -> bool:
         return False  # every LLM request is a call of its own
@@ -120,8 +121,8 @@ class LLMProtocol:
         result = llm_result(ex)
         ex.result = result
         call: LLMRequest = ex.call
-        models = [m for m in (result.model, call.model) if m]
-        quote = self.engine.pricing.cost(result.usage or Usage(), models)
+        # (cost() skips a missing name; the pair is its cache key as it is)
+        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model))
         ex.cost_usd = quote.cost_usd
         ex.priced_model = quote.model
         ex.tokens = result.usage.total_tokens if result.usage else 0
@@ -406,8 +407,8 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     continues = seen > 0 and head is not None and head == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
     if full or not continues or call.previous_response_id:
-        return list(messages), digest
-    return list(messages[seen:]), digest
+        return messages, digest  # the call's own list: the recorder copies it as it sanitises or strips it
+    return messages[seen:], digest
 
 
 def usage_dict(usage: Usage | None) -> dict[str, int]:
@@ -553,32 +554,38 @@ def llm_call_payload(
     session = ex.session
     call: LLMRequest = ex.call
     result: LLMResult = ex.result
-    assert session is not None
+    protocol = ex.protocol
+    assert session is not None and isinstance(protocol, LLMProtocol)
     clean = _as_is if max_field_bytes is None else sanitize
     m = max_field_bytes or 0
+    plain = PLAIN  # numbers, bools and None: sanitize keeps them as they are, so they skip it
     usage = result.usage
     ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
     tool_calls = [
         {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
         for tc in result.tool_calls
     ]
+    counts = usage_dict(usage)  # Tripwire's own keys, none secret-named
+    if not all(type(n) is int for n in counts.values()):
+        counts = clean(counts, m, 1)
+    temperature, cost, stream, status = call.temperature, ex.cost_usd, call.stream, ex.upstream_status
     payload: dict[str, Any] = {
         "model": clean(result.model or call.model or "unknown", m, 1),
         "request_model": clean(call.model, m, 1),  # what was asked for; `model` is what answered (OTLP)
         "prompt": clean(prompt, m, 1),
         "prompt_messages_total": len(call.messages),
         "response": {"text": clean(result.text, m, 2), "tool_calls": tool_calls},
-        "usage": clean(usage_dict(usage), m, 1),
-        "provider": provider_name(dialect_name_of(ex)),
-        "temperature": clean(call.temperature, m, 1),
+        "usage": counts,
+        "provider": protocol.provider,
+        "temperature": temperature if type(temperature) in plain else clean(temperature, m, 1),
         "stop_reason": clean(result.stop_reason, m, 1),
         "status": "ok" if ok else "error",
         "error": None if ok else clean(result.error or http_error(ex), m, 1),
-        "cost_usd": clean(ex.cost_usd, m, 1),
+        "cost_usd": cost if type(cost) in plain else clean(cost, m, 1),
         "upstream": clean(ex.route.upstream, m, 1),
-        "stream": clean(call.stream, m, 1),
+        "stream": stream if type(stream) in plain else clean(stream, m, 1),
         "endpoint": clean(call.dialect, m, 1),
-        "http_status": clean(ex.upstream_status, m, 1),
+        "http_status": status if type(status) in plain else clean(status, m, 1),
     }
     payload.update(guard_trace.call_fields(ex, max_field_bytes))
     if usage is not None and usage.estimated:
@@ -648,7 +655,8 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     recorder.add_usage(session.run_id, ex.cost_usd, usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
     session.conversation.prompt_digest = prompt_digest
-    remember_tool_calls(session, result, event_id, time.time())
+    if result.tool_calls:
+        remember_tool_calls(session, result, event_id, time.time())
     engine.metrics.observe_llm(
         session.agent,
         ex.priced_model or model,

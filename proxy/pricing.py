@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import genai_prices
 from genai_prices import data_snapshot
@@ -43,8 +43,9 @@ _DATE_SUFFIX = re.compile(r"[-@](\d{4}-\d{2}-\d{2}|\d{8}|\d{4})$")
 log = logging.getLogger("tripwire.pricing")
 
 
-@dataclass(frozen=True)
-class PriceQuote:
+class PriceQuote(NamedTuple):
+    """One call's price (a NamedTuple: built on every call, and a frozen dataclass's init costs more)."""
+
     cost_usd: float
     model: str  # the name that was priced (or, for the fallback, the name warned about)
     known: bool  # False when the fallback price was used
@@ -106,14 +107,16 @@ class LinearPrice:
             return None  # the package refuses a probe: each call goes through its calculation
 
     def price(self, prompt: int, completion: int, cache_read: int, cache_write: int) -> Decimal:
-        """Counts as `Pricing._package_cost` clamps them: cache_read + cache_write <= prompt."""
-        return (
-            self.per_call
-            + self.uncached_input * (prompt - cache_read - cache_write) / M_TOKENS
-            + self.cache_read * cache_read / M_TOKENS
-            + self.cache_write * cache_write / M_TOKENS
-            + self.output * completion / M_TOKENS
-        )
+        """Counts as `Pricing._package_cost` clamps them: cache_read + cache_write <= prompt.
+
+        A term of zero tokens is zero and adding it changes no value, so it is skipped (most calls
+        have no cache reads or writes)."""
+        total = self.per_call + self.uncached_input * (prompt - cache_read - cache_write) / M_TOKENS
+        if cache_read:
+            total += self.cache_read * cache_read / M_TOKENS
+        if cache_write:
+            total += self.cache_write * cache_write / M_TOKENS
+        return total + self.output * completion / M_TOKENS
 
 
 class Pricing:
@@ -135,12 +138,22 @@ class Pricing:
         self._rates: dict[str, tuple[float, float]] = {}  # estimate(): per-1M rates by model names
         self._candidates: dict[tuple[str | None, ...], list[str]] = {}
         self._linear: dict[str, LinearPrice | None] = {}  # by genai-prices provider and model id
+        # by list of models: the name priced and its linear price, when the first name that prices
+        # is a package model with one (no override among the candidates): the common call's way
+        self._resolved: dict[tuple[str | None, ...], tuple[str, str, LinearPrice] | None] = {}
 
     def cost(self, usage: Usage, models: Sequence[str | None], at: datetime | None = None) -> PriceQuote:
         """Price `usage`; `models` in priority order: response model first, then the request's.
 
         `at` selects dated prices in the package (None = now).
         """
+        key = tuple(models)
+        resolved = self._resolved.get(key, _UNRESOLVED)
+        if resolved is _UNRESOLVED:
+            resolved = self._resolve(key)
+        if resolved is not None:
+            name, matched, linear = resolved
+            return PriceQuote(_linear_cost(usage, linear), name, True, "genai-prices", matched)
         names = [m for m in models if m]
         candidates = self._candidate_names(models, names)
         for name in candidates:
@@ -179,6 +192,26 @@ class Pricing:
                     "Add this model to pricing_table to get accurate cost tracking",
                 )
         return PriceQuote(cost, model, False, "fallback")
+
+    def _resolve(self, key: tuple[str | None, ...]) -> tuple[str, str, LinearPrice] | None:
+        """What `cost` would price `key`'s models by, when that is a linear package price (whose
+        result depends on the usage alone, never fails, and ignores `at`); None otherwise."""
+        names = [m for m in key if m]
+        candidates = self._candidate_names(key, names)
+        resolved = None
+        if not any(name.lower() in self._overrides for name in candidates):
+            for name in candidates:
+                found = self._lookup(name)
+                if found is None:
+                    continue
+                linear = self._linear_of(found)
+                if linear is not None:
+                    resolved = (name, found[1].id, linear)
+                break
+        if len(self._resolved) >= _CACHE_LIMIT:
+            self._resolved.clear()
+        self._resolved[key] = resolved
+        return resolved
 
     def estimate(self, usage: Usage, models: list[str | None]) -> float:
         """A fast linear estimate for budget reservations, from per-model rates cached on first use.
@@ -237,12 +270,7 @@ class Pricing:
         cache_read = min(max(usage.cached_tokens, 0), prompt)
         cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
         completion = max(usage.completion_tokens, 0)
-        key = f"{provider.id}\x00{model.id}"
-        if key not in self._linear:
-            if len(self._linear) >= _CACHE_LIMIT:
-                self._linear.clear()
-            self._linear[key] = LinearPrice.of(found)
-        linear = self._linear[key]
+        linear = self._linear_of(found)
         if linear is not None:
             return float(linear.price(prompt, completion, cache_read, cache_write))
         fields: dict[str, Any] = {"input_tokens": prompt, "output_tokens": completion}
@@ -252,6 +280,26 @@ class Pricing:
             fields["cache_write_tokens"] = cache_write
         calc = model.calc_price(genai_prices.Usage(**fields), provider, genai_request_timestamp=at)
         return float(calc.total_price)
+
+    def _linear_of(self, found: tuple[gp_types.Provider, gp_types.ModelInfo]) -> LinearPrice | None:
+        provider, model = found
+        key = f"{provider.id}\x00{model.id}"
+        if key not in self._linear:
+            if len(self._linear) >= _CACHE_LIMIT:
+                self._linear.clear()
+            self._linear[key] = LinearPrice.of(found)
+        return self._linear[key]
+
+
+_UNRESOLVED: Any = object()  # Pricing._resolved has no entry for these models yet
+
+
+def _linear_cost(usage: Usage, linear: LinearPrice) -> float:
+    """`Pricing._package_cost` for a linear price: the counts clamped as it clamps them."""
+    prompt = max(usage.prompt_tokens, 0)
+    cache_read = min(max(usage.cached_tokens, 0), prompt)
+    cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
+    return float(linear.price(prompt, max(usage.completion_tokens, 0), cache_read, cache_write))
 
 
 def load_snapshot() -> None:

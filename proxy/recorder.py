@@ -108,6 +108,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EVENT_TYPES = frozenset(t.value for t in EventType)
+_RECORDABLE = _EVENT_TYPES - {
+    EventType.RUN_START.value,
+    EventType.RUN_END.value,
+}  # record()'s; not the bookends
 _SHARED_CONFIGS = 256  # distinct guard configs kept shared (agents' overrides, admin API changes)
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
@@ -299,7 +303,7 @@ class TraceRecorder:
         so a late stream finishing after its session ended cannot write past RUN_END.
         ValueError for an event type outside AgentDbg's set, or RUN_START / RUN_END (use start_run / end_run).
         """
-        if event_type not in _EVENT_TYPES or event_type in (EventType.RUN_START, EventType.RUN_END):
+        if event_type not in _RECORDABLE:
             raise ValueError(f"not a recordable event type: {event_type!r}")
         if sanitized and not self.record_content:
             raise ValueError("a sanitised payload cannot be stripped of its content (record_content is off)")

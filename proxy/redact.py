@@ -226,6 +226,7 @@ def _sanitize_str(s: str, max_field_bytes: int) -> str:
 
 
 _PLAIN = frozenset({int, float, bool, type(None)})
+PLAIN = _PLAIN  # what sanitize keeps as it is: callers skip the call for these
 
 
 _SHORT = 512  # strings up to this long are remembered sanitised (at most _SHORT_KEPT of them)

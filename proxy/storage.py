@@ -36,6 +36,7 @@ _UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 # the last second formatted, and its text: events come in bursts within one second (one tuple,
 # swapped whole, so the writer thread may read it too)
 _last_second: tuple[int, str] = (-1, "")
+_MILLIS = tuple(f".{n:03d}Z" for n in range(1000))  # a timestamp's tail, by its milliseconds
 
 
 def iso_ms(epoch_seconds: float) -> str:
@@ -47,7 +48,7 @@ def iso_ms(epoch_seconds: float) -> str:
     last = _last_second
     if last[0] != second:
         last = _last_second = (second, f"{datetime.fromtimestamp(second, UTC):%Y-%m-%dT%H:%M:%S}")
-    return f"{last[1]}.{milli:03d}Z"
+    return last[1] + _MILLIS[milli]
 
 
 # --- ids --------------------------------------------------------------------------------------------

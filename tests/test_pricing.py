@@ -235,3 +235,35 @@ def test_tiered_models_keep_the_packages_calculation() -> None:
         assert quote.cost_usd == pytest.approx(
             package_price("gemini-1.5-pro", input_tokens=prompt, output_tokens=10)
         )
+
+
+@pytest.mark.parametrize(
+    "models", [["gpt-4o-mini"], ["gpt-4o-mini-2024-07-18", "gpt-4o-mini"], [None, "claude-sonnet-4-5"]]
+)
+def test_a_resolved_model_list_prices_as_the_general_way(models: list[str | None]) -> None:
+    """cost() keeps, per list of models, the linear package price it resolves to: every later call
+    gets exactly what the general way (name lookups, then the package's price) gives."""
+    usages = [
+        Usage(prompt_tokens=1234, completion_tokens=56),
+        Usage(prompt_tokens=5000, completion_tokens=100, cached_tokens=3000, cache_creation_tokens=1500),
+        Usage(prompt_tokens=10, completion_tokens=0, cached_tokens=50),  # clamped to the prompt
+        Usage(),
+    ]
+    pricing, general = Pricing(), Pricing()
+    names = [m for m in models if m]
+    for usage in usages * 2:
+        quote = pricing.cost(usage, tuple(models))
+        name = quote.model
+        found = general._lookup(name)
+        assert found is not None and quote.known and quote.source == "genai-prices"
+        assert name == next(n for n in general._candidate_names(models, names) if general._lookup(n))
+        assert quote.cost_usd == general._package_cost(usage, found, None)
+        assert quote.matched == found[1].id
+    assert pricing._resolved  # the later calls took the kept way
+
+
+def test_an_override_among_the_names_is_not_resolved_past() -> None:
+    pricing = Pricing({"gpt-4o-mini": (1.0, 1.0)})
+    for _ in range(2):
+        quote = pricing.cost(Usage(prompt_tokens=10**6), ("gpt-4o-mini-2024-07-18", None))
+        assert (quote.cost_usd, quote.source, quote.model) == (1.0, "override", "gpt-4o-mini")

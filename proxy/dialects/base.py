@@ -164,6 +164,8 @@ def loads_or_none(body: bytes | str) -> Any:
 
 def as_int(value: Any) -> int:
     """A token count from an answer (None, strings and junk count as 0; 12.0 counts as 12)."""
+    if type(value) is int:  # the usual count, at once
+        return value
     if isinstance(value, bool):
         return 0
     if isinstance(value, float) and value.is_integer():

@@ -154,23 +154,24 @@ def parse_response(status: int, body: bytes, req: LLMRequest | None = None) -> L
         error = error_dict("unparseable_response", "chat completion answer is not JSON")
         return LLMResult(None, "", [], None, None, error=error)
     text, calls, stop = "", [], None
-    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
-    if choices and isinstance(choices[0], dict):
+    choices = data.get("choices")
+    if type(choices) is list and choices and isinstance(choices[0], dict):
         message = choices[0].get("message")
         if not isinstance(message, dict):
             message = {}
         content = message.get("content")
         text = content if isinstance(content, str) else _parts_text(content)
-        calls = _message_tool_calls(message)
+        calls = _message_tool_calls(message) if "tool_calls" in message else []
         stop = choices[0].get("finish_reason")
     usage = openai_usage(data.get("usage")) or estimate_usage(req, text, calls)
+    model, response_id = data.get("model"), data.get("id")
     return LLMResult(
-        model=data.get("model") if isinstance(data.get("model"), str) else None,
-        text=text,
-        tool_calls=calls,
-        usage=usage,
-        stop_reason=stop,
-        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+        model if isinstance(model, str) else None,  # (positional: one answer per call)
+        text,
+        calls,
+        usage,
+        stop,
+        response_id if isinstance(response_id, str) else None,
     )
 
 

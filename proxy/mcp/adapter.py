@@ -40,7 +40,17 @@ class AdapterEngine(Protocol):
     @property
     def metrics(self) -> Metrics: ...
     def write_event(
-        self, session: Session, event_type: str, name: str, payload: dict[str, Any], **kw: Any
+        self,
+        session: Session,
+        event_type: str,
+        name: str,
+        payload: dict[str, Any],
+        *,
+        duration_ms: float | None = None,
+        parent_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+        ts: float | None = None,
+        sanitized: bool = False,
     ) -> str: ...
     def observe_event(self, session: Session, event_type: str, name: str, event_id: str) -> None: ...
 

@@ -14,7 +14,11 @@ from proxy import storage
 from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType, default_counts
 from proxy.trace.content import encode
 
-ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent end_run
+ENDED_MEMORY = 10_000
+# the event types as plain strs (an enum member's class lookup costs more than the comparison)
+_RUN_START: str = EventType.RUN_START.value
+_BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})
+_LLM_CALL: str = EventType.LLM_CALL.value  # summaries of ended runs kept for summary() / idempotent end_run
 
 
 class Line(NamedTuple):
@@ -58,10 +62,11 @@ class Disk:
                 counts[line.key] += 1
             if line.ts >= last_ts or last_iso is None:
                 last_ts, last_iso = line.ts, line.ts_iso
-            if line.event_type == EventType.RUN_START:
-                self.started = True
-            elif line.event_type == EventType.RUN_END:
-                self.ended = True
+            if line.event_type in _BOOKENDS:
+                if line.event_type == _RUN_START:
+                    self.started = True
+                else:
+                    self.ended = True
         self.last_ts, self.last_event_ts = last_ts, last_iso
 
     def copy(self) -> Disk:
@@ -108,7 +113,7 @@ class Run:
 
     def note_event(self, event_type: str, payload: dict[str, Any] | None, ts: float, ts_iso: str) -> None:
         """An accepted event's effect on the run's usage (LLM_CALL tokens) and last event time."""
-        if event_type == EventType.LLM_CALL and isinstance(payload, dict):
+        if event_type == _LLM_CALL and isinstance(payload, dict):
             usage = payload.get("usage")
             if isinstance(usage, dict):
                 self.prompt_tokens += _int(usage.get("prompt_tokens"))

@@ -45,6 +45,10 @@ _META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the r
 # the owner lock's progress write) that one call at a time would pay per call, on its agent's next
 # call. flush(), close and a filling queue cut it short. Events reach the disk at most this much later.
 LINGER_S = 0.002
+# the event types as plain strs: an enum member's class lookup costs more than the comparison
+_RUN_END: str = EventType.RUN_END.value
+_BOOKENDS = frozenset({EventType.RUN_START.value, _RUN_END})
+_new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
 _LINGER_EVENTS = 256  # this many events queued: no more lingering
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
@@ -267,7 +271,7 @@ class TraceWriter:
     def enqueue(self, run: Run, event: dict[str, Any], now: float) -> None:
         """Queue an accepted event's line, counted in the run; dropped (and counted) if the queue is full."""
         event_type = event["event_type"]
-        bookend = event_type in (EventType.RUN_START, EventType.RUN_END)
+        bookend = event_type in _BOOKENDS
         full = self.pending_events >= self.max_pending_events or self.pending_bytes >= self.max_pending_bytes
         if full and not bookend:
             # The writer cannot keep up (stuck or full disk): drop rather than grow without bound or
@@ -281,12 +285,12 @@ class TraceWriter:
             key = COUNT_FOR_EVENT.get(event_type)
             if key:
                 run.counts[key] += 1
-            if event_type == EventType.RUN_END:
+            if event_type == _RUN_END:
                 run.end_event = event  # encoded when written: its summary counts the events on disk
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
             else:
                 data = encode(event)
-                line = Line(data, event_type, key, now, event["ts"], len(data))
+                line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
             run.pending.append(line)
             self.pending_events += 1
             self.pending_bytes += line.size

@@ -1,0 +1,53 @@
+"""guard_trace.sanitized_fields: the guard fields of a call's event, sanitised with the walk cut
+short where Tripwire made the value, are exactly what `sanitize` makes of them, for every shape the
+guard fields take (plain calls, history deltas, MCP calls, a config, decisions) and any field cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.guard_trace import llm_inputs, mcp_inputs, sanitized_fields
+from proxy.redact import is_secret_key, sanitize
+
+SECRET = "sk-proj-" + "Q1w2E3r4T5" * 3
+
+
+def fields(inputs: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """As guard_trace.begin lays them out (its own numbers first, then the inputs)."""
+    return {"t": 0.012345, "ev": 3, "done": 2, "cfg": 0, **inputs, **more}
+
+
+def shapes() -> list[dict[str, Any]]:
+    plain, _ = llm_inputs([], [], 0, [], 0.00064, 1227)
+    steps = [[("call_1", "get_weather", {"city": "Paris", "api_key": SECRET})]]
+    results = {"call_1": ("f" * 16, "failed: Bearer abcdefghijklmnop")}
+    history, ids = llm_inputs([], steps, 1, results, 0.5, 10)
+    kept, _ = llm_inputs(ids, steps, 1, {}, 0.5, 10)
+    return [
+        fields(plain, decisions=[]),
+        fields(plain, decisions=[["loop", "repeat", "warn"]]),
+        fields(history, decisions=[]),
+        fields(kept),
+        fields(mcp_inputs("search " + "x" * 3000, {"token": SECRET}, "srv", 0.0)),
+        fields(plain, config={"max_cost_usd": 1.0, "admin_token": "hunter2", "names": ["a", "b"]}),
+        fields({"kind": "llm", "hist": {"keep": 0, "add": [], "turn_start": 0, "results": {}, "x": SECRET}}),
+        fields({"kind": "llm", "hist": {"keep": 0.5, "add": [], "turn_start": 0, "results": {}}}),
+    ]
+
+
+@pytest.mark.parametrize("max_field_bytes", [1, 8, 64, 1024, 20000])
+def test_sanitized_fields_are_sanitize_of_the_fields(max_field_bytes: int) -> None:
+    for shape in shapes():
+        got = sanitized_fields(shape, max_field_bytes)
+        assert got == sanitize(shape, max_field_bytes, 1)
+        assert list(got) == list(shape)
+        if "hist" in got:
+            assert list(got["hist"]) == list(shape["hist"])
+
+
+def test_the_guard_fields_own_names_are_none_secret_named() -> None:
+    for shape in shapes()[:5]:
+        names = [*shape, *shape.get("hist", {})]
+        assert not [name for name in names if is_secret_key(name)]
