@@ -309,7 +309,7 @@ async def test_calls_a_moment_apart_share_one_writer_pass(tmp_path: Path) -> Non
         await rec.flush()
         passes = writer.passes
         writer.linger_s = 3600.0  # only flush() can end this linger
-        for i in range(5):  # five calls, the loop turning between them
+        for i in range(5):  # five calls (fewer events than cut a linger short), the loop turning between them
             rec.record(run_id, "LLM_CALL", "m", _llm_payload(f"call {i}"))
             await asyncio.sleep(0)
         path = tmp_path / "runs" / run_id / EVENTS_JSONL

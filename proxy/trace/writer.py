@@ -40,16 +40,18 @@ _LOG_EVERY_S = 10.0  # write-error log rate limit
 _SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # space comes back: keep the lines, retry
 _YIELD_EVERY = 512  # runs written per slice of a pass before other tasks get the loop
 _META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the rest wait for the next)
-# A pass waits this long after the first event that woke it, so the events of the next few calls go
-# in the same pass (as Kafka's linger.ms): a pass has a fixed cost (the file's open, append and close,
-# the owner lock's progress write) that one call at a time would pay per call, on its agent's next
-# call. flush(), close and a filling queue cut it short. Events reach the disk at most this much later.
-LINGER_S = 0.002
+# A pass waits this long after the first event that woke it, so it runs while the loop waits on an
+# upstream rather than in front of the next request, and the events of a few calls share it (as
+# Kafka's linger.ms): a pass has a fixed cost (the file's open, append and close, the owner lock's
+# progress write) that one call at a time would pay on its agent's next call. flush(), close and
+# _LINGER_EVENTS queued events cut it short (under load passes fill anyway), so the events a kill -9
+# can lose stay those of the last moment.
+LINGER_S = 0.0005
 # the event types as plain strs: an enum member's class lookup costs more than the comparison
 _RUN_END: str = EventType.RUN_END.value
 _BOOKENDS = frozenset({EventType.RUN_START.value, _RUN_END})
 _new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
-_LINGER_EVENTS = 256  # this many events queued: no more lingering
+_LINGER_EVENTS = 16  # this many events queued: no more lingering (under load passes fill anyway)
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
 
