@@ -25,15 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
 import httptools
 from aiohttp import web
-from aiohttp.helpers import must_be_empty_body, should_remove_content_length
+from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
 from aiohttp.http import SERVER_SOFTWARE  # the Server header aiohttp sends: both lanes answer alike
 from aiohttp.web_server import Server
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -166,19 +164,25 @@ class LeanRequest:
         return await self.content.read()
 
 
-_date_cache: list[Any] = [0, ""]
-
-
-def http_date() -> str:
-    """The Date header's value, made once a second (as aiohttp does)."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[0], _date_cache[1] = now, formatdate(now, usegmt=True)
-    return str(_date_cache[1])
+def _frame(headers: CIMultiDict[str], method: str, status: int) -> tuple[bool, bool]:
+    """Frame an answer as aiohttp's StreamResponse._prepare_headers does: (a head only, chunked).
+    HEAD, 1xx, 204, 304 carry no body (and 1xx/204/304 no Content-Length); without a
+    Content-Length the body is chunked; a body gets a default Content-Type."""
+    if must_be_empty_body(method, status):
+        if should_remove_content_length(method, status):
+            headers.popall("Content-Length", None)
+        headers.popall("Transfer-Encoding", None)
+        return True, False
+    length = headers.get("Content-Length")
+    if length is None:
+        headers["Transfer-Encoding"] = "chunked"
+    if length != "0":
+        headers.setdefault("Content-Type", "application/octet-stream")
+    return False, length is None
 
 
 def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool) -> bytes:
-    headers.setdefault("Date", http_date())
+    headers.setdefault("Date", rfc822_formatted_time())  # (aiohttp's, made once a second)
     headers.setdefault("Server", SERVER_SOFTWARE)
     if not keep_alive and "Connection" not in headers:
         headers["Connection"] = "close"
@@ -235,23 +239,8 @@ class LeanResponse:
         conn = request._conn
         self._conn = conn
         self.prepared = True
-        headers = self.headers
-        # as aiohttp's StreamResponse._prepare_headers frames an answer
-        self._empty = must_be_empty_body(request.method, self.status)
-        if self._empty:
-            if should_remove_content_length(request.method, self.status):
-                headers.popall("Content-Length", None)
-            headers.popall("Transfer-Encoding", None)
-        else:
-            length = headers.get("Content-Length")
-            if length is None:
-                self._chunked = True
-                headers["Transfer-Encoding"] = "chunked"
-            if length != "0":
-                headers.setdefault("Content-Type", "application/octet-stream")
-        if headers.get("Connection", "").lower() == "close":
-            conn.keep_alive = False
-        self._head = _head(self.status, self.reason or _reason(self.status), headers, conn.keep_alive)
+        self._empty, self._chunked = _frame(self.headers, request.method, self.status)
+        self._head = conn.head(self.status, self.reason, self.headers)
         conn.responding = self
         if not self._whole:
             await self._send(b"")
@@ -274,22 +263,14 @@ class LeanResponse:
             await self.write(data)
         await self._send(b"0\r\n\r\n" if self._chunked else b"")
         self._eof = True
-        if self._conn is not None:
-            self._conn.answer_done()
 
     async def _send(self, data: bytes) -> None:
         conn = self._conn
         assert conn is not None, "prepare() first"
         if self._head is not None:
             data, self._head = self._head + data, None
-        if not data:
-            return
-        transport = conn.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("Cannot write to closing transport")
-        transport.write(data)
-        if conn.write_paused:
-            await conn.drain()
+        if data:
+            await conn.write(data)
 
 
 ClientAnswer = web.StreamResponse | LeanResponse  # what a client is answered with, on either lane
@@ -321,7 +302,6 @@ class LeanConnection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # when the connection went idle (None: a request is on)
         self._reading_paused = False
-        self._route: Any = None
 
     # --- asyncio.Protocol
 
@@ -332,10 +312,7 @@ class LeanConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.server.forget(self)
-        self._cancel_idle()
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._stop_idle_timer()
         if self._request is not None:
             self._request.content.set_exception(ConnectionResetError("the client closed the connection"))
         if self._drain is not None and not self._drain.done():
@@ -350,10 +327,21 @@ class LeanConnection(asyncio.Protocol):
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
-    async def drain(self) -> None:
+    async def write(self, data: bytes) -> None:
+        """Out to the client, waiting while its socket is full (as aiohttp's writer drains)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        transport.write(data)
         if self.write_paused:
-            self._drain = asyncio.get_running_loop().create_future()
+            self._drain = self._loop.create_future()
             await self._drain
+
+    def head(self, status: int, reason: str | None, headers: CIMultiDict[str]) -> bytes:
+        """An answer's head; a `Connection: close` in it ends the connection after the answer."""
+        if headers.get("Connection", "").lower() == "close":
+            self.keep_alive = False
+        return _head(status, reason or _reason(status), headers, self.keep_alive)
 
     def data_received(self, data: bytes) -> None:
         if self._discard:
@@ -432,10 +420,11 @@ class LeanConnection(asyncio.Protocol):
         if not self._head_done:
             self._hand_over()
             return
-        request = self._lean_request()
-        if request is None:
+        taken = self._lean_request()
+        if taken is None:
             self._hand_over()
             return
+        request, route = taken
         self._cancel_idle()
         self._busy = True
         self._parser = httptools.HttpRequestParser(self)  # a fresh one: the body never goes through it
@@ -446,10 +435,11 @@ class LeanConnection(asyncio.Protocol):
             request.content.feed(body)
         if request.content._left > 0:
             self._request = request
-        self._task = self._loop.create_task(self._answer(request, self._route))
+        self._task = self._loop.create_task(self._answer(request, route))
 
-    def _lean_request(self) -> LeanRequest | None:
-        """The request, if the lean lane serves it exactly as aiohttp would; None: aiohttp's."""
+    def _lean_request(self) -> tuple[LeanRequest, Any] | None:
+        """The request and its route, if the lean lane serves it exactly as aiohttp would; None:
+        aiohttp's."""
         parser = self._parser
         if parser.get_http_version() != "1.1" or parser.should_upgrade():
             return None
@@ -483,11 +473,11 @@ class LeanConnection(asyncio.Protocol):
         route = self.server.route(raw_path, headers)
         if route is None:
             return None
-        self._route = route
         method = parser.get_method().decode("ascii")
-        return LeanRequest(
+        request = LeanRequest(
             self, self.server.app, method, raw_path, headers, length, parser.should_keep_alive()
         )
+        return request, route
 
     async def _answer(self, request: LeanRequest, route: Any) -> None:
         self.keep_alive = request.keep_alive
@@ -531,31 +521,10 @@ class LeanConnection(asyncio.Protocol):
         elif not isinstance(body, bytes | bytearray):
             raise TypeError("the lean lane answers bytes bodies only")
         headers = CIMultiDict(response.headers)
-        status = response.status
-        if must_be_empty_body(method, status):
-            if should_remove_content_length(method, status):
-                headers.popall("Content-Length", None)
-            else:
-                headers["Content-Length"] = str(len(body))  # HEAD: the length a GET would get
-            headers.popall("Transfer-Encoding", None)
-            body = b""
-        else:
-            headers["Content-Length"] = str(len(body))
-            if body:
-                headers.setdefault("Content-Type", "application/octet-stream")
-        if headers.get("Connection", "").lower() == "close":
-            self.keep_alive = False
-        reason = response.reason or _reason(status)
-        out = _head(status, reason, headers, self.keep_alive)
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("Cannot write to closing transport")
-        transport.write(out + bytes(body))
-        if self.write_paused:
-            await self.drain()
-
-    def answer_done(self) -> None:
-        """The answer's last byte is out (LeanResponse.write_eof)."""
+        headers["Content-Length"] = str(len(body))  # (HEAD keeps the length a GET would get)
+        empty, _ = _frame(headers, method, response.status)
+        head = self.head(response.status, response.reason, headers)
+        await self.write(head if empty else head + bytes(body))
 
     def _finish(self) -> None:
         self._busy = False
@@ -582,10 +551,7 @@ class LeanConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        self._cancel_idle()
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._stop_idle_timer()
         self.server.forget(self)
         handler = self.server.aiohttp_handler()
         transport.set_protocol(handler)
@@ -612,6 +578,13 @@ class LeanConnection(asyncio.Protocol):
 
     def _cancel_idle(self) -> None:
         self._idle_since = None
+
+    def _stop_idle_timer(self) -> None:
+        """The connection is no longer the lean lane's (closed, or handed to aiohttp)."""
+        self._idle_since = None
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
 
     def _idle_expired(self) -> None:
         self._idle = None
