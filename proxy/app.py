@@ -161,16 +161,18 @@ async def draining_answer(request: web.Request, route: Route) -> Answer:
     return answer
 
 
+def proxy_handler_args(settings: Settings) -> dict[str, Any]:
+    """The proxy listener's connection limits, the same on both lanes."""
+    return {"max_field_size": PROXY_MAX_FIELD_SIZE, "keepalive_timeout": settings.header_timeout_s}
+
+
 def make_proxy_app(engine: Engine) -> web.Application:
     app = web.Application(
         client_max_size=engine.settings.max_body_bytes,
         # aiohttp closes a connection that has not completed a request head within its keep-alive
         # timeout (also the idle time allowed between keep-alive requests): a slow-header client
         # (slowloris) holds a socket at most that long
-        handler_args={
-            "max_field_size": PROXY_MAX_FIELD_SIZE,
-            "keepalive_timeout": engine.settings.header_timeout_s,
-        },
+        handler_args=proxy_handler_args(engine.settings),
     )
     app[ENGINE] = engine
     app[PIPELINES] = pipelines(engine)
@@ -193,14 +195,12 @@ def proxy_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     """The proxy listener's runner: plain LLM calls on the lean HTTP/1.1 lane (proxy/lean_http.py),
     everything else on aiohttp's (the same app)."""
     engine = app[ENGINE]
-    settings = engine.settings
     return LeanAppRunner(
         app,
         handler=handle_call,
         route=lean_route(engine),
-        max_body=settings.max_body_bytes,
-        max_field_size=PROXY_MAX_FIELD_SIZE,
-        keepalive_timeout=settings.header_timeout_s,
+        max_body=engine.settings.max_body_bytes,
+        **proxy_handler_args(engine.settings),
         **kwargs,
     )
 
