@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, getcontext
 from typing import Any, NamedTuple
 
 import genai_prices
@@ -80,6 +80,26 @@ class LinearPrice:
     cache_read: Decimal
     cache_write: Decimal
     output: Decimal
+    # the coefficients as integers over one power of ten, for price_float (None: some is negative)
+    _scaled: tuple[int, int, int, int, int, int, int] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        coefficients = (self.per_call, self.uncached_input, self.cache_read, self.cache_write, self.output)
+        scaled = None
+        if all(c.is_finite() and c >= 0 for c in coefficients):
+            exponent = min(0, *(int(c.as_tuple().exponent) for c in coefficients))
+            per_call, uncached, read, write, output = (int(c.scaleb(-exponent)) for c in coefficients)
+            # Decimal's sums and products are exact while the total has at most `prec` digits
+            scaled = (
+                per_call * M_TOKENS,
+                uncached,
+                read,
+                write,
+                output,
+                10 ** (6 - exponent),
+                10 ** getcontext().prec,
+            )
+        object.__setattr__(self, "_scaled", scaled)
 
     @classmethod
     def of(cls, found: tuple[gp_types.Provider, gp_types.ModelInfo]) -> LinearPrice | None:
@@ -117,6 +137,22 @@ class LinearPrice:
         if cache_write:
             total += self.cache_write * cache_write / M_TOKENS
         return total + self.output * completion / M_TOKENS
+
+    def price_float(self, prompt: int, completion: int, cache_read: int, cache_write: int) -> float:
+        """`float(price(...))` in integers: the coefficients are decimals over one power of ten, so
+        the price is an integer over it; Python's int division rounds as `float(Decimal)` does. Where
+        Decimal would have rounded (a total past its precision), the Decimal way decides."""
+        scaled = self._scaled
+        if scaled is not None:
+            per_call, uncached, read, write, output, denominator, limit = scaled
+            total = per_call + uncached * (prompt - cache_read - cache_write) + output * completion
+            if cache_read:
+                total += read * cache_read
+            if cache_write:
+                total += write * cache_write
+            if total < limit:
+                return total / denominator
+        return float(self.price(prompt, completion, cache_read, cache_write))
 
 
 class Pricing:
@@ -272,7 +308,7 @@ class Pricing:
         completion = max(usage.completion_tokens, 0)
         linear = self._linear_of(found)
         if linear is not None:
-            return float(linear.price(prompt, completion, cache_read, cache_write))
+            return linear.price_float(prompt, completion, cache_read, cache_write)
         fields: dict[str, Any] = {"input_tokens": prompt, "output_tokens": completion}
         if cache_read:
             fields["cache_read_tokens"] = cache_read
@@ -299,7 +335,7 @@ def _linear_cost(usage: Usage, linear: LinearPrice) -> float:
     prompt = max(usage.prompt_tokens, 0)
     cache_read = min(max(usage.cached_tokens, 0), prompt)
     cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
-    return float(linear.price(prompt, max(usage.completion_tokens, 0), cache_read, cache_write))
+    return linear.price_float(prompt, max(usage.completion_tokens, 0), cache_read, cache_write)
 
 
 def load_snapshot() -> None:

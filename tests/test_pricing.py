@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import genai_prices
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.dialects.base import Usage
 from proxy.pricing import PriceQuote, Pricing, name_variants
@@ -225,6 +228,11 @@ def test_linear_prices_equal_the_packages_exact_calculation_for_every_model() ->
                 except (ValueError, ArithmeticError, LookupError):
                     continue  # the package refuses these counts for this model (e.g. no cache pricing)
                 assert fast.price(prompt, out, read, write) == exact, (provider.id, model.id, fields)
+                assert fast.price_float(prompt, out, read, write) == float(exact), (
+                    provider.id,
+                    model.id,
+                    fields,
+                )
     assert linear > 1000 and other > 0
 
 
@@ -267,3 +275,28 @@ def test_an_override_among_the_names_is_not_resolved_past() -> None:
     for _ in range(2):
         quote = pricing.cost(Usage(prompt_tokens=10**6), ("gpt-4o-mini-2024-07-18", None))
         assert (quote.cost_usd, quote.source, quote.model) == (1.0, "override", "gpt-4o-mini")
+
+
+@given(
+    coefficients=st.lists(
+        st.decimals(min_value=0, max_value=10**6, places=12, allow_nan=False, allow_infinity=False),
+        min_size=5,
+        max_size=5,
+    ),
+    prompt=st.integers(0, 10**12),
+    completion=st.integers(0, 10**12),
+    data=st.data(),
+)
+def test_a_linear_price_in_integers_equals_the_decimal_one(
+    coefficients: list[Decimal], prompt: int, completion: int, data: st.DataObject
+) -> None:
+    """price_float, the integer way, gives float(price) for any coefficients and counts: where
+    Decimal would round (a total past its 28 digits) it takes the Decimal way itself."""
+    from proxy.pricing import LinearPrice
+
+    read = data.draw(st.integers(0, prompt))
+    write = data.draw(st.integers(0, prompt - read))
+    linear = LinearPrice(*coefficients)
+    assert linear.price_float(prompt, completion, read, write) == float(
+        linear.price(prompt, completion, read, write)
+    )
