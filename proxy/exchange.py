@@ -62,8 +62,12 @@ class StreamObserver(Protocol):
     def feed(self, chunk: bytes) -> bytes: ...
 
 
-@dataclass
+@dataclass(init=False)  # see __init__
 class Exchange:
+    """One call. Its ~50 other fields start as their class-level defaults and become the
+    instance's own when a stage sets them: a call's exchange is made per request, and the
+    dataclass's generated __init__ assigned all of them."""
+
     request: web.Request
     route: Route
     body: bytes
@@ -155,6 +159,24 @@ class Exchange:
     # set by MCPProtocol.record: the TOOL_CALL event's id; read by the guards' after-stage
     tool_event_id: str | None = None
     mcp_recorded: bool = False  # set by MCPProtocol.record; ParseMCP's finish records it otherwise
+
+    def __init__(
+        self,
+        request: web.Request,
+        route: Route,
+        body: bytes,
+        started: float,
+        started_wall: float,
+        session: Session | None = None,
+    ) -> None:
+        self.request = request
+        self.route = route
+        self.body = body
+        self.started = started
+        self.started_wall = started_wall
+        self.session = session
+        self.decisions = []  # the only fields whose default is not shared: made per call
+        self.after_decisions = []
 
     @property
     def refused(self) -> bool:

@@ -712,8 +712,8 @@ class SocketRelay:
             started=time.monotonic(),
             started_wall=time.time(),
             session=session,
-            call=req,
         )
+        ex.call = req
         try:
             llm.record_tool_results(ex, self.engine)
         except Exception:

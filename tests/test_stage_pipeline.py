@@ -3,6 +3,7 @@ later request hooks but every finish runs, `fail_open` stages are skipped when t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -99,3 +100,16 @@ async def test_base_stage_hooks_do_nothing() -> None:
     ex = make_exchange()
     await Pipeline([BaseStage()]).run(ex)
     assert ex.answer is None and ex.response is None and not ex.forwarded
+
+
+def test_a_new_exchange_has_every_fields_default() -> None:
+    """Exchange's own __init__ sets only the call's inputs: every other field reads as its declared
+    default, and a default made per instance (a list) is not shared between two calls."""
+    a = Exchange(request=None, route=None, body=b"", started=0.0, started_wall=0.0)  # type: ignore[arg-type]
+    b = Exchange(request=None, route=None, body=b"", started=0.0, started_wall=0.0)  # type: ignore[arg-type]
+    for f in dataclasses.fields(Exchange):
+        if f.default_factory is not dataclasses.MISSING:
+            assert getattr(a, f.name) == f.default_factory(), f.name
+            assert getattr(a, f.name) is not getattr(b, f.name), f.name
+        elif f.default is not dataclasses.MISSING:
+            assert getattr(a, f.name) == f.default, f.name
