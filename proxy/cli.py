@@ -238,6 +238,29 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return None
 
 
+# The cyclic collector's young generation, in objects (CPython's default: 700). A call's objects
+# mostly die by reference count; a young collection walks the ones still alive, which under load
+# are those of every call in flight: at 700 it ran every ~25 calls and cost ~3 us a call at c=32
+# (gc.callbacks, thread CPU time), at 10,000 it runs ~15 times less often for the same walk.
+YOUNG_GENERATION = 10_000
+
+
+def collector_for_serving() -> None:
+    """What start-up built so far (modules, the price snapshot's few thousand models) lives as long
+    as the process: frozen out of the collector's way, so full collections do not walk it again and
+    again; and a larger young generation (YOUNG_GENERATION)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
+
+
+def freeze_startup() -> None:
+    """The listeners are up: the app, the engine and the config they built live as long as the
+    process too (a full collection walked them: ~5 ms each, several a second under load)."""
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -259,14 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     from proxy.app import serve
     from proxy.pricing import load_snapshot
 
-    # what start-up built (modules, the price snapshot's few thousand models) lives as long as the
-    # process: out of the collector's way, so its full collections do not walk it again and again
     load_snapshot()
-    gc.collect()
-    gc.freeze()
+    collector_for_serving()
     try:
         with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-            runner.run(serve(settings, argv=["tripwire", *argv]))
+            runner.run(serve(settings, argv=["tripwire", *argv], ready=freeze_startup))
     except OSError as e:  # e.g. the port is taken
         print(f"tripwire: cannot start: {e}", file=sys.stderr)
         return 1

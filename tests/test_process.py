@@ -250,3 +250,25 @@ async def test_sigterm_grace_over_cuts_streams_and_records_them(tmp_path: Path, 
     assert len(llm) == 1 and llm[0]["payload"]["status"] == "error"
     assert "shut down" in llm[0]["payload"]["error"]["message"]
     assert events[-1]["event_type"] == "RUN_END" and events[-1]["payload"]["reason"] == "shutdown"
+
+
+def test_serving_takes_startup_out_of_the_collectors_way() -> None:
+    """`serve` freezes what start-up built (before the loop, and again once listening) and widens the
+    young generation; restored afterwards, as the test process must not keep them."""
+    import gc
+
+    from proxy.cli import YOUNG_GENERATION, collector_for_serving, freeze_startup
+
+    threshold = gc.get_threshold()
+    try:
+        collector_for_serving()
+        assert gc.get_threshold() == (YOUNG_GENERATION, *threshold[1:])
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        kept = [object() for _ in range(10)], {"built": "after the first freeze"}
+        freeze_startup()
+        assert gc.get_freeze_count() > frozen
+        del kept
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
