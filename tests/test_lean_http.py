@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream
 
+pytestmark = pytest.mark.both_loops  # asyncio's loop and uvloop, which `tripwire serve` runs on
+
 CHAT = "/v1/chat/completions"
 WAIT_S = 30.0  # generous: a busy machine is slow
 
@@ -78,6 +80,12 @@ async def connect(tw: Running) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
 
 def text_of(answer: Answer) -> str:
     return str(orjson.loads(answer.body)["choices"][0]["message"]["content"])
+
+
+async def test_each_test_runs_on_the_loop_its_id_names(request: pytest.FixtureRequest) -> None:
+    # the both_loops arrangement of tests/conftest.py: [uvloop] is uvloop's Loop, not asyncio's
+    expected = "uvloop" if "[uvloop" in request.node.name else "asyncio"
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == expected
 
 
 async def test_keep_alive_calls_and_pipelined_calls_are_answered_in_order(
