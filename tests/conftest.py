@@ -74,6 +74,29 @@ def _sdk_clients_live_until_the_test_ends() -> Iterator[None]:
     del SDK_CLIENTS[start:]  # closed by the async fixtures' teardown, or now freed with the test
 
 
+# --- the lean lanes on both event loops -----------------------------------------------------------
+# `tripwire serve` runs on uvloop (proxy/cli.py), the suite on asyncio's loop. The lean listener and
+# upstream client drive asyncio.Protocol/transports directly, where the two loops differ (transport
+# classes, write buffering, close/EOF order), so a module marked `pytestmark = pytest.mark.both_loops`
+# runs each async test on both: ids end in [asyncio] / [uvloop]. pytest-asyncio asks this hook for
+# every async test (None is a usage error) and parametrises on the names returned; a single name
+# stays out of the id, so the rest of the suite keeps its ids and asyncio's loop (the loop its runner
+# makes by default).
+ASYNCIO_ONLY: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+
+
+def _both_loops() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    try:
+        import uvloop
+    except ImportError:  # not built on Windows: asyncio's loop only, as `tripwire serve` does there
+        return ASYNCIO_ONLY
+    return {**ASYNCIO_ONLY, "uvloop": uvloop.new_event_loop}
+
+
+def pytest_asyncio_loop_factories(item: pytest.Item) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return _both_loops() if item.get_closest_marker("both_loops") else ASYNCIO_ONLY
+
+
 class ProxyTestServer(TestServer):
     """The proxy app on the listener `tripwire serve` runs: plain LLM calls on the lean lane
     (proxy/lean_http.py), the rest on aiohttp's."""

@@ -6,13 +6,16 @@ client reads them (head, then a Content-Length or chunked body)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import httptools
 import orjson
 import pytest
 
-from tests.conftest import AGENT_KEY, Running, StartTripwire
-from tests.fakes import FakeUpstream
+from tests.conftest import AGENT_KEY, Running, StartTripwire, serve_fake
+from tests.fakes import FakeUpstream, Reply
+
+pytestmark = pytest.mark.both_loops  # asyncio's loop and uvloop, which `tripwire serve` runs on
 
 CHAT = "/v1/chat/completions"
 WAIT_S = 30.0  # generous: a busy machine is slow
@@ -78,6 +81,12 @@ async def connect(tw: Running) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
 
 def text_of(answer: Answer) -> str:
     return str(orjson.loads(answer.body)["choices"][0]["message"]["content"])
+
+
+async def test_each_test_runs_on_the_loop_its_id_names(request: pytest.FixtureRequest) -> None:
+    # the both_loops arrangement of tests/conftest.py: [uvloop] is uvloop's Loop, not asyncio's
+    expected = "uvloop" if "[uvloop" in request.node.name else "asyncio"
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == expected
 
 
 async def test_keep_alive_calls_and_pipelined_calls_are_answered_in_order(
@@ -207,6 +216,34 @@ async def test_an_idle_keep_alive_connection_is_closed(
     async with asyncio.timeout(WAIT_S):
         assert await reader.read() == b""  # no next request within header_timeout_s: closed
     writer.close()
+
+
+async def test_a_client_that_does_not_read_holds_the_answer_until_it_does(
+    start_tripwire: StartTripwire,
+) -> None:
+    """Write-side flow control: an answer bigger than the socket buffers fills the client's socket,
+    the transport pauses the connection's writing and the answer waits for the drain; once the
+    client reads, the answer arrives whole and the next pipelined call is answered. The two loops
+    call pause_writing / resume_writing at their own buffer levels."""
+    text = "x" * (8 << 20)
+    async with serve_fake(Reply(text=text)) as (_, url):
+        tw = await start_tripwire(upstream={"url": url})
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)  # no room to absorb the answer
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (tw.proxy.host, tw.proxy.port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(chat_request("big") + chat_request("after"))
+        server = tw.proxy.runner.server  # type: ignore[union-attr]  # the listener's LeanServer
+        for _ in range(int(WAIT_S / 0.01)):  # until the answer fills the socket and waits
+            if any(conn.write_paused for conn in server.lean_connections):
+                break
+            await asyncio.sleep(0.01)
+        assert any(conn.write_paused for conn in server.lean_connections)
+        big, after = await AnswerReader(reader).read(2)
+        writer.close()
+    assert big.status == 200 and text_of(big) == text
+    assert after.status == 200 and text_of(after) == text
 
 
 async def test_a_stream_is_relayed_chunked_and_the_connection_is_reused(

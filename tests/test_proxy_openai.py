@@ -16,6 +16,8 @@ from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import Reply
 from tests.schema import assert_run_valid
 
+pytestmark = pytest.mark.both_loops  # asyncio's loop and uvloop, which `tripwire serve` runs on
+
 
 def client(base: str, **kw: Any) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base, api_key=AGENT_KEY, max_retries=0, **kw)

@@ -25,6 +25,8 @@ from proxy import upstream_http
 from proxy.forward import retryable_error
 from proxy.upstream_http import UpstreamPool, request_bytes, ssl_context
 
+pytestmark = pytest.mark.both_loops  # asyncio's loop and uvloop, which `tripwire serve` runs on
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
