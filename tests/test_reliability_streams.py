@@ -61,7 +61,7 @@ async def raw_post(url: str, body: dict[str, Any]) -> tuple[dict[str, str], byte
 # ---- 5: answers compressed without being asked -------------------------------------------------
 
 
-@pytest.mark.parametrize("coding", ["gzip", "deflate", "deflate-raw"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "deflate-raw", "br"])
 async def test_compressed_answer_is_relayed_as_sent_and_recorded_with_its_usage(
     start_tripwire: StartTripwire, fake_upstream, coding: str
 ) -> None:
@@ -123,6 +123,36 @@ async def test_compressed_streams_are_read_for_the_trace(
     ]
     assert calls[0]["response"]["text"] == "zipped claude" and calls[2]["response"]["text"] == "zipped gpt"
     assert "usage_estimated" not in calls[2]
+
+
+async def test_a_br_stream_is_read_for_the_trace_and_compressed_again(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """Brotli, as gzip above: Anthropic's stream relayed byte for byte, Chat's rewritten stream (the
+    usage chunk Tripwire asked for removed) compressed again with br; both recorded with usage."""
+    import brotli
+
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, llm={"anthropic": {"url": url}})
+    fake.default = Reply(text="brotli claude", prompt_tokens=30, completion_tokens=5, content_encoding="br")
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 50, "messages": MESSAGES, "stream": True}
+    direct_headers, direct = await raw_post(url + "/v1/messages", body)
+    via_headers, via = await raw_post(tw.url + "/llm/anthropic/v1/messages", body)
+    assert via == direct and via_headers["Content-Encoding"] == "br"
+    assert b"message_stop" in brotli.decompress(via)
+    fake.default = Reply(text="brotli gpt", prompt_tokens=20, completion_tokens=4, content_encoding="br")
+    kw: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    direct_chunks = [c.model_dump() async for c in await oai(url).chat.completions.create(**kw)]
+    via_chunks = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**kw)]
+    assert via_chunks == direct_chunks
+    assert "".join(c["choices"][0]["delta"]["content"] or "" for c in via_chunks) == "brotli gpt"
+    await tw.flush()
+    calls = llm_calls(tw.events())
+    assert [(p["status"], p["usage"]["total_tokens"], p["response"]["text"]) for p in calls] == [
+        ("ok", 35, "brotli claude"),
+        ("ok", 24, "brotli gpt"),
+    ]
+    assert "usage_estimated" not in calls[1]
 
 
 def test_tap_decodes_for_the_observer_and_relays_the_bytes() -> None:
