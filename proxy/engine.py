@@ -75,6 +75,8 @@ class Engine:
         self.admin_token = settings.admin_token
         self.draining = False
         self.inflight = 0
+        # the relayed WebSockets (proxy/websocket.py SocketRelay): drain cuts their answers too
+        self.sockets: set[Any] = set()
         self._idle_drained = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
@@ -111,7 +113,7 @@ class Engine:
                 await asyncio.wait_for(self._idle_drained.wait(), grace_s)
         if self.inflight:
             # grace is over: cut the streams (their clients see them end abnormally); each call records itself
-            cut = self.forwarder.abort_all()
+            cut = self.forwarder.abort_all() + sum(relay.cut_for_drain() for relay in list(self.sockets))
             log.warning("drain grace over: cutting %d stream(s) still open", cut)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle_drained.wait(), DRAIN_FINISH_S)

@@ -130,6 +130,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     except ImportError:
         _brotli = None
 
+# what a call cut when the drain's grace ran out records as why its answer ended short
+DRAIN_CUT_REASON = "Tripwire shut down before the answer ended (drain grace over)"
+
 # decoded output is handed to the observer in pieces of at most this size (a small compressed
 # chunk can expand a thousandfold; the observer's memory must not follow)
 DECODE_PIECE = 256 * 1024
@@ -426,7 +429,7 @@ class Forwarder:
         if ex.drain_aborted:
             ex.stream_complete = False
             ex.upstream_error = None
-            ex.incomplete_reason = "Tripwire shut down before the answer ended (drain grace over)"
+            ex.incomplete_reason = DRAIN_CUT_REASON
 
     @staticmethod
     def _hung_up(ex: Exchange) -> None:

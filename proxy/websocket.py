@@ -49,7 +49,7 @@ from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import dialect_name, openai_responses
 from proxy.dialects.contract import Accumulator
 from proxy.exchange import Answer, Exchange
-from proxy.forward import json_error, request_headers, response_headers
+from proxy.forward import DRAIN_CUT_REASON, json_error, request_headers, response_headers
 from proxy.pipeline import BaseStage, Pipeline
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
@@ -370,6 +370,7 @@ class SocketRelay:
         self.upstream_lock = asyncio.Lock()
         self.closing = False
         self.end_reason = "the WebSocket closed before the answer ended"
+        self.cutting: asyncio.Task[None] | None = None  # the drain's close (cut_for_drain)
 
     # --- running -----------------------------------------------------------------------------
 
@@ -402,6 +403,17 @@ class SocketRelay:
             tasks = [c.task for c in self.calls if c.task is not None]
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def cut_for_drain(self) -> int:
+        """The drain's grace is over: the answers still arriving end as HTTP streams are cut (the
+        client's socket closes with 1001, going away, before their terminal events) and are recorded
+        as incomplete. Returns how many answers were cut."""
+        open_calls = [call for call in self.calls if not call.done.done()]
+        for call in open_calls:
+            call.settle(reason=DRAIN_CUT_REASON)
+        if open_calls and not self.closing:
+            self.cutting = asyncio.create_task(self.close_both(1001, "Tripwire is shutting down"))
+        return len(open_calls)
 
     async def shut(self) -> None:
         """Both sockets closed, whatever happened."""
@@ -830,5 +842,9 @@ async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pi
         raise
     pipeline = socket_pipeline(http_pipeline, engine) if responses else None
     relay = SocketRelay(engine, request, route, client, up, pipeline, post_view)
-    await relay.run()
+    engine.sockets.add(relay)
+    try:
+        await relay.run()
+    finally:
+        engine.sockets.discard(relay)
     return client

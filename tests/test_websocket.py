@@ -599,3 +599,34 @@ async def test_a_shared_state_outage_under_fail_closed_is_an_error_event_and_the
         events = await until_done(ws)
     assert events[-1]["type"] == "response.completed"
     assert len(fake.ws_messages) == 1
+
+
+async def test_drain_grace_over_cuts_an_answer_still_arriving(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """SIGTERM's drain waits its grace for a socket's answer in flight, then cuts it as it cuts an
+    HTTP stream: the client's socket closes (1001, going away) before the terminal event, and the
+    call is recorded as incomplete (status error), so the drain ends and the run can close."""
+    fake, url = fake_upstream
+    resume = asyncio.Event()
+    fake.replies = [Reply(text="never finished", pause_after_events=1, resume=resume)]
+    tw = await start_tripwire(upstream={"url": url})
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(tw.url + "/v1/responses", headers=auth()) as ws,
+        ):
+            await ws.send_str(create(input="go"))
+            assert (await next_json(ws))["type"] == "response.created"
+            await asyncio.wait_for(tw.engine.drain(0.05), EVENT_WAIT_S)
+            assert tw.engine.inflight == 0
+            end = await asyncio.wait_for(ws.receive(), EVENT_WAIT_S)
+    finally:
+        tw.engine.draining = False
+        resume.set()
+    assert end.type == WSMsgType.CLOSE and end.data == 1001
+    _, events = await one_run(tw)
+    (call,) = of_type(events, "LLM_CALL")
+    assert call["payload"]["status"] == "error"
+    assert call["payload"]["error"]["error_type"] == "Incomplete"
+    assert "drain grace over" in call["payload"]["error"]["message"]
