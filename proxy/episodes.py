@@ -150,7 +150,9 @@ _BODY_FIELD: dict[Callable[[Mapping[str, str], dict[str, Any]], str | None], str
 }
 
 
-def _where(extract: Callable[[Mapping[str, str], dict[str, Any]], str | None]) -> tuple[str | None, str | None]:
+def _where(
+    extract: Callable[[Mapping[str, str], dict[str, Any]], str | None],
+) -> tuple[str | None, str | None]:
     """(the header, the top-level body field) an extractor finds nothing without (None: unknown)."""
     if isinstance(extract, _header):
         return extract.name, None
