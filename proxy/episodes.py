@@ -249,9 +249,8 @@ def call_digests(call: Any) -> Walked:
 PRIOR = "prior"  # memo key: the kept request a call's messages were proven to continue (or None)
 
 
-def find_prior(messages: list[Any]) -> Walked | None:
-    """The kept earlier request `messages` continues, for the parse stage (proxy/history.py)."""
-    return RECENT.find(messages)
+# the kept earlier request a request's messages continue, for the parse stage (proxy/history.py)
+find_prior = RECENT.find
 
 
 def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:

@@ -106,7 +106,7 @@ class SessionBudget:
 
         `reserve_anyway` (shadow mode): the call goes on whatever was decided, so it reserves too.
         """
-        refusal = self._refusal(kind, now)
+        refusal = self._refusal(kind, now) if self._limited else None  # (nothing set: nothing refuses)
         if refusal is not None and not reserve_anyway:
             return refusal, None
         res = Reservation(

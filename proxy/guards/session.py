@@ -127,7 +127,8 @@ class SessionGuards:
         decisions = self.loop.check_llm_history(
             steps, turn_start, tool_results, now, event_ids, reading=reading, read_from=read_from
         )
-        self.budget.count_history_tool_calls(self.loop.new_history_calls)
+        if self.loop.new_history_calls:
+            self.budget.count_history_tool_calls(self.loop.new_history_calls)
         return self._admit("llm", decisions, estimate_usd, estimate_tokens, now)
 
     def after_llm_call(
