@@ -214,10 +214,12 @@ class Engine:
         `run_id`: the run the shared state says the session is (several replicas)."""
         now = time.monotonic()
         sessions = self.sessions
+        current = sessions.match(agent, explicit_id, episode)
+        live = sessions.take_live(current, explicit_id, episode, now) if run_id is None else None
+        if live is not None:
+            return live  # (most calls: a live session goes on)
         # matched once: `lookup` takes expire's match unless expire forgot the session it found
-        expired, matched = sessions.expire_matched(
-            sessions.match(agent, explicit_id, episode), now, run_id=run_id
-        )
+        expired, matched = sessions.expire_matched(current, now, run_id=run_id)
         if expired is not None:
             self.end_session(expired, status="ok", reason="idle_timeout")
         opened = sessions.lookup(

@@ -150,23 +150,34 @@ _BODY_FIELD: dict[Callable[[Mapping[str, str], dict[str, Any]], str | None], str
 }
 
 
+def _where(
+    extract: Callable[[Mapping[str, str], dict[str, Any]], str | None],
+) -> tuple[str | None, str | None]:
+    """(the header, the top-level body field) an extractor finds nothing without (None: unknown)."""
+    if isinstance(extract, _header):
+        return extract.name, None
+    if isinstance(extract, body_field):
+        return None, extract.name
+    return None, _BODY_FIELD.get(extract)
+
+
+# EXTRACTORS as `announced` reads them, with where each one looks worked out once
+_PLAN = tuple((source, *_where(extract), extract) for source, extract in EXTRACTORS)
+
+
 def announced(headers: Mapping[str, str], body: dict[str, Any] | None) -> tuple[str, str] | None:
     """(source, id) of the first extractor that finds an episode id in the request, else None.
 
     Most requests announce nothing: an extractor whose header or body field is absent is skipped
     without being called."""
     body = body if isinstance(body, dict) else {}
-    for source, extract in EXTRACTORS:
-        if isinstance(extract, _header):
-            if headers.get(extract.name) is None:
+    get = headers.get
+    for source, header, field_name, extract in _PLAN:
+        if header is not None:
+            if get(header) is None:
                 continue
-        elif isinstance(extract, body_field):
-            if extract.name not in body:
-                continue
-        else:
-            field_name = _BODY_FIELD.get(extract)
-            if field_name is not None and field_name not in body:
-                continue
+        elif field_name is not None and field_name not in body:
+            continue
         try:
             value = extract(headers, body)
         except Exception:  # a malformed field names no episode; never fail the call over it
@@ -238,9 +249,8 @@ def call_digests(call: Any) -> Walked:
 PRIOR = "prior"  # memo key: the kept request a call's messages were proven to continue (or None)
 
 
-def find_prior(messages: list[Any]) -> Walked | None:
-    """The kept earlier request `messages` continues, for the parse stage (proxy/history.py)."""
-    return RECENT.find(messages)
+# the kept earlier request a request's messages continue, for the parse stage (proxy/history.py)
+find_prior = RECENT.find
 
 
 def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:
@@ -262,13 +272,13 @@ def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) 
         return Episode(announced=found[1], source=found[0])
     if getattr(call, "dialect", None) not in CONVERSATIONAL:
         return NO_CONVERSATION
+    history = call_digests(call).lineage
     previous = getattr(call, "previous_response_id", None)
-    episode = Episode(
-        history=tuple(call_digests(call).lineage[1:]),
-        previous_response_id=previous if isinstance(previous, str) and previous else None,
-    )
-    # an empty conversation (an unreadable body judged without its history) continues nothing
-    return episode if episode.has_lineage else NO_CONVERSATION
+    previous = previous if isinstance(previous, str) and previous else None
+    if len(history) < 2 and previous is None:
+        # an empty conversation (an unreadable body judged without its history) continues nothing
+        return NO_CONVERSATION
+    return Episode(None, None, tuple(history[1:]), previous)
 
 
 def for_mcp(headers: Mapping[str, str]) -> Episode:

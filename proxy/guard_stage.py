@@ -43,13 +43,14 @@ log = logging.getLogger("tripwire.guards")
 def session_guards(engine: Engine, session: Session, now: float) -> SessionGuards:
     """The session's guards under the config in force now (an admin API change applies to the next call)."""
     config = engine.guard_config(session.agent)
-    if session.guards is None:
-        session.guards = SessionGuards(config, started_at=session.started_mono)
+    guards: SessionGuards | None = session.guards
+    if guards is None:
+        guards = session.guards = SessionGuards(config, started_at=session.started_mono)
         # RUN_START was written before the session had guards: it counts toward max_events
-        session.guards.budget.count_event()
-    else:
-        session.guards.configure(config)
-    return session.guards
+        guards.budget.count_event()
+    elif config is not guards.config:  # (the same object on almost every call)
+        guards.configure(config)
+    return guards
 
 
 def token_estimate(ex: Exchange) -> int:
@@ -196,7 +197,7 @@ class GuardStage(BaseStage):
             config_rev=guards.config_rev,
             config_recorded=session.conversation.configs_recorded,
         )
-        fields["decisions"] = guard_trace.decision_list(verdict.decisions)
+        fields["decisions"] = guard_trace.decision_list(verdict.decisions) if verdict.decisions else []
         return guard_trace.GuardTrace(verdict.call_seq, fields, guards, session.started_mono)
 
     def write_findings(self, ex: Exchange, verdict: Verdict) -> None:

@@ -96,6 +96,9 @@ def parse_snapshot(raw: bytes, where: str) -> tuple[GuardConfig | None, dict[str
     return project, agents
 
 
+_EFFECTIVE_LIMIT = 4096  # agents whose config in force is kept (a name is any header value)
+
+
 class GuardConfigStore:
     """Project default and agent overrides, static and API-set; sync, thread-safe, tiny."""
 
@@ -114,14 +117,26 @@ class GuardConfigStore:
         # with shared state (several replicas): what shares the API values after each API write
         self.publisher: Callable[[GuardConfig | None, dict[str, GuardConfig]], Awaitable[None]] | None = None
         self._load()
+        # agent -> `effective(agent)`, until the next write
+        self._effective: dict[str, tuple[GuardConfig, bool]] = {}
 
     # --- reads -------------------------------------------------------------------------------
 
     def effective(self, agent: str) -> tuple[GuardConfig, bool]:
-        """The config the agent's next call uses, and whether it is an agent override."""
-        return effective_config(
-            agent, self._static_default, self._static_agents, self._api_project, self._api_agents
-        )
+        """The config the agent's next call uses, and whether it is an agent override.
+
+        Asked on every call: kept per agent until the next write (an override inheriting the
+        project's `shadow` is then one object, not a copy per call the guards compare field by field)."""
+        kept = self._effective  # (a write replaces the dict: a read racing it fills the old one)
+        found = kept.get(agent)
+        if found is None:
+            found = effective_config(
+                agent, self._static_default, self._static_agents, self._api_project, self._api_agents
+            )
+            if len(kept) >= _EFFECTIVE_LIMIT:
+                kept.clear()
+            kept[agent] = found
+        return found
 
     def project(self) -> GuardConfig:
         """The project default in force (API value, else the static one)."""
@@ -190,6 +205,7 @@ class GuardConfigStore:
         read-only disk) changes nothing, so the caller's error answer tells the truth."""
         self._write(snapshot_bytes(project, agents))
         self._api_project, self._api_agents = project, agents
+        self._effective = {}
 
     def _write(self, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

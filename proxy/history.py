@@ -59,12 +59,9 @@ class Walked:
         "parsed",
         "sent",
         "lineage",
-        "_count",
+        "tokens",
         "_forked",
         "_h",
-        "_start",
-        "_prior_tokens",
-        "_tokens",
     )
 
     def __init__(
@@ -76,30 +73,30 @@ class Walked:
     ) -> None:
         self.messages = messages
         self.parsed: Any = None  # the dialect's reading of these messages (dialects.base.ParseState)
-        self._count = count
         self._forked: Any = None  # the lineage chain's hasher, once it differs from the sent one
         if prior is None:
-            h = _EMPTY.copy()
             self.sent = [_EMPTY_DIGEST]
             self.lineage = self.sent
-            self._h = h
-            start = 0
-            self._prior_tokens: int | None = 0
+            self._h = _EMPTY.copy()
+            self.tokens = 0  # the sum of `count` over the messages, each counted in the same walk
+            new = messages
         else:  # the prior request's messages are this one's first ones: go on from there
-            start = len(prior.messages)
             self.sent = prior.sent[:]
             self.lineage = self.sent if prior.lineage is prior.sent else prior.lineage[:]
             self._h = prior._h.copy()
             self._forked = prior._forked.copy() if prior._forked is not None else None
-            self._prior_tokens = prior._tokens
-        self._start = start
-        self._tokens: int | None = None
-        self._extend(messages[start:], normalise)
+            self.tokens = prior.tokens
+            new = messages[len(prior.messages) :]
+        self._extend(new, normalise, count)
 
-    def _extend(self, new: list[Any], normalise: Callable[[Any], Any]) -> None:
+    def _extend(self, new: list[Any], normalise: Callable[[Any], Any], count: Callable[[Any], int]) -> None:
+        """Digest and count each new message: one walk for the lineage, the prompt delta and the
+        prompt's token estimate (each message counted once across the calls that resend it)."""
         h, forked, sent, lineage = self._h, self._forked, self.sent, self.lineage
         update, digest, dumps = h.update, h.digest, orjson.dumps
+        tokens = self.tokens
         for message in new:
+            tokens += count(message)
             normalised = normalise(message)
             if forked is None and normalised is not message:
                 # the first message lineage sees differently (an Anthropic cache_control marker)
@@ -117,18 +114,7 @@ class Walked:
                 forked.update(_size(raw))
                 forked.update(raw)
                 lineage.append(forked.digest())
-        self._forked, self.lineage = forked, lineage
-
-    @property
-    def tokens(self) -> int:
-        """The sum of `count` over the messages (each counted once across the calls that resend it)."""
-        if self._tokens is None:
-            start, base = self._start, self._prior_tokens
-            if base is None:  # the prior request never needed its count
-                start, base = 0, 0
-            messages = self.messages
-            self._tokens = base + sum(map(self._count, messages[start:] if start else messages))
-        return self._tokens
+        self._forked, self.lineage, self.tokens = forked, lineage, tokens
 
 
 class Find:

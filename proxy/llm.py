@@ -469,7 +469,13 @@ class ToolResultsStage(BaseStage):
         self.engine = engine
 
     async def request(self, ex: Exchange) -> None:
-        if isinstance(ex.protocol, LLMProtocol) and ex.session is not None:
+        session = ex.session
+        # a result completes a call an earlier answer asked for: with none pending, nothing to do
+        if (
+            session is not None
+            and session.conversation.pending_tool_calls
+            and isinstance(ex.protocol, LLMProtocol)
+        ):
             record_tool_results(ex, self.engine)
 
 

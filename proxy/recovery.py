@@ -110,6 +110,8 @@ class MaxTokensRecoveryStage(BaseStage):
         return body
 
     async def request(self, ex: Exchange) -> None:
+        if self.engine.settings.max_tokens_recovery <= 0:
+            return  # off (the default)
         original = self.eligible(ex)
         protocol = ex.protocol
         if original is None or protocol is None:

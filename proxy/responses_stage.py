@@ -21,7 +21,7 @@ RESPONSES = "openai_responses"
 
 
 def is_responses(ex: Exchange) -> bool:
-    return not is_tool_call(ex) and getattr(ex.call, "dialect", None) == RESPONSES
+    return getattr(ex.call, "dialect", None) == RESPONSES and not is_tool_call(ex)
 
 
 class ResponsesChainStage(BaseStage):

@@ -162,6 +162,25 @@ class SessionManager:
         recent = self._recent.get(agent)
         return next(reversed(recent.values())) if recent else None
 
+    def take_live(
+        self, current: Session | None, explicit_id: str | None, episode: Episode | None, now: float
+    ) -> Session | None:
+        """The session `match` found, taking the call at once when it is live (most calls): not
+        idle, ended or terminated, nor an explicit session refused by key. What `expire_matched`
+        and then `lookup` conclude for such a session (it goes on, the call attached), without
+        their general path; None: ask them."""
+        if (
+            current is None
+            or current.terminated
+            or current.ended
+            or (current.inflight == 0 and now - current.last_seen >= self.idle_timeout_s)
+            or (explicit_id is not None and (current.agent, explicit_id) in self._terminated_explicit)
+        ):
+            return None
+        current.last_seen = now
+        self._attach(current, episode or NO_CONVERSATION)
+        return current
+
     def lookup(
         self,
         agent: str,

@@ -157,3 +157,22 @@ def test_an_override_that_omits_shadow_inherits_the_projects_across_a_restart(tm
         assert s.effective("yaml-agent")[0].shadow is True  # a static override omits it too
     store.put_project(config_from_body(LANGSIGHT_BODY))
     assert store.effective("quiet")[0].shadow is False
+
+
+def test_the_config_in_force_is_one_object_per_agent_until_a_write(tmp_path: Path) -> None:
+    """Asked on every call, `effective` keeps its answer per agent (an override inheriting the
+    project's shadow is the same copy each time) and every write puts the new one in force."""
+    store = make(tmp_path)
+    store.put_agent("inherits", GuardConfig(budget=BudgetConfig(max_cost_usd=0.5)))
+    store.put_project(GuardConfig(shadow=True))
+    first = store.effective("inherits")
+    assert first[0].shadow and store.effective("inherits") is first
+    store.put_project(GuardConfig(shadow=False))
+    assert not store.effective("inherits")[0].shadow
+    assert store.effective("anyone")[0] == GuardConfig(shadow=False)
+    store.delete_agent("inherits")
+    assert store.effective("inherits") == (GuardConfig(shadow=False), False)
+    store.delete_project()
+    assert store.effective("inherits") == (STATIC, False)
+    store.replace_api(None, {"inherits": STATIC_AGENT})
+    assert store.effective("inherits") == (STATIC_AGENT, True)

@@ -219,3 +219,44 @@ def test_the_first_conversation_adopts_a_run_that_had_only_calls_with_no_convers
     m2 = mgr()
     tools, _ = m2.lookup("a", None, now=0, wall=0)
     assert m2.lookup("a", None, now=1, wall=0, episode=said("e1"))[0] is not tools
+
+
+def test_take_live_goes_on_exactly_where_lookup_would_go_on_with_the_same_session() -> None:
+    """The engine's short way for a live session: it takes the call (attached, clock moved) where
+    `lookup` answers (that session, not created), and leaves every other case to `lookup`."""
+    history = Episode(history=history_digests([{"role": "user", "content": "hi"}]))
+
+    def both(setup: object, explicit: str | None, now: float) -> tuple[bool, object]:
+        fast, slow = mgr(), mgr()
+        first = []
+        for m in (fast, slow):
+            s, _ = m.lookup("a", explicit, now=0, wall=0, episode=history)
+            setup(m, s)  # type: ignore[operator]
+            first.append(s)
+        current = fast.match("a", explicit, history)
+        took = fast.take_live(current, explicit, history, now) is not None
+        opened = slow.lookup("a", explicit, now=now, wall=0, episode=history)
+        went_on = not isinstance(opened, Refused) and opened == (first[1], False)
+        if took:
+            assert current is first[0] and current.last_seen == now
+            if explicit is None:  # (explicit sessions keep no lineage)
+                assert fast._by_history == {("a", history.history[-1]): current}
+        return took, went_on
+
+    def nothing(m: SessionManager, s: object) -> None: ...
+
+    def terminated(m: SessionManager, s: object) -> None:
+        m.terminate(s, now=0)  # type: ignore[arg-type]
+
+    def ended(m: SessionManager, s: object) -> None:
+        s.ended = True  # type: ignore[attr-defined]
+
+    def in_flight(m: SessionManager, s: object) -> None:
+        s.inflight = 1  # type: ignore[attr-defined]
+
+    for explicit in (None, "x"):
+        assert both(nothing, explicit, 10) == (True, True)
+        assert both(in_flight, explicit, 1000) == (True, True)  # in flight: alive past the timeout
+        assert both(nothing, explicit, 1000) == (False, False)  # idle: lookup starts a new run
+        assert both(terminated, explicit, 10)[0] is False
+        assert both(ended, explicit, 10)[0] is False

@@ -92,13 +92,15 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
             turn_start = len(steps)
     options = body.get("stream_options")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    temperature = body.get("temperature")
+    model = body.get("model")
     return LLMRequest(
         dialect=DIALECT,
-        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        model=model if isinstance(model, str) else None,
         stream=body.get("stream") is True,
         messages=messages,
-        temperature=as_float(body.get("temperature")),
-        max_tokens=as_int(max_tokens) or None,
+        temperature=as_float(temperature) if temperature is not None else None,
+        max_tokens=(as_int(max_tokens) or None) if max_tokens is not None else None,
         tool_results=results,
         steps=steps,
         turn_start=turn_start,

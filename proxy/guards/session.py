@@ -28,7 +28,7 @@ from proxy.guards.loop import HistoryCall, HistoryResults, LoopDetector
 CYCLE_EVENTS = frozenset({EventType.LLM_CALL, EventType.TOOL_CALL})
 
 
-@dataclass
+@dataclass(slots=True)
 class Verdict:
     """Everything the guards concluded about one call before it is forwarded."""
 
@@ -127,7 +127,8 @@ class SessionGuards:
         decisions = self.loop.check_llm_history(
             steps, turn_start, tool_results, now, event_ids, reading=reading, read_from=read_from
         )
-        self.budget.count_history_tool_calls(self.loop.new_history_calls)
+        if self.loop.new_history_calls:
+            self.budget.count_history_tool_calls(self.loop.new_history_calls)
         return self._admit("llm", decisions, estimate_usd, estimate_tokens, now)
 
     def after_llm_call(
@@ -195,8 +196,15 @@ class SessionGuards:
     ) -> Verdict:
         self.calls_seen += 1
         shadow = self.config.in_shadow
+        if not decisions:  # nothing fired on the call itself (most calls): the budget alone decides
+            decision, reservation = self.budget.check(
+                kind, estimate_usd, now, estimate_tokens=estimate_tokens, reserve_anyway=shadow
+            )
+            if decision is ALLOW or decision.action is Action.ALLOW:
+                return Verdict([], reservation, self.calls_seen, shadow)
+            return Verdict(self._count([decision]), reservation, self.calls_seen, shadow)
         verdict = Verdict(list(decisions), None, self.calls_seen, shadow)
-        if decisions and verdict.refused and not shadow:
+        if verdict.refused and not shadow:
             # refused by a loop guard: the budget still says whether it would have stopped it too,
             # without reserving anything
             refusal = self.budget.refusal(kind, now)
