@@ -114,8 +114,7 @@ class LLMProtocol:
         call: LLMRequest = ex.call
         prompt = self.prompt_tokens(call)
         completion = call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
-        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-        return self.engine.pricing.estimate(usage, [call.model])
+        return self.engine.pricing.estimate_tokens(prompt, completion, call.model)
 
     def after_forward(self, ex: Exchange) -> None:
         result = llm_result(ex)

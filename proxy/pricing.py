@@ -266,6 +266,15 @@ class Pricing:
             rates = self._rates[key] = (per_in, per_out)
         return _per_million(usage.prompt_tokens, usage.completion_tokens, rates)
 
+    def estimate_tokens(self, prompt_tokens: int, completion_tokens: int, model: str | None) -> float:
+        """`estimate()` of one model's counts, as a call's reservation asks it: its cache key is
+        the name itself, so a known model's estimate builds nothing."""
+        rates = self._rates.get(model or "")
+        if rates is None:
+            usage = Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+            return self.estimate(usage, [model])
+        return _per_million(prompt_tokens, completion_tokens, rates)
+
     def _candidate_names(self, models: Sequence[str | None], names: list[str]) -> list[str]:
         """Every name to try, in order: each model, then its variants (name_variants)."""
         key = tuple(models)

@@ -191,6 +191,16 @@ def test_estimate_matches_the_exact_price_for_linear_models() -> None:
     )
 
 
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "claude-sonnet-4-5", "never-heard-of-it", None])
+def test_estimate_tokens_is_estimate_of_one_model(model: str | None) -> None:
+    """The reservation's form: the same number as estimate(), on the first call (rates not yet
+    cached) and on later ones (cached under the model's name)."""
+    p = Pricing()
+    usage = Usage(prompt_tokens=1234, completion_tokens=567, total_tokens=1801)
+    first = p.estimate_tokens(1234, 567, model)
+    assert first == p.estimate(usage, [model]) == p.estimate_tokens(1234, 567, model) > 0
+
+
 def test_linear_prices_equal_the_packages_exact_calculation_for_every_model() -> None:
     """The cached coefficients (LinearPrice) give the package's own Decimal result, to the last digit,
     for every linear model of the snapshot; tiered and dated models keep the package's calculation."""
