@@ -53,29 +53,21 @@ class GuardTrace:
     settled_at: float | None = None
     settle: dict[str, Any] = field(default_factory=dict)
 
-    def settle_now(self, now: float) -> float:
-        """Take this answer's rank among the session's settled answers; returns the `now` to settle at.
-
-        Called when the call's event is written; the guards settle it right after, on the same tick,
-        so the ranks are the order the guards saw the answers in.
-        """
-        if self.rank is None:
-            self.rank = self.guards.next_settle()
-            self.settled_at = now
-        assert self.settled_at is not None
-        return self.settled_at
-
-    def payload(self, max_field_bytes: int | None = None) -> dict[str, Any]:
+    def payload(
+        self, max_field_bytes: int | None = None, into: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The fields the call's event carries; with `max_field_bytes`, already as `sanitize` makes
-        them where they sit in the event's payload (the recorder then keeps them as they are)."""
+        them where they sit in the event's payload (the recorder then keeps them as they are).
+        `into`: the event's payload being built, which gets them in place of a dict of their own."""
         settled = self.rank is not None and self.settled_at is not None
+        out: dict[str, Any] = {} if into is None else into
         if max_field_bytes is None:
             if settled:  # (one dict built, in the same order)
                 t_end = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
                 guard_input = {**self.fields, "rank": self.rank, "t_end": t_end, **self.settle}
             else:
                 guard_input = dict(self.fields)
-            out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
+            out["call_seq"] = self.call_seq
         else:
             m = max_field_bytes
             guard_input = sanitized_fields(self.fields, m)
@@ -85,10 +77,8 @@ class GuardTrace:
                 for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
                     guard_input[key] = value if type(value) in PLAIN else sanitize(value, m, 2)
             call_seq = self.call_seq
-            out = {
-                "call_seq": call_seq if type(call_seq) is int else sanitize(call_seq, m, 1),
-                "guard_input": guard_input,
-            }
+            out["call_seq"] = call_seq if type(call_seq) is int else sanitize(call_seq, m, 1)
+        out["guard_input"] = guard_input
         if "sig" in self.fields:
             out["args_fingerprint"] = guard_input["sig"]
         if "res" in self.settle:
@@ -239,32 +229,43 @@ def settle_fields_llm(cost_usd: float, tokens: int) -> dict[str, Any]:
     return {"cost": cost_usd, "tokens": tokens}
 
 
-def call_fields(ex: Any, max_field_bytes: int | None = None) -> dict[str, Any]:
+def call_fields(
+    ex: Any, max_field_bytes: int | None = None, into: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The guard fields of a call's event (LLM_CALL / TOOL_CALL), written when it is recorded
-    (with `max_field_bytes`: already sanitised, see GuardTrace.payload).
+    (with `max_field_bytes`: already sanitised, see GuardTrace.payload; `into`: added to the
+    event's payload being built).
 
     Takes the call's settle rank now: the guard stage settles it right after, with these values.
     """
     trace: GuardTrace | None = ex.guard_trace
     if trace is None:
-        return {}
+        return {} if into is None else into
     mark_settled(ex, trace, time.monotonic())
-    return trace.payload(max_field_bytes)
+    return trace.payload(max_field_bytes, into)
 
 
 def mark_settled(ex: Any, trace: GuardTrace, now: float) -> float:
-    """Rank the answer (once) and note what the guards are told of it; returns the `now` to use."""
-    first = trace.rank is None
-    now = trace.settle_now(now)
-    if not first:
-        return now
-    if ex.refused or not ex.forwarded:
-        trace.settle["released"] = True  # it never reached the upstream: its reservation goes back
+    """Rank the answer (once) and note what the guards are told of it; returns the `now` to settle at.
+
+    The rank is the answer's place among the session's settled answers, taken when the call's
+    event is written; the guards settle it right after, on the same tick, so the ranks are the
+    order the guards saw the answers in.
+    """
+    if trace.rank is not None:  # ranked already (the event was written): the guards settle it now
+        assert trace.settled_at is not None
+        return trace.settled_at
+    trace.rank = trace.guards.next_settle()
+    trace.settled_at = now
+    settle = trace.settle
+    if not ex.forwarded:  # (refused, or never sent) it never reached the upstream: its reservation goes back
+        settle["released"] = True
     elif trace.fields.get("kind") == "tool":
         result = ex.result
         failed = result is not None and result.status == "error"
         fingerprint = (result.fingerprint or "") if result is not None else ""
-        trace.settle.update(settle_fields_tool(fingerprint, result.error_text if failed else None))
-    else:
-        trace.settle.update(settle_fields_llm(float(ex.cost_usd), int(ex.tokens)))
+        settle.update(settle_fields_tool(fingerprint, result.error_text if failed else None))
+    else:  # settle_fields_llm's, set in place
+        settle["cost"] = float(ex.cost_usd)
+        settle["tokens"] = int(ex.tokens)
     return now

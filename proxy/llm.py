@@ -540,16 +540,47 @@ def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
     return value
 
 
+# The names an LLM_CALL repeats from call to call of a session (the models, the upstream, the
+# endpoint, the stop reason, the agent and the session id), as sanitize makes them: remembered by
+# value, so a session's calls clean them once instead of a sanitize call each per event. Bounded:
+# at _NAMES_KEPT sets it starts over; a set with a long value (or not a str) is cleaned every
+# time, not kept.
+_NAMES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_NAMES_KEPT = 1024
+_NAME_CHARS = 256
+
+
+def clean_names(names: tuple[Any, ...], max_field_bytes: int) -> tuple[Any, ...]:
+    """`sanitize(name, max_field_bytes, 1)` of each of `names` (see _NAMES)."""
+    key = (max_field_bytes, *names)
+    try:
+        found = _NAMES.get(key)
+    except TypeError:  # not a name (an unhashable value): cleaned as anything else
+        return tuple([sanitize(v, max_field_bytes, 1) for v in names])
+    if found is None:
+        found = tuple([sanitize(v, max_field_bytes, 1) for v in names])
+        # (only strs and None: 1, 1.0 and True are equal keys whose cleaned values differ)
+        if all(v is None or (type(v) is str and len(v) <= _NAME_CHARS) for v in names):
+            if len(_NAMES) >= _NAMES_KEPT:
+                _NAMES.clear()
+            _NAMES[key] = found
+    return found
+
+
+_INTS = frozenset({int})
+
+
 def llm_call_payload(
     ex: Exchange, prompt: list[Any], max_field_bytes: int | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The LLM_CALL's payload and meta, in the trace's field order.
 
     With `max_field_bytes`, built already as `sanitize` would make them (each value sanitised in
-    place, at the depth it has in the event), so the recorder takes them as they are: one pass, not
-    a build and then a walk. The payload's own keys are fixed names, none secret-named
-    (tests/test_stage_record.py). Without, the values are the call's own (record_content: false
-    strips the payload before sanitising it).
+    place, at the depth it has in the event; the names a session repeats cleaned once, see
+    clean_names), so the recorder takes them as they are: one pass, not a build and then a walk.
+    The payload's own keys are fixed names, none secret-named (tests/test_stage_record.py).
+    Without, the values are the call's own (record_content: false strips the payload before
+    sanitising it).
     """
     session = ex.session
     call: LLMRequest = ex.call
@@ -560,40 +591,49 @@ def llm_call_payload(
     m = max_field_bytes or 0
     plain = PLAIN  # numbers, bools and None: sanitize keeps them as they are, so they skip it
     usage = result.usage
+    names = (
+        result.model or call.model or "unknown",
+        call.model,
+        ex.route.upstream,
+        call.dialect,
+        result.stop_reason,
+        session.agent,
+        session.session_id,
+    )
+    if max_field_bytes is not None:
+        names = clean_names(names, max_field_bytes)
+    model, request_model, upstream, endpoint, stop_reason, agent, session_id = names
     ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
     tool_calls = [
         {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
         for tc in result.tool_calls
     ]
     counts = usage_dict(usage)  # Tripwire's own keys, none secret-named
-    if not all(type(n) is int for n in counts.values()):
+    if not _INTS.issuperset(map(type, counts.values())):
         counts = clean(counts, m, 1)
     temperature, cost, stream, status = call.temperature, ex.cost_usd, call.stream, ex.upstream_status
     payload: dict[str, Any] = {
-        "model": clean(result.model or call.model or "unknown", m, 1),
-        "request_model": clean(call.model, m, 1),  # what was asked for; `model` is what answered (OTLP)
+        "model": model,
+        "request_model": request_model,  # what was asked for; `model` is what answered (OTLP)
         "prompt": clean(prompt, m, 1),
         "prompt_messages_total": len(call.messages),
         "response": {"text": clean(result.text, m, 2), "tool_calls": tool_calls},
         "usage": counts,
         "provider": protocol.provider,
         "temperature": temperature if type(temperature) in plain else clean(temperature, m, 1),
-        "stop_reason": clean(result.stop_reason, m, 1),
+        "stop_reason": stop_reason,
         "status": "ok" if ok else "error",
         "error": None if ok else clean(result.error or http_error(ex), m, 1),
         "cost_usd": cost if type(cost) in plain else clean(cost, m, 1),
-        "upstream": clean(ex.route.upstream, m, 1),
+        "upstream": upstream,
         "stream": stream if type(stream) in plain else clean(stream, m, 1),
-        "endpoint": clean(call.dialect, m, 1),
+        "endpoint": endpoint,
         "http_status": status if type(status) in plain else clean(status, m, 1),
     }
-    payload.update(guard_trace.call_fields(ex, max_field_bytes))
+    guard_trace.call_fields(ex, max_field_bytes, into=payload)
     if usage is not None and usage.estimated:
         payload["usage_estimated"] = True
-    meta: dict[str, Any] = {
-        "agent": clean(session.agent, m, 1),
-        "session_id": clean(session.session_id, m, 1),
-    }
+    meta: dict[str, Any] = {"agent": agent, "session_id": session_id}
     if ex.upstream_retries:
         meta["upstream_retries"] = clean(ex.upstream_retries, m, 1)
     if ex.first_byte_at is not None and ex.upstream_started is not None:
@@ -611,20 +651,23 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     prompt, prompt_digest = new_prompt_messages(
         session.conversation, call, engine.settings.record_full_prompts
     )
+    model = result.model or call.model or "unknown"
     if recorder.record_content:
         # built already sanitised (sanitize cuts at DEPTH_LIMIT itself)
         payload, meta = llm_call_payload(ex, prompt, recorder.max_field_bytes)
+        # the event's name is the model, cleaned already (sanitize of a str is the payload's model)
+        name = payload["model"] if type(model) is str else sanitize(str(model), recorder.max_field_bytes)
     else:
         # a body may nest 10,000 levels deep: the trace keeps DEPTH_LIMIT of them (as sanitize does),
         # so nothing that walks the payload recursively (strip_content) meets the rest
         prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
         payload, meta = llm_call_payload(ex, prompt, None)
-    model = result.model or call.model or "unknown"
+        name = model
     end = ex.upstream_done or time.monotonic()
     event_id = engine.write_event(
         session,
         EventType.LLM_CALL,
-        model,
+        name,
         payload,
         duration_ms=int((end - ex.started) * 1000),
         meta=meta,

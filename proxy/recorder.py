@@ -295,9 +295,9 @@ class TraceRecorder:
     ) -> str:
         """Queue one event; returns its event_id. Payload and meta are redacted and truncated.
 
-        `sanitized`: the caller built payload and meta already as `sanitize` makes them (the LLM_CALL
-        does, in one pass), so they are kept as they are. Only with record_content: a payload
-        stripped of its content must be stripped before it is sanitised (ValueError otherwise).
+        `sanitized`: the caller made name, payload and meta already as `sanitize` makes them (the
+        LLM_CALL does, in one pass), so they are kept as they are. Only with record_content: a
+        payload stripped of its content must be stripped before it is sanitised (ValueError otherwise).
 
         An event for a run that is not open (never started, already ended) is dropped with a warning,
         so a late stream finishing after its session ended cannot write past RUN_END.

@@ -96,7 +96,7 @@ def envelope(
     sanitized: bool = False,
 ) -> dict[str, Any]:
     """The AgentDbg event, its name, payload and meta redacted and truncated to `max_field_bytes`
-    (`sanitized`: payload and meta already are, and are kept as they are)."""
+    (`sanitized`: name, payload and meta already are, and are kept as they are)."""
     if sanitized:
         clean: Any = payload or {}
         clean_meta: Any = meta or {}
@@ -111,7 +111,7 @@ def envelope(
         "event_type": str(event_type),
         "ts": storage.iso_ms(ts),
         "duration_ms": None if duration_ms is None else max(0, int(duration_ms)),
-        "name": sanitize(str(name), max_field_bytes),
+        "name": name if sanitized else sanitize(str(name), max_field_bytes),
         "payload": clean if isinstance(clean, dict) else {"value": clean},
         "meta": clean_meta if isinstance(clean_meta, dict) else {"value": clean_meta},
     }
