@@ -285,13 +285,18 @@ class Metrics:
         status: int | None,
         latency_s: float | None,
         overhead_s: float | None,
+        ttfb_s: float | None = None,
     ) -> None:
-        """One answered request; latency None when the upstream was never called (a guard answered)."""
+        """One answered request; latency None when the upstream was never called (a guard answered);
+        `ttfb_s`: its upstream's time to first byte, as observe_ttfb (one call for both)."""
         self.requests.inc((kind, upstream, _STATUS_CLASSES.get(status, "error")))
+        # (x if x > 0 else 0.0: max(0.0, x) without its call, NaN included)
         if latency_s is not None:
-            self.upstream_latency.observe((kind, upstream), max(0.0, latency_s))
+            self.upstream_latency.observe((kind, upstream), latency_s if latency_s > 0 else 0.0)
         if overhead_s is not None:
-            self.overhead.observe((kind,), max(0.0, overhead_s))
+            self.overhead.observe((kind,), overhead_s if overhead_s > 0 else 0.0)
+        if ttfb_s is not None:
+            self.ttfb.observe((upstream,), ttfb_s if ttfb_s > 0 else 0.0)
 
     def observe_ttfb(self, upstream: str, seconds: float) -> None:
         self.ttfb.observe((upstream,), max(0.0, seconds))
@@ -317,7 +322,7 @@ class Metrics:
         if completion_tokens > 0:
             self.tokens.inc((a, m, "completion"), completion_tokens)
         if cost_usd:
-            self.cost.inc(labels, max(0.0, cost_usd))
+            self.cost.inc(labels, cost_usd if cost_usd > 0 else 0.0)
 
     def observe_tool(self, server: str, outcome: str, tool: str | None = None) -> None:
         """outcome: ok / error / blocked (or any short fixed word the pipeline uses)."""

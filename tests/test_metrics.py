@@ -173,13 +173,17 @@ def test_exposition_is_prometheus_clients_own() -> None:
             latency = (i * 0.37) % 700 if i % 5 else None
             overhead = [0.0, 0.0005, 0.001, 1.0, 2.5, (i * 0.0013)][i % 6]
             kind, up = ("llm" if i % 3 else "mcp"), f"up{i % 2}"
-            m.observe_request(kind, up, status, latency, overhead)
+            ttfb = (i * 0.41) % 650
+            if i % 2:  # the time to first byte with the request, or on its own
+                m.observe_request(kind, up, status, latency, overhead, ttfb)
+            else:
+                m.observe_request(kind, up, status, latency, overhead)
+                m.observe_ttfb(up, ttfb)
             ref["tripwire_requests"].labels(kind, up, status_class(status)).inc()
             if latency is not None:
                 ref["tripwire_upstream_latency_seconds"].labels(kind, up).observe(latency)
             ref["tripwire_proxy_overhead_seconds"].labels(kind).observe(overhead)
-            m.observe_ttfb(up, (i * 0.41) % 650)
-            ref["tripwire_stream_time_to_first_byte_seconds"].labels(up).observe((i * 0.41) % 650)
+            ref["tripwire_stream_time_to_first_byte_seconds"].labels(up).observe(ttfb)
             agent, model, prompt, completion, cost = (
                 f"a{i % 4}",
                 f"m{i % 6}",
