@@ -31,7 +31,7 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
-from proxy.redact import PLAIN, sanitize
+from proxy.redact import PLAIN, sanitize, sanitize_text
 
 T_DIGITS = 6
 
@@ -94,33 +94,33 @@ def sanitized_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, 
     numbers: what sanitize would copy, copied without the walk. The rest is sanitised.
     """
     out: dict[str, Any] = {}
+    plain = PLAIN
     for key, value in fields.items():
         t = type(value)
-        if t in PLAIN:
+        if t in plain:
             out[key] = value
-        elif t is dict and key == "hist" and _numbers_only_hist(value):
-            out[key] = {"keep": value["keep"], "add": [], "turn_start": value["turn_start"], "results": {}}
+        elif t is str:
+            out[key] = sanitize_text(value, max_field_bytes)
         elif t is list and not value:
             out[key] = []
+        elif (  # a history delta as llm_inputs builds it with no step added: its own keys, ints, empties
+            t is dict
+            and key == "hist"
+            and tuple(value) == _HIST_KEYS
+            and type(keep := value["keep"]) is int
+            and type(turn_start := value["turn_start"]) is int
+            and type(add := value["add"]) is list
+            and not add
+            and type(results := value["results"]) is dict
+            and not results
+        ):
+            out[key] = {"keep": keep, "add": [], "turn_start": turn_start, "results": {}}
         else:
             out[key] = sanitize(value, max_field_bytes, 2)
     return out
 
 
 _HIST_KEYS = ("keep", "add", "turn_start", "results")
-
-
-def _numbers_only_hist(hist: dict[str, Any]) -> bool:
-    """A history delta as llm_inputs builds it with no step added: its own keys, ints and empties."""
-    return (
-        tuple(hist) == _HIST_KEYS
-        and type(hist["keep"]) is int
-        and type(hist["turn_start"]) is int
-        and type(hist["add"]) is list
-        and not hist["add"]
-        and type(hist["results"]) is dict
-        and not hist["results"]
-    )
 
 
 # what a settle adds to a call's guard_input (besides rank and t_end)

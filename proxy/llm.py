@@ -30,7 +30,7 @@ from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.pipeline import BaseStage
-from proxy.redact import PLAIN, sanitize, valid_unicode
+from proxy.redact import PLAIN, sanitize, sanitize_text, valid_unicode
 from proxy.sessions import Conversation, PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
@@ -385,14 +385,6 @@ def llm_result(ex: Exchange) -> LLMResult:
     return result
 
 
-def prompt_digests(call: LLMRequest, prefix: int) -> tuple[str | None, str]:
-    """(digest of messages[:prefix] or None when there are fewer, digest of all of them), from the
-    digests the session lookup already took of the request (episodes.call_digests)."""
-    digests = call_digests(call).sent
-    head = digests[prefix].hex() if prefix < len(digests) else None
-    return head, digests[-1].hex()
-
-
 def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool) -> tuple[list[Any], str]:
     """The messages new since the session's previous LLM call, and the digest of this call's.
 
@@ -403,8 +395,10 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     """
     seen = conversation.prompt_messages_seen
     messages = call.messages
-    head, digest = prompt_digests(call, seen)
-    continues = seen > 0 and head is not None and head == conversation.prompt_digest
+    # the digests of every prefix, which the session lookup already took (episodes.call_digests)
+    digests = call_digests(call).sent
+    digest = digests[-1].hex()
+    continues = 0 < seen < len(digests) and digests[seen].hex() == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
     if full or not continues or call.previous_response_id:
         return messages, digest  # the call's own list: the recorder copies it as it sanitises or strips it
@@ -611,13 +605,15 @@ def llm_call_payload(
     counts = usage_dict(usage)  # Tripwire's own keys, none secret-named
     if not _INTS.issuperset(map(type, counts.values())):
         counts = clean(counts, m, 1)
+    text = result.text
+    text = sanitize_text(text, m) if type(text) is str and clean is sanitize else clean(text, m, 2)
     temperature, cost, stream, status = call.temperature, ex.cost_usd, call.stream, ex.upstream_status
     payload: dict[str, Any] = {
         "model": model,
         "request_model": request_model,  # what was asked for; `model` is what answered (OTLP)
         "prompt": clean(prompt, m, 1),
         "prompt_messages_total": len(call.messages),
-        "response": {"text": clean(result.text, m, 2), "tool_calls": tool_calls},
+        "response": {"text": text, "tool_calls": tool_calls},
         "usage": counts,
         "provider": protocol.provider,
         "temperature": temperature if type(temperature) in plain else clean(temperature, m, 1),
@@ -664,8 +660,8 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         payload, meta = llm_call_payload(ex, prompt, None)
         name = model
     end = ex.upstream_done or time.monotonic()
-    event_id = engine.write_event(
-        session,
+    event_id = recorder.record(  # (Engine.write_event's, without its hop: one per call)
+        session.run_id,
         EventType.LLM_CALL,
         name,
         payload,
