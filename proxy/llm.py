@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from proxy.engine import Engine
 
 log = logging.getLogger("tripwire.llm")
+_LLM_CALL: str = EventType.LLM_CALL.value  # a plain str: an enum member's lookup costs more (per call)
 
 # Reservation when a request names no max_tokens: a typical answer, so budgets see something.
 DEFAULT_RESERVED_COMPLETION_TOKENS = 1024
@@ -598,10 +599,14 @@ def llm_call_payload(
         names = clean_names(names, max_field_bytes)
     model, request_model, upstream, endpoint, stop_reason, agent, session_id = names
     ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
-    tool_calls = [
-        {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
-        for tc in result.tool_calls
-    ]
+    tool_calls = (
+        [
+            {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
+            for tc in result.tool_calls
+        ]
+        if result.tool_calls
+        else []  # (most answers: no comprehension run for nothing)
+    )
     counts = usage_dict(usage)  # Tripwire's own keys, none secret-named
     if not _INTS.issuperset(map(type, counts.values())):
         counts = clean(counts, m, 1)
@@ -662,7 +667,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     end = ex.upstream_done or time.monotonic()
     event_id = recorder.record(  # (Engine.write_event's, without its hop: one per call)
         session.run_id,
-        EventType.LLM_CALL,
+        _LLM_CALL,
         name,
         payload,
         duration_ms=int((end - ex.started) * 1000),
@@ -670,7 +675,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         ts=ex.started_wall,
         sanitized=recorder.record_content,
     )
-    engine.observe_event(session, EventType.LLM_CALL, model, event_id)
+    engine.observe_event(session, _LLM_CALL, model, event_id)
     ex.llm_event_id = event_id
     if ex.upstream_failed():
         # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)

@@ -110,7 +110,7 @@ def envelope(
         "parent_id": parent_id,
         "event_type": str(event_type),
         "ts": storage.iso_ms(ts),
-        "duration_ms": None if duration_ms is None else max(0, int(duration_ms)),
+        "duration_ms": None if duration_ms is None else int(duration_ms) if duration_ms > 0 else 0,
         "name": name if sanitized else sanitize(str(name), max_field_bytes),
         "payload": clean if isinstance(clean, dict) else {"value": clean},
         "meta": clean_meta if isinstance(clean_meta, dict) else {"value": clean_meta},
