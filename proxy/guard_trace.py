@@ -58,7 +58,11 @@ class GuardTrace:
     ) -> dict[str, Any]:
         """The fields the call's event carries; with `max_field_bytes`, already as `sanitize` makes
         them where they sit in the event's payload (the recorder then keeps them as they are).
-        `into`: the event's payload being built, which gets them in place of a dict of their own."""
+        `into`: the event's payload being built, which gets them in place of a dict of their own.
+
+        With `max_field_bytes` the fields are cleaned in place and become the event's guard_input,
+        settle values added (no copy: the trace's fields are written once, with the call's event;
+        a later call gives the same, cleaned, fields)."""
         settled = self.rank is not None and self.settled_at is not None
         out: dict[str, Any] = {} if into is None else into
         if max_field_bytes is None:
@@ -70,7 +74,7 @@ class GuardTrace:
             out["call_seq"] = self.call_seq
         else:
             m = max_field_bytes
-            guard_input = sanitized_fields(self.fields, m)
+            guard_input = clean_fields(self.fields, m)
             if settled:
                 guard_input["rank"] = self.rank
                 guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
@@ -91,33 +95,37 @@ def sanitized_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, 
 
     The keys are Tripwire's own names (begin, mcp_inputs, llm_inputs; none secret-named), numbers
     stay as they are, and a plain call's history delta (nothing added, no results) holds only
-    numbers: what sanitize would copy, copied without the walk. The rest is sanitised.
+    numbers: what sanitize would copy is kept as it is, without the walk. The rest is sanitised.
     """
-    out: dict[str, Any] = {}
+    return clean_fields(dict(fields), max_field_bytes)
+
+
+def clean_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]:
+    """sanitized_fields in place: each value that sanitize would change is replaced by what it
+    makes; a value it would only copy (a number, a short name, an empty list, a numbers-only
+    history delta) stays, the same object. Returns `fields`."""
     plain = PLAIN
-    for key, value in fields.items():
+    for key, value in fields.items():  # (only values are replaced: the dict keeps its size)
         t = type(value)
-        if t in plain:
-            out[key] = value
-        elif t is str:
-            out[key] = sanitize_text(value, max_field_bytes)
-        elif t is list and not value:
-            out[key] = []
-        elif (  # a history delta as llm_inputs builds it with no step added: its own keys, ints, empties
+        if t in plain or (t is list and not value):
+            continue
+        if t is str:
+            clean = sanitize_text(value, max_field_bytes)
+            if clean is not value:
+                fields[key] = clean
+        elif not (  # a history delta as llm_inputs builds it with no step added: its own keys, ints, empties
             t is dict
             and key == "hist"
             and tuple(value) == _HIST_KEYS
-            and type(keep := value["keep"]) is int
-            and type(turn_start := value["turn_start"]) is int
+            and type(value["keep"]) is int
+            and type(value["turn_start"]) is int
             and type(add := value["add"]) is list
             and not add
             and type(results := value["results"]) is dict
             and not results
         ):
-            out[key] = {"keep": keep, "add": [], "turn_start": turn_start, "results": {}}
-        else:
-            out[key] = sanitize(value, max_field_bytes, 2)
-    return out
+            fields[key] = sanitize(value, max_field_bytes, 2)
+    return fields
 
 
 _HIST_KEYS = ("keep", "add", "turn_start", "results")
