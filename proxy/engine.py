@@ -396,11 +396,13 @@ class Engine:
         return out
 
     def observe_request(self, ex: Exchange) -> None:
-        latency = overhead = None
-        if ex.upstream_started is not None and ex.upstream_done is not None:
-            latency = ex.upstream_done - ex.upstream_started
-            overhead = max(0.0, (time.monotonic() - ex.started) - latency)
+        latency = overhead = ttfb = None
+        started, done = ex.upstream_started, ex.upstream_done
+        if started is not None and done is not None:
+            latency = done - started
+            overhead = (time.monotonic() - ex.started) - latency  # (the metrics count below 0 as 0)
             if ex.first_byte_at is not None:
-                self.metrics.observe_ttfb(ex.route.upstream, ex.first_byte_at - ex.upstream_started)
+                ttfb = ex.first_byte_at - started
         status = ex.upstream_status or (ex.answer.status if ex.answer is not None else None)
-        self.metrics.observe_request(ex.route.kind, ex.route.upstream, status, latency, overhead)
+        route = ex.route
+        self.metrics.observe_request(route.kind, route.upstream, status, latency, overhead, ttfb)

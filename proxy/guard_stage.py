@@ -309,7 +309,7 @@ class GuardStage(BaseStage):
         now = time.monotonic()
         if ex.guard_trace is not None:
             now = guard_trace.mark_settled(ex, ex.guard_trace, now)
-        if ex.refused or not ex.forwarded:
+        if not ex.forwarded:  # refused, or never sent
             guards.release(ex.reservation)
             return
         if is_tool_call(ex):
@@ -330,7 +330,8 @@ class GuardStage(BaseStage):
                 tokens=int(ex.tokens),
                 now=now,
             )
-        self.write_settled(session, guards, decisions)
+        if decisions:  # (most calls conclude nothing)
+            self.write_settled(session, guards, decisions)
 
     def write_settled(self, session: Session, guards: SessionGuards, decisions: list[Decision]) -> None:
         """What settling concluded (the soft budget alert): a STATE_UPDATE, tags, the alert."""

@@ -31,7 +31,7 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
-from proxy.redact import PLAIN, sanitize
+from proxy.redact import PLAIN, sanitize, sanitize_text
 
 T_DIGITS = 6
 
@@ -53,42 +53,36 @@ class GuardTrace:
     settled_at: float | None = None
     settle: dict[str, Any] = field(default_factory=dict)
 
-    def settle_now(self, now: float) -> float:
-        """Take this answer's rank among the session's settled answers; returns the `now` to settle at.
-
-        Called when the call's event is written; the guards settle it right after, on the same tick,
-        so the ranks are the order the guards saw the answers in.
-        """
-        if self.rank is None:
-            self.rank = self.guards.next_settle()
-            self.settled_at = now
-        assert self.settled_at is not None
-        return self.settled_at
-
-    def payload(self, max_field_bytes: int | None = None) -> dict[str, Any]:
+    def payload(
+        self, max_field_bytes: int | None = None, into: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The fields the call's event carries; with `max_field_bytes`, already as `sanitize` makes
-        them where they sit in the event's payload (the recorder then keeps them as they are)."""
+        them where they sit in the event's payload (the recorder then keeps them as they are).
+        `into`: the event's payload being built, which gets them in place of a dict of their own.
+
+        With `max_field_bytes` the fields are cleaned in place and become the event's guard_input,
+        settle values added (no copy: the trace's fields are written once, with the call's event;
+        a later call gives the same, cleaned, fields)."""
         settled = self.rank is not None and self.settled_at is not None
+        out: dict[str, Any] = {} if into is None else into
         if max_field_bytes is None:
             if settled:  # (one dict built, in the same order)
                 t_end = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
                 guard_input = {**self.fields, "rank": self.rank, "t_end": t_end, **self.settle}
             else:
                 guard_input = dict(self.fields)
-            out: dict[str, Any] = {"call_seq": self.call_seq, "guard_input": guard_input}
+            out["call_seq"] = self.call_seq
         else:
             m = max_field_bytes
-            guard_input = sanitized_fields(self.fields, m)
+            guard_input = clean_fields(self.fields, m)
             if settled:
                 guard_input["rank"] = self.rank
                 guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
                 for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
                     guard_input[key] = value if type(value) in PLAIN else sanitize(value, m, 2)
             call_seq = self.call_seq
-            out = {
-                "call_seq": call_seq if type(call_seq) is int else sanitize(call_seq, m, 1),
-                "guard_input": guard_input,
-            }
+            out["call_seq"] = call_seq if type(call_seq) is int else sanitize(call_seq, m, 1)
+        out["guard_input"] = guard_input
         if "sig" in self.fields:
             out["args_fingerprint"] = guard_input["sig"]
         if "res" in self.settle:
@@ -101,36 +95,40 @@ def sanitized_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, 
 
     The keys are Tripwire's own names (begin, mcp_inputs, llm_inputs; none secret-named), numbers
     stay as they are, and a plain call's history delta (nothing added, no results) holds only
-    numbers: what sanitize would copy, copied without the walk. The rest is sanitised.
+    numbers: what sanitize would copy is kept as it is, without the walk. The rest is sanitised.
     """
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
+    return clean_fields(dict(fields), max_field_bytes)
+
+
+def clean_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]:
+    """sanitized_fields in place: each value that sanitize would change is replaced by what it
+    makes; a value it would only copy (a number, a short name, an empty list, a numbers-only
+    history delta) stays, the same object. Returns `fields`."""
+    plain = PLAIN
+    for key, value in fields.items():  # (only values are replaced: the dict keeps its size)
         t = type(value)
-        if t in PLAIN:
-            out[key] = value
-        elif t is dict and key == "hist" and _numbers_only_hist(value):
-            out[key] = {"keep": value["keep"], "add": [], "turn_start": value["turn_start"], "results": {}}
-        elif t is list and not value:
-            out[key] = []
-        else:
-            out[key] = sanitize(value, max_field_bytes, 2)
-    return out
+        if t in plain or (t is list and not value):
+            continue
+        if t is str:
+            clean = sanitize_text(value, max_field_bytes)
+            if clean is not value:
+                fields[key] = clean
+        elif not (  # a history delta as llm_inputs builds it with no step added: its own keys, ints, empties
+            t is dict
+            and key == "hist"
+            and tuple(value) == _HIST_KEYS
+            and type(value["keep"]) is int
+            and type(value["turn_start"]) is int
+            and type(add := value["add"]) is list
+            and not add
+            and type(results := value["results"]) is dict
+            and not results
+        ):
+            fields[key] = sanitize(value, max_field_bytes, 2)
+    return fields
 
 
 _HIST_KEYS = ("keep", "add", "turn_start", "results")
-
-
-def _numbers_only_hist(hist: dict[str, Any]) -> bool:
-    """A history delta as llm_inputs builds it with no step added: its own keys, ints and empties."""
-    return (
-        tuple(hist) == _HIST_KEYS
-        and type(hist["keep"]) is int
-        and type(hist["turn_start"]) is int
-        and type(hist["add"]) is list
-        and not hist["add"]
-        and type(hist["results"]) is dict
-        and not hist["results"]
-    )
 
 
 # what a settle adds to a call's guard_input (besides rank and t_end)
@@ -239,32 +237,43 @@ def settle_fields_llm(cost_usd: float, tokens: int) -> dict[str, Any]:
     return {"cost": cost_usd, "tokens": tokens}
 
 
-def call_fields(ex: Any, max_field_bytes: int | None = None) -> dict[str, Any]:
+def call_fields(
+    ex: Any, max_field_bytes: int | None = None, into: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The guard fields of a call's event (LLM_CALL / TOOL_CALL), written when it is recorded
-    (with `max_field_bytes`: already sanitised, see GuardTrace.payload).
+    (with `max_field_bytes`: already sanitised, see GuardTrace.payload; `into`: added to the
+    event's payload being built).
 
     Takes the call's settle rank now: the guard stage settles it right after, with these values.
     """
     trace: GuardTrace | None = ex.guard_trace
     if trace is None:
-        return {}
+        return {} if into is None else into
     mark_settled(ex, trace, time.monotonic())
-    return trace.payload(max_field_bytes)
+    return trace.payload(max_field_bytes, into)
 
 
 def mark_settled(ex: Any, trace: GuardTrace, now: float) -> float:
-    """Rank the answer (once) and note what the guards are told of it; returns the `now` to use."""
-    first = trace.rank is None
-    now = trace.settle_now(now)
-    if not first:
-        return now
-    if ex.refused or not ex.forwarded:
-        trace.settle["released"] = True  # it never reached the upstream: its reservation goes back
+    """Rank the answer (once) and note what the guards are told of it; returns the `now` to settle at.
+
+    The rank is the answer's place among the session's settled answers, taken when the call's
+    event is written; the guards settle it right after, on the same tick, so the ranks are the
+    order the guards saw the answers in.
+    """
+    if trace.rank is not None:  # ranked already (the event was written): the guards settle it now
+        assert trace.settled_at is not None
+        return trace.settled_at
+    trace.rank = trace.guards.next_settle()
+    trace.settled_at = now
+    settle = trace.settle
+    if not ex.forwarded:  # (refused, or never sent) it never reached the upstream: its reservation goes back
+        settle["released"] = True
     elif trace.fields.get("kind") == "tool":
         result = ex.result
         failed = result is not None and result.status == "error"
         fingerprint = (result.fingerprint or "") if result is not None else ""
-        trace.settle.update(settle_fields_tool(fingerprint, result.error_text if failed else None))
-    else:
-        trace.settle.update(settle_fields_llm(float(ex.cost_usd), int(ex.tokens)))
+        settle.update(settle_fields_tool(fingerprint, result.error_text if failed else None))
+    else:  # settle_fields_llm's, set in place
+        settle["cost"] = float(ex.cost_usd)
+        settle["tokens"] = int(ex.tokens)
     return now

@@ -30,13 +30,14 @@ from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision, retry_after_seconds
 from proxy.guards.signatures import signature
 from proxy.pipeline import BaseStage
-from proxy.redact import PLAIN, sanitize, valid_unicode
+from proxy.redact import PLAIN, sanitize, sanitize_text, valid_unicode
 from proxy.sessions import Conversation, PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
 
 log = logging.getLogger("tripwire.llm")
+_LLM_CALL: str = EventType.LLM_CALL.value  # a plain str: an enum member's lookup costs more (per call)
 
 # Reservation when a request names no max_tokens: a typical answer, so budgets see something.
 DEFAULT_RESERVED_COMPLETION_TOKENS = 1024
@@ -384,14 +385,6 @@ def llm_result(ex: Exchange) -> LLMResult:
     return result
 
 
-def prompt_digests(call: LLMRequest, prefix: int) -> tuple[str | None, str]:
-    """(digest of messages[:prefix] or None when there are fewer, digest of all of them), from the
-    digests the session lookup already took of the request (episodes.call_digests)."""
-    digests = call_digests(call).sent
-    head = digests[prefix].hex() if prefix < len(digests) else None
-    return head, digests[-1].hex()
-
-
 def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool) -> tuple[list[Any], str]:
     """The messages new since the session's previous LLM call, and the digest of this call's.
 
@@ -402,8 +395,10 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     """
     seen = conversation.prompt_messages_seen
     messages = call.messages
-    head, digest = prompt_digests(call, seen)
-    continues = seen > 0 and head is not None and head == conversation.prompt_digest
+    # the digests of every prefix, which the session lookup already took (episodes.call_digests)
+    digests = call_digests(call).sent
+    digest = digests[-1].hex()
+    continues = 0 < seen < len(digests) and digests[seen].hex() == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items
     if full or not continues or call.previous_response_id:
         return messages, digest  # the call's own list: the recorder copies it as it sanitises or strips it
@@ -545,16 +540,47 @@ def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
     return value
 
 
+# The names an LLM_CALL repeats from call to call of a session (the models, the upstream, the
+# endpoint, the stop reason, the agent and the session id), as sanitize makes them: remembered by
+# value, so a session's calls clean them once instead of a sanitize call each per event. Bounded:
+# at _NAMES_KEPT sets it starts over; a set with a long value (or not a str) is cleaned every
+# time, not kept.
+_NAMES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_NAMES_KEPT = 1024
+_NAME_CHARS = 256
+
+
+def clean_names(names: tuple[Any, ...], max_field_bytes: int) -> tuple[Any, ...]:
+    """`sanitize(name, max_field_bytes, 1)` of each of `names` (see _NAMES)."""
+    key = (max_field_bytes, *names)
+    try:
+        found = _NAMES.get(key)
+    except TypeError:  # not a name (an unhashable value): cleaned as anything else
+        return tuple([sanitize(v, max_field_bytes, 1) for v in names])
+    if found is None:
+        found = tuple([sanitize(v, max_field_bytes, 1) for v in names])
+        # (only strs and None: 1, 1.0 and True are equal keys whose cleaned values differ)
+        if all(v is None or (type(v) is str and len(v) <= _NAME_CHARS) for v in names):
+            if len(_NAMES) >= _NAMES_KEPT:
+                _NAMES.clear()
+            _NAMES[key] = found
+    return found
+
+
+_INTS = frozenset({int})
+
+
 def llm_call_payload(
     ex: Exchange, prompt: list[Any], max_field_bytes: int | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The LLM_CALL's payload and meta, in the trace's field order.
 
     With `max_field_bytes`, built already as `sanitize` would make them (each value sanitised in
-    place, at the depth it has in the event), so the recorder takes them as they are: one pass, not
-    a build and then a walk. The payload's own keys are fixed names, none secret-named
-    (tests/test_stage_record.py). Without, the values are the call's own (record_content: false
-    strips the payload before sanitising it).
+    place, at the depth it has in the event; the names a session repeats cleaned once, see
+    clean_names), so the recorder takes them as they are: one pass, not a build and then a walk.
+    The payload's own keys are fixed names, none secret-named (tests/test_stage_record.py).
+    Without, the values are the call's own (record_content: false strips the payload before
+    sanitising it).
     """
     session = ex.session
     call: LLMRequest = ex.call
@@ -565,40 +591,55 @@ def llm_call_payload(
     m = max_field_bytes or 0
     plain = PLAIN  # numbers, bools and None: sanitize keeps them as they are, so they skip it
     usage = result.usage
+    names = (
+        result.model or call.model or "unknown",
+        call.model,
+        ex.route.upstream,
+        call.dialect,
+        result.stop_reason,
+        session.agent,
+        session.session_id,
+    )
+    if max_field_bytes is not None:
+        names = clean_names(names, max_field_bytes)
+    model, request_model, upstream, endpoint, stop_reason, agent, session_id = names
     ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
-    tool_calls = [
-        {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
-        for tc in result.tool_calls
-    ]
+    tool_calls = (
+        [
+            {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
+            for tc in result.tool_calls
+        ]
+        if result.tool_calls
+        else []  # (most answers: no comprehension run for nothing)
+    )
     counts = usage_dict(usage)  # Tripwire's own keys, none secret-named
-    if not all(type(n) is int for n in counts.values()):
+    if not _INTS.issuperset(map(type, counts.values())):
         counts = clean(counts, m, 1)
+    text = result.text
+    text = sanitize_text(text, m) if type(text) is str and clean is sanitize else clean(text, m, 2)
     temperature, cost, stream, status = call.temperature, ex.cost_usd, call.stream, ex.upstream_status
     payload: dict[str, Any] = {
-        "model": clean(result.model or call.model or "unknown", m, 1),
-        "request_model": clean(call.model, m, 1),  # what was asked for; `model` is what answered (OTLP)
+        "model": model,
+        "request_model": request_model,  # what was asked for; `model` is what answered (OTLP)
         "prompt": clean(prompt, m, 1),
         "prompt_messages_total": len(call.messages),
-        "response": {"text": clean(result.text, m, 2), "tool_calls": tool_calls},
+        "response": {"text": text, "tool_calls": tool_calls},
         "usage": counts,
         "provider": protocol.provider,
         "temperature": temperature if type(temperature) in plain else clean(temperature, m, 1),
-        "stop_reason": clean(result.stop_reason, m, 1),
+        "stop_reason": stop_reason,
         "status": "ok" if ok else "error",
         "error": None if ok else clean(result.error or http_error(ex), m, 1),
         "cost_usd": cost if type(cost) in plain else clean(cost, m, 1),
-        "upstream": clean(ex.route.upstream, m, 1),
+        "upstream": upstream,
         "stream": stream if type(stream) in plain else clean(stream, m, 1),
-        "endpoint": clean(call.dialect, m, 1),
+        "endpoint": endpoint,
         "http_status": status if type(status) in plain else clean(status, m, 1),
     }
-    payload.update(guard_trace.call_fields(ex, max_field_bytes))
+    guard_trace.call_fields(ex, max_field_bytes, into=payload)
     if usage is not None and usage.estimated:
         payload["usage_estimated"] = True
-    meta: dict[str, Any] = {
-        "agent": clean(session.agent, m, 1),
-        "session_id": clean(session.session_id, m, 1),
-    }
+    meta: dict[str, Any] = {"agent": agent, "session_id": session_id}
     if ex.upstream_retries:
         meta["upstream_retries"] = clean(ex.upstream_retries, m, 1)
     if ex.first_byte_at is not None and ex.upstream_started is not None:
@@ -616,27 +657,30 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     prompt, prompt_digest = new_prompt_messages(
         session.conversation, call, engine.settings.record_full_prompts
     )
+    model = result.model or call.model or "unknown"
     if recorder.record_content:
         # built already sanitised (sanitize cuts at DEPTH_LIMIT itself)
         payload, meta = llm_call_payload(ex, prompt, recorder.max_field_bytes)
+        # the event's name is the model, cleaned already (sanitize of a str is the payload's model)
+        name = payload["model"] if type(model) is str else sanitize(str(model), recorder.max_field_bytes)
     else:
         # a body may nest 10,000 levels deep: the trace keeps DEPTH_LIMIT of them (as sanitize does),
         # so nothing that walks the payload recursively (strip_content) meets the rest
         prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
         payload, meta = llm_call_payload(ex, prompt, None)
-    model = result.model or call.model or "unknown"
+        name = model
     end = ex.upstream_done or time.monotonic()
-    event_id = engine.write_event(
-        session,
-        EventType.LLM_CALL,
-        model,
+    event_id = recorder.record(  # (Engine.write_event's, without its hop: one per call)
+        session.run_id,
+        _LLM_CALL,
+        name,
         payload,
         duration_ms=int((end - ex.started) * 1000),
         meta=meta,
         ts=ex.started_wall,
         sanitized=recorder.record_content,
     )
-    engine.observe_event(session, EventType.LLM_CALL, model, event_id)
+    engine.observe_event(session, _LLM_CALL, model, event_id)
     ex.llm_event_id = event_id
     if ex.upstream_failed():
         # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)

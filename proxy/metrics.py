@@ -67,11 +67,22 @@ def status_class(status: int | None) -> str:
 
 _STATUS_CLASSES: dict[int | None, str] = {status: status_class(status) for status in range(100, 600)}
 _RAW_LABELS_KEPT = 4096  # (agent, model) pairs remembered with their folded labels
+_REQUEST_KINDS_KEPT = 1024  # (kind, upstream, status class) remembered with their series
 
 
 def _use_created() -> bool:
     """Whether prometheus_client exposes `_created` series (PROMETHEUS_DISABLE_CREATED_SERIES)."""
     return bool(getattr(prometheus_client.metrics, "_use_created", True))
+
+
+class _Count:
+    """One counter series: its value, and when it began."""
+
+    __slots__ = ("value", "created")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
 
 
 class CounterFamily:
@@ -81,32 +92,41 @@ class CounterFamily:
         self.name = name
         self.documentation = documentation
         self.labelnames = labelnames
-        self.values: dict[tuple[str, ...], float] = {}
-        self.created: dict[tuple[str, ...], float] = {}
+        self.series: dict[tuple[str, ...], _Count] = {}
+
+    def take(self, labels: tuple[str, ...]) -> _Count:
+        """The series of these labels, begun now if new (a series appears when first used, as
+        with labels()): a caller that counts it on every call may keep it."""
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = _Count()
+        return series
 
     def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
-        value = self.values.get(labels)
-        if value is None:
-            self.created[labels] = time.time()  # a series appears when first used, as with labels()
-            value = 0.0
-        self.values[labels] = value + amount
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = _Count()
+        series.value += amount
 
     def family(self, created: bool) -> Metric:
         """What prometheus_client's Counter exposes: `_total` per series, then its `_created`."""
         metric = Metric(self.name, self.documentation, "counter")
-        for labels, value in list(self.values.items()):
+        for labels, series in list(self.series.items()):
             named = dict(zip(self.labelnames, labels, strict=True))
-            metric.add_sample(self.name + "_total", named, value)
+            metric.add_sample(self.name + "_total", named, series.value)
             if created:
-                metric.add_sample(self.name + "_created", named, self.created[labels])
+                metric.add_sample(self.name + "_created", named, series.created)
         return metric
 
 
 class _Buckets:
-    __slots__ = ("counts", "sum", "created")
+    """One histogram series: a count per bucket, the sum, when it began."""
 
-    def __init__(self, n: int) -> None:
-        self.counts = [0] * n
+    __slots__ = ("bounds", "counts", "sum", "created")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds  # the family's
+        self.counts = [0] * len(bounds)
         self.sum = 0.0
         self.created = time.time()
 
@@ -127,10 +147,17 @@ class HistogramFamily:
         self._le = [floatToGoString(b) for b in bounds]
         self.series: dict[tuple[str, ...], _Buckets] = {}
 
+    def take(self, labels: tuple[str, ...]) -> _Buckets:
+        """The series of these labels, begun now if new (see CounterFamily.take)."""
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = _Buckets(self.bounds)
+        return series
+
     def observe(self, labels: tuple[str, ...], value: float) -> None:
         series = self.series.get(labels)
         if series is None:
-            series = self.series[labels] = _Buckets(len(self.bounds))
+            series = self.series[labels] = _Buckets(self.bounds)
         series.sum += value
         if value == value:  # NaN lands in no bucket (prometheus_client's `value <= bound` loop)
             series.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value
@@ -151,6 +178,33 @@ class HistogramFamily:
             if created:
                 metric.add_sample(name + "_created", named, series.created)
         return metric
+
+
+class _RequestSeries:
+    """The series a request of one kind, upstream and status class counts in, kept so a call
+    updates them without a family lookup each; a histogram's is taken when it first gets a value
+    (a series shows once observed, as with labels())."""
+
+    __slots__ = ("count", "latency", "overhead", "ttfb")
+
+    def __init__(self, count: _Count) -> None:
+        self.count = count
+        self.latency: _Buckets | None = None
+        self.overhead: _Buckets | None = None
+        self.ttfb: _Buckets | None = None
+
+
+class _LLMSeries:
+    """The series an LLM call of one (agent, model) counts in (see _RequestSeries)."""
+
+    __slots__ = ("labels", "calls", "prompt", "completion", "cost")
+
+    def __init__(self, labels: tuple[str, str], calls: _Count) -> None:
+        self.labels = labels
+        self.calls = calls
+        self.prompt: _Count | None = None
+        self.completion: _Count | None = None
+        self.cost: _Count | None = None
 
 
 class CallCollector(Collector):
@@ -274,7 +328,8 @@ class Metrics:
         self._circuit_upstreams: set[str] = set()
         # (agent, model) as the call named them -> their folded labels (LabelFolder's answer for a
         # value never changes once given)
-        self._llm_labels: dict[tuple[str, str | None], tuple[str, str]] = {}
+        self._llm_series: dict[tuple[str, str | None], _LLMSeries] = {}
+        self._request_series: dict[tuple[str, str, str], _RequestSeries] = {}
 
     # --- what the pipeline calls -------------------------------------------------------------
 
@@ -285,13 +340,39 @@ class Metrics:
         status: int | None,
         latency_s: float | None,
         overhead_s: float | None,
+        ttfb_s: float | None = None,
     ) -> None:
-        """One answered request; latency None when the upstream was never called (a guard answered)."""
-        self.requests.inc((kind, upstream, _STATUS_CLASSES.get(status, "error")))
+        """One answered request; latency None when the upstream was never called (a guard answered);
+        `ttfb_s`: its upstream's time to first byte, as observe_ttfb (one call for both).
+
+        The series are updated here as HistogramFamily.observe would (a value clamped at 0 is
+        never NaN), through the request's kept series (_RequestSeries): one call, no lookups."""
+        key = (kind, upstream, _STATUS_CLASSES.get(status, "error"))
+        series = self._request_series.get(key)
+        if series is None:
+            series = _RequestSeries(self.requests.take(key))
+            if len(self._request_series) < _REQUEST_KINDS_KEPT:
+                self._request_series[key] = series
+        series.count.value += 1
+        # (x if x > 0 else 0.0: max(0.0, x) without its call, NaN included)
         if latency_s is not None:
-            self.upstream_latency.observe((kind, upstream), max(0.0, latency_s))
+            b = series.latency or self.upstream_latency.take((kind, upstream))
+            series.latency = b
+            v = latency_s if latency_s > 0 else 0.0
+            b.sum += v
+            b.counts[bisect_left(b.bounds, v)] += 1  # the first bound >= v
         if overhead_s is not None:
-            self.overhead.observe((kind,), max(0.0, overhead_s))
+            b = series.overhead or self.overhead.take((kind,))
+            series.overhead = b
+            v = overhead_s if overhead_s > 0 else 0.0
+            b.sum += v
+            b.counts[bisect_left(b.bounds, v)] += 1
+        if ttfb_s is not None:
+            b = series.ttfb or self.ttfb.take((upstream,))
+            series.ttfb = b
+            v = ttfb_s if ttfb_s > 0 else 0.0
+            b.sum += v
+            b.counts[bisect_left(b.bounds, v)] += 1
 
     def observe_ttfb(self, upstream: str, seconds: float) -> None:
         self.ttfb.observe((upstream,), max(0.0, seconds))
@@ -304,20 +385,28 @@ class Metrics:
         completion_tokens: int,
         cost_usd: float | None,
     ) -> None:
+        # (agent, model) as the call named them -> their folded labels' series (LabelFolder's
+        # answer for a value never changes once given), each taken when first counted
         raw = (agent, model)
-        labels = self._llm_labels.get(raw)
-        if labels is None:
+        series = self._llm_series.get(raw)
+        if series is None:
             labels = (self._agent(agent), self._model(model))
-            if len(self._llm_labels) < _RAW_LABELS_KEPT:
-                self._llm_labels[raw] = labels
-        self.llm_calls.inc(labels)
-        a, m = labels
+            series = _LLMSeries(labels, self.llm_calls.take(labels))
+            if len(self._llm_series) < _RAW_LABELS_KEPT:
+                self._llm_series[raw] = series
+        series.calls.value += 1
         if prompt_tokens > 0:
-            self.tokens.inc((a, m, "prompt"), prompt_tokens)
+            count = series.prompt or self.tokens.take((*series.labels, "prompt"))
+            series.prompt = count
+            count.value += prompt_tokens
         if completion_tokens > 0:
-            self.tokens.inc((a, m, "completion"), completion_tokens)
+            count = series.completion or self.tokens.take((*series.labels, "completion"))
+            series.completion = count
+            count.value += completion_tokens
         if cost_usd:
-            self.cost.inc(labels, max(0.0, cost_usd))
+            count = series.cost or self.cost.take(series.labels)
+            series.cost = count
+            count.value += cost_usd if cost_usd > 0 else 0.0
 
     def observe_tool(self, server: str, outcome: str, tool: str | None = None) -> None:
         """outcome: ok / error / blocked (or any short fixed word the pipeline uses)."""

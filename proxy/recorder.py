@@ -295,9 +295,9 @@ class TraceRecorder:
     ) -> str:
         """Queue one event; returns its event_id. Payload and meta are redacted and truncated.
 
-        `sanitized`: the caller built payload and meta already as `sanitize` makes them (the LLM_CALL
-        does, in one pass), so they are kept as they are. Only with record_content: a payload
-        stripped of its content must be stripped before it is sanitised (ValueError otherwise).
+        `sanitized`: the caller made name, payload and meta already as `sanitize` makes them (the
+        LLM_CALL does, in one pass), so they are kept as they are. Only with record_content: a
+        payload stripped of its content must be stripped before it is sanitised (ValueError otherwise).
 
         An event for a run that is not open (never started, already ended) is dropped with a warning,
         so a late stream finishing after its session ended cannot write past RUN_END.
@@ -307,7 +307,7 @@ class TraceRecorder:
             raise ValueError(f"not a recordable event type: {event_type!r}")
         if sanitized and not self.record_content:
             raise ValueError("a sanitised payload cannot be stripped of its content (record_content is off)")
-        run = self._registry.get(run_id)
+        run = self._registry.runs.get(run_id)
         if run is None or run.status != STATUS_RUNNING:
             logger.warning("dropping %s for run %s: run is not open", event_type, run_id)
             return str(uuid.uuid4())
@@ -332,7 +332,7 @@ class TraceRecorder:
 
         tokens.prompt / tokens.completion are summed from each LLM_CALL's payload usage by record().
         """
-        run = self._registry.get(run_id)
+        run = self._registry.runs.get(run_id)
         if run is None:
             return
         run.cost_usd += float(cost_usd or 0.0)
@@ -499,7 +499,7 @@ class TraceRecorder:
         ts: float | None = None,
         sanitized: bool = False,
     ) -> str:
-        now = self._ts(ts)
+        now = ts if type(ts) is float and ts >= _EPOCH_2000 else self._ts(ts)  # (_ts's common case)
         if parent_id is not None and not is_uuid(parent_id):
             logger.warning("parent_id %r is not a UUID: recorded as null", parent_id)
             parent_id = None

@@ -251,6 +251,9 @@ def _sanitize_short(s: str, max_field_bytes: int) -> str:
     return _sanitize_str(s, max_field_bytes)
 
 
+sanitize_text = _str  # `sanitize(s, max_field_bytes)` of a str (`type(s) is str`), without its dispatch
+
+
 def sanitize(obj: Any, max_field_bytes: int, _depth: int = 0) -> Any:
     """A JSON-safe copy of obj with secret-named values redacted, secrets in text scrubbed, strings capped.
 

@@ -53,20 +53,23 @@ def iso_ms(epoch_seconds: float) -> str:
 
 # --- ids --------------------------------------------------------------------------------------------
 
-# the variant nibble (RFC 4122: 10xx) from a random hex digit's two low bits
-_VARIANT = {f"{n:x}": "89ab"[n & 3] for n in range(16)}
 _ID_BATCH = 128  # ids made from one os.urandom call
 _ids: deque[str] = deque()  # made, not yet handed out (popleft is atomic: threads never share one)
 os.register_at_fork(after_in_child=_ids.clear)  # a child never hands out its parent's ids
+# a random byte with the bits uuid4 sets: byte 6's high nibble the version (4), byte 8's two high
+# bits the variant (RFC 4122: 10)
+_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
+_VARIANT_RFC_4122 = bytes((b & 0x3F) | 0x80 for b in range(256))
+_UUID_GROUPS = re.compile("(.{8})(.{4})(.{4})(.{4})(.{12})")  # a UUID's 32 hex digits, 8-4-4-4-12
 
 
 def _id_batch() -> list[str]:
-    h = os.urandom(16 * _ID_BATCH).hex()
-    return [
-        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-"
-        f"{h[i + 20 : i + 32]}"
-        for i in range(0, 32 * _ID_BATCH, 32)
-    ]
+    """_ID_BATCH ids, the bits set and the text cut in C (translate, hex, findall, join): a few
+    hundred nanoseconds an id less than slicing each one in Python."""
+    raw = bytearray(os.urandom(16 * _ID_BATCH))
+    raw[6::16] = raw[6::16].translate(_VERSION_4)
+    raw[8::16] = raw[8::16].translate(_VARIANT_RFC_4122)
+    return list(map("-".join, _UUID_GROUPS.findall(raw.hex())))
 
 
 def uuid4_text() -> str:

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.guard_trace import llm_inputs, mcp_inputs, sanitized_fields
+from proxy.guard_trace import GuardTrace, clean_fields, llm_inputs, mcp_inputs, sanitized_fields
+from proxy.guards.config import GuardConfig
+from proxy.guards.session import SessionGuards
 from proxy.redact import is_secret_key, sanitize
 
 SECRET = "sk-proj-" + "Q1w2E3r4T5" * 3
@@ -51,3 +53,25 @@ def test_the_guard_fields_own_names_are_none_secret_named() -> None:
     for shape in shapes()[:5]:
         names = [*shape, *shape.get("hist", {})]
         assert not [name for name in names if is_secret_key(name)]
+
+
+@pytest.mark.parametrize("max_field_bytes", [8, 1024])
+def test_clean_fields_cleans_in_place_what_sanitize_would_change(max_field_bytes: int) -> None:
+    for shape in shapes():
+        fields = dict(shape)
+        want = sanitize(shape, max_field_bytes, 1)
+        assert clean_fields(fields, max_field_bytes) is fields
+        assert fields == want and list(fields) == list(want)
+        assert clean_fields(fields, max_field_bytes) == want  # a second time: the same
+
+
+def test_a_settled_payload_is_the_same_each_time_it_is_taken() -> None:
+    """The sanitised payload cleans the trace's fields in place (written once, with the call's
+    event); taken again, it is the same, and sanitize of the raw one taken before."""
+    for shape in shapes():
+        trace = GuardTrace(3, dict(shape), SessionGuards(GuardConfig(), started_at=0.0), started_at=0.0)
+        trace.rank, trace.settled_at, trace.settle = 2, 1.5, {"cost": 0.001, "tokens": 12}
+        raw = trace.payload()
+        first = trace.payload(64)
+        assert first == sanitize(raw, 64) and list(first["guard_input"]) == list(raw["guard_input"])
+        assert trace.payload(64) == first

@@ -173,13 +173,17 @@ def test_exposition_is_prometheus_clients_own() -> None:
             latency = (i * 0.37) % 700 if i % 5 else None
             overhead = [0.0, 0.0005, 0.001, 1.0, 2.5, (i * 0.0013)][i % 6]
             kind, up = ("llm" if i % 3 else "mcp"), f"up{i % 2}"
-            m.observe_request(kind, up, status, latency, overhead)
+            ttfb = (i * 0.41) % 650
+            if i % 2:  # the time to first byte with the request, or on its own
+                m.observe_request(kind, up, status, latency, overhead, ttfb)
+            else:
+                m.observe_request(kind, up, status, latency, overhead)
+                m.observe_ttfb(up, ttfb)
             ref["tripwire_requests"].labels(kind, up, status_class(status)).inc()
             if latency is not None:
                 ref["tripwire_upstream_latency_seconds"].labels(kind, up).observe(latency)
             ref["tripwire_proxy_overhead_seconds"].labels(kind).observe(overhead)
-            m.observe_ttfb(up, (i * 0.41) % 650)
-            ref["tripwire_stream_time_to_first_byte_seconds"].labels(up).observe((i * 0.41) % 650)
+            ref["tripwire_stream_time_to_first_byte_seconds"].labels(up).observe(ttfb)
             agent, model, prompt, completion, cost = (
                 f"a{i % 4}",
                 f"m{i % 6}",
@@ -198,3 +202,31 @@ def test_exposition_is_prometheus_clients_own() -> None:
         ours = m.render().decode()
         theirs = generate_latest(ref_registry).decode()
     assert theirs and ours.startswith(theirs)
+
+
+def test_the_series_kept_per_call_kind_count_as_the_families_do(monkeypatch: Any) -> None:
+    """observe_request / observe_llm keep each kind of call's series (bounded); past the bound a
+    call goes through the families: the exposition is the same either way."""
+    import prometheus_client.metrics
+
+    from proxy import metrics
+
+    monkeypatch.setattr(prometheus_client.metrics, "_use_created", False)
+
+    def play(m: Metrics) -> bytes:
+        for i in range(80):
+            latency = None if i % 5 == 0 else (i * 0.37) % 700
+            ttfb = None if i % 3 == 0 else (i * 0.41) % 650
+            status = [200, 429, None, 503, 0, 302, 999][i % 7]
+            m.observe_request(
+                "llm" if i % 3 else "mcp", f"up{i % 2}", status, latency, [0.0, -1.0, 0.002][i % 3], ttfb
+            )
+            m.observe_llm(
+                f"a{i % 7}", f"m{i % 5}" if i % 11 else None, i % 3, i % 2, [0.0, 1e-4, -1.0][i % 3]
+            )
+        return m.render()
+
+    kept = play(Metrics(agent_cap=4, model_cap=3))
+    monkeypatch.setattr(metrics, "_RAW_LABELS_KEPT", 2)
+    monkeypatch.setattr(metrics, "_REQUEST_KINDS_KEPT", 2)
+    assert play(Metrics(agent_cap=4, model_cap=3)) == kept

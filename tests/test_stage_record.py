@@ -193,3 +193,53 @@ async def test_a_sanitised_payload_is_refused_when_content_is_stripped(engine_fa
     assert ex.session is not None
     with pytest.raises(ValueError, match="sanitised"):
         engine.recorder.record(ex.session.run_id, "LLM_CALL", "m", {"model": "m"}, sanitized=True)
+
+
+def test_clean_names_is_sanitize_of_each_name() -> None:
+    """The names an LLM_CALL repeats are remembered cleaned; each is what sanitize makes of it,
+    seen once or again, whatever its type, length or cap (1, 1.0 and True are not mixed up)."""
+    from proxy import llm
+    from proxy.redact import sanitize
+
+    secret = "sk-proj-" + "Z9y8X7w6V5" * 3
+    sets: list[tuple[Any, ...]] = [
+        ("gpt-4o-mini", "gpt-4o-mini", "default", "openai_chat", "stop", "bot", "s1"),
+        (f"model {secret}", None, "default", "openai_chat", None, "bot", "x" * 5000),
+        ("m", "m", "default", "openai_chat", 1, "bot", "s1"),
+        ("m", "m", "default", "openai_chat", True, "bot", "s1"),
+        ("m", "m", "default", "openai_chat", 1.0, "bot", "s1"),
+        ("m", {"password": "p"}, "default", "openai_chat", ["stop"], "bot", "s1"),
+        ("ü" * 300, "a\ud83d", "default", "openai_chat", "end_turn", "bot", "s1"),
+    ]
+    for max_field_bytes in (1, 64, 1024, 20000):
+        for _ in range(2):  # the second time from the memo, where kept
+            for names in sets:
+                got = llm.clean_names(names, max_field_bytes)
+                want = tuple(sanitize(v, max_field_bytes, 1) for v in names)
+                assert got == want
+                assert [type(v) for v in got] == [type(v) for v in want]
+    llm._NAMES.clear()
+
+
+def test_clean_names_is_bounded() -> None:
+    from proxy import llm
+
+    llm._NAMES.clear()
+    for i in range(llm._NAMES_KEPT + 10):
+        llm.clean_names(("m", "m", "default", "openai_chat", "stop", "bot", f"s{i}"), 1024)
+    assert 0 < len(llm._NAMES) <= llm._NAMES_KEPT
+    llm.clean_names(("m", "m", "default", "openai_chat", "stop", "bot", "y" * (llm._NAME_CHARS + 1)), 1024)
+    assert not [key for key in llm._NAMES if "y" * (llm._NAME_CHARS + 1) in key]
+    llm._NAMES.clear()
+
+
+async def test_the_llm_call_event_is_named_after_its_model_sanitised(engine: Engine) -> None:
+    secret = "sk-proj-" + "Z9y8X7w6V5" * 3
+    ex = await attached(engine, SESSION + CHAT, chat_request())
+    answer = chat_completion("Sunny")
+    answer["model"] = f"gpt {secret}"
+    play_upstream(ex, answer)
+    await RecordStage(engine).finish(ex)
+    assert ex.session is not None
+    call = (await read_events(engine, ex.session.run_id))[-1]
+    assert call["name"] == call["payload"]["model"] == "gpt __REDACTED__"

@@ -96,7 +96,7 @@ def envelope(
     sanitized: bool = False,
 ) -> dict[str, Any]:
     """The AgentDbg event, its name, payload and meta redacted and truncated to `max_field_bytes`
-    (`sanitized`: payload and meta already are, and are kept as they are)."""
+    (`sanitized`: name, payload and meta already are, and are kept as they are)."""
     if sanitized:
         clean: Any = payload or {}
         clean_meta: Any = meta or {}
@@ -110,17 +110,17 @@ def envelope(
         "parent_id": parent_id,
         "event_type": str(event_type),
         "ts": storage.iso_ms(ts),
-        "duration_ms": None if duration_ms is None else max(0, int(duration_ms)),
-        "name": sanitize(str(name), max_field_bytes),
+        "duration_ms": None if duration_ms is None else int(duration_ms) if duration_ms > 0 else 0,
+        "name": name if sanitized else sanitize(str(name), max_field_bytes),
         "payload": clean if isinstance(clean, dict) else {"value": clean},
         "meta": clean_meta if isinstance(clean_meta, dict) else {"value": clean_meta},
     }
 
 
 def encode(event: dict[str, Any]) -> bytes:
-    """The event as one events.jsonl line."""
+    """The event as one events.jsonl line (storage.encode_line's, without its call: one per event)."""
     try:
-        return storage.encode_line(event)
+        return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
     except (TypeError, orjson.JSONEncodeError):
         # sanitize() leaves only JSON types, but an int beyond 64 bits still defeats orjson
         return json.dumps(event, ensure_ascii=False, default=str).encode() + b"\n"

@@ -116,8 +116,9 @@ class Run:
         if event_type == _LLM_CALL and isinstance(payload, dict):
             usage = payload.get("usage")
             if isinstance(usage, dict):
-                self.prompt_tokens += _int(usage.get("prompt_tokens"))
-                self.completion_tokens += _int(usage.get("completion_tokens"))
+                prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                self.prompt_tokens += prompt if type(prompt) is int else _int(prompt)
+                self.completion_tokens += completion if type(completion) is int else _int(completion)
                 self.tripwire_dirty = True
         if ts >= self.last_ts or self.last_event_ts is None:
             self.last_ts = ts

@@ -298,7 +298,11 @@ class TraceWriter:
             self.pending_bytes += line.size
             if self.pending_events >= _LINGER_EVENTS:
                 self._end_linger()
-        self.touch(run, run_json=True)
+        # touch(run, run_json=True), without its call (one per event)
+        run.run_json_dirty = True
+        self.dirty[run.run_id] = None
+        self.seq += 1
+        self._wake.set()
 
     def unqueue(self, lines: list[Line]) -> None:
         self.pending_events -= len(lines)
