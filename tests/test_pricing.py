@@ -8,11 +8,13 @@ from decimal import Decimal
 
 import genai_prices
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from proxy.dialects.base import Usage
 from proxy.pricing import PriceQuote, Pricing, name_variants
+
+hypothesis = pytest.importorskip("hypothesis")  # in the dev extra; the mcp<2 env has only [test]
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 AT = datetime(2026, 11, 1, tzinfo=UTC)
 
