@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN, EventType
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call, write_refusal_error
-from proxy.guards.breaker import CircuitBreaker, Transition
+from proxy.guards.breaker import CircuitBreaker, Ticket, Transition
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.pipeline import BaseStage
@@ -69,10 +69,23 @@ class BreakerStage(BaseStage):
             return None
         return self.engine.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
 
+    def ticket_breaker(self, ex: Exchange, ticket: Ticket) -> CircuitBreaker | None:
+        """breaker_for, the circuit taken from the call's ticket (no key made, no registry lookup)."""
+        breaker = ticket.breaker
+        session = ex.session
+        if breaker is None or session is None or session.guards is None:
+            return self.breaker_for(ex)
+        config = session.guards.config.circuit_breaker  # (the config in force now, as breaker_for)
+        if not config.enabled:
+            return None
+        if config is not breaker.config:
+            breaker.configure(config)
+        return breaker
+
     async def finish(self, ex: Exchange) -> None:
         if ex.breaker_ticket is None:
             return
-        breaker = self.breaker_for(ex)
+        breaker = self.ticket_breaker(ex, ex.breaker_ticket)
         if breaker is None:
             return
         if ex.refused or not ex.forwarded:

@@ -103,6 +103,8 @@ class GuardStage(BaseStage):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # a subclass settling elsewhere (the shared state's) overrides settle: that one is awaited
+        self._settles_here = type(self).settle is GuardStage.settle
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -197,8 +199,13 @@ class GuardStage(BaseStage):
             config_rev=guards.config_rev,
             config_recorded=session.conversation.configs_recorded,
         )
-        fields["decisions"] = guard_trace.decision_list(verdict.decisions) if verdict.decisions else []
-        return guard_trace.GuardTrace(verdict.call_seq, fields, guards, session.started_mono)
+        decisions = verdict.decisions
+        fields["decisions"] = guard_trace.decision_list(decisions) if decisions else []
+        tool = inputs["kind"] == "tool"
+        # begin's values are numbers: with nothing decided, no config recorded and a plain call's
+        # inputs, the fields are already as sanitize makes them (the record path takes them as they are)
+        clean = not decisions and not tool and "config" not in fields and guard_trace.own_numbers(inputs)
+        return guard_trace.GuardTrace(verdict.call_seq, fields, guards, session.started_mono, clean, tool)
 
     def write_findings(self, ex: Exchange, verdict: Verdict) -> None:
         session = ex.session
@@ -296,23 +303,31 @@ class GuardStage(BaseStage):
     async def finish(self, ex: Exchange) -> None:
         session = ex.session
         try:
-            await self.settle(ex)
+            if self._settles_here:  # (no coroutine made per call for it)
+                self.settle_now(ex)
+            else:
+                await self.settle(ex)
         finally:
             if session is not None and session.terminated:
                 self.engine.end_if_pending(session)  # its RUN_END follows the calls that were in flight
 
     async def settle(self, ex: Exchange) -> None:
+        self.settle_now(ex)
+
+    def settle_now(self, ex: Exchange) -> None:
+        """Settle the call with this process's guards: its reservation, what its answer brought."""
         session = ex.session
         if ex.protocol is None or session is None or session.guards is None or ex.guards_skipped:
             return
         guards = session.guards
         now = time.monotonic()
-        if ex.guard_trace is not None:
-            now = guard_trace.mark_settled(ex, ex.guard_trace, now)
+        trace = ex.guard_trace
+        if trace is not None:
+            now = guard_trace.mark_settled(ex, trace, now)
         if not ex.forwarded:  # refused, or never sent
             guards.release(ex.reservation)
             return
-        if is_tool_call(ex):
+        if trace.tool if trace is not None else is_tool_call(ex):
             result = ex.result
             decisions = guards.after_tool_call(
                 ex.reservation,

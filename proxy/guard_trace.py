@@ -49,6 +49,9 @@ class GuardTrace:
     fields: dict[str, Any]
     guards: SessionGuards
     started_at: float  # the session's monotonic start (t = now - started_at)
+    # the fields are what sanitize makes of them already (own_numbers): the event takes them as they are
+    clean: bool = False
+    tool: bool = False  # an MCP tool call (its settle brings fingerprints), else an LLM call
     rank: int | None = None
     settled_at: float | None = None
     settle: dict[str, Any] = field(default_factory=dict)
@@ -74,19 +77,25 @@ class GuardTrace:
             out["call_seq"] = self.call_seq
         else:
             m = max_field_bytes
-            guard_input = clean_fields(self.fields, m)
+            # (under a cap this short sanitize could cut even a clean trace's one str, its kind)
+            clean = self.clean and m >= CLEAN_FROM_BYTES
+            guard_input = self.fields if clean else clean_fields(self.fields, m)
             if settled:
                 guard_input["rank"] = self.rank
                 guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
-                for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
-                    guard_input[key] = value if type(value) in PLAIN else sanitize(value, m, 2)
+                if not self.tool:  # an LLM call's settle (or a release): numbers and a bool only
+                    guard_input.update(self.settle)
+                else:
+                    for key, value in self.settle.items():  # SETTLE_KEYS: none secret-named
+                        guard_input[key] = value if type(value) in PLAIN else sanitize(value, m, 2)
             call_seq = self.call_seq
             out["call_seq"] = call_seq if type(call_seq) is int else sanitize(call_seq, m, 1)
         out["guard_input"] = guard_input
-        if "sig" in self.fields:
-            out["args_fingerprint"] = guard_input["sig"]
-        if "res" in self.settle:
-            out["result_fingerprint"] = guard_input["res"]
+        if self.tool:  # (an LLM call has neither fingerprint)
+            if "sig" in self.fields:
+                out["args_fingerprint"] = guard_input["sig"]
+            if "res" in self.settle:
+                out["result_fingerprint"] = guard_input["res"]
         return out
 
 
@@ -129,6 +138,25 @@ def clean_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]
 
 
 _HIST_KEYS = ("keep", "add", "turn_start", "results")
+CLEAN_FROM_BYTES = 16  # a field cap from which sanitize keeps "llm" as it is (redact._str)
+
+
+def own_numbers(inputs: dict[str, Any]) -> bool:
+    """The call's inputs are those of a plain LLM call (llm_inputs with no step added, no result,
+    numeric estimates): with begin's own numbers they are already what sanitize makes of them, so
+    GuardTrace.clean spares the record path clean_fields."""
+    if inputs["kind"] != "llm":
+        return False
+    hist = inputs["hist"]
+    return (
+        len(hist) == 4  # (keep, add, turn_start, results: llm_inputs' own)
+        and not hist["add"]
+        and not hist["results"]
+        and type(hist["keep"]) is int
+        and type(hist["turn_start"]) is int
+        and type(inputs["est"]) in PLAIN
+        and type(inputs["tok"]) in PLAIN
+    )
 
 
 # what a settle adds to a call's guard_input (besides rank and t_end)
@@ -268,7 +296,7 @@ def mark_settled(ex: Any, trace: GuardTrace, now: float) -> float:
     settle = trace.settle
     if not ex.forwarded:  # (refused, or never sent) it never reached the upstream: its reservation goes back
         settle["released"] = True
-    elif trace.fields.get("kind") == "tool":
+    elif trace.tool:
         result = ex.result
         failed = result is not None and result.status == "error"
         fingerprint = (result.fingerprint or "") if result is not None else ""

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from proxy.guard_trace import GuardTrace, clean_fields, llm_inputs, mcp_inputs, sanitized_fields
+from proxy.guard_trace import (
+    CLEAN_FROM_BYTES,
+    GuardTrace,
+    clean_fields,
+    llm_inputs,
+    mcp_inputs,
+    own_numbers,
+    sanitized_fields,
+)
 from proxy.guards.config import GuardConfig
 from proxy.guards.session import SessionGuards
 from proxy.redact import is_secret_key, sanitize
@@ -75,3 +83,47 @@ def test_a_settled_payload_is_the_same_each_time_it_is_taken() -> None:
         first = trace.payload(64)
         assert first == sanitize(raw, 64) and list(first["guard_input"]) == list(raw["guard_input"])
         assert trace.payload(64) == first
+
+
+def all_inputs() -> list[dict[str, Any]]:
+    plain, _ = llm_inputs([], [], 0, [], 0.00064, 1227)
+    steps = [[("call_1", "get_weather", {"city": "Paris"})]]
+    history, ids = llm_inputs([], steps, 1, {"call_1": ("f" * 16, None)}, 0.5, 10)
+    kept, _ = llm_inputs(ids, steps, 1, {}, 0.5, 10)
+    odd = {"keep": 0, "add": [], "turn_start": 0, "results": {}}
+    return [
+        plain,
+        history,
+        kept,
+        mcp_inputs("search", {"q": "x"}, "srv", 0.0),
+        {**plain, "hist": {**odd, "x": SECRET}},
+        {**plain, "hist": {**odd, "keep": 0.5}},
+        {**plain, "est": "0.1"},
+        {**plain, "tok": [1]},
+    ]
+
+
+@pytest.mark.parametrize("max_field_bytes", [1, 8, 1024])
+def test_own_numbers_only_where_sanitize_keeps_every_value(max_field_bytes: int) -> None:
+    """A trace marked clean (own_numbers, nothing decided, no config) skips clean_fields: only right
+    where clean_fields would keep every value as it is."""
+    for inputs in all_inputs():
+        shape = fields(inputs, decisions=[])
+        cleaned = clean_fields(dict(shape), max_field_bytes)
+        if own_numbers(inputs) and max_field_bytes >= CLEAN_FROM_BYTES:
+            assert all(cleaned[k] is v for k, v in shape.items())
+    assert [own_numbers(inputs) for inputs in all_inputs()] == [True, False, True] + [False] * 5
+
+
+@pytest.mark.parametrize("max_field_bytes", [1, 8, 16, 64])
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_clean_trace_gives_what_sanitize_makes(clean: bool, max_field_bytes: int) -> None:
+    plain, _ = llm_inputs([], [], 0, [], 0.00064, 1227)
+    trace = GuardTrace(
+        3, fields(plain, decisions=[]), SessionGuards(GuardConfig(), started_at=0.0), 0.0, clean
+    )
+    trace.rank, trace.settled_at, trace.settle = 2, 1.5, {"cost": 0.001, "tokens": 12}
+    raw = trace.payload()
+    got = trace.payload(max_field_bytes)
+    assert got == sanitize(raw, max_field_bytes) and list(got["guard_input"]) == list(raw["guard_input"])
+    assert trace.payload(max_field_bytes) == got

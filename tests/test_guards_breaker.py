@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.guards.breaker import BreakerRegistry, CircuitBreaker, State
+from proxy.guards.breaker import BreakerRegistry, CircuitBreaker, State, Ticket
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Action
 
@@ -115,3 +115,15 @@ def test_registry_applies_a_new_config_on_the_next_call() -> None:
         .action
         is Action.ALLOW
     )
+
+
+def test_a_ticket_names_its_circuit_outside_its_value() -> None:
+    """The circuit that issued a ticket rides on it (the stage settles the answer there); the
+    ticket's value (generation, trial, transition: what the shared backends compare) is unchanged."""
+    b = CircuitBreaker(CircuitBreakerConfig(open_after_failures=1, cooldown_seconds=1.0))
+    _, closed = b.before_call(0.0)
+    assert closed is not None and closed.breaker is b and closed == Ticket(0, trial=False)
+    b.on_failure(closed, 1.0)
+    _, trial = b.before_call(5.0)
+    assert trial is not None and trial.trial and trial.breaker is b
+    assert trial == Ticket(trial.generation, trial=True, transition=trial.transition)

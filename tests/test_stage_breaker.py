@@ -35,6 +35,7 @@ async def test_a_failure_opens_the_circuit_and_the_next_call_is_refused(
     await breaker_stage.finish(first)
     breaker = engine.breakers.get("bot", "llm:default", engine.guard_config("bot").circuit_breaker)
     assert str(breaker.state) == "open"
+    assert first.breaker_ticket.breaker is breaker  # the answer went back to the circuit that admitted it
 
     refused = await judged(engine, stages)
     assert refused.answer is not None and refused.answer.status == 429

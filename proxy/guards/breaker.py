@@ -16,7 +16,7 @@ Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN
 from proxy.guards.config import CircuitBreakerConfig
@@ -47,6 +47,8 @@ class Ticket:
     generation: int
     trial: bool
     transition: Transition | None = None  # open -> half_open happens when the first trial is admitted
+    # the circuit that issued it (not part of its value): the call's answer goes back to it
+    breaker: CircuitBreaker | None = field(default=None, compare=False, repr=False)
 
 
 def refusal(
@@ -120,7 +122,7 @@ class CircuitBreaker:
         if self.state is State.HALF_OPEN and self.trials_admitted < self.config.half_open_max_calls:
             self.trials_admitted += 1
             self.trials_in_flight += 1
-            return ALLOW, Ticket(self.generation, trial=True, transition=transition)
+            return ALLOW, Ticket(self.generation, trial=True, transition=transition, breaker=self)
         return self._refusal(now), None
 
     def _closed_ticket(self) -> Ticket:
@@ -128,7 +130,7 @@ class CircuitBreaker:
         a generation, rather than one made per call."""
         ticket = self._closed
         if ticket is None or ticket.generation != self.generation:
-            ticket = self._closed = Ticket(self.generation, trial=False)
+            ticket = self._closed = Ticket(self.generation, trial=False, breaker=self)
         return ticket
 
     def _refusal(self, now: float) -> Decision:

@@ -135,7 +135,8 @@ class SessionGuards:
         self, reservation: Reservation | None, *, cost_usd: float, tokens: int, now: float
     ) -> list[Decision]:
         """The answer came (or broke after reaching the upstream): settle to its real cost."""
-        return self._count(self.budget.settle(reservation, cost_usd, tokens, now))
+        decisions = self.budget.settle(reservation, cost_usd, tokens, now)
+        return self._count(decisions) if decisions else decisions  # (most settles conclude nothing)
 
     # -- MCP tool calls --------------------------------------------------------------------------
 
