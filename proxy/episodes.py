@@ -232,17 +232,16 @@ def call_digests(call: Any) -> Walked:
     """A parsed request's conversation walked once per request (kept in its memo) for the session
     lookup, the prompt estimate and the recorded prompt delta alike; a long conversation's walk
     goes on from its previous request's (proxy/history.py)."""
-    memo = getattr(call, "memo", None)
-    found = memo.get("digests") if memo is not None else None
+    memo = call.memo
+    found = memo.get("digests")
     if found is None:
         # the parse stage may have found the request this one continues already (PRIOR)
-        prior = memo.get(PRIOR, FIND) if memo is not None else FIND
-        found = RECENT.walk(list(getattr(call, "messages", None) or []), _normalised, message_tokens, prior)
-        parsed = getattr(call, "parsed", None)
+        found = memo["digests"] = RECENT.walk(
+            call.messages, _normalised, message_tokens, memo.get(PRIOR, FIND)
+        )
+        parsed = call.parsed
         if parsed is not None and parsed.messages == len(found.messages):
             found.parsed = parsed  # a later request resending these messages reads only its new ones
-        if memo is not None:
-            memo["digests"] = found
     return found
 
 
@@ -270,10 +269,10 @@ def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) 
     found = announced(headers, body)
     if found is not None:
         return Episode(announced=found[1], source=found[0])
-    if getattr(call, "dialect", None) not in CONVERSATIONAL:
+    if call.dialect not in CONVERSATIONAL:
         return NO_CONVERSATION
     history = call_digests(call).lineage
-    previous = getattr(call, "previous_response_id", None)
+    previous = call.previous_response_id
     previous = previous if isinstance(previous, str) and previous else None
     if len(history) < 2 and previous is None:
         # an empty conversation (an unreadable body judged without its history) continues nothing

@@ -133,7 +133,9 @@ class RecentConversations:
 
     @staticmethod
     def _key(messages: list[Any]) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
+        """The digest of the first two messages as sent: the same bytes as a walk's `sent[2]`, which
+        `walk` takes instead of hashing them again."""
+        h = _EMPTY.copy()
         for message in messages[:2]:
             raw = message_bytes(message)
             h.update(_size(raw))
@@ -164,14 +166,15 @@ class RecentConversations:
         count: Callable[[Any], int],
         prior: Walked | None | Find = FIND,
     ) -> Walked:
-        """`messages` walked, going on from `prior` (FIND: `find` it here), and kept."""
+        """`messages` walked, going on from `prior` (FIND: `find` it here), and kept (a copy of the
+        list: the caller's may change; a short conversation, not kept, walks the caller's own)."""
         if len(messages) < MIN_MESSAGES:
             return Walked(messages, normalise, count)
         if isinstance(prior, Find):
             prior = self.find(messages)
-        key = self._key(messages)
+        walked = Walked(list(messages), normalise, count, prior)
+        key = walked.sent[2]  # `_key(messages)`, already digested by the walk (or the prior's)
         kept = self._by_key.get(key, [])
-        walked = Walked(messages, normalise, count, prior)
         if prior is not None and prior in kept:  # (a concurrent request may have gone on from it first)
             kept.remove(prior)
             self._messages -= len(prior.messages)

@@ -291,7 +291,7 @@ class LLMParseStage(BaseStage):
         except Exception:
             log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
             call = fallback_request(dialect, body)
-        ex.protocol = self.protocol(dialect)
+        ex.protocol = self._protocols.get(dialect) or self.protocol(dialect)
         ex.call = call
         ex.request_json = body  # the session stage reads the client's episode id in it
         rewritten = dialect.upstream_body(call, body)

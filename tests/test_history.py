@@ -93,3 +93,18 @@ def test_short_conversations_are_not_kept_and_the_memory_is_bounded(monkeypatch:
     seen.walked = 0
     recent.walk(conversation(21, task="task 4"), seen, message_tokens)
     assert seen.walked == 2  # the newest is kept
+
+
+def test_a_kept_conversation_is_keyed_by_its_walks_digest_of_the_first_two_messages() -> None:
+    """walk keys a conversation by its sent[2] instead of hashing the first two messages again:
+    the same bytes as _key, which find computes; the kept list is a copy of the caller's."""
+    recent = RecentConversations()
+    messages = conversation(20, marked_at=0)  # lineage forks at once; the sent chain keys it
+    walked = recent.walk(messages, _normalised, message_tokens)
+    assert walked.sent[2] == RecentConversations._key(messages)
+    assert walked.messages == messages and walked.messages is not messages
+    messages.append({"role": "user", "content": "and now?"})  # the caller's list changes after
+    assert recent.find(messages) is walked
+    later = recent.walk(messages, _normalised, message_tokens)
+    same(later, whole(messages))
+    assert recent.find(messages + [{"role": "user", "content": "more"}]) is later

@@ -51,7 +51,7 @@ class Usage:
     estimated: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ParseState:
     """What a dialect read from a request's first `messages` messages: kept with the request (in
     proxy/history.py) so a later request that resends them, proven unchanged, goes on from here
@@ -91,7 +91,7 @@ class ParseState:
         return self.first_result
 
 
-@dataclass
+@dataclass(slots=True)
 class LLMRequest:
     dialect: str  # openai_chat | openai_responses | anthropic | embeddings | completions
     model: str | None
