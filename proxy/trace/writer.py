@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+import orjson
+
 from proxy import runlock, storage
 from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, RUN_JSON, STATUS_RUNNING, TRIPWIRE_JSON, EventType
 from proxy.trace.content import encode
@@ -51,11 +53,12 @@ LINGER_S = 0.0005
 _RUN_END: str = EventType.RUN_END.value
 _BOOKENDS = frozenset({EventType.RUN_START.value, _RUN_END})
 _new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
+_dumps, _APPEND_NEWLINE = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 _LINGER_EVENTS = 16  # this many events queued: no more lingering (under load passes fill anyway)
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """What one run's writes are in one pass (built on the loop thread, written on it or in a thread)."""
 
@@ -74,7 +77,7 @@ class Job:
     fsync: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class JobResult:
     run_id: str
     dir_made: bool
@@ -291,7 +294,10 @@ class TraceWriter:
                 run.end_event = event  # encoded when written: its summary counts the events on disk
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
             else:
-                data = encode(event)
+                try:  # encode(event), without its call in the common case
+                    data = _dumps(event, option=_APPEND_NEWLINE)
+                except (TypeError, orjson.JSONEncodeError):
+                    data = encode(event)
                 line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
             run.pending.append(line)
             self.pending_events += 1
@@ -373,7 +379,7 @@ class TraceWriter:
 
     def _apply(self, job: Job, res: JobResult, now: float, final: bool) -> None:
         """Back on the loop: what the job's writes did to the run's state."""
-        run = self.registry.get(job.run_id)
+        run = self.registry.runs.get(job.run_id)
         if run is None:  # forgotten while its writes were in flight
             self.unqueue(job.lines)
             return
@@ -476,8 +482,9 @@ class TraceWriter:
             threaded: list[Job] = []
             budget = _META_PER_PASS  # rewrites are slow (a rename each): a pass stays short, lines first
             try:
+                runs = self.registry.runs
                 for i, rid in enumerate(list(self.dirty)):
-                    run = self.registry.get(rid)
+                    run = runs.get(rid)
                     if run is None:
                         self.dirty.pop(rid, None)
                         continue
