@@ -111,28 +111,8 @@ def write_job(job: Job) -> JobResult:
                 res.lines_ok = False
                 res.errno = getattr(e, "errno", None)
             return res
-    if job.lines:
-        path = f"{job.dir}/{EVENTS_JSONL}"  # a str: pathlib's join costs more than the append
-        try:
-            if res.size is None:
-                res.size = storage.file_size(path)
-            if res.torn:
-                storage.truncate_file(path, res.size)
-                res.torn = False
-            storage.append_lines(path, job.data, fsync=job.fsync)
-        except Exception as e:
-            res.lines_ok = False
-            res.errno = getattr(e, "errno", None)
-            res.fail(f"append {path} ({len(job.lines)} events)", e)
-            if res.size is not None:
-                try:
-                    storage.truncate_file(path, res.size)  # no partial line stays behind
-                    res.torn = False
-                except Exception:
-                    res.torn = True  # cut before the next append
-            return res
-        res.lines_ok = True
-        res.size += job.data_size
+    if job.lines and not append_events(res, f"{job.dir}/{EVENTS_JSONL}", job.data, job.data_size, job.fsync):
+        return res
     if job.tripwire is not None:
         try:
             storage.write_json_atomic(job.dir / TRIPWIRE_JSON, job.tripwire, fsync=job.fsync)
@@ -148,6 +128,33 @@ def write_job(job: Job) -> JobResult:
             res.run_json_ok = False
             res.fail(f"write {job.dir / RUN_JSON}", e)
     return res
+
+
+def append_events(res: JobResult, path: str, data: list[bytes], data_size: int, fsync: bool) -> bool:
+    """A job's lines appended to events.jsonl (a str path: pathlib's join costs more than the append);
+    a failed append is cut back to the last good size, so no partial or blank line is ever left.
+    False (and the failure in `res`) when the lines are not on disk."""
+    try:
+        if res.size is None:
+            res.size = storage.file_size(path)
+        if res.torn:
+            storage.truncate_file(path, res.size)
+            res.torn = False
+        storage.append_lines(path, data, fsync=fsync)
+    except Exception as e:
+        res.lines_ok = False
+        res.errno = getattr(e, "errno", None)
+        res.fail(f"append {path} ({len(data)} events)", e)
+        if res.size is not None:
+            try:
+                storage.truncate_file(path, res.size)  # no partial line stays behind
+                res.torn = False
+            except Exception:
+                res.torn = True  # cut before the next append
+        return False
+    res.lines_ok = True
+    res.size += data_size
+    return True
 
 
 def write_jobs(jobs: list[Job]) -> list[JobResult]:
@@ -377,6 +384,54 @@ class TraceWriter:
             fsync=self.fsync == "always" or (self.fsync == "run_end" and (ending or self._closing)),
         )
 
+    def _lines_only(self, run: Run, now: float, final: bool) -> bool:
+        """A live run's new lines and nothing else due (its metadata waits, no failure, no fsync): the
+        common pass under load, appended here without the Job a general write builds. False, having
+        done nothing, when the run needs _job's general way."""
+        if (
+            not run.pending
+            or run.status != STATUS_RUNNING  # RUN_END is queued: encoded when written, by _job
+            or run.failing
+            or run.torn
+            or not run.dir_made
+            or not run.run_json_written
+            or now >= run.meta_due
+            or run.disk.size is None
+            or self.fsync == "always"
+            or self._closing
+        ):
+            return False
+        lines, run.pending = run.pending, []
+        data = cast("list[bytes]", [line.data for line in lines])  # no RUN_END among them: all encoded
+        size = sum(map(len, data))
+        res = JobResult(run.run_id, dir_made=True, size=run.disk.size, torn=False)
+        ok = append_events(res, f"{run.dir}/{EVENTS_JSONL}", data, size, False)
+        run.run_json_dirty = True  # counts changed: rewritten when due
+        if ok:  # as _apply does for a job of lines only
+            run.disk.add_lines(lines)
+            run.disk.size = res.size
+            self.unqueue(lines)
+            return True
+        after = run.disk.copy()
+        after.add_lines(lines)
+        job = Job(
+            run_id=run.run_id,
+            dir=run.dir,
+            make_dir=False,
+            lines=lines,
+            data=data,
+            data_size=size,
+            after=after,
+            size=run.disk.size,
+            torn=False,
+            run_json=None,
+            tripwire=None,
+            tripwire_first=not run.tripwire_written,
+            fsync=False,
+        )
+        self._apply(job, res, now, final)
+        return True
+
     def _apply(self, job: Job, res: JobResult, now: float, final: bool) -> None:
         """Back on the loop: what the job's writes did to the run's state."""
         run = self.registry.runs.get(job.run_id)
@@ -487,6 +542,9 @@ class TraceWriter:
                     run = runs.get(rid)
                     if run is None:
                         self.dirty.pop(rid, None)
+                        continue
+                    if not force and self._lines_only(run, now, final):
+                        self._settle(run, final)
                         continue
                     job = self._job(run, now, force, meta_ok=force or budget > 0)
                     if job is not None and job.run_json is not None:
