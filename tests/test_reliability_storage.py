@@ -516,3 +516,32 @@ async def test_a_failed_append_in_a_pass_of_lines_only(
     assert [e["event_type"] for e in events] == ["RUN_START"] + ["LLM_CALL"] * kept + ["TOOL_CALL"]
     assert meta["counts"]["llm_calls"] == kept
     await rec.close()
+
+
+async def test_a_pass_over_many_runs_of_lines_only_lets_other_tasks_run(tmp_path: Path) -> None:
+    """A pass over hundreds of live runs' new lines (the writer's short way) still gives the loop
+    up every few hundred runs, so requests are not held behind it."""
+    rec = TraceRecorder(tmp_path, meta_interval_s=3600.0)
+    await rec.start()
+    ids = [rec.start_run(run_name="r", agent_name="a", session_id=f"s{i}") for i in range(600)]
+    await rec.flush()  # every run.json written: the next pass is of lines only
+    for run_id in ids:
+        rec.record(run_id, "TOOL_CALL", "t", {"tool_name": "t"})
+    writer = rec._writer
+    seen_mid_pass = False
+
+    async def probe() -> None:
+        nonlocal seen_mid_pass
+        while writer.pending_events:
+            seen_mid_pass |= writer.lock.locked()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(writer.drain(), probe())
+    assert seen_mid_pass and not writer.pending_events
+    await rec.close()
+    for run_id in ids:
+        assert [e["event_type"] for e in assert_run_valid(tmp_path, run_id)[1]] == [
+            "RUN_START",
+            "TOOL_CALL",
+            "RUN_END",
+        ]

@@ -545,18 +545,18 @@ class TraceWriter:
                         continue
                     if not force and self._lines_only(run, now, final):
                         self._settle(run, final)
-                        continue
-                    job = self._job(run, now, force, meta_ok=force or budget > 0)
-                    if job is not None and job.run_json is not None:
-                        budget -= 1
-                    if job is None:
-                        self._settle(run, final)
-                    elif job.fsync:
-                        self.dirty.pop(rid, None)
-                        threaded.append(job)
                     else:
-                        self._apply(job, write_job(job), now, final)
-                        self._settle(run, final)
+                        job = self._job(run, now, force, meta_ok=force or budget > 0)
+                        if job is not None and job.run_json is not None:
+                            budget -= 1
+                        if job is None:
+                            self._settle(run, final)
+                        elif job.fsync:
+                            self.dirty.pop(rid, None)
+                            threaded.append(job)
+                        else:
+                            self._apply(job, write_job(job), now, final)
+                            self._settle(run, final)
                     if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # a pass over thousands of runs lets requests through
                 if threaded:
