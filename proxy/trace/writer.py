@@ -410,7 +410,8 @@ class TraceWriter:
         if ok:  # as _apply does for a job of lines only
             run.disk.add_lines(lines)
             run.disk.size = res.size
-            self.unqueue(lines)
+            self.pending_events -= len(lines)  # unqueue(lines): their sizes are the data's
+            self.pending_bytes -= size
             return True
         after = run.disk.copy()
         after.add_lines(lines)
