@@ -76,7 +76,7 @@ class OwnerLock:
         self.host = socket.gethostname()
         self.started_at = time.time()
         self._fd: int | None = None
-        self._head: str | None = None
+        self._format: bytes | None = None
 
     @property
     def path(self) -> Path:
@@ -123,23 +123,25 @@ class OwnerLock:
         """Rewrite the lock file's record in place (one `pwrite`, same size every time; best effort)."""
         if self._fd is None:
             return
-        w = _PROGRESS_WIDTH
-        record = (
-            f'{self._record_head}"passes": {passes:<{w}d}, '
-            f'"written_seq": {written_seq:<{w}d}, "check": {passes:<{w}d}}}\n'
-        ).encode()
-        with contextlib.suppress(OSError):
-            os.pwrite(self._fd, record, 0)
+        try:
+            os.pwrite(self._fd, self._record_format % (passes, written_seq, passes), 0)
+        except OSError:
+            pass
 
     @property
-    def _record_head(self) -> str:
-        """The record's fixed part, formatted once (progress() runs after every writer pass)."""
-        if self._head is None:
-            self._head = (
+    def _record_format(self) -> bytes:
+        """The record as a bytes %-format, its fixed part formatted once (progress() runs after every
+        writer pass: one %-format of three ints instead of an f-string with widths and an encode)."""
+        if self._format is None:
+            w = _PROGRESS_WIDTH
+            head = (
                 f'{{"owner": "{self.id}", "pid": {self.pid}, "host": {orjson.dumps(self.host).decode()}, '
                 f'"started_at": {self.started_at:.3f}, '
             )
-        return self._head
+            self._format = (
+                head.replace("%", "%%") + f'"passes": %-{w}d, "written_seq": %-{w}d, "check": %-{w}d}}\n'
+            ).encode()
+        return self._format
 
     def release(self) -> None:
         """Give the runs up: the file is removed while still locked, then the lock is dropped."""

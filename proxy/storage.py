@@ -176,11 +176,14 @@ def append_lines(path: str | Path, lines: list[bytes], *, fsync: bool = False) -
     """
     if not lines:
         return
-    data = memoryview(b"".join(lines))
+    data = b"".join(lines)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        while data:
-            data = data[os.write(fd, data) :]
+        written = os.write(fd, data)
+        if written < len(data):  # rare: continued from where it stopped, without copies
+            rest = memoryview(data)[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
         if fsync:
             os.fsync(fd)
     finally:

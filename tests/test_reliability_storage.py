@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 
 from proxy import runlock, storage
+from proxy.constants import EVENTS_JSONL
 from proxy.recorder import TraceRecorder
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.schema import assert_run_valid
@@ -472,3 +473,75 @@ async def test_sigterm_still_loses_nothing_with_deferred_metadata(tmp_path: Path
     for run_dir in (data / "runs").iterdir():
         meta, events = assert_run_valid(data, run_dir.name)
         assert meta["status"] == "ok" and meta["counts"]["llm_calls"] == 2
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
+async def test_a_failed_append_in_a_pass_of_lines_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    """A live run's pass of new lines only (its run.json not due: the writer's short way) fails as
+    any write does: the torn append is cut back, out of space keeps the lines and writes them once
+    space is back, another refusal drops them (counted), and run.json's counts stay those on disk."""
+    disk = Disk(monkeypatch, err=err)
+    rec = TraceRecorder(tmp_path, meta_interval_s=3600.0)
+    await rec.start()
+    run_id = rec.start_run(run_name="r", agent_name="a", session_id="s")
+    rec.record(run_id, "LLM_CALL", "m", {"model": "m"})
+    await rec.flush()  # run.json and tripwire.json written: the next passes are of lines only
+    events_path = tmp_path / "runs" / run_id / EVENTS_JSONL
+    size = events_path.stat().st_size
+
+    disk.full = True
+    for _ in range(2):
+        rec.record(run_id, "LLM_CALL", "m", {"model": "m"})
+    passes = rec.health()["writer_passes"]
+    for _ in range(5000):  # the writer's own pass, not a flush
+        if rec.health()["writer_passes"] > passes:
+            break
+        await asyncio.sleep(0.001)
+    assert disk.refused == 1 and not rec.health()["ok"]
+    assert events_path.stat().st_size == size  # the torn append was cut back
+    health = rec.health()
+    if err == errno.ENOSPC:
+        assert health["queue_depth"] == 2 and health["dropped_events"] == 0
+    else:
+        assert health["queue_depth"] == 0 and health["dropped_events"] == 2
+
+    disk.full = False
+    rec.record(run_id, "TOOL_CALL", "t", {"tool_name": "t"})
+    await rec.flush()
+    assert rec.health()["ok"]
+    meta, events = assert_run_valid(tmp_path, run_id)
+    kept = 3 if err == errno.ENOSPC else 1
+    assert [e["event_type"] for e in events] == ["RUN_START"] + ["LLM_CALL"] * kept + ["TOOL_CALL"]
+    assert meta["counts"]["llm_calls"] == kept
+    await rec.close()
+
+
+async def test_a_pass_over_many_runs_of_lines_only_lets_other_tasks_run(tmp_path: Path) -> None:
+    """A pass over hundreds of live runs' new lines (the writer's short way) still gives the loop
+    up every few hundred runs, so requests are not held behind it."""
+    rec = TraceRecorder(tmp_path, meta_interval_s=3600.0)
+    await rec.start()
+    ids = [rec.start_run(run_name="r", agent_name="a", session_id=f"s{i}") for i in range(600)]
+    await rec.flush()  # every run.json written: the next pass is of lines only
+    for run_id in ids:
+        rec.record(run_id, "TOOL_CALL", "t", {"tool_name": "t"})
+    writer = rec._writer
+    seen_mid_pass = False
+
+    async def probe() -> None:
+        nonlocal seen_mid_pass
+        while writer.pending_events:
+            seen_mid_pass |= writer.lock.locked()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(writer.drain(), probe())
+    assert seen_mid_pass and not writer.pending_events
+    await rec.close()
+    for run_id in ids:
+        assert [e["event_type"] for e in assert_run_valid(tmp_path, run_id)[1]] == [
+            "RUN_START",
+            "TOOL_CALL",
+            "RUN_END",
+        ]

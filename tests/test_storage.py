@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy import storage
+from proxy import runlock, storage
 from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
 
 
@@ -232,3 +232,34 @@ def test_prune_runs_by_age_and_size(tmp_path: Path) -> None:
     assert storage.prune_runs(tmp_path, now=now, max_total_bytes=1500, keep={kept}) == [mid]
     left = {p.name for p in (tmp_path / "runs").iterdir()}
     assert left == {new, running, kept}
+
+
+def test_append_lines_continues_a_short_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write() that takes only part of the data is continued from where it stopped, nothing doubled."""
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    path = tmp_path / EVENTS_JSONL
+    lines = [storage.encode_line({"i": i, "text": "x" * 20}) for i in range(3)]
+    storage.append_lines(path, lines)
+    assert path.read_bytes() == b"".join(lines)
+
+
+def test_owner_progress_record_keeps_its_size(tmp_path: Path) -> None:
+    """The lock file's progress record is rewritten in place at one size, whatever the counters
+    (a '%' in the host name stays as it is)."""
+    lock = runlock.OwnerLock(tmp_path)
+    lock.host = "host-%d-100%"
+    assert lock.acquire()
+    try:
+        sizes = set()
+        for passes, seq in [(0, 0), (7, 12345), (10**15, 3)]:
+            lock.progress(passes, seq)
+            raw = lock.path.read_bytes()
+            sizes.add(len(raw))
+            record = runlock.read_progress(tmp_path, lock.id)
+            assert record is not None
+            assert (record["passes"], record["written_seq"], record["check"]) == (passes, seq, passes)
+            assert record["host"] == "host-%d-100%" and record["owner"] == lock.id
+        assert len(sizes) == 1
+    finally:
+        lock.release()

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+import orjson
+
 from proxy import runlock, storage
 from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, RUN_JSON, STATUS_RUNNING, TRIPWIRE_JSON, EventType
 from proxy.trace.content import encode
@@ -51,11 +53,12 @@ LINGER_S = 0.0005
 _RUN_END: str = EventType.RUN_END.value
 _BOOKENDS = frozenset({EventType.RUN_START.value, _RUN_END})
 _new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
+_dumps, _APPEND_NEWLINE = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 _LINGER_EVENTS = 16  # this many events queued: no more lingering (under load passes fill anyway)
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """What one run's writes are in one pass (built on the loop thread, written on it or in a thread)."""
 
@@ -74,7 +77,7 @@ class Job:
     fsync: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class JobResult:
     run_id: str
     dir_made: bool
@@ -108,28 +111,8 @@ def write_job(job: Job) -> JobResult:
                 res.lines_ok = False
                 res.errno = getattr(e, "errno", None)
             return res
-    if job.lines:
-        path = f"{job.dir}/{EVENTS_JSONL}"  # a str: pathlib's join costs more than the append
-        try:
-            if res.size is None:
-                res.size = storage.file_size(path)
-            if res.torn:
-                storage.truncate_file(path, res.size)
-                res.torn = False
-            storage.append_lines(path, job.data, fsync=job.fsync)
-        except Exception as e:
-            res.lines_ok = False
-            res.errno = getattr(e, "errno", None)
-            res.fail(f"append {path} ({len(job.lines)} events)", e)
-            if res.size is not None:
-                try:
-                    storage.truncate_file(path, res.size)  # no partial line stays behind
-                    res.torn = False
-                except Exception:
-                    res.torn = True  # cut before the next append
-            return res
-        res.lines_ok = True
-        res.size += job.data_size
+    if job.lines and not append_events(res, f"{job.dir}/{EVENTS_JSONL}", job.data, job.data_size, job.fsync):
+        return res
     if job.tripwire is not None:
         try:
             storage.write_json_atomic(job.dir / TRIPWIRE_JSON, job.tripwire, fsync=job.fsync)
@@ -145,6 +128,33 @@ def write_job(job: Job) -> JobResult:
             res.run_json_ok = False
             res.fail(f"write {job.dir / RUN_JSON}", e)
     return res
+
+
+def append_events(res: JobResult, path: str, data: list[bytes], data_size: int, fsync: bool) -> bool:
+    """A job's lines appended to events.jsonl (a str path: pathlib's join costs more than the append);
+    a failed append is cut back to the last good size, so no partial or blank line is ever left.
+    False (and the failure in `res`) when the lines are not on disk."""
+    try:
+        if res.size is None:
+            res.size = storage.file_size(path)
+        if res.torn:
+            storage.truncate_file(path, res.size)
+            res.torn = False
+        storage.append_lines(path, data, fsync=fsync)
+    except Exception as e:
+        res.lines_ok = False
+        res.errno = getattr(e, "errno", None)
+        res.fail(f"append {path} ({len(data)} events)", e)
+        if res.size is not None:
+            try:
+                storage.truncate_file(path, res.size)  # no partial line stays behind
+                res.torn = False
+            except Exception:
+                res.torn = True  # cut before the next append
+        return False
+    res.lines_ok = True
+    res.size += data_size
+    return True
 
 
 def write_jobs(jobs: list[Job]) -> list[JobResult]:
@@ -291,7 +301,10 @@ class TraceWriter:
                 run.end_event = event  # encoded when written: its summary counts the events on disk
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
             else:
-                data = encode(event)
+                try:  # encode(event), without its call in the common case
+                    data = _dumps(event, option=_APPEND_NEWLINE)
+                except (TypeError, orjson.JSONEncodeError):
+                    data = encode(event)
                 line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
             run.pending.append(line)
             self.pending_events += 1
@@ -371,9 +384,58 @@ class TraceWriter:
             fsync=self.fsync == "always" or (self.fsync == "run_end" and (ending or self._closing)),
         )
 
+    def _lines_only(self, run: Run, now: float, final: bool) -> bool:
+        """A live run's new lines and nothing else due (its metadata waits, no failure, no fsync): the
+        common pass under load, appended here without the Job a general write builds. False, having
+        done nothing, when the run needs _job's general way."""
+        if (
+            not run.pending
+            or run.status != STATUS_RUNNING  # RUN_END is queued: encoded when written, by _job
+            or run.failing
+            or run.torn
+            or not run.dir_made
+            or not run.run_json_written
+            or now >= run.meta_due
+            or run.disk.size is None
+            or self.fsync == "always"
+            or self._closing
+        ):
+            return False
+        lines, run.pending = run.pending, []
+        data = cast("list[bytes]", [line.data for line in lines])  # no RUN_END among them: all encoded
+        size = sum(map(len, data))
+        res = JobResult(run.run_id, dir_made=True, size=run.disk.size, torn=False)
+        ok = append_events(res, f"{run.dir}/{EVENTS_JSONL}", data, size, False)
+        run.run_json_dirty = True  # counts changed: rewritten when due
+        if ok:  # as _apply does for a job of lines only
+            run.disk.add_lines(lines)
+            run.disk.size = res.size
+            self.pending_events -= len(lines)  # unqueue(lines): their sizes are the data's
+            self.pending_bytes -= size
+            return True
+        after = run.disk.copy()
+        after.add_lines(lines)
+        job = Job(
+            run_id=run.run_id,
+            dir=run.dir,
+            make_dir=False,
+            lines=lines,
+            data=data,
+            data_size=size,
+            after=after,
+            size=run.disk.size,
+            torn=False,
+            run_json=None,
+            tripwire=None,
+            tripwire_first=not run.tripwire_written,
+            fsync=False,
+        )
+        self._apply(job, res, now, final)
+        return True
+
     def _apply(self, job: Job, res: JobResult, now: float, final: bool) -> None:
         """Back on the loop: what the job's writes did to the run's state."""
-        run = self.registry.get(job.run_id)
+        run = self.registry.runs.get(job.run_id)
         if run is None:  # forgotten while its writes were in flight
             self.unqueue(job.lines)
             return
@@ -476,22 +538,26 @@ class TraceWriter:
             threaded: list[Job] = []
             budget = _META_PER_PASS  # rewrites are slow (a rename each): a pass stays short, lines first
             try:
+                runs = self.registry.runs
                 for i, rid in enumerate(list(self.dirty)):
-                    run = self.registry.get(rid)
+                    run = runs.get(rid)
                     if run is None:
                         self.dirty.pop(rid, None)
                         continue
-                    job = self._job(run, now, force, meta_ok=force or budget > 0)
-                    if job is not None and job.run_json is not None:
-                        budget -= 1
-                    if job is None:
+                    if not force and self._lines_only(run, now, final):
                         self._settle(run, final)
-                    elif job.fsync:
-                        self.dirty.pop(rid, None)
-                        threaded.append(job)
                     else:
-                        self._apply(job, write_job(job), now, final)
-                        self._settle(run, final)
+                        job = self._job(run, now, force, meta_ok=force or budget > 0)
+                        if job is not None and job.run_json is not None:
+                            budget -= 1
+                        if job is None:
+                            self._settle(run, final)
+                        elif job.fsync:
+                            self.dirty.pop(rid, None)
+                            threaded.append(job)
+                        else:
+                            self._apply(job, write_job(job), now, final)
+                            self._settle(run, final)
                     if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # a pass over thousands of runs lets requests through
                 if threaded:
