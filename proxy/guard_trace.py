@@ -65,7 +65,8 @@ class GuardTrace:
 
         With `max_field_bytes` the fields are cleaned in place and become the event's guard_input,
         settle values added (no copy: the trace's fields are written once, with the call's event;
-        a later call gives the same, cleaned, fields)."""
+        a later call gives the same, cleaned, fields). So nothing may write to `fields` once the
+        event is recorded: the queued event (and an OTLP sink's copy) holds that very dict."""
         settled = self.rank is not None and self.settled_at is not None
         out: dict[str, Any] = {} if into is None else into
         if max_field_bytes is None:
