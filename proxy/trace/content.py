@@ -118,9 +118,9 @@ def envelope(
 
 
 def encode(event: dict[str, Any]) -> bytes:
-    """The event as one events.jsonl line (storage.encode_line's, without its call: one per event)."""
+    """The event as one events.jsonl line."""
     try:
-        return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+        return storage.encode_line(event)
     except (TypeError, orjson.JSONEncodeError):
         # sanitize() leaves only JSON types, but an int beyond 64 bits still defeats orjson
         return json.dumps(event, ensure_ascii=False, default=str).encode() + b"\n"

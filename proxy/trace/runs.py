@@ -14,11 +14,11 @@ from proxy import storage
 from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType, default_counts
 from proxy.trace.content import encode
 
-ENDED_MEMORY = 10_000
+ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent end_run
 # the event types as plain strs (an enum member's class lookup costs more than the comparison)
 _RUN_START: str = EventType.RUN_START.value
-_BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})
-_LLM_CALL: str = EventType.LLM_CALL.value  # summaries of ended runs kept for summary() / idempotent end_run
+BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
+_LLM_CALL: str = EventType.LLM_CALL.value
 
 
 class Line(NamedTuple):
@@ -44,14 +44,7 @@ class Disk:
     size: int | None = None  # events.jsonl's size after the last good append (None: not known yet)
 
     def add(self, line: Line) -> None:
-        if line.key:
-            self.counts[line.key] += 1
-        if line.ts >= self.last_ts or self.last_event_ts is None:
-            self.last_ts, self.last_event_ts = line.ts, line.ts_iso
-        if line.event_type == EventType.RUN_START:
-            self.started = True
-        elif line.event_type == EventType.RUN_END:
-            self.ended = True
+        self.add_lines([line])
 
     def add_lines(self, lines: list[Line]) -> None:
         """`add` of each line, in order (a writer pass adds a few dozen at a time)."""
@@ -62,7 +55,7 @@ class Disk:
                 counts[line.key] += 1
             if line.ts >= last_ts or last_iso is None:
                 last_ts, last_iso = line.ts, line.ts_iso
-            if line.event_type in _BOOKENDS:
+            if line.event_type in BOOKENDS:
                 if line.event_type == _RUN_START:
                     self.started = True
                 else:

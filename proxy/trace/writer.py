@@ -23,12 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import orjson
-
 from proxy import runlock, storage
 from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, RUN_JSON, STATUS_RUNNING, TRIPWIRE_JSON, EventType
 from proxy.trace.content import encode
-from proxy.trace.runs import Disk, Line, Run, RunRegistry, encode_end, run_json, tripwire_json
+from proxy.trace.runs import BOOKENDS, Disk, Line, Run, RunRegistry, encode_end, run_json, tripwire_json
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +49,7 @@ _META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the r
 LINGER_S = 0.0005
 # the event types as plain strs: an enum member's class lookup costs more than the comparison
 _RUN_END: str = EventType.RUN_END.value
-_BOOKENDS = frozenset({EventType.RUN_START.value, _RUN_END})
 _new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
-_dumps, _APPEND_NEWLINE = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 _LINGER_EVENTS = 16  # this many events queued: no more lingering (under load passes fill anyway)
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
 
@@ -283,7 +279,7 @@ class TraceWriter:
     def enqueue(self, run: Run, event: dict[str, Any], now: float) -> None:
         """Queue an accepted event's line, counted in the run; dropped (and counted) if the queue is full."""
         event_type = event["event_type"]
-        bookend = event_type in _BOOKENDS
+        bookend = event_type in BOOKENDS
         full = self.pending_events >= self.max_pending_events or self.pending_bytes >= self.max_pending_bytes
         if full and not bookend:
             # The writer cannot keep up (stuck or full disk): drop rather than grow without bound or
@@ -301,10 +297,7 @@ class TraceWriter:
                 run.end_event = event  # encoded when written: its summary counts the events on disk
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
             else:
-                try:  # encode(event), without its call in the common case
-                    data = _dumps(event, option=_APPEND_NEWLINE)
-                except (TypeError, orjson.JSONEncodeError):
-                    data = encode(event)
+                data = encode(event)
                 line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
             run.pending.append(line)
             self.pending_events += 1
