@@ -419,10 +419,6 @@ def usage_dict(usage: Usage | None) -> dict[str, int]:
     return out
 
 
-def tool_calls_payload(result: LLMResult) -> list[dict[str, Any]]:
-    return [{"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in result.tool_calls]
-
-
 def remember_tool_calls(session: Session, result: LLMResult, llm_event_id: str, wall: float) -> None:
     for tc in result.tool_calls:
         session.conversation.pending_tool_calls[tc.id] = PendingToolCall(
@@ -713,12 +709,6 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         usage.completion_tokens if usage else 0,
         ex.cost_usd,
     )
-
-
-def dialect_name_of(ex: Exchange) -> str:
-    protocol = ex.protocol
-    assert isinstance(protocol, LLMProtocol)
-    return protocol.dialect.__name__
 
 
 def http_error(ex: Exchange) -> dict[str, Any]:
