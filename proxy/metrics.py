@@ -103,10 +103,7 @@ class CounterFamily:
         return series
 
     def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
-        series = self.series.get(labels)
-        if series is None:
-            series = self.series[labels] = _Count()
-        series.value += amount
+        self.take(labels).value += amount
 
     def family(self, created: bool) -> Metric:
         """What prometheus_client's Counter exposes: `_total` per series, then its `_created`."""
@@ -129,6 +126,12 @@ class _Buckets:
         self.counts = [0] * len(bounds)
         self.sum = 0.0
         self.created = time.time()
+
+    def add(self, value: float) -> None:
+        """One observation; NaN lands in no bucket (prometheus_client's `value <= bound` loop)."""
+        self.sum += value
+        if value == value:
+            self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value
 
 
 class HistogramFamily:
@@ -155,12 +158,7 @@ class HistogramFamily:
         return series
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
-        series = self.series.get(labels)
-        if series is None:
-            series = self.series[labels] = _Buckets(self.bounds)
-        series.sum += value
-        if value == value:  # NaN lands in no bucket (prometheus_client's `value <= bound` loop)
-            series.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value
+        self.take(labels).add(value)
 
     def family(self, created: bool) -> Metric:
         """What prometheus_client's Histogram exposes: cumulative buckets, count, sum, created."""
@@ -345,8 +343,7 @@ class Metrics:
         """One answered request; latency None when the upstream was never called (a guard answered);
         `ttfb_s`: its upstream's time to first byte, as observe_ttfb (one call for both).
 
-        The series are updated here as HistogramFamily.observe would (a value clamped at 0 is
-        never NaN), through the request's kept series (_RequestSeries): one call, no lookups."""
+        The series are updated through the request's kept series (_RequestSeries): no lookups."""
         key = (kind, upstream, _STATUS_CLASSES.get(status, "error"))
         series = self._request_series.get(key)
         if series is None:
@@ -356,23 +353,14 @@ class Metrics:
         series.count.value += 1
         # (x if x > 0 else 0.0: max(0.0, x) without its call, NaN included)
         if latency_s is not None:
-            b = series.latency or self.upstream_latency.take((kind, upstream))
-            series.latency = b
-            v = latency_s if latency_s > 0 else 0.0
-            b.sum += v
-            b.counts[bisect_left(b.bounds, v)] += 1  # the first bound >= v
+            series.latency = series.latency or self.upstream_latency.take((kind, upstream))
+            series.latency.add(latency_s if latency_s > 0 else 0.0)
         if overhead_s is not None:
-            b = series.overhead or self.overhead.take((kind,))
-            series.overhead = b
-            v = overhead_s if overhead_s > 0 else 0.0
-            b.sum += v
-            b.counts[bisect_left(b.bounds, v)] += 1
+            series.overhead = series.overhead or self.overhead.take((kind,))
+            series.overhead.add(overhead_s if overhead_s > 0 else 0.0)
         if ttfb_s is not None:
-            b = series.ttfb or self.ttfb.take((upstream,))
-            series.ttfb = b
-            v = ttfb_s if ttfb_s > 0 else 0.0
-            b.sum += v
-            b.counts[bisect_left(b.bounds, v)] += 1
+            series.ttfb = series.ttfb or self.ttfb.take((upstream,))
+            series.ttfb.add(ttfb_s if ttfb_s > 0 else 0.0)
 
     def observe_ttfb(self, upstream: str, seconds: float) -> None:
         self.ttfb.observe((upstream,), max(0.0, seconds))
