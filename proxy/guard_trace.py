@@ -123,22 +123,27 @@ def clean_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]
             clean = sanitize_text(value, max_field_bytes)
             if clean is not value:
                 fields[key] = clean
-        elif not (  # a history delta as llm_inputs builds it with no step added: its own keys, ints, empties
-            t is dict
-            and key == "hist"
-            and tuple(value) == _HIST_KEYS
-            and type(value["keep"]) is int
-            and type(value["turn_start"]) is int
-            and type(add := value["add"]) is list
-            and not add
-            and type(results := value["results"]) is dict
-            and not results
-        ):
+        elif not (t is dict and key == "hist" and _numbers_only_hist(value)):
             fields[key] = sanitize(value, max_field_bytes, 2)
     return fields
 
 
 _HIST_KEYS = ("keep", "add", "turn_start", "results")
+
+
+def _numbers_only_hist(hist: dict[str, Any]) -> bool:
+    """A history delta as llm_inputs builds it with no step added: its own keys, ints and empties."""
+    return (
+        tuple(hist) == _HIST_KEYS
+        and type(hist["keep"]) is int
+        and type(hist["turn_start"]) is int
+        and type(add := hist["add"]) is list
+        and not add
+        and type(results := hist["results"]) is dict
+        and not results
+    )
+
+
 CLEAN_FROM_BYTES = 16  # a field cap from which sanitize keeps "llm" as it is (redact._str)
 
 
@@ -146,15 +151,9 @@ def own_numbers(inputs: dict[str, Any]) -> bool:
     """The call's inputs are those of a plain LLM call (llm_inputs with no step added, no result,
     numeric estimates): with begin's own numbers they are already what sanitize makes of them, so
     GuardTrace.clean spares the record path clean_fields."""
-    if inputs["kind"] != "llm":
-        return False
-    hist = inputs["hist"]
     return (
-        len(hist) == 4  # (keep, add, turn_start, results: llm_inputs' own)
-        and not hist["add"]
-        and not hist["results"]
-        and type(hist["keep"]) is int
-        and type(hist["turn_start"]) is int
+        inputs["kind"] == "llm"
+        and _numbers_only_hist(inputs["hist"])
         and type(inputs["est"]) in PLAIN
         and type(inputs["tok"]) in PLAIN
     )
