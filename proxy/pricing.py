@@ -311,13 +311,10 @@ class Pricing:
         self, usage: Usage, found: tuple[gp_types.Provider, gp_types.ModelInfo], at: datetime | None
     ) -> float:
         provider, model = found
-        prompt = max(usage.prompt_tokens, 0)
-        cache_read = min(max(usage.cached_tokens, 0), prompt)
-        cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
-        completion = max(usage.completion_tokens, 0)
         linear = self._linear_of(found)
         if linear is not None:
-            return linear.price_float(prompt, completion, cache_read, cache_write)
+            return _linear_cost(usage, linear)
+        prompt, completion, cache_read, cache_write = _clamped(usage)
         fields: dict[str, Any] = {"input_tokens": prompt, "output_tokens": completion}
         if cache_read:
             fields["cache_read_tokens"] = cache_read
@@ -339,12 +336,19 @@ class Pricing:
 _UNRESOLVED: Any = object()  # Pricing._resolved has no entry for these models yet
 
 
-def _linear_cost(usage: Usage, linear: LinearPrice) -> float:
-    """`Pricing._package_cost` for a linear price: the counts clamped as it clamps them."""
+def _clamped(usage: Usage) -> tuple[int, int, int, int]:
+    """(prompt, completion, cache_read, cache_write) as the package prices them: none negative,
+    cache reads and writes parts of the prompt (cache_read + cache_write <= prompt)."""
     prompt = max(usage.prompt_tokens, 0)
     cache_read = min(max(usage.cached_tokens, 0), prompt)
     cache_write = min(max(usage.cache_creation_tokens, 0), prompt - cache_read)
-    return linear.price_float(prompt, max(usage.completion_tokens, 0), cache_read, cache_write)
+    return prompt, max(usage.completion_tokens, 0), cache_read, cache_write
+
+
+def _linear_cost(usage: Usage, linear: LinearPrice) -> float:
+    """`Pricing._package_cost` for a linear price."""
+    prompt, completion, cache_read, cache_write = _clamped(usage)
+    return linear.price_float(prompt, completion, cache_read, cache_write)
 
 
 def load_snapshot() -> None:

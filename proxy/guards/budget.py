@@ -106,19 +106,14 @@ class SessionBudget:
 
         `reserve_anyway` (shadow mode): the call goes on whatever was decided, so it reserves too.
         """
-        refusal = self._refusal(kind, now) if self._limited else None  # (nothing set: nothing refuses)
+        refusal = self._refusal(kind, now)
         if refusal is not None and not reserve_anyway:
             return refusal, None
         res = Reservation(
             next(self._ids), kind, estimate_usd if estimate_usd > 0.0 else 0.0, max(0, estimate_tokens)
         )
         self._inflight[res.id] = res
-        # (_hold(res, 1), inline: once per call)
-        self._inflight_tokens += res.tokens
-        if kind == "llm":
-            self._inflight_llm += 1
-        else:
-            self._inflight_tool += 1
+        self._hold(res, 1)
         return refusal or ALLOW, res
 
     def _hold(self, res: Reservation, sign: int) -> None:

@@ -197,13 +197,6 @@ class SessionGuards:
     ) -> Verdict:
         self.calls_seen += 1
         shadow = self.config.in_shadow
-        if not decisions:  # nothing fired on the call itself (most calls): the budget alone decides
-            decision, reservation = self.budget.check(
-                kind, estimate_usd, now, estimate_tokens=estimate_tokens, reserve_anyway=shadow
-            )
-            if decision is ALLOW or decision.action is Action.ALLOW:
-                return Verdict([], reservation, self.calls_seen, shadow)
-            return Verdict(self._count([decision]), reservation, self.calls_seen, shadow)
         verdict = Verdict(list(decisions), None, self.calls_seen, shadow)
         if verdict.refused and not shadow:
             # refused by a loop guard: the budget still says whether it would have stopped it too,
