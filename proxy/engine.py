@@ -159,7 +159,7 @@ class Engine:
                     await self.prune()
                 await asyncio.sleep(interval)
                 if self.shared is not None:  # runs live on another replica stay open here too
-                    await self.shared.keep_alive(self.sessions.live(), time.monotonic())
+                    await self.shared.keep_alive(self.sessions, time.monotonic())
                 self.sweep(time.monotonic())
             except asyncio.CancelledError:
                 raise
