@@ -282,12 +282,13 @@ class SharedState:
         found = await self.link.call(lambda: self.backend.dataset(uuid.uuid4().hex))
         if found == self.dataset:
             return False
-        known, self.dataset = self.dataset, found
         for session in manager.known():
             if not session.ended or session.terminated:
                 await self.restore_run(session)
         for agent, session_id, left in manager.terminated_explicit(now):
             await self.restore_mark(manager, agent, session_id, left)
+        # only now: a repair the backend cut short is done again at the next sweep (it is idempotent)
+        known, self.dataset = self.dataset, found
         self.repairs += 1
         if known is not None:
             log.warning("state.repaired: the backend lost its data; put back %d run(s)", len(manager.known()))
