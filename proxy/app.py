@@ -27,7 +27,7 @@ from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
 from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
 from proxy.settings import Settings, split_host_port
-from proxy.websocket import handle_websocket, is_websocket_upgrade
+from proxy.websocket import handle_websocket_within_limits, is_websocket_upgrade
 
 log = logging.getLogger("tripwire")
 
@@ -83,7 +83,7 @@ async def handle_call(request: Any, route: Route) -> ClientAnswer:
     if engine.draining:
         return (await draining_answer(request, route)).to_response()
     if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
-        return await handle_websocket(request, route, request.app[PIPELINES]["llm"])
+        return await handle_websocket_within_limits(request, route, request.app[PIPELINES]["llm"])
     # long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline
     streaming_handler = engine.stream_handler(route, request)
     if streaming_handler is not None:

@@ -32,6 +32,7 @@ from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
 from proxy.sessions import Refused, Session, SessionManager
 from proxy.settings import Settings
+from proxy.socket_limits import SocketSlots
 from proxy.state.service import SharedState
 from proxy.storage import prune_runs
 from proxy.trace import sinks as trace_sinks
@@ -77,6 +78,7 @@ class Engine:
         self.inflight = 0
         # the relayed WebSockets (proxy/websocket.py SocketRelay): drain cuts their answers too
         self.sockets: set[Any] = set()
+        self.socket_slots = SocketSlots(settings.websocket_max_per_agent)  # open sockets per agent
         self._idle_drained = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
@@ -159,7 +161,7 @@ class Engine:
                     await self.prune()
                 await asyncio.sleep(interval)
                 if self.shared is not None:  # runs live on another replica stay open here too
-                    await self.shared.keep_alive(self.sessions.live(), time.monotonic())
+                    await self.shared.keep_alive(self.sessions, time.monotonic())
                 self.sweep(time.monotonic())
             except asyncio.CancelledError:
                 raise

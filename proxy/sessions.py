@@ -336,6 +336,31 @@ class SessionManager:
     def live(self) -> list[Session]:
         return [s for s in self._by_run.values() if not s.ended]
 
+    def known(self) -> list[Session]:
+        """Every session this manager still matches calls to: live ones, and ended ones that
+        still refuse (terminated, not yet quiet for an idle timeout)."""
+        return list(self._by_run.values())
+
+    def terminated_explicit(self, now: float) -> list[tuple[str, str, float]]:
+        """(agent, session id, seconds left) of the explicit sessions refused by key."""
+        return [
+            (agent, sid, until - now)
+            for (agent, sid), until in self._terminated_explicit.items()
+            if sid is not None and until > now
+        ]
+
+    def refuses(self, current: Session | None, agent: str, explicit_id: str | None, now: float) -> bool:
+        """Whether `lookup` refuses this call by itself (`current`: what `match` found): its
+        explicit session is refused by key, or its session was terminated and has not been quiet
+        for an idle timeout."""
+        if explicit_id is not None and self._terminated_explicit.get((agent, explicit_id), now) > now:
+            return True
+        return (
+            current is not None
+            and current.terminated
+            and (current.inflight > 0 or now - current.last_seen < self.idle_timeout_s)
+        )
+
     def _forget(self, session: Session) -> None:
         if self._by_run.get(session.run_id) is not session:
             return

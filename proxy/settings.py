@@ -163,6 +163,10 @@ class Settings(BaseModel):
     header_timeout_s: PositiveFloat = 60
     body_idle_timeout_s: PositiveFloat = 60
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    # relayed WebSockets (proxy/socket_limits.py, docs/configuration.md): closed after this long
+    # without a message either way (null: never), and at most this many open per agent (null: no cap)
+    websocket_idle_timeout_s: PositiveFloat | None = 900
+    websocket_max_per_agent: PositiveInt | None = 32
     # uvloop (a dependency on Linux and macOS) runs the proxy's event loop; "asyncio" picks the
     # standard library's, and it is used anyway where uvloop is not installed (docs/benchmarks.md)
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
@@ -241,6 +245,8 @@ ENV_FIELDS = (
     "connect_timeout_s",
     "ttfb_timeout_s",
     "max_body_bytes",
+    "websocket_idle_timeout_s",
+    "websocket_max_per_agent",
     "event_loop",
     "drain_grace_s",
     "ca_bundle",

@@ -54,6 +54,7 @@ from proxy.pipeline import BaseStage, Pipeline
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
 from proxy.routing import Route, join_upstream
+from proxy.socket_limits import close_when_idle
 from proxy.sse import SSEDecoder
 from proxy.stages import TEXT_MARGIN, ForwardStage
 
@@ -371,6 +372,7 @@ class SocketRelay:
         self.closing = False
         self.end_reason = "the WebSocket closed before the answer ended"
         self.cutting: asyncio.Task[None] | None = None  # the drain's close (cut_for_drain)
+        self.last_message = time.monotonic()  # a text or binary message either way (idle timeout)
 
     # --- running -----------------------------------------------------------------------------
 
@@ -379,6 +381,10 @@ class SocketRelay:
             asyncio.create_task(self.client_pump(), name="tripwire-ws-client"),
             asyncio.create_task(self.upstream_pump(), name="tripwire-ws-upstream"),
         ]
+        idle_s = self.engine.settings.websocket_idle_timeout_s
+        watchdog = (
+            asyncio.create_task(close_when_idle(self, idle_s), name="tripwire-ws-idle") if idle_s else None
+        )
         try:
             _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
             # the side that ended has closed both sockets (else this does): the other pump ends
@@ -389,6 +395,8 @@ class SocketRelay:
             self.end_reason = "Tripwire shut down before the answer ended"
             raise
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             for task in pumps:
                 task.cancel()
             for task in pumps:
@@ -428,6 +436,7 @@ class SocketRelay:
         while True:
             msg = await client.receive()
             if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                self.last_message = time.monotonic()
                 if self.pipeline is not None:
                     if not await self.from_client(msg):
                         return
@@ -453,6 +462,7 @@ class SocketRelay:
         while True:
             msg = await upstream.receive()
             if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                self.last_message = time.monotonic()
                 if self.pipeline is not None:
                     self.observe(msg.data)  # read on the way (no waiting), then relayed at once
                 if not await self.send(self.client, msg, self.client_lock):
@@ -848,3 +858,17 @@ async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pi
     finally:
         engine.sockets.discard(relay)
     return client
+
+
+async def handle_websocket_within_limits(
+    request: web.Request, route: Route, http_pipeline: Pipeline
+) -> web.StreamResponse:
+    """`handle_websocket`, within the agent's cap on open sockets (proxy/socket_limits.py)."""
+    slots = request.app[ENGINE].socket_slots
+    if not slots.take(route.agent):
+        log.warning("refused a WebSocket of agent %s: %d already open", route.agent, slots.per_agent)
+        return slots.refusal(route.agent)
+    try:
+        return await handle_websocket(request, route, http_pipeline)
+    finally:
+        slots.give_back(route.agent)

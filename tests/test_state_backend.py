@@ -277,6 +277,39 @@ async def test_a_log_that_lost_its_entries_is_seeded_again_once(backend: StateBa
     ).first_own == 4
 
 
+async def test_the_longest_copy_of_a_lost_log_wins_until_the_log_goes_on(backend: StateBackend) -> None:
+    """Replicas put a lost log back from their copies (each a prefix of the one log): a longer copy
+    extends a log that is still only a seed of the same epoch, never one appended to since."""
+    full = (
+        await backend.append(AGENT, "run-1", [b'{"n":1}', b'{"n":2}', b'{"n":3}'], since=0, idle_s=60)
+    ).entries
+    epoch = (await backend.append(AGENT, "run-1", [b'{"n":4}'], since=3, idle_s=60)).epoch
+    # run-2 stands for run-1 after Redis lost it: one replica saw 2 entries, another all 3
+    assert await backend.seed(AGENT, "run-2", full[:2], idle_s=60, epoch=epoch)
+    assert await backend.seed(AGENT, "run-2", full, idle_s=60, epoch=epoch)
+    assert not await backend.seed(AGENT, "run-2", full[:1], idle_s=60, epoch=epoch)  # shorter: kept
+    assert [e.body for e in await backend.read(AGENT, "run-2", since=0)] == [e.body for e in full]
+    followed = await backend.append(AGENT, "run-2", [b'{"n":5}'], since=3, idle_s=60, epoch=epoch)
+    assert not followed.lost and followed.epoch == epoch  # the replicas' epoch was put back too
+    longer = [*full, full[0]]
+    assert not await backend.seed(AGENT, "run-2", longer, idle_s=60, epoch=epoch)  # appended to since
+    # another epoch (not the log that copy was of) is never extended
+    assert await backend.seed(AGENT, "run-3", full[:1], idle_s=60, epoch=epoch)
+    assert not await backend.seed(AGENT, "run-3", full, idle_s=60, epoch="1.000000")
+
+
+async def test_a_restored_run_is_terminated_and_named_again(backend: StateBackend) -> None:
+    slot = keys.slot_explicit(AGENT, "s1")
+    await backend.seed(AGENT, "run-9", [], idle_s=60, terminated="terminated", slots=[slot])
+    resolved = await backend.resolve(AGENT, "explicit", "run-new", idle_s=60, name="s1")
+    assert (resolved.outcome, resolved.run_id) == ("terminated", "run-9")
+
+
+async def test_the_data_set_id_is_the_first_one_set(backend: StateBackend) -> None:
+    first = await backend.dataset("id-a")
+    assert first == "id-a" and await backend.dataset("id-b") == "id-a"
+
+
 async def test_responses_links_come_back_as_their_chain_newest_first(backend: StateBackend) -> None:
     await backend.put_links("bot", {"resp_1": (b"one", None)}, idle_s=60)
     await backend.put_links("bot", {"resp_2": (b"two", "resp_1"), "resp_3": (b"three", "resp_2")}, idle_s=60)

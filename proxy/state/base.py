@@ -154,9 +154,28 @@ class StateBackend(Protocol):
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]: ...
 
-    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
-        """Put a replica's copy of a run's log back into an empty log (after Redis lost its data);
-        False when the log was not empty (another replica seeded it first)."""
+    async def seed(
+        self,
+        agent: str,
+        run_id: str,
+        log: Sequence[LogEntry],
+        *,
+        idle_s: float,
+        epoch: str = "",
+        terminated: str | None = None,
+        lineage: bool = False,
+        slots: Sequence[str] = (),
+    ) -> bool:
+        """Put a replica's copy of a run back after Redis lost its data: the log into an empty log,
+        or the tail of a longer copy after a log that holds only a shorter seed of the same `epoch`
+        (every copy is a prefix of one log: the longest wins); False when the log is not that.
+        The run hash is made again (its start stamp `epoch`, when given), with its `terminated`
+        mark and `lineage` flag; `slots` (keys naming the run) are set where missing."""
+        ...
+
+    async def dataset(self, candidate: str) -> str:
+        """The id of the backend's data set, `candidate` if it had none: a different id than a
+        replica last saw means the data it shared was lost (Redis restarted empty, FLUSHALL)."""
         ...
 
     async def resolve(

@@ -10,6 +10,9 @@ PREFIX = "tripwire:"
 CONFIG_REVISION = PREFIX + "config:rev"
 CONFIG_SNAPSHOT = PREFIX + "config:"  # + revision
 BREAKER_INDEX = PREFIX + "breakers"  # set of every breaker key (for the open-circuits metric)
+# an id of the data set, never expiring: a replica that finds it gone or changed knows Redis lost
+# what was shared (restarted empty, FLUSHALL) and puts back what it knows
+DATASET = PREFIX + "dataset"
 LOG_GRACE_MS = 60_000  # a run's log outlives its idle clock a little: replicas read its tail
 
 

@@ -8,19 +8,51 @@ rules in Python; tests/test_state_backend.py runs one contract against both.
 
 from __future__ import annotations
 
-# Seed a run's log again from a replica's copy after Redis lost it: KEYS 1 log, 2 run hash;
-# ARGV 1 idle ms, 2 log ms, 3.. stored entries. Only into an empty log (one replica seeds, the others
-# read what it seeded). Returns the log's length, or 0 when it was not empty.
+# Put a run back after Redis lost its data, from a replica's copy: KEYS 1 log, 2 run hash, 3.. slot
+# keys naming the run (set where missing); ARGV 1 header JSON {idle, logttl, mapttl, epoch (the
+# copy's start stamp, '' unknown), term (terminated mark, '' none), lin (has lineage), run},
+# 2.. stored entries. The copy goes into an empty log, or its tail after a log that holds only a
+# shorter seed of the same epoch (every replica's copy is a prefix of one log: the longest wins;
+# `seeded`, dropped by the next append, says the log is still only a seed). Returns the log's
+# length when the copy went in, else 0.
 SEED = r"""
-if redis.call('LLEN', KEYS[1]) > 0 then return 0 end
-for i = 3, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+local h = cjson.decode(ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'started', t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
+  local started = h.epoch
+  if started == '' then
+    local t = redis.call('TIME')
+    started = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  end
+  redis.call('HSET', KEYS[2], 'started', started)
 end
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return redis.call('LLEN', KEYS[1])
+if h.term ~= '' and not redis.call('HGET', KEYS[2], 'term') then redis.call('HSET', KEYS[2], 'term', h.term) end
+if h.lin then redis.call('HSET', KEYS[2], 'lin', '1') end
+local n, len = #ARGV - 1, redis.call('LLEN', KEYS[1])
+local seeded = tonumber(redis.call('HGET', KEYS[2], 'seeded') or '-1')
+local same = h.epoch == '' or redis.call('HGET', KEYS[2], 'started') == h.epoch
+local out = 0
+if n > 0 and (len == 0 or (n > len and len == seeded and same)) then
+  for i = len + 2, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+  redis.call('HSET', KEYS[2], 'seeded', n)
+  out = n
+end
+for i = 3, #KEYS do
+  local cur = redis.call('GET', KEYS[i])
+  if not cur then
+    redis.call('SET', KEYS[i], h.run, 'PX', h.mapttl)
+  elseif cur == h.run then
+    redis.call('PEXPIRE', KEYS[i], h.mapttl)
+  end
+end
+redis.call('PEXPIRE', KEYS[2], h.idle)
+redis.call('PEXPIRE', KEYS[1], h.logttl)
+return out
+"""
+
+# The id of Redis's data set: KEYS 1 its key; ARGV 1 the id to set if there is none.
+DATASET = r"""
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
 """
 
 # The run of a call (SPEC §3), found or created in one step so two replicas never start two runs
@@ -275,6 +307,7 @@ local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 local stamp = now .. ' ' .. (redis.call('GET', KEYS[3]) or '0') .. ' '
 local was_live = redis.call('EXISTS', KEYS[2])
+redis.call('HDEL', KEYS[2], 'seeded')  -- entries appended after a seed: no longer only a seed
 if was_live == 0 then
   redis.call('HSET', KEYS[2], 'started', now)
   epoch = now

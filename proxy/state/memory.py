@@ -111,6 +111,8 @@ class MemoryBackend:
         if since > 0 and (since > len(log) or (epoch and epoch != current)):
             return Appended([], 0, epoch=current)  # not the log the caller followed
         was_live = run is not None
+        if run is not None:
+            run.pop("seeded", None)  # entries appended after a seed: no longer only a seed
         if run is None:
             run = {"started": f"{now:.6f}"}
             self._keys.set(run_key, run)
@@ -160,16 +162,46 @@ class MemoryBackend:
         log: list[LogEntry] = self._keys.get(keys.log(agent, run_id)) or []
         return list(log[since:])
 
-    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
+    async def seed(
+        self,
+        agent: str,
+        run_id: str,
+        log: Sequence[LogEntry],
+        *,
+        idle_s: float,
+        epoch: str = "",
+        terminated: str | None = None,
+        lineage: bool = False,
+        slots: Sequence[str] = (),
+    ) -> bool:
         current: list[LogEntry] = self._keys.setdefault(keys.log(agent, run_id), list)
-        if current:
-            return False
-        current.extend(log)
-        if self._run_hash(agent, run_id) is None:
-            self._keys.set(keys.run(agent, run_id), {"started": f"{self.clock():.6f}"})
+        run = self._run_hash(agent, run_id)
+        if run is None:
+            run = {"started": epoch or f"{self.clock():.6f}"}
+            self._keys.set(keys.run(agent, run_id), run)
+        if terminated and "term" not in run:
+            run["term"] = terminated
+        if lineage:
+            run["lin"] = "1"
+        only_seed = len(current) == int(run.get("seeded", -1)) and epoch in ("", run["started"])
+        went_in = bool(log) and (not current or (len(log) > len(current) and only_seed))
+        if went_in:
+            current.extend(log[len(current) :])
+            run["seeded"] = str(len(log))
+        slot_s = slot_ttl_ms(idle_s) / 1000
+        for k in slots:
+            named = self._keys.get(k)
+            if named is None:
+                self._keys.set(k, run_id, slot_s)
+            elif named == run_id:
+                self._keys.expire(k, slot_s)
         self._keys.expire(keys.run(agent, run_id), idle_s)
         self._keys.expire(keys.log(agent, run_id), idle_s + LOG_GRACE_MS / 1000)
-        return True
+        return went_in
+
+    async def dataset(self, candidate: str) -> str:
+        found: str = self._keys.setdefault(keys.DATASET, lambda: candidate)
+        return found
 
     async def resolve(
         self,

@@ -106,6 +106,7 @@ class RedisBackend:
         self._resolve = c.register_script(lua.RESOLVE)
         self._terminate = c.register_script(lua.TERMINATE)
         self._seed = c.register_script(lua.SEED)
+        self._dataset = c.register_script(lua.DATASET)
         self._breaker_admit = c.register_script(lua.BREAKER_ADMIT)
         self._breaker_report = c.register_script(lua.BREAKER_REPORT)
         self._breaker_release = c.register_script(lua.BREAKER_RELEASE)
@@ -202,14 +203,37 @@ class RedisBackend:
             raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
         return [parse_entry(since + 1 + i, r) for i, r in enumerate(raw)]
 
-    async def seed(self, agent: str, run_id: str, log: Sequence[LogEntry], *, idle_s: float) -> bool:
+    async def seed(
+        self,
+        agent: str,
+        run_id: str,
+        log: Sequence[LogEntry],
+        *,
+        idle_s: float,
+        epoch: str = "",
+        terminated: str | None = None,
+        lineage: bool = False,
+        slots: Sequence[str] = (),
+    ) -> bool:
         stored = [b"%.6f %d %s" % (e.t, e.config_rev, e.body) for e in log]
+        header = {
+            "idle": ms(idle_s),
+            "logttl": ms(idle_s) + LOG_GRACE_MS,
+            "mapttl": slot_ttl_ms(idle_s),
+            "epoch": epoch,
+            "term": terminated or "",
+            "lin": lineage,
+            "run": run_id,
+        }
         n = await self._call(
             self._seed,
-            [keys.log(agent, run_id), keys.run(agent, run_id)],
-            [ms(idle_s), ms(idle_s) + LOG_GRACE_MS, *stored],
+            [keys.log(agent, run_id), keys.run(agent, run_id), *slots],
+            [orjson.dumps(header), *stored],
         )
         return bool(n)
+
+    async def dataset(self, candidate: str) -> str:
+        return text(await self._call(self._dataset, [keys.DATASET], [candidate]))
 
     async def resolve(
         self,

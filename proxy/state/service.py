@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.episodes import NO_CONVERSATION, Episode
@@ -70,6 +70,8 @@ class SharedState:
         self.local_breakers = BreakerRegistry()
         self.tasks: set[asyncio.Task[Any]] = set()
         self._unpublished = False  # an API write made while the backend was down
+        self.dataset: str | None = None  # the backend's data set id as last seen (`repair_if_lost`)
+        self.repairs = 0  # times this replica put back what Redis lost
         guard_store.publisher = self.publish_configs
         self.configs.listeners.append(self._config_seen)
         self.link.listeners.append(metrics.set_state_backend)
@@ -82,6 +84,7 @@ class SharedState:
         self.metrics.set_state_backend(True)
         try:
             await self.link.call(self.backend.ping)
+            self.dataset = await self.link.call(lambda: self.backend.dataset(uuid.uuid4().hex))
             rev = await self.link.call(lambda: self.configs.load())
             project, agents = self.guard_store.api_values()
             if rev == 0 and (project is not None or agents):
@@ -96,7 +99,7 @@ class SharedState:
         await self.link.close()
 
     def health(self) -> dict[str, Any]:
-        return self.link.health()
+        return {**self.link.health(), "repairs": self.repairs}
 
     def spawn(self, work: Awaitable[Any], name: str) -> None:
         """Background work off the response path (references kept until done)."""
@@ -148,9 +151,14 @@ class SharedState:
     ) -> str | None:
         """The run id this call joins (created for all replicas if new), `TERMINATED`, or None
         (the backend is down under fail_open: this replica decides alone, as without replicas).
-        A session this replica serves and that is live here needs no round trip."""
+        A session this replica serves and that is live here needs no round trip; one it refuses
+        itself (terminated here) answers None too: asking would start a new run for it where the
+        backend lost the termination, so the termination is written back instead."""
         episode = episode or NO_CONVERSATION
         current = sessions.match(agent, explicit_id, episode)
+        if sessions.refuses(current, agent, explicit_id, now):
+            self.spawn(self.restore_terminated(sessions, current, agent, explicit_id, now), "restore")
+            return None
         if (
             current is not None
             and not current.ended
@@ -233,14 +241,16 @@ class SharedState:
             return {}
         return {keys.slot_response(session.agent, response_id): session.run_id}
 
-    async def keep_alive(self, sessions: Sequence[Session], now: float) -> None:
-        """Before each sweep: runs idle here but live on another replica stay open here too (their
-        idle clock is shared); runs with a call in flight here stay live everywhere; the newest
-        shared config revision is read."""
+    async def keep_alive(self, manager: SessionManager, now: float) -> None:
+        """Before each sweep: what Redis lost is put back (`repair_if_lost`); runs idle here but live
+        on another replica stay open here too (their idle clock is shared); runs with a call in
+        flight here stay live everywhere; the newest shared config revision is read."""
         try:  # a config PUT on another replica shows in this one's admin API too, calls or not
+            await self.repair_if_lost(manager, now)
             await self.link.call(lambda: self.configs.load())
         except StateUnavailable:
             return
+        sessions = manager.live()
         inflight = [s for s in sessions if s.inflight and not s.ended]
         idle = [s for s in sessions if not s.inflight and not s.ended and now - s.last_seen >= self.idle_s]
         try:
@@ -259,6 +269,83 @@ class SharedState:
                         session.last_seen = now  # served elsewhere meanwhile
         except StateUnavailable:
             return  # this replica's own idle clocks decide meanwhile
+
+    # --- Redis lost its data ------------------------------------------------------------------------
+
+    async def repair_if_lost(self, manager: SessionManager, now: float) -> bool:
+        """The backend's data set is not the one this replica last saw (Redis restarted empty, or
+        was flushed): put back what this replica knows, so a replica that never saw a session finds
+        it as it was. Each run's copy of the guard log (the spent counts: calls, cost, loops; the
+        longest copy of the replicas wins), its terminated mark (guards and kill switch), what
+        names it (session id, episode, history digests, Responses ids), and each explicit session's
+        terminated mark with the time it has left. True when it repaired."""
+        found = await self.link.call(lambda: self.backend.dataset(uuid.uuid4().hex))
+        if found == self.dataset:
+            return False
+        for session in manager.known():
+            if not session.ended or session.terminated:
+                await self.restore_run(session)
+        for agent, session_id, left in manager.terminated_explicit(now):
+            await self.restore_mark(manager, agent, session_id, left)
+        # only now: a repair the backend cut short is done again at the next sweep (it is idempotent)
+        known, self.dataset = self.dataset, found
+        self.repairs += 1
+        if known is not None:
+            log.warning("state.repaired: the backend lost its data; put back %d run(s)", len(manager.known()))
+        return True
+
+    async def restore_run(self, session: Session) -> None:
+        channel = self.guards.get(session.run_id)
+        history, epoch = (list(channel.history), channel.epoch) if channel is not None else ([], "")
+        await self.link.call(
+            lambda: self.backend.seed(
+                session.agent,
+                session.run_id,
+                history,
+                idle_s=self.idle_s,
+                epoch=epoch,
+                terminated=TERMINATED if session.terminated else None,
+                lineage=not session.explicit and not session.lineage.is_empty(),
+                slots=self.all_slots(session),
+            )
+        )
+
+    async def restore_mark(self, manager: SessionManager, agent: str, session_id: str, left: float) -> None:
+        named = manager.match(agent, session_id, None)
+        await self.link.call(
+            lambda: self.backend.terminate(
+                agent, named.run_id if named else "", TERMINATED, session_id=session_id, ttl_s=left
+            )
+        )
+
+    async def restore_terminated(
+        self,
+        manager: SessionManager,
+        current: Session | None,
+        agent: str,
+        explicit_id: str | None,
+        now: float,
+    ) -> None:
+        """A call this replica refused itself: the termination is in the backend again (and the run's
+        idle clock renewed, as a resolve of the refused call would)."""
+        if current is not None and current.terminated:
+            await self.restore_run(current)
+        if explicit_id is not None:
+            for agent_, session_id, left in manager.terminated_explicit(now):
+                if (agent_, session_id) == (agent, explicit_id):
+                    await self.restore_mark(manager, agent, session_id, left)
+
+    def all_slots(self, session: Session) -> list[str]:
+        """Every slot key that names the session's run."""
+        agent = session.agent
+        if session.explicit:
+            return [keys.slot_explicit(agent, session.session_id)]
+        lineage = session.lineage
+        out = [keys.slot_history(agent, d.hex()) for d in lineage.histories]
+        out += [keys.slot_response(agent, r) for r in lineage.responses]
+        if lineage.announced is not None:
+            out.append(keys.slot_episode(agent, lineage.announced))
+        return out
 
     def observe(
         self,
