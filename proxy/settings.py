@@ -163,6 +163,8 @@ class Settings(BaseModel):
     header_timeout_s: PositiveFloat = 60
     body_idle_timeout_s: PositiveFloat = 60
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    # a compressed answer is decoded for the trace up to this many bytes (docs/configuration.md)
+    max_decoded_bytes: PositiveInt = 16 * 1024 * 1024
     # uvloop (a dependency on Linux and macOS) runs the proxy's event loop; "asyncio" picks the
     # standard library's, and it is used anyway where uvloop is not installed (docs/benchmarks.md)
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
@@ -241,6 +243,7 @@ ENV_FIELDS = (
     "connect_timeout_s",
     "ttfb_timeout_s",
     "max_body_bytes",
+    "max_decoded_bytes",
     "event_loop",
     "drain_grace_s",
     "ca_bundle",
