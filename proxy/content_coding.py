@@ -124,7 +124,8 @@ class _Coding:
                     return  # (bytes after the end of a deflate stream are ignored, as zlib does)
                 self._dec = zlib.decompressobj(_GZIP_WBITS)  # concatenated gzip members
             out = self._dec.decompress(data, DECODE_PIECE)
-            data = self._dec.unconsumed_tail
+            # at the end of a member the rest is unused_data; unconsumed_tail may still hold it too
+            data = b"" if self._dec.eof else self._dec.unconsumed_tail
             if out:
                 yield out
             if not self._dec.eof and not data and len(out) < DECODE_PIECE:
