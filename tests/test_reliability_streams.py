@@ -444,7 +444,8 @@ async def test_a_compressed_stream_past_the_limit_is_recorded_truncated(
     await tw.flush()
     cut, whole = llm_calls(tw.events())
     assert cut["status"] == "ok" and cut["error"] is None and cut["usage_estimated"] is True
-    assert cut["response"]["text"].startswith("long xxx") and cut["response"]["text"].endswith(TRUNCATED_MARKER)
+    text = cut["response"]["text"]
+    assert text.startswith("long xxx") and text.endswith(TRUNCATED_MARKER)
     assert not [e for e in tw.events() if e["event_type"] == "ERROR"], "not the upstream's failure"
     assert whole["status"] == "ok" and whole["usage"]["total_tokens"] == 908
     assert "usage_estimated" not in whole
