@@ -151,14 +151,14 @@ class Tap:
         self.observer = observer
         self.rewrites = bool(getattr(observer, "rewrites", False))
         self.codec: Codec | None = None
-        if observer is not None and Codec.decodes(codings):
+        if observer is not None and codings and Codec.decodes(codings):
             self.codec = Codec(codings)
         self.reading = True  # the observer still reads the answer
         self.decode_error: str | None = None
         self.limit = None if self.rewrites else limit
         self.truncated = False
         self.backlog = False  # decoded bytes wait for the next turn: the relay calls resume()
-        self._pieces: Iterator[bytes] = iter(())
+        self._pieces: Iterator[bytes] = _NOTHING
         self._decoded = 0
         self._budget = DECODE_SLICE
 
@@ -234,7 +234,10 @@ class Tap:
         self.reading = False
         self.codec = None
         self.backlog = False
-        self._pieces = iter(())
+        self._pieces = _NOTHING
+
+
+_NOTHING: Iterator[bytes] = iter(())  # (an empty iterator stays empty: one serves every Tap)
 
 
 class WholeAnswer(web.StreamResponse):
