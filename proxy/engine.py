@@ -72,6 +72,7 @@ class Engine:
             ca_bundle=str(settings.ca_bundle) if settings.ca_bundle else None,
             retries=settings.upstream_retries,
             retry_base_s=settings.upstream_retry_base_s,
+            max_decoded_bytes=settings.max_decoded_bytes,
         )
         self.admin_token = settings.admin_token
         self.draining = False

@@ -143,6 +143,9 @@ class Exchange:
     incomplete_reason: str | None = None
     # set by the forwarder: a content coding that would not decode (diagnostics; not read)
     content_decode_error: str | None = None
+    # set by the forwarder: a compressed answer decoded past `max_decoded_bytes`, the observer read
+    # only its start; read by proxy.llm.llm_result (recorded truncated)
+    content_truncated: bool = False
     # set by Forwarder.abort_all when drain grace is over; read by the forwarder (end the answer abnormally)
     drain_aborted: bool = False
     # set by the forwarder when it closed the client's connection short (diagnostics; not read)

@@ -6,9 +6,11 @@ and WebSocket upgrades. The answer is relayed as it arrives: each chunk goes thr
 observer (which may drop an injected event, never hold a stream back) and straight to the client.
 
 An answer the upstream compressed although Tripwire asked for `identity` (gzip, deflate; br when a
-brotli module is installed) is decoded for the observer only: the client gets the upstream's bytes
-and headers as they were sent. An observer that rewrites the stream (the injected usage chunk) sees
-the decoded stream and its output is compressed again with the same coding.
+brotli module that bounds its output is installed; proxy/content_coding.py) is decoded for the
+observer only: the client gets the upstream's bytes and headers as they were sent. Decoding is
+bounded per event-loop turn and in all (`max_decoded_bytes`: past it the trace keeps the answer's
+start, marked truncated). An observer that rewrites the stream (the injected usage chunk) sees the
+decoded stream and its output is compressed again with the same coding.
 
 A stream that breaks mid-way (or that drain has to cut) is ended the way the upstream ended it:
 abnormally, the connection closed without the chunked body's clean end, so the client's SDK raises
@@ -20,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import ssl
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -34,6 +36,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.egress import Egress, Route
 from proxy.exchange import Answer, Exchange
 from proxy.lean_http import ClientAnswer, LeanRequest, LeanResponse
@@ -122,113 +125,12 @@ def response_headers(upstream_headers: Mapping[str, str], *, drop_length: bool) 
     )
 
 
-try:  # optional, as for aiohttp itself: br answers are decoded only when one is installed
-    import brotli as _brotli
-except ImportError:  # pragma: no cover - depends on the environment
-    try:
-        import brotlicffi as _brotli
-    except ImportError:
-        _brotli = None
-
 # what a call cut when the drain's grace ran out records as why its answer ended short
 DRAIN_CUT_REASON = "Tripwire shut down before the answer ended (drain grace over)"
 
-# decoded output is handed to the observer in pieces of at most this size (a small compressed
-# chunk can expand a thousandfold; the observer's memory must not follow)
-DECODE_PIECE = 256 * 1024
-
-
-_GZIP_WBITS = zlib.MAX_WBITS | 16
-
-
-class ContentDecodeError(Exception):
-    pass
-
-
-class _Coding:
-    """One content coding of an answer: decode it incrementally; encode again (re-compression)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._dec: Any = None
-        self._head = b""  # deflate: the first bytes, until the zlib header check can be made
-        self._enc: Any = None
-
-    @staticmethod
-    def supported(name: str) -> bool:
-        return name in ("gzip", "x-gzip", "deflate") or (name == "br" and _brotli is not None)
-
-    def decode(self, data: bytes) -> Iterator[bytes]:
-        try:
-            if self.name == "br":
-                out = self._brotli_dec().process(data)
-                if out:
-                    yield out
-                return
-            yield from self._inflate(data)
-        except zlib.error as e:
-            raise ContentDecodeError(f"{self.name}: {e}") from e
-        except Exception as e:  # brotli raises its own error classes
-            if self.name != "br":
-                raise
-            raise ContentDecodeError(f"br: {e}") from e
-
-    def _inflate(self, data: bytes) -> Iterator[bytes]:
-        if self._dec is None:
-            if self.name != "deflate":
-                self._dec = zlib.decompressobj(_GZIP_WBITS)
-            else:
-                # "deflate" is zlib-wrapped by the RFC, raw deflate in practice now and then
-                self._head += data
-                if len(self._head) < 2:
-                    return
-                data, self._head = self._head, b""
-                zlib_header = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-                self._dec = zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
-        while True:
-            if self._dec.eof:
-                data = self._dec.unused_data + data
-                if not data or self.name == "deflate":
-                    return  # (bytes after the end of a deflate stream are ignored, as zlib does)
-                self._dec = zlib.decompressobj(_GZIP_WBITS)  # concatenated gzip members
-            out = self._dec.decompress(data, DECODE_PIECE)
-            data = self._dec.unconsumed_tail
-            if out:
-                yield out
-            if not self._dec.eof and not data and len(out) < DECODE_PIECE:
-                return
-
-    def _brotli_dec(self) -> Any:
-        if self._dec is None:
-            dec = _brotli.Decompressor()
-            self._dec = dec if hasattr(dec, "process") else _BrotliCffi(dec)
-        return self._dec
-
-    def encode(self, data: bytes, final: bool) -> bytes:
-        if self._enc is None and not data:
-            return b""  # nothing to send yet (or at all: an empty body stays empty)
-        if self.name == "br":
-            if self._enc is None:
-                self._enc = _brotli.Compressor()
-            enc = self._enc
-            out = enc.process(data) if hasattr(enc, "process") else enc.compress(data)
-            return out + (enc.finish() if final else enc.flush())
-        if self._enc is None:
-            wbits = zlib.MAX_WBITS if self.name == "deflate" else _GZIP_WBITS
-            self._enc = zlib.compressobj(wbits=wbits)
-        return self._enc.compress(data) + self._enc.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
-
-
-class _BrotliCffi:
-    def __init__(self, dec: Any) -> None:
-        self.process = dec.decompress
-
-
-def content_codings(headers: Mapping[str, str]) -> list[str]:
-    """The answer's content codings in the order they were applied (identity left out)."""
-    values = headers.getall("content-encoding", []) if hasattr(headers, "getall") else []
-    names = [c.strip().lower() for v in values for c in v.split(",")]
-    return [c for c in names if c and c != "identity"]
+# decoded bytes of a compressed answer the observer reads per event-loop turn: a chunk that expands
+# a thousandfold is read over many turns, so other calls run in between (a few ms each at most)
+DECODE_SLICE = 256 * 1024
 
 
 class Tap:
@@ -238,63 +140,104 @@ class Tap:
     Tripwire can decode, the observer reads the decoded bytes; the client gets the upstream's own
     bytes, unless the observer rewrites the stream (then its output, compressed again). A coding
     Tripwire cannot decode is fed to the observer as it is (it will not parse: recorded as such).
+
+    Decoding is bounded: `DECODE_SLICE` decoded bytes at most until the relay lets other calls run
+    (`backlog`, then `resume()`), and `limit` in all, past which the observer reads no more of the
+    answer (`truncated`; the client still gets every byte). A rewriting observer's output is what the
+    client gets, so it reads the whole answer, a slice per turn.
     """
 
-    def __init__(self, observer: Any, codings: list[str]) -> None:
+    def __init__(self, observer: Any, codings: list[str], limit: int | None = None) -> None:
         self.observer = observer
         self.rewrites = bool(getattr(observer, "rewrites", False))
-        self.codings: list[_Coding] | None = None
-        if observer is not None and codings and all(_Coding.supported(c) for c in codings):
-            self.codings = [_Coding(c) for c in codings]
+        self.codec: Codec | None = None
+        if observer is not None and codings and Codec.decodes(codings):
+            self.codec = Codec(codings)
+        self.reading = True  # the observer still reads the answer
         self.decode_error: str | None = None
+        self.limit = None if self.rewrites else limit
+        self.truncated = False
+        self.backlog = False  # decoded bytes wait for the next turn: the relay calls resume()
+        self._pieces: Iterator[bytes] = _NOTHING
+        self._decoded = 0
+        self._budget = DECODE_SLICE
 
     def feed(self, chunk: bytes) -> bytes:
         observer = self.observer
         if observer is None:
             return chunk
-        if self.codings is None:
-            return observer.feed(chunk) if self.decode_error is None else chunk
-        out = bytearray()
-        try:
-            for piece in self._decode(chunk):
-                kept = observer.feed(piece)
-                if self.rewrites:
-                    out += self._encode(kept, final=False)  # piece by piece: memory stays bounded
-        except ContentDecodeError as e:
-            # the client gets the upstream's broken bytes as they are; the observer no more of them
-            self.decode_error = str(e)
-            self.codings = None
-            log.warning("could not decode an upstream answer for recording: %s", e)
-            return chunk
-        return bytes(out) if self.rewrites else chunk
+        if self.codec is None:
+            return observer.feed(chunk) if self.reading else chunk
+        pieces = self.codec.decode(chunk)
+        self._pieces = itertools.chain(self._pieces, pieces) if self.backlog else pieces
+        out = self._read()
+        if self.decode_error is not None:
+            return chunk  # the client gets the upstream's broken bytes as they are
+        return out if self.rewrites else chunk
+
+    def resume(self) -> bytes:
+        """After the relay let other calls run: another slice of the backlog; what the client gets."""
+        self._budget = DECODE_SLICE
+        out = self._read()
+        return out if self.rewrites else b""
 
     def flush(self) -> bytes:
         """At the end of the upstream body: what the client still gets (an observer's held tail)."""
         observer = self.observer
         if observer is None:
             return b""
-        tail = observer.flush() if hasattr(observer, "flush") and self.decode_error is None else b""
-        if self.codings is None:
+        held = bytearray()
+        while self.backlog:  # (the relay reads the backlog before the next chunk: a direct caller)
+            held += self.resume()
+        tail = observer.flush() if hasattr(observer, "flush") and self.reading else b""
+        if self.codec is None:
             return tail
-        return self._encode(tail, final=True) if self.rewrites else b""
+        return bytes(held) + self.codec.encode(tail, final=True) if self.rewrites else b""
 
-    def _decode(self, chunk: bytes) -> Iterator[bytes]:
-        pieces: Iterable[bytes] = [chunk]
-        for coding in reversed(self.codings or []):  # the last coding applied comes off first
-            pieces = _chain(coding, pieces)
-        return iter(pieces)
+    def _read(self) -> bytes:
+        """Hand decoded pieces to the observer until this turn's slice is spent (or the limit
+        reached); returns the rewriting observer's output, compressed again."""
+        observer = self.observer
+        codec = self.codec
+        assert codec is not None
+        out = bytearray()
+        try:
+            for piece in self._pieces:
+                if self.limit is not None and self._decoded + len(piece) > self.limit:
+                    if self._decoded < self.limit:
+                        observer.feed(piece[: self.limit - self._decoded])
+                    self._stop()
+                    self.truncated = True
+                    log.warning(
+                        "a compressed upstream answer decodes to more than %d bytes "
+                        "(max_decoded_bytes): recorded truncated, relayed whole",
+                        self.limit,
+                    )
+                    return b""
+                self._decoded += len(piece)
+                self._budget -= len(piece)
+                kept = observer.feed(piece)
+                if self.rewrites:
+                    out += codec.encode(kept, final=False)  # piece by piece: memory stays bounded
+                if self._budget <= 0:
+                    self.backlog = True
+                    return bytes(out)
+        except ContentDecodeError as e:
+            # the client gets the upstream's broken bytes as they are; the observer no more of them
+            self._stop()
+            self.decode_error = str(e)
+            log.warning("could not decode an upstream answer for recording: %s", e)
+        self.backlog = False
+        return bytes(out)
 
-    def _encode(self, data: bytes, final: bool) -> bytes:
-        for coding in self.codings or []:
-            if not data and not final:
-                return b""
-            data = coding.encode(data, final)
-        return data
+    def _stop(self) -> None:
+        self.reading = False
+        self.codec = None
+        self.backlog = False
+        self._pieces = _NOTHING
 
 
-def _chain(coding: _Coding, pieces: Iterable[bytes]) -> Iterator[bytes]:
-    for piece in pieces:
-        yield from coding.decode(piece)
+_NOTHING: Iterator[bytes] = iter(())  # (an empty iterator stays empty: one serves every Tap)
 
 
 class WholeAnswer(web.StreamResponse):
@@ -344,12 +287,15 @@ class Forwarder:
         ca_bundle: str | None = None,
         retries: int = 0,
         retry_base_s: float = 0.5,
+        max_decoded_bytes: int | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.ttfb_timeout_s = ttfb_timeout_s
         self.ca_bundle = ca_bundle
         self.retries = retries  # opt-in (settings.upstream_retries): see send()
         self.retry_base_s = retry_base_s
+        # how much of a compressed answer the observer reads (settings.max_decoded_bytes; see Tap)
+        self.max_decoded_bytes = max_decoded_bytes
         # the upstream calls that go out directly (nearly all of them)
         self.pool: UpstreamPool | None = None
         # calls through an egress proxy or with ~/.netrc credentials, and alert webhooks; the way out
@@ -400,12 +346,14 @@ class Forwarder:
         A client that hangs up is not an upstream failure (it must not trip the breaker): stop
         reading (the upstream stops generating) and let the call be recorded as incomplete.
         """
-        tap = Tap(ex.observer, content_codings(upstream.headers))
+        tap = Tap(ex.observer, content_codings(upstream.headers), self.max_decoded_bytes)
         chunks = upstream if isinstance(upstream, UpstreamResponse) else upstream.content.iter_any()
         try:
             async for chunk in chunks:
                 out = tap.feed(chunk)
                 if out and not await self._write(ex, response, out):
+                    break
+                if tap.backlog and not await self._read_backlog(ex, response, tap):
                     break
             else:
                 tail = tap.flush()
@@ -426,10 +374,23 @@ class Forwarder:
         finally:
             if tap.decode_error is not None:
                 ex.content_decode_error = tap.decode_error
+            ex.content_truncated = tap.truncated
         if ex.drain_aborted:
             ex.stream_complete = False
             ex.upstream_error = None
             ex.incomplete_reason = DRAIN_CUT_REASON
+
+    async def _read_backlog(self, ex: Exchange, response: ClientAnswer, tap: Tap) -> bool:
+        """The rest of a chunk that decodes large, a slice per event-loop turn so that other calls
+        run in between; False when the relay must stop (the client hung up, drain cut it)."""
+        while tap.backlog:
+            await asyncio.sleep(0)
+            if ex.drain_aborted:
+                return False
+            out = tap.resume()
+            if out and not await self._write(ex, response, out):
+                return False
+        return True
 
     @staticmethod
     def _hung_up(ex: Exchange) -> None:

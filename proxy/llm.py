@@ -362,10 +362,20 @@ def llm_result(ex: Exchange) -> LLMResult:
             complete=False,
         )
     if isinstance(observer, BodyCollector):
-        result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
+        if ex.content_truncated:  # its start alone does not parse
+            result = truncated_result(protocol, ex.call)
+        else:
+            result = dialect.parse_response(ex.upstream_status, observer.body(), req=ex.call)
     else:
         accumulator = cast("Accumulator", observer)  # the parse stage set the dialect's accumulator
-        result = accumulator.finish(ex.stream_complete and ex.upstream_error is None)
+        relayed = ex.stream_complete and ex.upstream_error is None
+        result = accumulator.finish(relayed)
+        if ex.content_truncated:
+            # it read the stream's start only: its end (terminator, usage) went to the client unread
+            if not result.text.endswith(TRUNCATED_MARKER):
+                result.text += TRUNCATED_MARKER
+            if relayed and (result.error or {}).get("error_type") == "stream_incomplete":
+                result.error, result.complete = None, True
     reason = ex.incomplete_reason
     if reason:
         # the client hung up, or shutdown cut the stream, before the whole answer reached the
@@ -383,6 +393,14 @@ def llm_result(ex: Exchange) -> LLMResult:
         }
         result.complete = False
     return result
+
+
+def truncated_result(protocol: LLMProtocol, call: LLMRequest) -> LLMResult:
+    """A body decoded past `max_decoded_bytes`: relayed whole, recorded as `__TRUNCATED__` with the
+    prompt's estimated usage."""
+    prompt = protocol.prompt_tokens(call)
+    usage = Usage(prompt_tokens=prompt, total_tokens=prompt, estimated=True)
+    return LLMResult(None, TRUNCATED_MARKER, [], usage, None)
 
 
 def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool) -> tuple[list[Any], str]:

@@ -167,6 +167,8 @@ class Settings(BaseModel):
     # without a message either way (null: never), and at most this many open per agent (null: no cap)
     websocket_idle_timeout_s: PositiveFloat | None = 900
     websocket_max_per_agent: PositiveInt | None = 32
+    # a compressed answer is decoded for the trace up to this many bytes (docs/configuration.md)
+    max_decoded_bytes: PositiveInt = 16 * 1024 * 1024
     # uvloop (a dependency on Linux and macOS) runs the proxy's event loop; "asyncio" picks the
     # standard library's, and it is used anyway where uvloop is not installed (docs/benchmarks.md)
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
@@ -247,6 +249,7 @@ ENV_FIELDS = (
     "max_body_bytes",
     "websocket_idle_timeout_s",
     "websocket_max_per_agent",
+    "max_decoded_bytes",
     "event_loop",
     "drain_grace_s",
     "ca_bundle",

@@ -7,14 +7,21 @@
 - 9: a stream the upstream breaks (or drain cuts) ends abnormally for the client, which raises
   what it raises without Tripwire, and is recorded as an error the breaker counts;
 - 10: LiteLLM's usage chunk shape (`"choices": [{"index": 0, "delta": {}}]`) is removed like
-  OpenAI's when Tripwire asked for it, and a chunk with content or a finish_reason never is.
+  OpenAI's when Tripwire asked for it, and a chunk with content or a finish_reason never is;
+- issue 26 item 2: a compressed answer is decoded within bounds (a piece per decoder call, a slice
+  per event-loop turn, `max_decoded_bytes` in all): a decompression bomb is relayed byte for byte,
+  recorded truncated, and other agents' calls go on meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import tracemalloc
 import zlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -22,8 +29,11 @@ import anthropic
 import openai
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
+from proxy import llm
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects import anthropic as anthropic_dialect
 from proxy.dialects import openai_chat, openai_responses
@@ -176,6 +186,280 @@ def test_tap_decodes_for_the_observer_and_relays_the_bytes() -> None:
     assert broken.decode_error is not None and broken.feed(b"more") == b"more"
     unknown = Keep()
     assert Tap(unknown, ["zstd-unknown"]).feed(b"\x28\xb5") == b"\x28\xb5" and unknown.seen == b"\x28\xb5"
+
+
+# ---- issue 26 item 2: decompression bombs ----------------------------------------------------------
+
+# what the observer may be handed: one decoder call's output (64 KiB; brotli rounds up to its next
+# output block), and what it may read in one event-loop turn (a slice of 256 KiB, twice: a task that
+# only yields and the relay may each run once in one loop iteration, in either order)
+PIECE_BOUND = 128 * 1024
+TURN_BOUND = 1 * MiB
+
+
+def bomb(coding: str, decoded: int) -> bytes:
+    """`decoded` bytes (whole MiB) of zeros in one gzip member or br stream, made in well under a
+    second: deflate blocks after a full flush do not refer back, so one MiB's block is repeated."""
+    zeros = bytes(MiB)
+    if coding == "br":
+        import brotli  # a dev dependency
+
+        enc = brotli.Compressor(quality=1)
+        return b"".join(enc.process(zeros) for _ in range(decoded // MiB)) + enc.finish()
+    deflate = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    head = deflate.compress(zeros) + deflate.flush(zlib.Z_FULL_FLUSH)  # the gzip header, the first MiB
+    block = deflate.compress(zeros) + deflate.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(decoded // MiB):
+        crc = zlib.crc32(zeros, crc)
+    end = deflate.flush(zlib.Z_FINISH)[:-8] + crc.to_bytes(4, "little") + decoded.to_bytes(4, "little")
+    return head + block * (decoded // MiB - 1) + end
+
+
+def compress(coding: str, plain: bytes) -> bytes:
+    if coding == "br":
+        import brotli
+
+        return bytes(brotli.compress(plain))
+    return gzip.compress(plain) if coding == "gzip" else zlib.compress(plain)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+def test_the_codec_decodes_lazily_in_bounded_pieces(coding: str) -> None:
+    from proxy.content_coding import Codec
+
+    packed = zlib.compress(bytes(64 * MiB), 9) if coding == "deflate" else bomb(coding, 64 * MiB)
+    if coding == "gzip":
+        assert gzip.decompress(packed) == bytes(64 * MiB)  # one valid member
+    pieces = Codec([coding]).decode(packed)
+    first = next(pieces)  # one piece, without decoding the rest
+    sizes = [len(first)] + [len(p) for p in pieces]
+    assert sum(sizes) == 64 * MiB and max(sizes) <= PIECE_BOUND  # before: br in one piece of 64 MiB
+    # byte for byte, whatever the split of the input
+    plain = b"".join(f"data: {n}\n\n".encode() for n in range(20000))
+    packed = compress(coding, plain)
+    codec = Codec([coding])
+    cuts = range(0, len(packed), 999)
+    assert b"".join(b"".join(codec.decode(packed[i : i + 999])) for i in cuts) == plain
+
+
+def test_concatenated_gzip_members_larger_than_a_piece() -> None:
+    """A member that ends in a call whose input was left over from the previous one (zlib then keeps
+    the rest in unconsumed_tail too): before, that rest was decoded twice, growing each member."""
+
+    class Keep:
+        rewrites = False
+
+        def __init__(self) -> None:
+            self.seen = bytearray()
+
+        def feed(self, chunk: bytes) -> bytes:
+            self.seen += chunk
+            return chunk
+
+    plain = [bytes(300 * 1024), b"x" * 200_000, b"tail"]
+    packed = b"".join(gzip.compress(p) for p in plain)
+    keep = Keep()
+    tap = Tap(keep, ["gzip"])
+    assert tap.feed(packed) + tap.flush() == packed and bytes(keep.seen) == b"".join(plain)
+
+
+def test_the_tap_reads_a_bomb_a_slice_at_a_time_up_to_its_limit() -> None:
+    from proxy.forward import DECODE_SLICE
+
+    class Keep:
+        rewrites = False
+
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def feed(self, chunk: bytes) -> bytes:
+            self.sizes.append(len(chunk))
+            return chunk
+
+    packed = bomb("gzip", 64 * MiB)
+    keep = Keep()
+    tap = Tap(keep, ["gzip"], limit=3 * MiB)
+    assert tap.feed(packed) == packed  # the client's bytes, as they came
+    assert tap.backlog and sum(keep.sizes) <= DECODE_SLICE + PIECE_BOUND  # before: all 64 MiB at once
+    turns = 1
+    while tap.backlog:
+        before = sum(keep.sizes)
+        assert tap.resume() == b""
+        assert sum(keep.sizes) - before <= DECODE_SLICE + PIECE_BOUND
+        turns += 1
+    assert tap.truncated and sum(keep.sizes) == 3 * MiB and turns <= 3 * MiB // DECODE_SLICE + 1
+    assert tap.feed(b"more") == b"more" and tap.flush() == b"" and sum(keep.sizes) == 3 * MiB
+
+
+@asynccontextmanager
+async def bomb_upstream(body: bytes, coding: str, first: int) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """An upstream on 127.0.0.1 answering chat completions with `body` (Content-Encoding `coding`):
+    its first `first` bytes, then the rest once the event is set."""
+    go_on = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+        resp = web.StreamResponse(headers=headers)
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await resp.write(body[:first])
+        await go_on.wait()
+        await resp.write(body[first:])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), go_on
+    finally:
+        go_on.set()
+        await server.close()
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+async def test_a_decompression_bomb_is_relayed_whole_and_recorded_truncated(
+    start_tripwire: StartTripwire, fake_upstream, monkeypatch: pytest.MonkeyPatch, coding: str
+) -> None:
+    """~0.5 MB that inflates to 512 MiB: the observer reads at most a slice per loop turn and
+    `max_decoded_bytes` in all (before: the whole answer, tens of MiB in one turn), the client gets
+    the upstream's bytes, the call is recorded `__TRUNCATED__`, another agent's call goes through."""
+    fake, url = fake_upstream
+    fake.default = Reply(text="the other agent's answer")
+    packed = bomb(coding, 512 * MiB)
+    turns = 0
+
+    async def tick() -> None:  # counts event-loop turns (a task that only yields)
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    class Recording(llm.BodyCollector):
+        made: list[Recording] = []
+
+        def __init__(self, limit: int) -> None:
+            super().__init__(limit)
+            self.per_turn: Counter[int] = Counter()
+            self.largest = 0
+            Recording.made.append(self)
+
+        def feed(self, chunk: bytes) -> bytes:
+            self.per_turn[turns] += len(chunk)
+            self.largest = max(self.largest, len(chunk))
+            return super().feed(chunk)
+
+    monkeypatch.setattr(llm, "BodyCollector", Recording)
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    async with bomb_upstream(packed, coding, first=len(packed) // 2) as (bomb_url, go_on):
+        tw = await start_tripwire(upstream={"url": url}, llm={"bomb": {"url": bomb_url}})
+        ticker = asyncio.create_task(tick())
+        try:
+            async with aiohttp.ClientSession(auto_decompress=False) as http:
+                bombed = asyncio.create_task(
+                    http.post(
+                        tw.url + "/llm/bomb/v1/chat/completions",
+                        json=body,
+                        headers={"Authorization": f"Bearer {AGENT_KEY}", "X-Tripwire-Agent": "bombed"},
+                    )
+                )
+                for _ in range(3000):  # until Tripwire has read the first half (the upstream waits)
+                    if Recording.made and Recording.made[0].size > 0 and turns > 0:
+                        break
+                    await asyncio.sleep(0.01)
+                # another agent's call completes while the bomb's answer is being relayed
+                other = openai.AsyncOpenAI(
+                    base_url=tw.url + "/v1",
+                    api_key=AGENT_KEY,
+                    max_retries=0,
+                    default_headers={"X-Tripwire-Agent": "other"},
+                )
+                answer = await other.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+                assert answer.choices[0].message.content == "the other agent's answer"
+                go_on.set()  # (the bomb's upstream waited for this: its answer was still open)
+                async with await bombed as r:
+                    assert r.status == 200 and r.headers["Content-Encoding"] == coding
+                    relayed = await r.read()
+        finally:
+            ticker.cancel()
+        assert relayed == packed  # byte for byte, as the upstream sent it
+        observer = Recording.made[0]
+        # the decoder's output held: a piece at a time, a slice or two per turn, the limit in all
+        # (16 MiB: the default max_decoded_bytes)
+        held = {"piece": observer.largest, "turn": max(observer.per_turn.values()), "all": observer.size}
+        assert held["piece"] <= PIECE_BOUND and held["turn"] <= TURN_BOUND and held["all"] <= 16 * MiB, held
+        await tw.flush()
+        runs = {tw.events(r)[0]["payload"]["agent_name"]: tw.events(r) for r in tw.run_ids()}
+        (p,) = llm_calls(runs["bombed"])
+        assert p["response"]["text"] == TRUNCATED_MARKER and p["status"] == "ok"
+        assert p["usage_estimated"] is True and p["http_status"] == 200
+        assert not [e for e in runs["bombed"] if e["event_type"] == "ERROR"]
+        (q,) = llm_calls(runs["other"])
+        assert q["status"] == "ok" and q["response"]["text"] == "the other agent's answer"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+async def test_compressed_streams_read_a_slice_at_a_time_are_recorded_whole(
+    start_tripwire: StartTripwire, fake_upstream, coding: str
+) -> None:
+    """Events that each decode to more than a slice, below the limit: read over several turns, the
+    stream is recorded with its exact usage, rewritten (usage chunk removed) or relayed as sent."""
+    fake, url = fake_upstream
+    fake.default = Reply(
+        text="big ",
+        prompt_tokens=21,
+        completion_tokens=5000,
+        content_encoding=coding,
+        bulk_chunks=6,
+        bulk_chunk_chars=600 * 1024,  # each event more than a slice (256 KiB)
+    )
+    tw = await start_tripwire(upstream={"url": url})
+    kw: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    asked = {**kw, "stream_options": {"include_usage": True}}
+    for request in (kw, asked):  # Tripwire asks for usage and removes it / the client asked for it
+        direct = [c.model_dump() async for c in await oai(url).chat.completions.create(**request)]
+        via = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**request)]
+        assert via == direct
+    await tw.flush()
+    calls = llm_calls(tw.events())
+    assert [(p["status"], p["usage"]["total_tokens"]) for p in calls] == [("ok", 5021), ("ok", 5021)]
+    assert all("usage_estimated" not in p and p["response"]["text"].startswith("big xxx") for p in calls)
+
+
+async def test_a_compressed_stream_past_the_limit_is_recorded_truncated(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """Past `max_decoded_bytes` a stream the client reads as sent is recorded from its start,
+    `__TRUNCATED__`, usage estimated, not an error; a rewritten one is read whole (its output is
+    what the client gets)."""
+    fake, url = fake_upstream
+    fake.default = Reply(
+        text="long ",
+        prompt_tokens=8,
+        completion_tokens=900,
+        content_encoding="gzip",
+        bulk_chunks=8,
+        bulk_chunk_chars=MiB // 2,
+    )
+    tw = await start_tripwire(upstream={"url": url}, max_decoded_bytes=MiB)
+    kw: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True}
+    asked = {**kw, "stream_options": {"include_usage": True}}
+    for request in (asked, kw):
+        direct = [c.model_dump() async for c in await oai(url).chat.completions.create(**request)]
+        via = [c.model_dump() async for c in await oai(tw.url).chat.completions.create(**request)]
+        assert via == direct and len(via) > 8
+    await tw.flush()
+    cut, whole = llm_calls(tw.events())
+    assert cut["status"] == "ok" and cut["error"] is None and cut["usage_estimated"] is True
+    text = cut["response"]["text"]
+    assert text.startswith("long xxx") and text.endswith(TRUNCATED_MARKER)
+    assert not [e for e in tw.events() if e["event_type"] == "ERROR"], "not the upstream's failure"
+    assert whole["status"] == "ok" and whole["usage"]["total_tokens"] == 908
+    assert "usage_estimated" not in whole
 
 
 # ---- 8: bounded memory ---------------------------------------------------------------------------
