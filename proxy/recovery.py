@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.dialects.base import loads_or_none
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error, request_headers, response_headers
@@ -181,4 +182,29 @@ class MaxTokensRecoveryStage(BaseStage):
                 if k.lower() not in DROP_HEADERS
             }
             kept["Content-Type"] = resp.headers.get("Content-Type", "application/json")
+            codings = content_codings(resp.headers)
+            if codings:  # compressed although Tripwire asked for identity
+                decoded = self.decoded(codings, raw)
+                if decoded is None:  # relayed as it came, its coding still named
+                    kept["Content-Encoding"] = ", ".join(codings)
+                else:
+                    raw = decoded
             return resp.status, kept, raw
+
+    def decoded(self, codings: list[str], raw: bytes) -> bytes | None:
+        """`raw` decoded, or None when Tripwire cannot decode it or it grows past `max_decoded_bytes`
+        (a bomb is relayed compressed and not continued, never inflated whole)."""
+        if not Codec.decodes(codings):
+            return None
+        limit = self.engine.settings.max_decoded_bytes
+        out: list[bytes] = []
+        size = 0
+        try:
+            for piece in Codec(codings).decode(raw):
+                size += len(piece)
+                if size > limit:
+                    return None
+                out.append(piece)
+        except ContentDecodeError:
+            return None
+        return b"".join(out)

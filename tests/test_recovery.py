@@ -133,3 +133,22 @@ async def test_an_upstream_error_is_relayed_as_it_came(
     else:
         raise AssertionError("expected the upstream's 400")
     assert len(fake.calls(CHAT)) == 1
+
+
+async def test_an_answer_compressed_anyway_is_decoded_before_it_is_continued(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    # the upstream gzips although Tripwire asked for identity: the answers are read decoded, and the
+    # client gets the stitched JSON without a Content-Encoding (it was relayed raw before: garbage)
+    fake, url = fake_upstream
+    fake.replies = [
+        Reply(text="Once upon ", finish_reason="length", completion_tokens=10, content_encoding="gzip"),
+        Reply(text="a time.", prompt_tokens=70, completion_tokens=3, content_encoding="gzip"),
+    ]
+    tw = await start_tripwire(upstream={"url": url}, max_tokens_recovery=2)
+    raw = await llm(tw).chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ASK, max_tokens=10
+    )
+    assert raw.parse().choices[0].message.content == "Once upon a time."
+    assert "content-encoding" not in {k.lower() for k in raw.headers}
+    assert len(fake.calls(CHAT)) == 2
