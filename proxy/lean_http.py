@@ -33,6 +33,7 @@ import httptools
 from aiohttp import web
 from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
 from aiohttp.http import SERVER_SOFTWARE  # the Server header aiohttp sends: both lanes answer alike
+from aiohttp.http_writer import _serialize_headers  # aiohttp's own head writer: the lanes' heads agree
 from aiohttp.web_server import Server
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -186,10 +187,16 @@ def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool)
     headers.setdefault("Server", SERVER_SOFTWARE)
     if not keep_alive and "Connection" not in headers:
         headers["Connection"] = "close"
-    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-    if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
-        raise ValueError("a newline in a header")  # as aiohttp refuses them: no header injection
-    return f"HTTP/1.1 {status} {reason}\r\n{lines}\r\n".encode("utf-8", "surrogateescape")
+    # as aiohttp writes it: a control byte in the reason or a header (an upstream's, relayed) raises
+    # ValueError (a 500, no header injection); bytes an upstream sent that are not UTF-8 (kept as
+    # surrogates) are left out
+    return _serialize_headers(f"HTTP/1.1 {status} {reason}", headers)
+
+
+def _internal_error() -> web.Response:
+    """The 500 aiohttp answers when a handler raises (its words, for a client not asking for HTML)."""
+    status = HTTPStatus.INTERNAL_SERVER_ERROR
+    return web.Response(status=500, text=f"{status.value} {status.phrase}\n\n{status.description}")
 
 
 def _reason(status: int) -> str:
@@ -425,10 +432,13 @@ class LeanConnection(asyncio.Protocol):
             self._hand_over()
             return
         request, route = taken
+        length = request.content._left
+        if not request.keep_alive and len(buf) > head_len + length:
+            self._hand_over()  # bytes after a `Connection: close` request: aiohttp refuses them (400)
+            return
         self._cancel_idle()
         self._busy = True
         self._parser = httptools.HttpRequestParser(self)  # a fresh one: the body never goes through it
-        length = request.content._left
         body = buf[head_len : head_len + length]
         self._buf = buf[head_len + length :]
         if body:
@@ -492,9 +502,7 @@ class LeanConnection(asyncio.Protocol):
             if response is None:
                 if responding is None or not responding.head_sent:
                     # nothing went out yet: a 500, as aiohttp answers; else the answer is cut (close)
-                    await self._write_response(
-                        web.Response(status=500, text="500 Internal Server Error"), request.method
-                    )
+                    await self._write_response(_internal_error(), request.method)
             elif isinstance(response, LeanResponse):
                 if not response._eof:
                     await response.write_eof()

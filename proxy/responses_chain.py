@@ -100,19 +100,23 @@ def synthetic_id_of(answer_body: bytes) -> str | None:
 
 
 class ResponsesChains:
+    """The chains per agent (as shared state keys them): an agent naming another's response id gets
+    what an unknown id gets, never that agent's history, blocked input or real parent."""
+
     def __init__(self, max_links: int = MAX_LINKS) -> None:
-        self.links: OrderedDict[str, Link] = OrderedDict()
+        self.links: OrderedDict[tuple[str, str], Link] = OrderedDict()  # (agent, response id)
         self.max_links = max_links
 
-    def get(self, response_id: str | None) -> Link | None:
+    def get(self, agent: str, response_id: str | None) -> Link | None:
         if response_id is None:
             return None
-        link = self.links.get(response_id)
+        key = (agent, response_id)
+        link = self.links.get(key)
         if link is not None:
-            self.links.move_to_end(response_id)
+            self.links.move_to_end(key)
         return link
 
-    def missing(self, response_id: str | None) -> str | None:
+    def missing(self, agent: str, response_id: str | None) -> str | None:
         """The newest link of the chain ending at `response_id` that is not known here (another
         replica answered it), or None when the whole chain is here. Links found complete are marked,
         so a long chain is walked once."""
@@ -120,7 +124,7 @@ class ResponsesChains:
         rid = response_id
         found: str | None = None
         while rid is not None:
-            link = self.links.get(rid)
+            link = self.links.get((agent, rid))
             if link is None:
                 found = rid
                 break
@@ -128,23 +132,24 @@ class ResponsesChains:
                 break
             walked.append(link)
             if link.parent is None and link.parent_id is not None:
-                link.parent = self.links.get(link.parent_id)  # it may have arrived since
+                link.parent = self.links.get((agent, link.parent_id))  # it may have arrived since
             rid = link.parent_id
         if found is None:
             for link in walked:
                 link.complete = True
         return found
 
-    def remember(self, response_id: str, link: Link) -> None:
-        self.links[response_id] = link
-        self.links.move_to_end(response_id)
+    def remember(self, agent: str, response_id: str, link: Link) -> None:
+        key = (agent, response_id)
+        self.links[key] = link
+        self.links.move_to_end(key)
         while len(self.links) > self.max_links:
             self.links.popitem(last=False)
 
-    def history(self, call: LLMRequest) -> History:
+    def history(self, agent: str, call: LLMRequest) -> History:
         """The request's history with its chain in front (as if the whole input had been sent)."""
         chain: list[Link] = []
-        link = self.get(call.previous_response_id)
+        link = self.get(agent, call.previous_response_id)
         while link is not None:
             chain.append(link)
             link = link.parent
@@ -160,36 +165,38 @@ class ResponsesChains:
             turn_start = len(steps) + call.turn_start
         return History([*steps, *call.steps], turn_start, [*results, *call.tool_results])
 
-    def remember_answer(self, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]) -> None:
+    def remember_answer(
+        self, agent: str, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]
+    ) -> None:
         """A real response: the chain now goes on from it."""
-        self.remember(response_id, self._link(call, [list(tool_calls)]))
+        self.remember(agent, response_id, self._link(agent, call, [list(tool_calls)]))
 
     def remember_block(
-        self, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str
+        self, agent: str, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str
     ) -> None:
         """A blocked answer: where a request continuing it must really go, and what to send along."""
-        link = self._link(call, [[]])
+        link = self._link(agent, call, [[]])
         previous = sent_body.get("previous_response_id")
         link.real_parent = previous if isinstance(previous, str) else None
         link.input_items = input_items(sent_body)
         link.text = text
-        self.remember(synthetic_id, link)
+        self.remember(agent, synthetic_id, link)
 
-    def _link(self, call: LLMRequest, answer_steps: list[list[ToolCall]]) -> Link:
+    def _link(self, agent: str, call: LLMRequest, answer_steps: list[list[ToolCall]]) -> Link:
         return Link(
-            parent=self.get(call.previous_response_id),
+            parent=self.get(agent, call.previous_response_id),
             steps=[*call.steps, *answer_steps],
             results=list(call.tool_results),
             turn_start=call.turn_start if has_user_message(call) else None,
             parent_id=call.previous_response_id,
         )
 
-    def rewrite(self, body: dict[str, Any]) -> dict[str, Any] | None:
+    def rewrite(self, agent: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The body to send upstream when it names a synthetic parent; None when it does not."""
         previous = body.get("previous_response_id")
         if not openai_responses.is_synthetic_response_id(previous):
             return None
-        link = self.get(previous)
+        link = self.get(agent, previous)
         if link is None or link.text is None:  # forgotten (restart, LRU): drop the unknown id
             rewritten = {**body}
             rewritten.pop("previous_response_id", None)

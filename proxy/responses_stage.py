@@ -34,15 +34,16 @@ class ResponsesChainStage(BaseStage):
     async def request(self, ex: Exchange) -> None:
         if ex.protocol is None or ex.session is None or not is_responses(ex):
             return
-        self.rewrite_synthetic_parent(ex)  # first: the upstream must never see a synthetic id
-        ex.history = self.chains.history(ex.call)
+        agent = ex.session.agent
+        self.rewrite_synthetic_parent(ex, agent)  # first: the upstream must never see a synthetic id
+        ex.history = self.chains.history(agent, ex.call)
 
-    def rewrite_synthetic_parent(self, ex: Exchange) -> None:
+    def rewrite_synthetic_parent(self, ex: Exchange, agent: str) -> None:
         try:
             body = orjson.loads(ex.upstream_body if ex.upstream_body is not None else ex.body)
         except orjson.JSONDecodeError:
             return
-        rewritten = self.chains.rewrite(body)
+        rewritten = self.chains.rewrite(agent, body)
         if rewritten is not None:
             ex.upstream_body = orjson.dumps(rewritten)
         ex.responses_body = rewritten if rewritten is not None else body
@@ -54,26 +55,28 @@ class ResponsesChainStage(BaseStage):
         """Remember the answer's link; returns the response id the chain now goes on from."""
         if ex.protocol is None or ex.session is None or not is_responses(ex):
             return None
+        agent = ex.session.agent
         if ex.forwarded:
             result = ex.result
             if result is not None and result.response_id and not result.error:
-                self.chains.remember_answer(ex.call, result.response_id, result.tool_calls)
+                self.chains.remember_answer(agent, ex.call, result.response_id, result.tool_calls)
                 return str(result.response_id)
             return None
         if ex.answer is not None and ex.block_text is not None:
             synthetic = synthetic_id_of(ex.answer.body)
             if synthetic is not None:  # a request continuing the blocked answer goes to the real parent
-                self.chains.remember_block(ex.call, synthetic, ex.responses_body or {}, ex.block_text)
+                self.chains.remember_block(agent, ex.call, synthetic, ex.responses_body or {}, ex.block_text)
                 return synthetic
         return None
 
-    def link_warmup(self, call: LLMRequest, response_id: str) -> None:
+    def link_warmup(self, agent: str, call: LLMRequest, response_id: str) -> None:
         """A warm-up (generate: false) answered: the chain goes on from it, with its input and no
         answer step, so a later call naming it is judged on the whole history."""
         self.chains.remember(
+            agent,
             response_id,
             Link(
-                parent=self.chains.get(call.previous_response_id),
+                parent=self.chains.get(agent, call.previous_response_id),
                 steps=list(call.steps),
                 results=list(call.tool_results),
                 turn_start=call.turn_start if has_user_message(call) else None,

@@ -71,22 +71,25 @@ class SharedResponsesChainStage(ResponsesChainStage):
         """Links of the chain this replica lacks, newest first; usually only the last answer (another
         replica's), so a few at a time first, more when the gap is longer."""
         for limit in CHAIN_FETCH_LIMITS:
-            missing = self.chains.missing(previous_response_id)
+            missing = self.chains.missing(agent, previous_response_id)
             if missing is None:
                 return
             fetched = await self.shared.chain(agent, missing, limit)
             for response_id, blob in reversed(fetched):  # oldest first: each finds its parent
                 link = link_from_blob(blob, None)
-                link.parent = self.chains.get(link.parent_id)
-                self.chains.remember(response_id, link)
+                link.parent = self.chains.get(agent, link.parent_id)
+                self.chains.remember(agent, response_id, link)
             if len(fetched) < limit:
                 return  # the rest of the chain is not shared (expired, or before shared state)
 
     async def finish(self, ex: Exchange) -> None:
         response_id = self.continue_chain(ex)
-        link = self.chains.links.get(response_id) if response_id else None
-        if response_id and link is not None and ex.session is not None:
-            await self.shared.share_link(ex.session.agent, response_id, link_blob(link), link.parent_id)
+        if response_id is None or ex.session is None:
+            return
+        agent = ex.session.agent
+        link = self.chains.links.get((agent, response_id))
+        if link is not None:
+            await self.shared.share_link(agent, response_id, link_blob(link), link.parent_id)
 
 
 class SharedToolResultsStage(ToolResultsStage):

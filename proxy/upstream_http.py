@@ -9,8 +9,9 @@ answer: the request goes out in one write, the answer's body is handed on as it 
   timeout between bytes (aiohttp's `sock_read`, stopped while the consumer is behind) and no total
   timeout: streams of reasoning models run for minutes.
 - A keep-alive pool per (scheme, host, port) without a connection limit (as `TCPConnector(limit=0)`).
-  A connection goes back only once its whole answer was read and both sides allow keep-alive, and
-  is closed once idle for 15 s (aiohttp's keepalive_timeout). A request is sent again on a fresh
+  A connection goes back only once its whole answer was read and both sides allow keep-alive (never
+  after a 101 or an answer it could not frame), and is closed once idle for 15 s (aiohttp's
+  keepalive_timeout). A request is sent again on a fresh
   connection only if idempotent and its pooled connection broke before any byte of the answer.
 - The answer's head is bounded as aiohttp's client bounds it (8190 bytes a line or field, 128
   fields); the body's framing follows Transfer-Encoding's last coding (RFC 9112 section 6.3).
@@ -406,6 +407,10 @@ class _Connection(asyncio.Protocol):
             self._interim = True  # 103 Early Hints and the like: the answer follows (aiohttp skips them)
             self._start_message()
             return
+        if status == 101:
+            # a switch nobody asked for: what follows the head is not HTTP. llhttp ends the message
+            # before it raises HttpParserUpgrade, so the connection is marked now, never pooled
+            self.reusable = False
         response.status = status
         response.reason = self._reason.decode("utf-8", "surrogateescape")
         response.headers = CIMultiDictProxy(self._headers)
@@ -602,7 +607,8 @@ class UpstreamPool:
         while idle:
             conn = idle.pop()  # the most recently used: the least likely to have been closed
             transport = conn.transport
-            if conn.closed or transport is None or transport.is_closing():
+            if conn.closed or not conn.reusable or transport is None or transport.is_closing():
+                conn.close()
                 continue
             if now - conn.idle_since > self.keepalive_s:
                 conn.close()

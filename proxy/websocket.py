@@ -715,7 +715,7 @@ class SocketRelay:
         req = _parse_responses(body)
         if req is None:
             return
-        self.chains.link_warmup(req, call.response_id)
+        self.chains.link_warmup(self.route.agent, req, call.response_id)
         call.warmup = None
 
     def warmup_tool_results(self, body: dict[str, Any], raw: bytes) -> None:

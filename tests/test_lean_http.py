@@ -6,31 +6,26 @@ client reads them (head, then a Content-Length or chunked body)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httptools
 import orjson
 import pytest
+from aiohttp.test_utils import TestServer
 
-from tests.conftest import AGENT_KEY, Running, StartTripwire, serve_fake
+from proxy.app import make_proxy_app
+from tests import lean_corpus
+from tests.conftest import Running, StartTripwire, serve_fake
 from tests.fakes import FakeUpstream, Reply
+from tests.lean_corpus import CHAT, chat_request
 
 pytestmark = pytest.mark.both_loops  # asyncio's loop and uvloop, which `tripwire serve` runs on
 
-CHAT = "/v1/chat/completions"
 WAIT_S = 30.0  # generous: a busy machine is slow
-
-
-def chat_request(
-    content: str = "hi", *, path: str = CHAT, extra: str = "", body: bytes | None = None
-) -> bytes:
-    if body is None:
-        body = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}]})
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {AGENT_KEY}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-    )
-    return head.encode() + body
 
 
 class Answer:
@@ -444,3 +439,76 @@ async def test_shutdown_cancels_a_call_still_running_after_the_grace(start_tripw
     finally:
         never.set()
         await upstream.close()
+
+
+# --- the differential corpus: the lean lane answers as aiohttp alone -----------------------------
+
+IDLE_S = 1.0  # header_timeout_s of the differential runs: a connection left idle is closed, ending the read
+
+
+@asynccontextmanager
+async def raw_upstream(answer: bytes) -> AsyncIterator[str]:
+    """An upstream on 127.0.0.1 that answers every request on a connection with `answer`'s bytes."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if length:
+                    await reader.readexactly(int(length.group(1)))
+                writer.write(answer)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+
+
+async def everything_answered(host: str, port: int, request: bytes) -> bytes:
+    """What a listener writes for `request` until it closes the connection (an idle one is closed
+    after IDLE_S), the Date fields left out (the only bytes that may differ)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(request)
+    data = b""
+    async with asyncio.timeout(WAIT_S):
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(65536):
+                data += chunk
+    writer.close()
+    return re.sub(rb"\r\nDate: [^\r\n]*", b"", data)
+
+
+@pytest.mark.parametrize("case", lean_corpus.CASES, ids=[c.name for c in lean_corpus.CASES])
+async def test_the_lean_lane_answers_the_corpus_as_aiohttp_alone(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], case: lean_corpus.Case
+) -> None:
+    """Each case goes to the proxy listener (lean lane first) and to the same app on aiohttp's own
+    runner, each with an engine of its own: the bytes that come back are the same."""
+    async with contextlib.AsyncExitStack() as stack:
+        url = (
+            fake_upstream[1]
+            if case.upstream is None
+            else await stack.enter_async_context(raw_upstream(case.upstream))
+        )
+        lean = await start_tripwire(upstream={"url": url}, header_timeout_s=IDLE_S)
+        alone_engine = (await start_tripwire(upstream={"url": url}, header_timeout_s=IDLE_S)).engine
+        alone = TestServer(make_proxy_app(alone_engine), host="127.0.0.1")  # aiohttp's runner
+        await alone.start_server()
+        stack.push_async_callback(alone.close)
+        got = await everything_answered(lean.proxy.host, lean.proxy.port, case.request)
+        expected = await everything_answered(alone.host, alone.port, case.request)
+    assert got == expected
+    assert got.startswith(b"HTTP/1.")  # something was answered

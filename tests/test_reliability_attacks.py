@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import openai
+import orjson
 import pytest
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream
+from tests.responses_chain_scenario import GUARDS, script
 
 CHAT = "/v1/chat/completions"
 
@@ -122,3 +125,63 @@ async def test_dot_segments_never_reach_the_upstream(
     status = answer.split(b" ", 2)[1]
     assert status in (b"400", b"404"), answer[:200]
     assert [s.path for s in fake.seen] == []  # nothing reached the upstream
+
+
+ALICE = {"X-Tripwire-Agent": "alice", "X-Tripwire-Session": "a-1"}
+BOB = {"X-Tripwire-Agent": "bob", "X-Tripwire-Session": "b-1"}
+RESPONSES = "/v1/responses"
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["memory", "redis"])
+async def test_an_agent_cannot_continue_another_agents_responses_chain(
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    request: pytest.FixtureRequest,
+    shared: bool,
+) -> None:
+    """Issue 26 item 7: Responses chains are kept per agent (in memory as in Redis). Agent B naming
+    agent A's response ids gets what it gets for ids nobody knows: its request judged on its own
+    input, a synthetic parent dropped; never A's history, A's blocked input or A's real parent."""
+    fake, url = fake_upstream
+    script(fake)
+    state = {"state": {"url": request.getfixturevalue("redis_url")}} if shared else {}
+    tw = await start_tripwire(upstream={"url": url}, guards=GUARDS, **state)
+
+    def client(headers: dict[str, str]) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=headers)
+
+    alice, bob = client(ALICE), client(BOB)
+    # alice asks for the same tool call three times along a chain: her 4th request is blocked
+    response = await alice.responses.create(model="gpt-4o", input="weather in Paris?")
+    ids = [response.id]
+    for _ in range(3):
+        (call,) = [item for item in response.output if item.type == "function_call"]
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "alice's secret"}
+        response = await alice.responses.create(
+            model="gpt-4o", previous_response_id=response.id, input=[output]
+        )
+        ids.append(response.id)
+    *real, synthetic = ids
+    assert synthetic.startswith("resp_tripwire_") and len(fake.calls(RESPONSES)) == 3
+
+    async def sent_for(previous: str, input: Any) -> tuple[str, dict[str, Any]]:
+        """Bob's call naming `previous`: the id of what he got, and what reached the upstream."""
+        calls = len(fake.calls(RESPONSES))
+        answer = await bob.responses.create(model="gpt-4o", previous_response_id=previous, input=input)
+        sent = fake.calls(RESPONSES)[calls:]
+        return answer.id, (sent[0].body if sent else {})
+
+    # alice's blocked answer: for bob a synthetic id nobody knows (dropped), not her real parent
+    # with her blocked input (her tool output) in front of his
+    got, sent = await sent_for(synthetic, "hi")
+    unknown_got, unknown_sent = await sent_for("resp_tripwire_0123456789abcdef", "hi")
+    assert "previous_response_id" not in sent and sent == unknown_sent
+    assert b"alice's secret" not in orjson.dumps(sent)
+    assert not got.startswith("resp_tripwire_") and not unknown_got.startswith("resp_tripwire_")
+    # alice's real parent, continued with the same tool output: bob is judged on his own request
+    # (forwarded as for an unknown parent), not on alice's three identical calls (blocked)
+    again = [{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    got, sent = await sent_for(real[-1], again)
+    unknown_got, unknown_sent = await sent_for("resp_unknown", again)
+    assert not got.startswith("resp_tripwire_") and not unknown_got.startswith("resp_tripwire_")
+    assert sent["previous_response_id"] == real[-1] and sent["input"] == unknown_sent["input"] == again

@@ -343,6 +343,10 @@ async def test_answers_without_a_body(pool: UpstreamPool) -> None:
     # a HEAD answer announces a length it does not send; its connection is not kept
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"
     assert await answer_with(head, pool, "HEAD") == (200, b"", 0)
+    # a 101 nobody asked for ends the answer at its head, and the connection with it: what follows
+    # is another protocol (issue 26; aiohttp never reuses a connection after a 101 either)
+    switched = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+    assert await answer_with(switched, pool, "POST") == (101, b"", 0)
 
 
 async def test_interim_answers_are_skipped_and_headers_kept_as_sent(pool: UpstreamPool) -> None:
