@@ -24,21 +24,25 @@ TOKENS_PER_MESSAGE = 4
 
 
 @dataclass
-class ToolCall:
-    """A tool call the model asked for."""
-
-    id: str
-    name: str
-    arguments: Any  # parsed JSON when it parses, else the raw string
-
-
-@dataclass
 class ToolResult:
     """A tool result the agent sends back in a later request."""
 
     tool_call_id: str
     content: Any
     is_error: bool = False
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: Any  # parsed JSON when it parses, else the raw string
+    # a tool the provider ran itself (Responses web search, MCP, image generation): no result comes
+    # back from the agent; `result` is what the answer says it gave
+    hosted: bool = False
+    result: ToolResult | None = None
 
 
 @dataclass
