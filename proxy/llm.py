@@ -8,7 +8,9 @@ result, and how an answer becomes LLM_CALL and TOOL_CALL events.
 from __future__ import annotations
 
 import logging
+import re
 import time
+import unicodedata
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -174,6 +176,11 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
         error["threshold"] = decision.threshold
         error["actual"] = decision.actual
     headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
+    if not is_anthropic(dialect):
+        # Codex CLI never shows a 429's body, only its request id ("exceeded retry limit, last
+        # status: 429 Too Many Requests, request id: ..."): the reason goes there too, so its user
+        # reads why (over HTTP, and in the WebSocket error event's `headers`)
+        headers["x-request-id"] = header_text(text)
     retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE)
     if retry_later and decision.retry_after is not None:
         headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
@@ -182,6 +189,17 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
     # shared guard state unreachable under fail_closed: 503, the service is what is missing (SPEC §8)
     status = 503 if decision.guard == GUARD_STATE_UNAVAILABLE else 429
     return Answer(status, error_body(dialect, status, error), "application/json", headers)
+
+
+_NOT_HEADER_TEXT = re.compile(r"[^\x20-\x7e]+")
+HEADER_TEXT_CHARS = 1000
+
+
+def header_text(text: str) -> str:
+    """`text` as a header value every client accepts: printable ASCII (accents dropped, anything
+    else, line breaks too, a space), at most HEADER_TEXT_CHARS characters."""
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return _NOT_HEADER_TEXT.sub(" ", folded)[:HEADER_TEXT_CHARS].strip()
 
 
 def shaped(ex: Exchange, answer: Answer) -> Answer:

@@ -143,3 +143,70 @@ async def test_codex_session_records_every_call_once_and_catches_the_shell_loop(
     (stopped,) = [e for e in events if e["event_type"] == "ERROR"]
     assert stopped["name"] == "loop_detection" and "local_shell" in stopped["payload"]["message"]
     assert tw.run_json(run_id)["counts"]["tool_calls"] == 3 + shell_calls
+
+
+# ---- a refusal Codex shows (issue 25 item 2) ------------------------------------------------------
+# Codex 0.171 (codex-rs `map_api_error`) turns any 429 into "exceeded retry limit, last status: 429
+# Too Many Requests[, request id: <x-request-id>]" and does not retry it; the body is never shown.
+# Over the WebSocket the `error` event's `status` and `headers` are read as an HTTP answer's.
+
+
+def codex_prints(status: int, headers: dict[str, str]) -> str:
+    request_id = headers.get("x-request-id")
+    return f"exceeded retry limit, last status: {status} Too Many Requests" + (
+        f", request id: {request_id}" if request_id else ""
+    )
+
+
+def first_turn() -> dict[str, Any]:
+    body = {**CODEX["messages"][1], "input": opening(), "stream": True}
+    del body["type"], body["previous_response_id"]
+    return body
+
+
+async def test_a_refusal_tells_codex_why_over_http(start_tripwire: StartTripwire, fake_upstream) -> None:
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_llm_calls": 1}})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(tw.url + "/v1/responses", json=first_turn(), headers=headers()) as ok:
+            assert ok.status == 200
+            await ok.read()
+        async with http.post(tw.url + "/v1/responses", json=first_turn(), headers=headers()) as refused:
+            body = await refused.json()
+            status, answer_headers = refused.status, {k.lower(): v for k, v in refused.headers.items()}
+    reason = body["error"]["message"]
+    assert (status, body["error"]["code"], answer_headers["x-should-retry"]) == (
+        429,
+        "max_llm_calls",
+        "false",
+    )
+    assert answer_headers["x-request-id"] == reason
+    assert "max_llm_calls" in codex_prints(status, answer_headers)
+
+
+async def test_a_refusal_tells_codex_why_over_the_websocket(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_llm_calls": 1}})
+    handshake = {**CODEX["handshake_headers"], **headers()}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(tw.url + "/v1/responses", headers=handshake) as ws,
+    ):
+        for _ in range(2):
+            await ws.send_str(
+                json.dumps({**CODEX["messages"][1], "input": opening(), "previous_response_id": None})
+            )
+            final = (await until_done(ws))[-1]
+    assert (final["type"], final["status"], final["error"]["code"]) == ("error", 429, "max_llm_calls")
+    assert final["headers"]["x-should-retry"] == "false"
+    assert final["headers"]["x-request-id"] == final["error"]["message"]
+    assert "max_llm_calls" in codex_prints(final["status"], final["headers"])
+
+
+def test_the_reason_as_a_header_is_plain_ascii_on_one_line() -> None:
+    from proxy.llm import HEADER_TEXT_CHARS, header_text
+
+    assert header_text("[tripwire] refusé: a ≥ b\r\nX-Evil: 1") == "[tripwire] refuse: a  b X-Evil: 1"
+    assert len(header_text("x" * 5000)) == HEADER_TEXT_CHARS
