@@ -111,6 +111,8 @@ class Capture:
         if not isinstance(body, dict):
             return web.json_response({}, status=404)
         events = self.events(body, self.next_output(body))
+        if not body.get("stream"):
+            return web.json_response(events[-1]["response"])
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         for event in events:
