@@ -161,8 +161,10 @@ class ResponsesChains:
         return History([*steps, *call.steps], turn_start, [*results, *call.tool_results])
 
     def remember_answer(self, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]) -> None:
-        """A real response: the chain now goes on from it."""
-        self.remember(response_id, self._link(call, [list(tool_calls)]))
+        """A real response: the chain now goes on from it (with what its hosted calls gave)."""
+        link = self._link(call, [list(tool_calls)])
+        link.results += [tc.result for tc in tool_calls if tc.hosted and tc.result is not None]
+        self.remember(response_id, link)
 
     def remember_block(
         self, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy.dialects import openai_responses
-from proxy.dialects.base import ToolCall
+from proxy.dialects.base import ToolCall, ToolResult
 from proxy.responses_chain import ResponsesChains, synthetic_id_of
 
 
@@ -100,3 +102,17 @@ def test_missing_names_the_newest_link_not_here_and_marks_whole_chains() -> None
     chains.remember_answer(req({"previous_response_id": "resp_x", "input": "go on"}), "resp_3", [])
     assert chains.missing("resp_3") == "resp_x"
     assert chains.missing(None) is None
+
+
+def test_a_hosted_call_in_an_answer_brings_its_own_result_to_the_chain() -> None:
+    """A web search the provider ran has no output item to come: the chain holds what the answer
+    said it gave, so a chained request is judged as the whole history sent over HTTP would be."""
+    chains = ResponsesChains()
+    item = {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": "x"}}
+    answer = openai_responses.parse_response(200, orjson.dumps({"id": "resp_1", "output": [item]}))
+    first = req({"input": "go"})
+    chains.remember_answer(first, "resp_1", answer.tool_calls)
+    chained = chains.history(req({"previous_response_id": "resp_1", "input": "again"}))
+    whole = req({"input": [{"role": "user", "content": "go"}, item, {"role": "user", "content": "again"}]})
+    assert chained.steps == whole.steps
+    assert chained.results == whole.tool_results == [ToolResult("ws_1", "completed")]
