@@ -447,6 +447,11 @@ def test_codex_0171_answers_streamed(final_output: bool) -> None:
             assert result.tool_calls == calls, cut
             assert result.complete and result.error is None
     assert feed_split(answer_stream(rest, final_output), []).text == "searched."
+    image, message = CODEX_HTTP["answers"][1]  # what the HTTP capture answered after the compaction
+    drawn = feed_split(answer_stream([image, message], final_output), [77])
+    status = ToolResult("ig_1", "completed")
+    assert drawn.tool_calls == [ToolCall("ig_1", "image_generation", {}, hosted=True, result=status)]
+    assert drawn.text == "drawn."
 
 
 # items of the SDK's own types (openai.types.responses) that Codex 0.171 does not send

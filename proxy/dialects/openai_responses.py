@@ -101,11 +101,8 @@ _OUTPUT_TYPES = (
 )
 # items that are context, neither a turn's start nor a step: declared tools, a compacted history
 _CONTEXT_TYPES = ("additional_tools", "compaction", "compaction_trigger")
-_ARGUMENT_DELTAS = (
-    "response.function_call_arguments.delta",
-    "response.custom_tool_call_input.delta",
-    "response.mcp_call_arguments.delta",
-)
+# (a hosted MCP call's arguments stream too, but its whole item is what is kept)
+_ARGUMENT_DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 # an oversized event's type, from its first bytes when it has no `event:` line
 _TYPE = re.compile(rb'"type"\s*:\s*"([A-Za-z0-9_.]+)"')
