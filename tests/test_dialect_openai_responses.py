@@ -561,3 +561,11 @@ def test_sdk_item_types_are_calls_and_results() -> None:
     for item, result in SDK_OUTPUTS:
         input_type.validate_python(item)
         assert dialect.parse_request({"input": [item]}).tool_results == [result]
+
+
+def test_an_item_type_that_is_not_a_string_is_no_call() -> None:
+    odd: list[Any] = [{"type": ["function_call"], "call_id": "x"}, {"type": {"a": 1}}, {"type": 7}]
+    req = dialect.parse_request({"input": [{"role": "user", "content": "hi"}, *odd]})
+    assert req.steps == [[]] and req.tool_results == []
+    assert dialect.parse_response(200, orjson.dumps({**FINAL, "output": odd})).tool_calls == []
+    assert feed_split(answer_stream(odd, final_output=False), [10]).tool_calls == []

@@ -89,18 +89,20 @@ _HOSTED_CALLS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "image_generation_call": ("image_generation", ("revised_prompt", "action")),
     "mcp_call": (None, ("arguments",)),
 }
-_CALL_TYPES = (*_AGENT_CALLS, *_HOSTED_CALLS)
-_OUTPUT_TYPES = (
-    "function_call_output",
-    "custom_tool_call_output",
-    "local_shell_call_output",
-    "shell_call_output",
-    "apply_patch_call_output",
-    "computer_call_output",
-    "tool_search_output",
+_CALL_TYPES = frozenset((*_AGENT_CALLS, *_HOSTED_CALLS))
+_OUTPUT_TYPES = frozenset(
+    (
+        "function_call_output",
+        "custom_tool_call_output",
+        "local_shell_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "computer_call_output",
+        "tool_search_output",
+    )
 )
 # items that are context, neither a turn's start nor a step: declared tools, a compacted history
-_CONTEXT_TYPES = ("additional_tools", "compaction", "compaction_trigger")
+_CONTEXT_TYPES = frozenset(("additional_tools", "compaction", "compaction_trigger"))
 # (a hosted MCP call's arguments stream too, but its whole item is what is kept)
 _ARGUMENT_DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -116,14 +118,20 @@ def is_synthetic_response_id(response_id: str | None) -> bool:
     return isinstance(response_id, str) and response_id.startswith(SYNTHETIC_PREFIX)
 
 
-def _is_hosted(item: dict) -> bool:
+def _type(item: dict) -> str:
+    """An item's type ("" when it is not a string: a hostile body's list is no set member)."""
     kind = item.get("type")
+    return kind if isinstance(kind, str) else ""
+
+
+def _is_hosted(item: dict) -> bool:
+    kind = _type(item)
     return kind in _HOSTED_CALLS or (kind == "tool_search_call" and item.get("execution") == "server")
 
 
 def _tool_call(item: dict) -> ToolCall:
     """The ToolCall of a call item (one of `_CALL_TYPES`)."""
-    kind = str(item.get("type"))
+    kind = _type(item)
     name, fields = _AGENT_CALLS.get(kind) or _HOSTED_CALLS[kind]
     raw: Any = None
     for key in fields:
@@ -212,7 +220,7 @@ def parse_request(body: dict) -> LLMRequest:
     for item in items:
         if not isinstance(item, dict):
             continue
-        kind = item.get("type") or "message"
+        kind = _type(item) if item.get("type") else "message"
         role = item.get("role")
         if kind in _OUTPUT_TYPES:
             results.append(_result_of(item))
@@ -303,7 +311,7 @@ def _output(items: Any) -> tuple[str, list[ToolCall]]:
                     and isinstance(part.get("text"), str)
                 ):
                     text.append(part["text"])
-        elif item.get("type") in _CALL_TYPES:
+        elif _type(item) in _CALL_TYPES:
             calls.append(_tool_call(item))
     return "".join(text), calls
 
@@ -467,7 +475,7 @@ class StreamAccumulator:
             item = data["item"]
             if _is_hosted(item):  # nothing of it streams but an MCP call's arguments
                 self._done[as_int(data.get("output_index"))] = _tool_call(item)
-            elif item.get("type") in _CALL_TYPES:
+            elif _type(item) in _CALL_TYPES:
                 started = ToolCallBuilder(
                     id=str(item.get("call_id") or item.get("id") or ""),
                     name=_tool_call(item).name,
@@ -477,7 +485,7 @@ class StreamAccumulator:
                     started.parts.append(item["arguments"])
                 self._calls[as_int(data.get("output_index"))] = started
         elif kind == "response.output_item.done" and isinstance(data.get("item"), dict):
-            if data["item"].get("type") in _CALL_TYPES:  # the whole call, whatever its deltas said
+            if _type(data["item"]) in _CALL_TYPES:  # the whole call, whatever its deltas said
                 self._done[as_int(data.get("output_index"))] = _tool_call(data["item"])
         elif kind in _ARGUMENT_DELTAS:
             builder = self._calls.get(as_int(data.get("output_index")))
