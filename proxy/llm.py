@@ -176,11 +176,6 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
         error["threshold"] = decision.threshold
         error["actual"] = decision.actual
     headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
-    if not is_anthropic(dialect):
-        # Codex CLI never shows a 429's body, only its request id ("exceeded retry limit, last
-        # status: 429 Too Many Requests, request id: ..."): the reason goes there too, so its user
-        # reads why (over HTTP, and in the WebSocket error event's `headers`)
-        headers["x-request-id"] = header_text(text)
     retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE)
     if retry_later and decision.retry_after is not None:
         headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
@@ -188,6 +183,11 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
         headers.pop("x-should-retry")
     # shared guard state unreachable under fail_closed: 503, the service is what is missing (SPEC §8)
     status = 503 if decision.guard == GUARD_STATE_UNAVAILABLE else 429
+    if status == 429 and not is_anthropic(dialect):
+        # Codex CLI never shows a 429's body, only its request id ("exceeded retry limit, last
+        # status: 429 Too Many Requests, request id: ..."): the reason goes there too, so its user
+        # reads why (over HTTP, and in the WebSocket error event's `headers`). A 503 it shows.
+        headers["x-request-id"] = header_text(text)
     return Answer(status, error_body(dialect, status, error), "application/json", headers)
 
 

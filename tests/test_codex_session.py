@@ -210,3 +210,20 @@ def test_the_reason_as_a_header_is_plain_ascii_on_one_line() -> None:
 
     assert header_text("[tripwire] refusé: a ≥ b\r\nX-Evil: 1") == "[tripwire] refuse: a  b X-Evil: 1"
     assert len(header_text("x" * 5000)) == HEADER_TEXT_CHARS
+
+
+def test_only_an_openai_style_429_carries_the_reason_as_its_request_id() -> None:
+    """A 503 (shared state unreachable) Codex shows with its message already; Anthropic clients show
+    the body: neither gets the reason twice."""
+    from proxy.constants import GUARD_STATE_UNAVAILABLE
+    from proxy.dialects import anthropic, openai_chat, openai_responses
+    from proxy.guards.decision import Action, Decision
+    from proxy.llm import refusal_429
+
+    limit = Decision(Action.TERMINATE, "max_llm_calls", "over")
+    for dialect in (openai_responses, openai_chat):
+        assert refusal_429(limit, "why", True, dialect).headers["x-request-id"] == "why"
+    assert "x-request-id" not in refusal_429(limit, "why", True, anthropic).headers
+    down = Decision(Action.TERMINATE, GUARD_STATE_UNAVAILABLE, "down", retry_after=2.0)
+    unavailable = refusal_429(down, "why", True, openai_responses)
+    assert unavailable.status == 503 and "x-request-id" not in unavailable.headers
