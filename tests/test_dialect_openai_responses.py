@@ -14,7 +14,7 @@ from canned_server import Canned, canned_app
 from openai.types.responses import Response
 
 from proxy.dialects import openai_responses as dialect
-from proxy.dialects.base import ToolCall, ToolResult, Usage
+from proxy.dialects.base import ToolCall, ToolResult, Usage, tool_name
 
 HISTORY: dict[str, Any] = {
     "model": "gpt-5",
@@ -370,7 +370,7 @@ def test_codex_0171_replayed_session_reads_every_call_and_output() -> None:
 def test_codex_0171_declares_its_tools_only_in_additional_tools() -> None:
     turn = CODEX_WS["messages"][1]
     assert turn.get("tools", []) == []
-    names = [dialect.tool_name(t) for t in dialect.declared_tools(turn)]
+    names = [tool_name(t) for t in dialect.declared_tools(turn)]
     # the `functions`, `clock` and `collaboration` namespaces' tools, in order
     assert names[:3] == ["exec", "wait", "request_user_input"]
     assert {"sleep", "spawn_agent", "wait_agent"} <= set(names)
@@ -381,7 +381,7 @@ def test_codex_0171_declares_its_tools_only_in_additional_tools() -> None:
         "tools": [{"type": "web_search"}],
         "input": [{"type": "tool_search_output", "call_id": "c", "execution": "client", "tools": [found]}],
     }
-    assert [dialect.tool_name(t) for t in dialect.declared_tools(body)] == ["web_search", "calendar_add"]
+    assert [tool_name(t) for t in dialect.declared_tools(body)] == ["web_search", "calendar_add"]
 
 
 def test_namespaces_nested_deeper_than_recursion_goes_are_read() -> None:

@@ -158,6 +158,29 @@ def parse_arguments(raw: Any) -> Any:
         return raw
 
 
+def tool_name(tool: dict) -> str:
+    """A declared tool's name, whatever the dialect: its `name` (Anthropic, Responses), its
+    `function.name` (chat), or for a hosted tool without one its type (`web_search`)."""
+    function = tool.get("function")
+    name = tool.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return str(name or tool.get("type") or "")
+
+
+def listed_tools(body: dict, *keys: str) -> list[dict]:
+    """The tool definitions (objects) of the lists a body holds under `keys`, in order."""
+    found: list[dict] = []
+    for key in keys:
+        tools = body.get(key)
+        if isinstance(tools, list):
+            found += [tool for tool in tools if isinstance(tool, dict)]
+    return found
+
+
+def no_declared_tools(body: dict) -> list[dict]:
+    """A protocol without tools (embeddings, legacy completions)."""
+    return []
+
+
 def loads_or_none(body: bytes | str) -> Any:
     """JSON value of a body, or None when it is not JSON (an HTML error page, a broken proxy)."""
     try:

@@ -47,6 +47,7 @@ from proxy.dialects.base import (
     parse_arguments,
     sse_frame,
     stream_incomplete,
+    tool_name,
 )
 from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
@@ -197,11 +198,6 @@ def declared_tools(body: dict) -> list[dict]:
         elif isinstance(tool, dict):
             found.append(tool)
     return found
-
-
-def tool_name(tool: dict) -> str:
-    """A declared tool's name: its `name`, or for a hosted tool without one its type (`web_search`)."""
-    return str(tool.get("name") or tool.get("type") or "")
 
 
 _END = object()
