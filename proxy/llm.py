@@ -8,7 +8,9 @@ result, and how an answer becomes LLM_CALL and TOOL_CALL events.
 from __future__ import annotations
 
 import logging
+import re
 import time
+import unicodedata
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -181,7 +183,23 @@ def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: An
         headers.pop("x-should-retry")
     # shared guard state unreachable under fail_closed: 503, the service is what is missing (SPEC §8)
     status = 503 if decision.guard == GUARD_STATE_UNAVAILABLE else 429
+    if status == 429 and not is_anthropic(dialect):
+        # Codex CLI never shows a 429's body, only its request id ("exceeded retry limit, last
+        # status: 429 Too Many Requests, request id: ..."): the reason goes there too, so its user
+        # reads why (over HTTP, and in the WebSocket error event's `headers`). A 503 it shows.
+        headers["x-request-id"] = header_text(text)
     return Answer(status, error_body(dialect, status, error), "application/json", headers)
+
+
+_NOT_HEADER_TEXT = re.compile(r"[^\x20-\x7e]+")
+HEADER_TEXT_CHARS = 1000
+
+
+def header_text(text: str) -> str:
+    """`text` as a header value every client accepts: printable ASCII (accents dropped, anything
+    else, line breaks too, a space), at most HEADER_TEXT_CHARS characters."""
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return _NOT_HEADER_TEXT.sub(" ", folded)[:HEADER_TEXT_CHARS].strip()
 
 
 def shaped(ex: Exchange, answer: Answer) -> Answer:
@@ -438,7 +456,11 @@ def usage_dict(usage: Usage | None) -> dict[str, int]:
 
 
 def remember_tool_calls(session: Session, result: LLMResult, llm_event_id: str, wall: float) -> None:
+    """The calls the agent will run wait for their results; a hosted one (nothing comes back for it)
+    is not remembered: record_hosted_calls writes it at once."""
     for tc in result.tool_calls:
+        if tc.hosted:
+            continue
         session.conversation.pending_tool_calls[tc.id] = PendingToolCall(
             name=tc.name, arguments=tc.arguments, asked_at=wall, llm_event_id=llm_event_id
         )
@@ -522,6 +544,7 @@ def write_tool_result(
     arguments: Any,
     asked_at: float,
     llm_event_id: str | None,
+    meta: dict[str, Any] | None = None,
 ) -> str:
     """The TOOL_CALL of one function-calling result (the caller lets the guards observe it)."""
     session = ex.session
@@ -543,11 +566,29 @@ def write_tool_result(
         # from the answer that asked for the tool to the request that brings its result
         duration_ms=max(0, int((ex.started_wall - asked_at) * 1000)),
         parent_id=llm_event_id,
+        meta=meta,
         ts=ex.started_wall,
     )
     session.conversation.tool_event_ids[tr.tool_call_id] = event_id
     engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", name)
     return event_id
+
+
+def record_hosted_calls(ex: Exchange, engine: Engine, result: LLMResult, llm_event_id: str) -> None:
+    """The TOOL_CALLs of the tools the provider ran inside this answer (web search, MCP, ...): their
+    outcome is in the answer, so they are written with it, marked `hosted` in their meta."""
+    session = ex.session
+    assert session is not None
+    for tc in result.tool_calls:
+        if tc.result is None or not tc.hosted or tc.id in session.conversation.tool_event_ids:
+            continue
+        event_id = write_tool_result(
+            ex, engine, tc.result, tc.name, tc.arguments, ex.started_wall, llm_event_id, meta=HOSTED_META
+        )
+        engine.observe_event(session, EventType.TOOL_CALL, tc.name, event_id)
+
+
+HOSTED_META = {"hosted": True}
 
 
 def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
@@ -720,6 +761,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
     session.conversation.prompt_digest = prompt_digest
     if result.tool_calls:
         remember_tool_calls(session, result, event_id, time.time())
+        record_hosted_calls(ex, engine, result, event_id)
     engine.metrics.observe_llm(
         session.agent,
         ex.priced_model or model,

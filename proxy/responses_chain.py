@@ -168,8 +168,10 @@ class ResponsesChains:
     def remember_answer(
         self, agent: str, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]
     ) -> None:
-        """A real response: the chain now goes on from it."""
-        self.remember(agent, response_id, self._link(agent, call, [list(tool_calls)]))
+        """A real response: the chain now goes on from it (with what its hosted calls gave)."""
+        link = self._link(agent, call, [list(tool_calls)])
+        link.results += [tc.result for tc in tool_calls if tc.hosted and tc.result is not None]
+        self.remember(agent, response_id, link)
 
     def remember_block(
         self, agent: str, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str

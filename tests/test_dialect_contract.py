@@ -84,6 +84,54 @@ def test_a_request_parses_as_its_own_dialect(name: str) -> None:
     assert body is None or isinstance(body, dict)
 
 
+# each dialect's own way to declare a tool "search" (and a hosted or server tool where it has one)
+DECLARED = {
+    "openai_chat": (
+        {
+            "tools": [{"type": "function", "function": {"name": "search", "parameters": {}}}],
+            "functions": [{"name": "legacy", "parameters": {}}],
+        },
+        ["search", "legacy"],
+    ),
+    "openai_responses": (
+        {
+            "tools": [{"type": "function", "name": "search", "parameters": {}}, {"type": "web_search"}],
+            "input": [
+                {
+                    "type": "additional_tools",
+                    "role": "developer",
+                    "tools": [
+                        {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "exec"}]}
+                    ],
+                }
+            ],
+        },
+        ["search", "web_search", "exec"],
+    ),
+    "anthropic": (
+        {
+            "tools": [
+                {"name": "search", "input_schema": {}},
+                {"type": "web_search_20250305", "name": "web_search"},
+            ]
+        },
+        ["search", "web_search"],
+    ),
+    "embeddings": ({"tools": [{"name": "search"}]}, []),
+    "completions": ({"tools": [{"name": "search"}]}, []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_the_tools_a_request_declares_are_listed(name: str) -> None:
+    from proxy.dialects.base import tool_name
+
+    tools, names = DECLARED[name]
+    declared = dialect(name).declared_tools({**DIALECTS[name].request, **tools})
+    assert [tool_name(t) for t in declared] == names
+    assert dialect(name).declared_tools({**DIALECTS[name].request, "tools": "junk"}) == []
+
+
 @pytest.mark.parametrize("name", sorted(DIALECTS))
 def test_an_answer_reads_back_whole_and_through_the_accumulator(name: str) -> None:
     d = dialect(name)

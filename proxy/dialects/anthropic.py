@@ -28,6 +28,7 @@ from proxy.dialects.base import (
     estimate_prompt_tokens,
     estimate_usage,
     http_error,
+    listed_tools,
     loads_or_none,
     new_id,
     sse_frame,
@@ -39,6 +40,7 @@ __all__ = [
     "BLOCKED_STATUS",
     "DIALECT",
     "StreamAccumulator",
+    "declared_tools",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",
@@ -107,6 +109,11 @@ def parse_request(body: dict) -> LLMRequest:
         turn_start=turn_start,
         client_asked_usage=True,  # Anthropic streams always carry usage
     )
+
+
+def declared_tools(body: dict) -> list[dict]:
+    """The tools the request makes available (client tools and server tools alike)."""
+    return listed_tools(body, "tools")
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

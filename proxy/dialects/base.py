@@ -24,21 +24,25 @@ TOKENS_PER_MESSAGE = 4
 
 
 @dataclass
-class ToolCall:
-    """A tool call the model asked for."""
-
-    id: str
-    name: str
-    arguments: Any  # parsed JSON when it parses, else the raw string
-
-
-@dataclass
 class ToolResult:
     """A tool result the agent sends back in a later request."""
 
     tool_call_id: str
     content: Any
     is_error: bool = False
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: Any  # parsed JSON when it parses, else the raw string
+    # a tool the provider ran itself (Responses web search, MCP, image generation): no result comes
+    # back from the agent; `result` is what the answer says it gave
+    hosted: bool = False
+    result: ToolResult | None = None
 
 
 @dataclass
@@ -152,6 +156,29 @@ def parse_arguments(raw: Any) -> Any:
         return jsonparse.loads(raw)
     except ValueError:
         return raw
+
+
+def tool_name(tool: dict) -> str:
+    """A declared tool's name, whatever the dialect: its `name` (Anthropic, Responses), its
+    `function.name` (chat), or for a hosted tool without one its type (`web_search`)."""
+    function = tool.get("function")
+    name = tool.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return str(name or tool.get("type") or "")
+
+
+def listed_tools(body: dict, *keys: str) -> list[dict]:
+    """The tool definitions (objects) of the lists a body holds under `keys`, in order."""
+    found: list[dict] = []
+    for key in keys:
+        tools = body.get(key)
+        if isinstance(tools, list):
+            found += [tool for tool in tools if isinstance(tool, dict)]
+    return found
+
+
+def no_declared_tools(body: dict) -> list[dict]:
+    """A protocol without tools (embeddings, legacy completions)."""
+    return []
 
 
 def loads_or_none(body: bytes | str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proxy.dialects.base import no_declared_tools as declared_tools
 from proxy.dialects.other import CompletionsAccumulator as StreamAccumulator
 from proxy.dialects.other import completions_parse_request as parse_request
 from proxy.dialects.other import completions_parse_response as parse_response
@@ -13,6 +14,7 @@ __all__ = [
     "BLOCKED_STATUS",
     "DIALECT",
     "StreamAccumulator",
+    "declared_tools",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",

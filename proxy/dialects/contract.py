@@ -40,6 +40,10 @@ class Dialect(Protocol):
 
     def estimate_prompt_tokens(self, req: LLMRequest, /) -> int: ...
 
+    # the tool definitions a request makes available, as they are in the body (a permission filter
+    # acts on them); `base.tool_name` names one
+    def declared_tools(self, body: dict[str, Any], /) -> list[dict[str, Any]]: ...
+
 
 if TYPE_CHECKING:  # mypy checks each module against the contract
     from proxy.dialects import anthropic, completions, embeddings, openai_chat, openai_responses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from proxy.dialects.base import LLMRequest
+from proxy.dialects.base import no_declared_tools as declared_tools
 from proxy.dialects.other import EMBEDDINGS_BLOCKED_STATUS as BLOCKED_STATUS
 from proxy.dialects.other import EmbeddingsAccumulator as StreamAccumulator
 from proxy.dialects.other import embeddings_parse_request as parse_request
@@ -14,6 +15,7 @@ __all__ = [
     "BLOCKED_STATUS",
     "DIALECT",
     "StreamAccumulator",
+    "declared_tools",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",

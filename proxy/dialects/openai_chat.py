@@ -32,6 +32,7 @@ from proxy.dialects.base import (
     estimate_prompt_tokens,
     estimate_usage,
     http_error,
+    listed_tools,
     loads_or_none,
     new_id,
     openai_usage,
@@ -45,6 +46,7 @@ __all__ = [
     "BLOCKED_STATUS",
     "DIALECT",
     "StreamAccumulator",
+    "declared_tools",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_request_from",
@@ -136,6 +138,11 @@ _KEPT_ARGUMENTS = 4096
 @lru_cache(maxsize=4096)
 def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=parse_arguments(raw))
+
+
+def declared_tools(body: dict) -> list[dict]:
+    """The tools the request makes available: `tools`, then the legacy `functions`."""
+    return listed_tools(body, "tools", "functions")
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:
