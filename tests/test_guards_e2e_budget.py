@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,6 +99,38 @@ async def test_unknown_model_is_charged_the_fallback_and_trips_the_budget(
     _, events = await trace(tw)
     (call,) = only(events, "LLM_CALL")
     assert call["payload"]["cost_usd"] == pytest.approx(10_000 * 10 / 1e6 + 1_000 * 30 / 1e6)
+
+
+async def test_unknown_model_warning_logs_the_calls_own_cost_once(
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 25: the warning said estimated_cost_usd=10.000000 (the reservation's 1M-token probe)
+    for every unknown model, and fired for calls the upstream never answered."""
+    fake, url = fake_upstream
+    fake.default = Reply(text="who am I", prompt_tokens=10_000, completion_tokens=1_000)
+    tw = await start_tripwire(
+        upstream={"url": url},
+        llm={"gone": {"url": "http://127.0.0.1:9"}},  # nothing listens on the discard port
+        guards={"limits": {"max_llm_calls": 2}},
+    )
+    with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
+        # refused by a guard (never forwarded) and unreachable (never answered): no warning
+        gone = client(tw, "/llm/gone/v1", session="s0", max_retries=0)
+        with pytest.raises(openai.APIStatusError):
+            await gone.chat.completions.create(model="acme-never-answered", messages=HELLO)
+        llm = client(tw, max_retries=0)
+        await llm.chat.completions.create(model="acme-private-7b", messages=HELLO)  # $0.10 + $0.03
+        await llm.chat.completions.create(model="acme-private-7b", messages=HELLO)
+        with pytest.raises(openai.RateLimitError):
+            await llm.chat.completions.create(model="acme-refused-9b", messages=HELLO)
+        await tw.flush()
+    lines = [r.getMessage() for r in caplog.records if r.name == "tripwire.pricing"]
+    assert lines == [
+        "budget.unknown_model_cost_estimated model_id=acme-private-7b estimated_cost_usd=0.130000 "
+        'hint="Add this model to pricing_table to get accurate cost tracking"'
+    ]
 
 
 async def test_max_llm_calls_lets_exactly_n_through(
