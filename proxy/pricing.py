@@ -265,7 +265,9 @@ class Pricing:
         rates = self._rates.get(key)
         if rates is None:
             # probes, not calls: the unknown-model warning waits for a real call's own cost
-            per_in = self.cost(Usage(prompt_tokens=M_TOKENS, total_tokens=M_TOKENS), models, warn=False).cost_usd
+            per_in = self.cost(
+                Usage(prompt_tokens=M_TOKENS, total_tokens=M_TOKENS), models, warn=False
+            ).cost_usd
             per_out = self.cost(
                 Usage(completion_tokens=M_TOKENS, total_tokens=M_TOKENS), models, warn=False
             ).cost_usd

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
+from aiohttp.test_utils import TestServer
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire, serve_fake
 from tests.fakes import FakeUpstream, Reply
@@ -231,6 +233,78 @@ async def test_circuit_opens_half_opens_and_closes(
     assert all(e["payload"]["retry_after"] is not None for e in errors)
     assert "circuit_breaker_open" in tw.tripwire_json(run_id)["health_tags"]
     assert tw.run_json(run_id)["status"] == "running"  # a circuit refusal does not end the session
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_unreachable_upstream_is_named_and_logged_once_per_outage(
+    start_tripwire: StartTripwire, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25: the agent got `Tripwire could not reach the upstream: ClientConnectorError`, the
+    log said nothing, and the circuit opened silently."""
+    port = free_port()  # nothing listens there until the fake starts below
+    cb = {"open_after_failures": 2, "cooldown_seconds": 0.2, "half_open_max_calls": 1}
+    tw = await start_tripwire(
+        llm={"flaky": {"url": f"http://127.0.0.1:{port}"}}, guards={"circuit_breaker": cb}
+    )
+    llm = client(tw, path="/llm/flaky/v1", max_retries=0)
+    with caplog.at_level(logging.INFO, logger="tripwire"):
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as caught:
+                await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            assert caught.value.status_code == 502
+            assert caught.value.response.json()["error"]["message"] == (
+                f"Tripwire could not reach the upstream 'flaky' at 127.0.0.1:{port}: "
+                "connection refused (ClientConnectorError)"
+            )
+        with pytest.raises(openai.RateLimitError):  # the circuit is open
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        fake = FakeUpstream(default=Reply(text="back again"))
+        server = TestServer(fake.app, host="127.0.0.1", port=port)
+        await server.start_server()
+        try:
+            answer = None
+            for _ in range(200):  # the cooldown passes, then the trial call closes the circuit
+                try:
+                    answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+                    break
+                except openai.RateLimitError:
+                    await asyncio.sleep(0.05)
+            assert answer is not None and answer.choices[0].message.content == "back again"
+        finally:
+            await server.close()
+    lines = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name in ("tripwire.forward", "tripwire.breaker")
+    ]
+    assert lines == [
+        (
+            "WARNING",
+            f"Tripwire could not reach the upstream 'flaky' at 127.0.0.1:{port}: connection refused "
+            "(ClientConnectorError); further failures are not logged until it answers again",
+        ),
+        (
+            "WARNING",
+            "circuit open for agent 'spender' calling upstream 'flaky': 2 consecutive failures; "
+            "its calls are refused for 0.2s, then trial calls go through",
+        ),
+        (
+            "INFO",
+            "circuit half-open for agent 'spender' calling upstream 'flaky': cooldown elapsed; "
+            "it lets 1 trial call through",
+        ),
+        ("INFO", "upstream 'flaky' answers again (2 calls failed to reach it)"),
+        (
+            "INFO",
+            "circuit closed for agent 'spender' calling upstream 'flaky': trial call succeeded; "
+            "calls go through again",
+        ),
+    ]
 
 
 async def test_concurrent_calls_cannot_all_slip_past_a_limit(
