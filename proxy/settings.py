@@ -204,6 +204,17 @@ class Settings(BaseModel):
         split_host_port(v)
         return v
 
+    def viewer_run_url(self, run_id: str) -> str:
+        """A run's page in the viewer, on the admin listener (a wildcard bind is reached on loopback)."""
+        host, port = split_host_port(self.admin_listen)
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}/?run={run_id}"
+
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser().resolve()
 

@@ -11,6 +11,7 @@ from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.guard_events import refuse_unavailable
 from proxy.guards.decision import Action, Decision
+from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import synthetic_id_of
 from proxy.routing import join_upstream
@@ -61,12 +62,18 @@ class SessionStage(BaseStage):
             )
         )
         if isinstance(opened, Refused):
-            decision = Decision(
-                Action.TERMINATE,
-                guard=GUARD_SESSION_TERMINATED,
-                message="this session was terminated by a guard; start a new session",
+            settings = self.engine.settings
+            text = describe_ended(
+                ex.route.agent,
+                ex.route.session,
+                idle_timeout_s=settings.session_idle_timeout_s,
+                terminated_ttl_s=settings.terminated_ttl_s,
+                run_url=settings.viewer_run_url(opened.session.run_id)
+                if opened.session is not None
+                else None,
             )
-            ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")
+            decision = Decision(Action.TERMINATE, guard=GUARD_SESSION_TERMINATED, message=text)
+            ex.answer = ex.protocol.render_refusal(ex, decision, text)
             self.engine.metrics.observe_decision(decision.guard, "terminate")
             return
         ex.session = opened

@@ -87,6 +87,45 @@ async def test_cost_budget_refuses_with_429_and_ends_the_session(
     assert len(fake.calls(CHAT)) == 3
 
 
+async def test_the_refusal_of_a_stopped_session_says_how_to_go_on_and_where_to_look(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Issue 25: 'this session was terminated by a guard; start a new session' said neither how
+    (which header, or how long the refusal lasts) nor where to see why."""
+    _, url = fake_upstream
+    tw = await start_tripwire(
+        upstream={"url": url}, guards={"limits": {"max_llm_calls": 1}}, session_idle_timeout_s=300
+    )
+
+    async def stop_then_refusal(llm: openai.AsyncOpenAI) -> str:
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        with pytest.raises(openai.RateLimitError):  # the limit stops the session
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        with pytest.raises(openai.RateLimitError) as caught:
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        error = caught.value.response.json()["error"]
+        assert error["guardrail"] == "session_terminated"
+        return str(error["message"])
+
+    explicit = await stop_then_refusal(client(tw, session="s1"))
+    (run_id,) = tw.run_ids()
+    assert explicit == (
+        "[tripwire] refused: session 's1' of agent 'spender' was stopped and stays refused for 24 h. "
+        "To go on, start a new session: send another session id (the X-Tripwire-Session header, or "
+        "/agents/spender/sessions/<new id>/ in the base URL). "
+        f"Why it was stopped: http://127.0.0.1:8714/?run={run_id}"
+    )
+    automatic = openai.AsyncOpenAI(base_url=tw.url + "/agents/auto/v1", api_key=AGENT_KEY, max_retries=0)
+    text = await stop_then_refusal(automatic)
+    (auto_run,) = set(tw.run_ids()) - {run_id}
+    assert text == (
+        "[tripwire] refused: this conversation's session was stopped and stays refused until it has sent "
+        "nothing for 5 min (each refused call starts that wait again). To go on, start a new conversation "
+        "(it is recorded in a new run), or name a new session with the X-Tripwire-Session header. "
+        f"Why it was stopped: http://127.0.0.1:8714/?run={auto_run}"
+    )
+
+
 async def test_unknown_model_is_charged_the_fallback_and_trips_the_budget(
     start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
 ) -> None:
