@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import time
@@ -237,6 +238,25 @@ def startup_lines(settings: Settings, engine: Engine) -> str:
     return "\n".join(lines)
 
 
+LISTENER_FLAGS = {"proxy": "--listen", "admin": "--admin-listen"}
+
+
+class ListenerUnavailable(OSError):
+    """A listener cannot bind: says which one, and the flag that moves it."""
+
+    def __init__(self, name: str, listen: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        flag = LISTENER_FLAGS[name]
+        if cause.errno == errno.EADDRINUSE:
+            self.message = f"{name} listener {listen} is in use; choose another with {flag}"
+        else:
+            why = (cause.strerror or str(cause)).lower()
+            self.message = f"{name} listener {listen} cannot be opened: {why}; choose another with {flag}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
 async def serve(
     settings: Settings, *, argv: list[str] | None = None, ready: Callable[[], None] | None = None
 ) -> None:
@@ -249,16 +269,19 @@ async def serve(
     async with running_engine(settings, argv=argv) as engine:
         runners: list[web.AppRunner] = []
         try:
-            for runner_for, app, listen in (
-                (proxy_runner, make_proxy_app(engine), settings.listen),
-                (web.AppRunner, make_admin_app(engine), settings.admin_listen),
+            for runner_for, app, listen, name in (
+                (proxy_runner, make_proxy_app(engine), settings.listen, "proxy"),
+                (web.AppRunner, make_admin_app(engine), settings.admin_listen, "admin"),
             ):
                 # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
                 runner = runner_for(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
                 await runner.setup()
-                host, port = split_host_port(listen)
-                await web.TCPSite(runner, host, port).start()
                 runners.append(runner)
+                host, port = split_host_port(listen)
+                try:
+                    await web.TCPSite(runner, host, port).start()
+                except OSError as e:
+                    raise ListenerUnavailable(name, listen, e) from e
             print(startup_lines(settings, engine), flush=True)
             if ready is not None:
                 ready()
