@@ -15,6 +15,7 @@ from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import synthetic_id_of
 from proxy.routing import join_upstream
+from proxy.run_names import run_name
 from proxy.sessions import Refused
 from proxy.state.base import StateUnavailable
 from proxy.state.service import TERMINATED
@@ -58,7 +59,16 @@ class SessionStage(BaseStage):
             Refused(None, "session terminated")
             if run_id == TERMINATED
             else self.engine.open_session(
-                ex.route.agent, ex.route.session, wall=ex.started_wall, episode=episode, run_id=run_id
+                ex.route.agent,
+                ex.route.session,
+                wall=ex.started_wall,
+                episode=episode,
+                run_id=run_id,
+                run_name=lambda: run_name(
+                    ex.request.headers,
+                    getattr(ex.call, "messages", None),
+                    record_content=self.engine.settings.record_content,
+                ),
             )
         )
         if isinstance(opened, Refused):
