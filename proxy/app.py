@@ -27,7 +27,7 @@ from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
 from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
-from proxy.settings import Settings, split_host_port
+from proxy.settings import Settings, split_host_port, url_host
 from proxy.websocket import handle_websocket, is_websocket_upgrade
 
 log = logging.getLogger("tripwire")
@@ -215,13 +215,6 @@ def make_admin_app(engine: Engine) -> web.Application:
     return app
 
 
-def url_host(host: str) -> str:
-    """The host as it goes in a URL: a wildcard bind is reached on loopback; IPv6 in brackets."""
-    if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
 def startup_lines(settings: Settings, engine: Engine) -> str:
     host, port = split_host_port(settings.listen)
     ahost, aport = split_host_port(settings.admin_listen)
@@ -231,6 +224,7 @@ def startup_lines(settings: Settings, engine: Engine) -> str:
         f"Tripwire proxy on {base} -> {settings.upstream.url}; traces in {engine.data_dir}",
         f"  export OPENAI_BASE_URL={base}/v1"
         + "".join(f"   {n}: {base}/llm/{n}" for n in engine.upstreams.names("llm")),
+        f"  Codex: codex -c openai_base_url={base}/v1   other clients: docs/clients.md",
     ]
     mcp = engine.upstreams.names("mcp")
     mcp_part = ("MCP: " + "  ".join(f"{n} -> {base}/mcp/{n}" for n in mcp) + "   ") if mcp else ""

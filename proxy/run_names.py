@@ -4,13 +4,15 @@ RUN_START (and run.json's `run_name`) is written when the session's first call a
 call was parsed, so the name comes from it: a title the client sends (the `X-Tripwire-Run-Name`
 header, never forwarded), else what the user asked in that call's conversation (its last user
 message's text, skipping the context blocks agent CLIs send as user messages wrapped in tags:
-Codex's `<environment_context>`, Claude Code's `<system-reminder>`), on one line, shortened. A run
+Codex's `<environment_context>`, Claude Code's `<system-reminder>`; Claude Code's first call asks
+for a title of the prompt it quotes in `<session>`, which is then read), on one line, shortened. A run
 whose first call has no conversation (an MCP call), or recorded without content, keeps
 `AGENT SESSION_ID`. The viewer's Rename (POST /api/runs/{id}/rename) still changes it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +23,10 @@ MAX_NAME_CHARS = 60
 WINDOW_CHARS = 2000  # of the text, read to make the name
 # text parts of a user message, as the dialects spell them (chat, Responses, Anthropic)
 _TEXT_PARTS = ("text", "input_text")
+# a `<tag ...>...</tag>` block at the start of a text (Codex's <environment_context>, Claude Code's
+# <system-reminder>): context the client adds, not the person's words
+_LEADING_BLOCK = re.compile(r"\s*<([A-Za-z][\w-]*)\b[^>]*>(.*?)</\1\s*>", re.DOTALL)
+QUOTING_TAG = "session"
 
 
 def default_name(agent: str, session_id: str) -> str:
@@ -47,8 +53,9 @@ def last_user_text(messages: list[Any]) -> str | None:
         parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
         for part in reversed(parts):
             text = part if isinstance(part, str) else _part_text(part)
-            if text and text.strip() and not _is_tagged(text):
-                return text
+            asked = _untagged(text) if text else None
+            if asked:
+                return asked
     return None
 
 
@@ -58,10 +65,20 @@ def _part_text(part: Any) -> str | None:
     return None
 
 
-def _is_tagged(text: str) -> bool:
-    """`<tag>...</tag>` context an agent CLI adds (not what the person typed)."""
-    stripped = text.strip()
-    return stripped.startswith("<") and stripped.endswith(">")
+def _untagged(text: str) -> str | None:
+    """What the person typed: the text after the `<tag>...</tag>` context blocks an agent CLI puts
+    first (None when nothing else is there); but a leading `<session>` block is Claude Code's
+    title request quoting the person's prompt, so its inside is what the run is about."""
+    rest = text
+    while True:
+        block = _LEADING_BLOCK.match(rest)
+        if block is None:
+            break
+        if block.group(1) == QUOTING_TAG and block.group(2).strip():
+            return block.group(2).strip()
+        rest = rest[block.end() :]
+    rest = rest.strip()
+    return rest or None
 
 
 def shorten(text: str) -> str:

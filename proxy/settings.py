@@ -207,15 +207,9 @@ class Settings(BaseModel):
         return v
 
     def viewer_run_url(self, run_id: str) -> str:
-        """A run's page in the viewer, on the admin listener (a wildcard bind is reached on loopback)."""
+        """A run's page in the viewer, on the admin listener."""
         host, port = split_host_port(self.admin_listen)
-        if host in ("0.0.0.0", ""):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{port}/?run={run_id}"
+        return f"http://{url_host(host)}:{port}/?run={run_id}"
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser().resolve()
@@ -229,6 +223,13 @@ def split_host_port(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def url_host(host: str) -> str:
+    """The host as it goes in a URL: a wildcard bind is reached on loopback; IPv6 in brackets."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def is_loopback(host: str) -> bool:

@@ -25,6 +25,29 @@ def test_codex_and_claude_code_runs_are_named_by_the_prompt_not_their_context_bl
     assert run_name({}, claude.messages, record_content=True) == "PROMPT"  # not <system-reminder>
 
 
+def test_claude_codes_title_request_is_named_by_the_prompt_it_quotes() -> None:
+    """Claude Code's first call (recorded with Claude Code 2.1.197) asks for a title of the session,
+    quoting the person's prompt in <session> tags before its instructions."""
+    title_request = [
+        {
+            "role": "user",
+            "content": "<session>\nadd 2 and 3 with the demo tool\n</session>\n\nWrite a title for this session.",
+        }
+    ]
+    assert last_user_text(title_request) == "add 2 and 3 with the demo tool"
+    reminder_then_prompt = [
+        {"role": "user", "content": "<system-reminder>\nbe careful\n</system-reminder>\nfix it"}
+    ]
+    assert last_user_text(reminder_then_prompt) == "fix it"
+    assert (
+        last_user_text(
+            [{"role": "user", "content": "<environment_context><cwd>/x</cwd></environment_context>"}]
+        )
+        is None
+    )
+    assert last_user_text([{"role": "user", "content": "use <b>bold</b> here"}]) == "use <b>bold</b> here"
+
+
 def test_the_latest_user_text_wins_and_tool_results_are_skipped() -> None:
     messages: list[Any] = [
         {"role": "user", "content": "first question"},
