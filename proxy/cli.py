@@ -413,7 +413,7 @@ def guard_configs_from_file(path: Path) -> dict[str, Any]:
         for name, body in (data.get("agents") or {}).items():
             out[str(name)] = GuardConfig.model_validate(body)
     except ValidationError as e:
-        raise ConfigError(f"{path}: {format_validation_error(e)}") from e
+        raise ConfigError(f"{path}: {format_validation_error(e, model=GuardConfig)}") from e
     return out
 
 

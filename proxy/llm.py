@@ -124,7 +124,9 @@ class LLMProtocol:
         ex.result = result
         call: LLMRequest = ex.call
         # (cost() skips a missing name; the pair is its cache key as it is)
-        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model))
+        # a call the upstream never answered (connection failed) costs nothing and warns of nothing
+        answered = ex.upstream_status is not None
+        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model), warn=answered)
         ex.cost_usd = quote.cost_usd
         ex.priced_model = quote.model
         ex.tokens = result.usage.total_tokens if result.usage else 0

@@ -50,6 +50,7 @@ from proxy.dialects import dialect_name, openai_responses
 from proxy.dialects.contract import Accumulator
 from proxy.exchange import Answer, Exchange
 from proxy.forward import DRAIN_CUT_REASON, json_error, request_headers, response_headers
+from proxy.outages import unreachable_message
 from proxy.pipeline import BaseStage, Pipeline
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
@@ -829,12 +830,10 @@ async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pi
             504, "Tripwire: the upstream did not answer in time", "upstream_timeout", "upstream_timeout"
         ).to_response()
     except aiohttp.ClientError as e:
-        return json_error(
-            502,
-            f"Tripwire could not reach the upstream: {type(e).__name__}",
-            "upstream_unreachable",
-            "upstream_unreachable",
-        ).to_response()
+        message = unreachable_message(route.upstream, URL(url, encoded=True), e)
+        engine.forwarder.outages.failed(route.kind, route.upstream, message)
+        return json_error(502, message, "upstream_unreachable", "upstream_unreachable").to_response()
+    engine.forwarder.outages.answered(route.kind, route.upstream)
     responses = is_responses_socket(route)
     post_view = request.clone(method="POST") if responses else None
     client = web.WebSocketResponse(

@@ -89,3 +89,38 @@ def describe(decision: Decision, expose_details: bool) -> str:
         text += f" ({', '.join(details)})"
     advice = _advice(decision)
     return f"{text}. {advice}" if advice else f"{text}."
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def describe_ended(
+    agent: str,
+    session_id: str | None,
+    *,
+    idle_timeout_s: float,
+    terminated_ttl_s: float,
+    run_url: str | None,
+) -> str:
+    """The refusal of a call to a session that was stopped (SPEC §3: it stays refused), saying how
+    to go on and where to see why. `session_id`: the explicit session's id; None for an automatic
+    one, whose conversation stays refused until it goes quiet for a whole idle timeout."""
+    if session_id is not None:
+        text = (
+            f"[tripwire] refused: session {session_id!r} of agent {agent!r} was stopped and stays refused "
+            f"for {_duration(terminated_ttl_s)}. To go on, start a new session: send another session id "
+            f"(the X-Tripwire-Session header, or /agents/{agent}/sessions/<new id>/ in the base URL)."
+        )
+    else:
+        text = (
+            "[tripwire] refused: this conversation's session was stopped and stays refused until it has "
+            f"sent nothing for {_duration(idle_timeout_s)} (each refused call starts that wait again). To go "
+            "on, start a new conversation (it is recorded in a new run), or name a new session with the "
+            "X-Tripwire-Session header."
+        )
+    return f"{text} Why it was stopped: {run_url}" if run_url else text
