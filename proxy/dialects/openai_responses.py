@@ -25,6 +25,7 @@ from proxy.dialects.base import (
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -92,7 +93,7 @@ def parse_request(body: dict) -> LLMRequest:
         items = list(raw_input) if isinstance(raw_input, list) else []
     steps: list[list[ToolCall]] = []
     results: list[ToolResult] = []
-    turn_start = 0
+    turns = Turns()
     current: list[ToolCall] | None = None
     for item in items:
         if not isinstance(item, dict):
@@ -106,7 +107,7 @@ def parse_request(body: dict) -> LLMRequest:
             current = None
         elif kind == "message" and role != "assistant":
             if role == "user":
-                turn_start = len(steps)
+                turns.user(item.get("content"), len(steps))
             current = None
         else:  # assistant message, reasoning, function calls, hosted tool calls
             if current is None:
@@ -128,7 +129,9 @@ def parse_request(body: dict) -> LLMRequest:
         max_tokens=as_int(body.get("max_output_tokens")) or None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         previous_response_id=previous if isinstance(previous, str) else None,
         client_asked_usage=True,  # the final response event always carries usage
     )
