@@ -65,6 +65,8 @@ class Session:
     loop_start: int | None = None
     round_len: int | None = None
     transport: Literal["both", "mcp", "fc"] = "both"
+    # function-calling: the protocol the agent speaks (the requests are read by Tripwire's own parser)
+    dialect: Literal["chat", "anthropic", "responses"] = "chat"
     shape: str = ""  # the family it belongs to, for the accuracy table in docs/guards.md
     notes: str = ""
 
