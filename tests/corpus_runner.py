@@ -116,7 +116,7 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
     now = 0.0
     for step in _steps(session):
         if isinstance(step, User):
-            now += USER_PAUSE_S
+            now += USER_PAUSE_S if step.seconds is None else step.seconds
             continue
         if isinstance(step, Pause):
             now += step.seconds
@@ -210,7 +210,7 @@ def _segments(session: Session) -> Iterator[tuple[list[str], Call | Parallel, fl
     for step in _steps(session):
         if isinstance(step, User):
             users.append(step.text)
-            paused += USER_PAUSE_S
+            paused += USER_PAUSE_S if step.seconds is None else step.seconds
         elif isinstance(step, Pause):
             paused += step.seconds
         else:
