@@ -13,9 +13,10 @@ the lenient side):
   sequence number (`seq`, `counter`, `tick`, `iteration`) from arguments only (in a result, an
   iteration that jumps is progress: the rule across calls below tells a counter);
 - by shape, anywhere in a string: UUIDs, ISO date-times and clock times, long hex tokens, epoch
-  seconds / milliseconds, durations ("0.31s", "12 ms"), and opaque ids in other alphabets (base62, base58, base32: `is_opaque`) of 12
-  characters or more inside a longer text ("trace 8fK2mZpQ7xL1vN3aR"); a string that is only an id
-  names a thing (a cursor, an object, a file) and stays;
+  seconds / milliseconds, durations ("0.31s", "12 ms", "1m30.5s"), and ids in other alphabets
+  (base62, base58, base32, base36: `is_opaque`) of 12 characters or more inside a longer text
+  ("trace 8fK2mZpQ7xL1vN3aR"); a string that is only an id names a thing (a cursor, an object, a
+  file) and stays;
 - counters, numbers named as a count of calls ("attempt 3 of 5", "retry #4", "poll 7", "#12"): in
   arguments they are erased; in results and errors they are compared across calls
   (`result_slots`, by `proxy.guards.loop`): a result whose text is the tool's earlier result's with
@@ -144,9 +145,10 @@ def _is_result_volatile_key(name: str) -> bool:
 # and its names; they make 96% of its pairs) make most of a word's pairs ("health", "nightly",
 # "getIdByName") and few of a random string's ("8fK2mZpQ7x": f, K, m, Zp, Q, x). Digits between
 # letters in two places or more ("a7Xk2q9"), or 12 digits and more (snowflake and decimal trace
-# ids), are ids too. Measured: about 1 in 1,000 random ids of 16 characters (base62, base58,
-# base32, base36) is taken for words, fewer at 20 and more; 1.7% of the standard library's names of
-# 12 characters or more are taken for ids (mostly abbreviations: "PostgreSQL16", "gslcdfgammaQ").
+# ids), are ids too. Measured on random ids (base62, base58, base32, base36): up to 3 in 1,000 of 16
+# characters are taken for words, under 1 in 1,000 of 20 and more (most trace and request ids); and
+# 1.7% of the standard library's names of 12 characters or more are taken for ids (abbreviations
+# mostly: "PostgreSQL16", "XMLHttpRequest"), which only matters inside a longer text.
 _COMMON_PAIRS = frozenset(
     re.findall(
         "..",
