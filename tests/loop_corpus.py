@@ -2221,6 +2221,22 @@ _NEWS_STUCK = [
         ),
     ),
     Session(
+        name="harness_nudge_responses_chain",
+        stuck=True,
+        shape="harness nudges",
+        transport="fc",
+        dialect="responses",
+        loop_start=1,
+        round_len=1,
+        steps=(
+            User("Is the nightly export done?"),
+            *_nudged(
+                _same_call_loop(Call("get_export", {"export": "nightly"}, "export nightly: 40% written"), 9)
+            ),
+        ),
+        notes="a Responses chain: each request carries the output and the nudge, naming the answer before",
+    ),
+    Session(
         name="anthropic_repeated_read",
         stuck=True,
         shape="repetition",
