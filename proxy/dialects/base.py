@@ -122,20 +122,17 @@ class LLMRequest:
 
 
 def said(content: Any) -> str:
-    """What a user message says, as a short hash: its text parts (spaces folded; other parts, such
-    as images, as their JSON). Two messages that say the same words give the same."""
+    """What a user message says, as a short hash: its words (its text parts, spaces folded; other
+    parts, such as images, by their type alone: re-reading every image of a long history on every
+    request would cost more than the words are worth). Two messages that say the same give the same."""
     parts = content if isinstance(content, list) else [content]
     texts = []
     for part in parts:
         if isinstance(part, str):
             texts.append(part)
-        elif isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif part is not None:
-            try:
-                texts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode())
-            except TypeError:
-                texts.append(repr(part))
+        elif isinstance(part, dict):
+            text, kind = part.get("text"), part.get("type")
+            texts.append(text if isinstance(text, str) else f"<{kind if isinstance(kind, str) else 'part'}>")
     words = " ".join(" ".join(texts).split())
     return hashlib.blake2b(words.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
