@@ -252,14 +252,14 @@ class _Turn:
         self.pending: dict[str, list[_Attempt]] = {}  # exact signature -> MCP calls in flight
         self.periodic = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
         self.ids: set[str] = set()  # tool_call_ids of this turn
-        # (tool, hash of a result's text without its integers) -> (its integers, the fingerprint
-        # it is known by): a counter that went up by one does not make a result new
+        # (tool, hash of a result's text without its counters) -> (its counters, the fingerprint it
+        # is known by): a counter that went up by one does not make a result new
         self.counted: dict[tuple[str, str], tuple[list[int], str]] = {}
 
     def same_as(self, tool: str, fingerprint: str) -> str:
         """The fingerprint a result (or error) is known by in this turn: the tool's earlier result's
-        when its text is that one's and each of its integers the same or one more (a counter:
-        "attempt 3" after "attempt 2", SPEC §5.1); its own otherwise (a number that moved is news).
+        when its text is that one's and each of its counters the same or one more ("attempt 3" after
+        "attempt 2", SPEC §5.1); its own otherwise (a counter that jumped, or any other change).
 
         `fingerprint` is `signatures.slotted`'s: `<hash>` or `<hash of the text>|n|n...`.
         """

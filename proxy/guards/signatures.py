@@ -104,7 +104,7 @@ def stable_signature(tool: str, args: Any) -> str:
 
 def result_fingerprint(content: Any) -> str:
     """A short stable hash of a tool result, without per-call noise (ids, times, timings), folded
-    as arguments are (case and spaces of short strings), then its integers (`slotted`).
+    as arguments are (case and spaces of short strings), then the counters it names (`slotted`).
 
     Loop detection compares these, never the content: a status that differs only by its
     `checked_at`, or a test run only by "in 0.31s", is the same result.
@@ -115,9 +115,9 @@ def result_fingerprint(content: Any) -> str:
 
 
 def slotted(text: str) -> str:
-    """`<24-hex hash>` of a stable text, or `<hash of the text with its integers marked>|n|n...`
-    when it holds a few integers, so the detector can tell a counter (one more per call) from a
-    number that moved (`proxy.guards.loop`: `_Turn.same_as`)."""
+    """`<24-hex hash>` of a stable text, or `<hash of the text with its counters replaced>|n|n...`
+    when it names counters ("attempt 3", "retry #4": `volatile.result_slots`), so the detector can
+    tell a counter that went up by one from a result that changed (`loop._Turn.same_as`)."""
     skeleton, slots = result_slots(text)
     if not slots:
         return fingerprint_text(text)
