@@ -143,6 +143,7 @@ TIME_FORMATS = (
     lambda t: t.strftime("%H:%M:%S"),  # a clock
     lambda t: str(int(t.timestamp())),  # epoch seconds
     lambda t: str(int(t.timestamp() * 1000)),  # epoch milliseconds
+    lambda t: f"{int((t - T0).total_seconds() // 60)} minutes ago",  # relative, as a UI shows it
 )
 DURATION_FORMATS = (
     lambda s: f"{s:.2f}s",

@@ -97,6 +97,14 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
         "<time>",
     ),
     (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"), "<time>"),
+    # a time relative to now ("updated 3 minutes ago"): it moves with the clock, not with the world
+    (
+        re.compile(
+            r"\b\d+\s?(?:s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?|w|weeks?)\s+ago\b",
+            re.IGNORECASE,
+        ),
+        "<time>",
+    ),
     (re.compile(r"\b(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{16,}\b"), "<id>"),
     # not a quantity that happens to fall in the range: "1600000000 of 3200000000 bytes"
     (re.compile(r"\b1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?\b(?!\s*(?:/|of\b|[kMG]?i?B\b|bytes?\b|%))"), "<epoch>"),
