@@ -1962,6 +1962,20 @@ _NEWS_HONEST = [
         ),
     ),
     Session(
+        name="check_objects_by_url_all_ok",
+        stuck=False,
+        shape="identical answers",
+        steps=tuple(
+            Call(
+                "http_get",
+                {"url": f"https://api.example.com/v1/objects/{_rid(_B62, 'obj-url', i)}"},
+                {"status": 200, "body": "ok"},
+            )
+            for i in range(12)
+        ),
+        notes="12 objects, one answer: an id in a path names what the call is about",
+    ),
+    Session(
         name="identical_answers_to_distinct_searches",
         stuck=False,
         shape="identical answers",

@@ -114,6 +114,18 @@ def test_a_value_that_is_only_an_id_names_a_thing(an_id: str) -> None:
     assert stable_signature("list", {"cursor": an_id}) != stable_signature("list", {"cursor": an_id + "x"})
 
 
+@given(ids().filter(lambda s: not all(c in string.hexdigits for c in s)))
+@PROPERTY
+def test_an_id_in_a_path_or_under_a_key_of_its_own_names_a_thing(an_id: str) -> None:
+    """`GET /objects/<id>` and `?cursor=<id>` are about that object, that page: another id is
+    another call; `trace_id=<id>` is a tag on the message."""
+    other = an_id[::-1]
+    for template in ("GET https://api.example.com/v1/objects/{} returned 200", "list?cursor={}&limit=50"):
+        assert stable_text(template.format(an_id)) != stable_text(template.format(other))
+    for template in ("failed: dd.trace_id={} timeout", "failed: requestId={} timeout", "failed (trace {})"):
+        assert stable_text(template.format(an_id)) == stable_text(template.format(other))
+
+
 @given(names())
 @PROPERTY
 def test_words_identifiers_and_file_names_are_news(name: str) -> None:

@@ -195,13 +195,40 @@ def is_opaque(token: str) -> bool:
 _AROUND_A_NAME = " \t\r\n.,;:!?\"'()[]{}<>"
 
 
+# the key of a `key=value` just before a value ("trace_id=", "?cursor=", "dd.trace_id=")
+_KEY_BEFORE = re.compile(r"([A-Za-z][A-Za-z0-9_-]*)=$")
+# a key=value whose key has one of these words says per-call noise: a trace, request or span id
+_NOISE_KEY_WORDS = frozenset(
+    {"trace", "request", "req", "span", "correlation", "nonce", "rid", "traceparent"}
+)
+_KEY_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+
+def _names_a_thing(text: str, start: int) -> bool:
+    """An id in a path or a URL (`/objects/8fK2...`) or the value of a key that does not say it is
+    per-call noise (`?cursor=...`, but not `trace_id=...`) names what the call is about."""
+    before = text[start - 1 : start]
+    if before == "/":
+        return True
+    if before == "=":
+        key = _KEY_BEFORE.search(text, max(0, start - 64), start)
+        return key is not None and not any(
+            w.lower() in _NOISE_KEY_WORDS for w in _KEY_WORD.findall(key.group(1))
+        )
+    return False
+
+
 def _erase_embedded_id(match: re.Match[str]) -> str:
-    return "<id>" if is_opaque(match.group()) else match.group()
+    token = match.group()
+    if not is_opaque(token) or _names_a_thing(match.string, match.start()):
+        return token
+    return "<id>"
 
 
 def _erase_embedded_ids(text: str) -> str:
     """Ids inside a longer text (a trace id in an error message, a header in a command) erased; a
-    text that is only an id names a thing (a cursor, an object, a file) and stays."""
+    text that is only an id, or an id in a path or under a key of its own, names a thing (a cursor,
+    an object, a file) and stays."""
     if len(text) <= ID_MIN or _TOKEN.fullmatch(text.strip(_AROUND_A_NAME)):
         return text
     return _TOKEN.sub(_erase_embedded_id, text)
