@@ -120,7 +120,11 @@ def test_an_id_in_a_path_or_under_a_key_of_its_own_names_a_thing(an_id: str) -> 
     """`GET /objects/<id>` and `?cursor=<id>` are about that object, that page: another id is
     another call; `trace_id=<id>` is a tag on the message."""
     other = an_id[::-1]
-    for template in ("GET https://api.example.com/v1/objects/{} returned 200", "list?cursor={}&limit=50"):
+    for template in (
+        "GET https://api.example.com/v1/objects/{} returned 200",
+        "list?cursor={}&limit=50",
+        "cat /tmp/build-{}/out.log",
+    ):
         assert stable_text(template.format(an_id)) != stable_text(template.format(other))
     for template in ("failed: dd.trace_id={} timeout", "failed: requestId={} timeout", "failed (trace {})"):
         assert stable_text(template.format(an_id)) == stable_text(template.format(other))

@@ -205,17 +205,16 @@ _KEY_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
 
 def _names_a_thing(text: str, start: int) -> bool:
-    """An id in a path or a URL (`/objects/8fK2...`) or the value of a key that does not say it is
-    per-call noise (`?cursor=...`, but not `trace_id=...`) names what the call is about."""
-    before = text[start - 1 : start]
-    if before == "/":
-        return True
-    if before == "=":
+    """An id in a path or a URL (`/objects/8fK2...`, `/tmp/build-8fK2.../out.log`) or the value of a
+    key that does not say it is per-call noise (`?cursor=...`, but not `trace_id=...`) names what
+    the call is about."""
+    if text[start - 1 : start] == "=":
         key = _KEY_BEFORE.search(text, max(0, start - 64), start)
         return key is not None and not any(
             w.lower() in _NOISE_KEY_WORDS for w in _KEY_WORD.findall(key.group(1))
         )
-    return False
+    word = max(text.rfind(c, max(0, start - 512), start) for c in " \t\n\"'(<[,;")
+    return "/" in text[word + 1 : start]
 
 
 def _erase_embedded_id(match: re.Match[str]) -> str:
