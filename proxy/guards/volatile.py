@@ -16,7 +16,8 @@ the lenient side):
   seconds / milliseconds, durations ("0.31s", "12 ms", "1m30.5s"), and ids in other alphabets
   (base62, base58, base32, base36: `is_opaque`) of 12 characters or more inside a longer text
   ("trace 8fK2mZpQ7xL1vN3aR"); a string that is only an id names a thing (a cursor, an object, a
-  file) and stays;
+  file) and stays, as does an id in a path (`/v1/objects/8fK2...`) or under a key of its own
+  (`?cursor=8fK2...`, not `trace_id=8fK2...`);
 - counters, numbers named as a count of calls ("attempt 3 of 5", "retry #4", "poll 7", "#12"): in
   arguments they are erased; in results and errors they are compared across calls
   (`result_slots`, by `proxy.guards.loop`): a result whose text is the tool's earlier result's with
