@@ -344,3 +344,13 @@ def test_the_same_failure_with_a_random_trace_id_and_an_attempt_counter_is_a_ret
     fired = _poll(errors, errors=True)
     assert fired and fired[0][0] <= 5, fired  # the poll's no-progress warning (4), then:
     assert (5, "retry_no_progress") in [(n, d.kind) for n, d in fired]
+
+
+def test_in_arguments_only_a_count_of_attempts_is_erased() -> None:
+    """`#2400` in a query names an issue; `(attempt 3)` counts the agent's tries."""
+    assert stable_signature("search", {"q": "issue #2400"}) != stable_signature(
+        "search", {"q": "issue #2401"}
+    )
+    assert stable_signature("search", {"q": "refund done? (attempt 3)"}) == stable_signature(
+        "search", {"q": "refund done? (attempt 4)"}
+    )

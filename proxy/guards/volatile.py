@@ -19,9 +19,9 @@ the lenient side):
   file) and stays, as does an id in a path (`/v1/objects/8fK2...`) or under a key of its own
   (`?cursor=8fK2...`, not `trace_id=8fK2...`);
 - counters, numbers named as a count of calls ("attempt 3 of 5", "retry #4", "poll 7", "#12"): in
-  arguments they are erased; in results and errors they are compared across calls
-  (`result_slots`, by `proxy.guards.loop`): a result whose text is the tool's earlier result's with
-  each counter the same or one more is that same result. Every other number is news when it
+  arguments those named as attempts are erased ("#2400" there names an issue); in results and
+  errors they are compared across calls (`result_slots`, by `proxy.guards.loop`): a result whose
+  text is the tool's earlier result's with each counter the same or one more is that same result. Every other number is news when it
   moves: progress `20%` to `60%`, a depth, a reading, a price, a count of results, even one that
   steps by one ("1 of 3 replicas available" after "0 of 3").
 
@@ -123,6 +123,12 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
 _COUNTED = re.compile(
     r"(?i)(?:\b(?:attempts?|tries|try|retry|retries|retrying|polls?|calls?|iteration|iter|tick|round|counter"
     r"|seq|sequence|seqno|no)\b\.?[\\\"]*\s*[:=]?\s*(?:#\s*|number\s*)?|#)([0-9]{1,11})(?![\w.%])"
+)
+
+
+# in arguments, only the words that count attempts: "#12" or "no. 5" there names an issue, a row
+_COUNTED_ATTEMPT = re.compile(
+    r"(?i)\b(?:attempts?|tries|try|retry|retries|retrying|polls?)\b\s*[:=]?\s*#?\s*([0-9]{1,11})(?![\w.%])"
 )
 
 
@@ -287,8 +293,8 @@ def fold_text(text: str) -> str:
 def _stable_text(value: str, fold_case: bool, result: bool = False) -> str:
     text = stable_text(value)
     if not result and any(c.isdigit() for c in text):
-        # arguments have no earlier result to step from: a number named as a count of calls is noise
-        text = _COUNTED.sub(_erase_counter, text)
+        # arguments have no earlier result to step from: a number named as a count of attempts is noise
+        text = _COUNTED_ATTEMPT.sub(_erase_counter, text)
     return fold_text(text) if fold_case else text
 
 
