@@ -15,7 +15,7 @@ from proxy.dialects.base import LLMRequest
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call
 from proxy.pipeline import BaseStage
-from proxy.responses_chain import Link, ResponsesChains, has_user_message, synthetic_id_of
+from proxy.responses_chain import Link, ResponsesChains, synthetic_id_of, turn_link
 
 RESPONSES = "openai_responses"
 
@@ -72,14 +72,15 @@ class ResponsesChainStage(BaseStage):
     def link_warmup(self, agent: str, call: LLMRequest, response_id: str) -> None:
         """A warm-up (generate: false) answered: the chain goes on from it, with its input and no
         answer step, so a later call naming it is judged on the whole history."""
+        parent = self.chains.get(agent, call.previous_response_id)
         self.chains.remember(
             agent,
             response_id,
             Link(
-                parent=self.chains.get(agent, call.previous_response_id),
+                parent=parent,
                 steps=list(call.steps),
                 results=list(call.tool_results),
-                turn_start=call.turn_start if has_user_message(call) else None,
                 parent_id=call.previous_response_id,
+                **turn_link(call, parent),
             ),
         )

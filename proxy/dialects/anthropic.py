@@ -21,6 +21,7 @@ from proxy.dialects.base import (
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -66,7 +67,7 @@ def parse_request(body: dict) -> LLMRequest:
     raw_messages = raw_messages if isinstance(raw_messages, list) else []
     steps: list[list[ToolCall]] = []
     results: list[ToolResult] = []
-    turn_start = 0
+    turns = Turns()
     for message in raw_messages:
         if not isinstance(message, dict):
             continue
@@ -92,7 +93,7 @@ def parse_request(body: dict) -> LLMRequest:
                     )
                 )
             if len(tool_results) < len(blocks) or not blocks:
-                turn_start = len(steps)
+                turns.user([b for b in blocks if b.get("type") != "tool_result"], len(steps))
     messages: list[Any] = list(raw_messages)
     system = body.get("system")
     if system:
@@ -106,7 +107,9 @@ def parse_request(body: dict) -> LLMRequest:
         max_tokens=as_int(body.get("max_tokens")) or None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         client_asked_usage=True,  # Anthropic streams always carry usage
     )
 

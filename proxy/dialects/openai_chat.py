@@ -25,6 +25,7 @@ from proxy.dialects.base import (
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -72,11 +73,12 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     if prior is not None and prior.messages <= len(messages):
-        steps, results, turn_start = prior.steps[:], prior.tool_results[:], prior.turn_start
+        steps, results = prior.steps[:], prior.tool_results[:]
+        turns = Turns(prior.turn_start, prior.turn_said)
         new = messages[prior.messages :]
     else:
         prior = None
-        steps, results, turn_start = [], [], 0
+        steps, results, turns = [], [], Turns()
         new = messages
     for message in new:
         if not isinstance(message, dict):
@@ -91,7 +93,7 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
                 )
             )
         elif role == "user":
-            turn_start = len(steps)
+            turns.user(message.get("content"), len(steps))
     options = body.get("stream_options")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     temperature = body.get("temperature")
@@ -105,9 +107,11 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
         max_tokens=(as_int(max_tokens) or None) if max_tokens is not None else None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         client_asked_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        parsed=ParseState(len(messages), steps, results, turn_start),
+        parsed=ParseState(len(messages), steps, results, turns.start, turns.said),
         continues=prior,
     )
 

@@ -35,6 +35,7 @@ from proxy.dialects.base import (
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -211,7 +212,7 @@ def parse_request(body: dict) -> LLMRequest:
         items = list(raw_input) if isinstance(raw_input, list) else []
     steps: list[list[ToolCall]] = []
     results: list[ToolResult] = []
-    turn_start = 0
+    turns = Turns()
     current: list[ToolCall] | None = None
     for item in items:
         if not isinstance(item, dict):
@@ -225,7 +226,7 @@ def parse_request(body: dict) -> LLMRequest:
             current = None
         elif kind == "message" and role != "assistant":
             if role == "user":
-                turn_start = len(steps)
+                turns.user(item.get("content"), len(steps))
             current = None
         else:  # assistant message, reasoning, tool calls (the agent's and hosted ones)
             if current is None:
@@ -250,7 +251,9 @@ def parse_request(body: dict) -> LLMRequest:
         max_tokens=as_int(body.get("max_output_tokens")) or None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         previous_response_id=previous if isinstance(previous, str) else None,
         client_asked_usage=True,  # the final response event always carries usage
     )

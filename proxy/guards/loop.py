@@ -62,6 +62,7 @@ from proxy.guards.signatures import (
     normalize_tool_name,
     result_fingerprint,
 )
+from proxy.guards.volatile import same_or_counted
 
 PATTERN_CHARS = 80
 MAX_EVIDENCE = 50
@@ -251,6 +252,28 @@ class _Turn:
         self.pending: dict[str, list[_Attempt]] = {}  # exact signature -> MCP calls in flight
         self.periodic = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
         self.ids: set[str] = set()  # tool_call_ids of this turn
+        # (tool, hash of a result's text without its counters) -> (its counters, the fingerprint it
+        # is known by): a counter that went up by one does not make a result new
+        self.counted: dict[tuple[str, str], tuple[list[int], str]] = {}
+
+    def same_as(self, tool: str, fingerprint: str) -> str:
+        """The fingerprint a result (or error) is known by in this turn: the tool's earlier result's
+        when its text is that one's and each of its counters the same or one more ("attempt 3" after
+        "attempt 2", SPEC §5.1); its own otherwise (a counter that jumped, or any other change).
+
+        `fingerprint` is `signatures.slotted`'s: `<hash>` or `<hash of the text>|n|n...`.
+        """
+        skeleton, sep, rest = fingerprint.partition("|")
+        if not sep:
+            return fingerprint
+        try:
+            numbers = [int(n) for n in rest.split("|")]
+        except ValueError:  # not one of ours (a replayed trace of another version): compared whole
+            return fingerprint
+        earlier = self.counted.get((tool, skeleton))
+        known = earlier[1] if earlier is not None and same_or_counted(earlier[0], numbers) else fingerprint
+        self.counted[(tool, skeleton)] = (numbers, known)
+        return known
 
     @property
     def pristine(self) -> bool:
@@ -258,7 +281,12 @@ class _Turn:
         return self.count == 0 and self.serial == 0 and not self.ids
 
     def forget_if_large(self) -> None:
-        if len(self.answered) > MAX_TURN_KEYS or len(self.results) > MAX_TURN_KEYS:
+        if (
+            len(self.answered) > MAX_TURN_KEYS
+            or len(self.results) > MAX_TURN_KEYS
+            or len(self.counted) > MAX_TURN_KEYS
+        ):
+            self.counted.clear()
             self.answered.clear()
             self.last_answer.clear()
             self.results.clear()
@@ -367,8 +395,9 @@ class LoopDetector:
             del self._turn.pending[attempt.sig]
         if event_id is not None:
             attempt.evidence = event_id
-        self._resolve(attempt, result_fingerprint, error)
-        self._apply(attempt, result_fingerprint, error)
+        known = self._turn.same_as(attempt.tool, result_fingerprint)
+        self._resolve(attempt, known, error)
+        self._apply(attempt, known, error)
 
     # -- function-calling tools in an LLM request's history ---------------------------------------
 
@@ -468,6 +497,7 @@ class LoopDetector:
                 decisions += self._judge(attempt)
                 result = tool_results.get(call_id)
                 if result is not None:
+                    result = (self._turn.same_as(attempt.tool, result[0]), result[1])
                     self._resolve(attempt, *result)  # known now: the step's next calls see it
                 made.append((attempt, result))
             # the calls of one step were made together: what they returned counts from the next step
@@ -639,7 +669,7 @@ class LoopDetector:
             t.fails.pop(attempt.tool, None)
         else:
             # a failure is no progress whatever its arguments: nothing changed, nothing was learned
-            key = error_fingerprint(error)
+            key = t.same_as(f"{attempt.tool}\x00error", error_fingerprint(error) or "")
             fail = t.fails.get(attempt.tool)
             if fail is not None and fail.key == key and t.last_news <= fail.at:
                 fail.count += 1
