@@ -22,7 +22,7 @@ from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.lean_http import ClientAnswer, LeanAppRunner
 from proxy.lifecycle import running_engine
-from proxy.llm import shaped
+from proxy.llm_errors import shaped
 from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines

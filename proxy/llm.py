@@ -8,9 +8,7 @@ result, and how an answer becomes LLM_CALL and TOOL_CALL events.
 from __future__ import annotations
 
 import logging
-import re
 import time
-import unicodedata
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,8 +17,6 @@ import orjson
 from proxy import guard_trace, jsonparse
 from proxy.constants import (
     DEPTH_LIMIT,
-    GUARD_CIRCUIT_BREAKER,
-    GUARD_STATE_UNAVAILABLE,
     TRUNCATED_MARKER,
     EventType,
 )
@@ -29,8 +25,9 @@ from proxy.dialects.base import LLMRequest, LLMResult, ToolResult, Usage, estima
 from proxy.dialects.contract import Accumulator, Dialect
 from proxy.episodes import PRIOR, call_digests, find_prior
 from proxy.exchange import Answer, Exchange
-from proxy.guards.decision import Decision, retry_after_seconds
+from proxy.guards.decision import Decision
 from proxy.guards.signatures import signature
+from proxy.llm_errors import bad_request, refusal_429
 from proxy.pipeline import BaseStage
 from proxy.redact import PLAIN, sanitize, sanitize_text, valid_unicode
 from proxy.sessions import Conversation, PendingToolCall, Refused, Session
@@ -76,7 +73,7 @@ class LLMProtocol:
     def __init__(self, dialect: Dialect, engine: Engine) -> None:
         self.dialect = dialect
         self.engine = engine
-        self.provider = provider_name(dialect.__name__)  # the LLM_CALL's `provider`
+        self.provider = dialect.PROVIDER  # the LLM_CALL's `provider`
 
     def continues(self, ex: Exchange) -> bool:
         return False  # every LLM request is a call of its own
@@ -137,88 +134,6 @@ class LLMProtocol:
         record_llm_call(ex, engine)
 
 
-def is_anthropic(dialect: Any) -> bool:
-    return getattr(dialect, "DIALECT", None) == "anthropic"
-
-
-# Anthropic's error type per HTTP status (its SDK picks the exception class by status; the body's
-# `type` is what a client shows)
-ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-
-
-def error_body(dialect: Any, status: int, error: dict[str, Any]) -> bytes:
-    """An error in the protocol the agent speaks (SPEC §5.5): OpenAI's `{"error": {...}}`, or for the
-    Anthropic Messages dialect `{"type": "error", "error": {"type": ..., "message": ..., ...}}` with
-    Tripwire's fields inside `error`, so each SDK parses it as its own."""
-    if is_anthropic(dialect):
-        fields = {k: v for k, v in error.items() if k != "type"}
-        kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
-        return orjson.dumps({"type": "error", "error": {"type": kind, **fields}})
-    return orjson.dumps({"error": error})
-
-
-def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: Any = None) -> Answer:
-    """TERMINATE / budget / limits / open circuit for an LLM call (SPEC §5.5), in the dialect's shape."""
-    error: dict[str, Any] = {
-        "message": text,
-        "type": "tripwire_guard",
-        "code": decision.guard,
-        "guardrail": decision.guard,
-    }
-    if expose_details:
-        error["threshold"] = decision.threshold
-        error["actual"] = decision.actual
-    headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
-    retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE)
-    if retry_later and decision.retry_after is not None:
-        headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
-        # an open circuit (or shared state coming back) is worth retrying later: the SDK honours Retry-After
-        headers.pop("x-should-retry")
-    # shared guard state unreachable under fail_closed: 503, the service is what is missing (SPEC §8)
-    status = 503 if decision.guard == GUARD_STATE_UNAVAILABLE else 429
-    if status == 429 and not is_anthropic(dialect):
-        # Codex CLI never shows a 429's body, only its request id ("exceeded retry limit, last
-        # status: 429 Too Many Requests, request id: ..."): the reason goes there too, so its user
-        # reads why (over HTTP, and in the WebSocket error event's `headers`). A 503 it shows.
-        headers["x-request-id"] = header_text(text)
-    return Answer(status, error_body(dialect, status, error), "application/json", headers)
-
-
-_NOT_HEADER_TEXT = re.compile(r"[^\x20-\x7e]+")
-HEADER_TEXT_CHARS = 1000
-
-
-def header_text(text: str) -> str:
-    """`text` as a header value every client accepts: printable ASCII (accents dropped, anything
-    else, line breaks too, a space), at most HEADER_TEXT_CHARS characters."""
-    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    return _NOT_HEADER_TEXT.sub(" ", folded)[:HEADER_TEXT_CHARS].strip()
-
-
-def shaped(ex: Exchange, answer: Answer) -> Answer:
-    """Tripwire's own OpenAI-style error answer (502, 504, 503, ...) in the shape of the call's dialect."""
-    dialect = getattr(ex.protocol, "dialect", None)
-    if answer.status < 400 or not is_anthropic(dialect):
-        return answer
-    try:
-        error = orjson.loads(answer.body).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return answer
-    if not isinstance(error, dict):
-        return answer
-    answer.body = error_body(dialect, answer.status, error)
-    return answer
-
-
 def read_body(raw: bytes) -> tuple[Any, bool]:
     """(the parsed body, whether orjson read it); ValueError when json.loads would refuse it.
 
@@ -231,14 +146,6 @@ def read_body(raw: bytes) -> tuple[Any, bool]:
         return orjson.loads(raw), True
     except orjson.JSONDecodeError:
         return jsonparse.loads_lenient(raw), False
-
-
-def bad_request(dialect: Dialect, message: str) -> Answer:
-    """A 400 in the protocol's own error shape, so each SDK raises its own BadRequestError."""
-    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
-    if is_anthropic(dialect):
-        error = {"message": message}
-    return Answer(400, error_body(dialect, 400, error), "application/json", {"x-should-retry": "false"})
 
 
 def fallback_request(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
@@ -780,8 +687,3 @@ def http_error(ex: Exchange) -> dict[str, Any]:
         "details": None,
         "stack": None,
     }
-
-
-def provider_name(dialect_module: str) -> str:
-    short = dialect_module.rsplit(".", 1)[-1]
-    return "anthropic" if short == "anthropic" else "openai"

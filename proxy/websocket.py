@@ -46,7 +46,8 @@ from yarl import URL
 from proxy import llm
 from proxy.appkeys import ENGINE
 from proxy.constants import GUARD_SESSION_TERMINATED
-from proxy.dialects import dialect_name, openai_responses
+from proxy.dialects import dialect_for
+from proxy.dialects.base import LLMRequest
 from proxy.dialects.contract import Accumulator
 from proxy.exchange import Answer, Exchange
 from proxy.forward import DRAIN_CUT_REASON, json_error, request_headers, response_headers
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tripwire.websocket")
 
-RESPONSES = "openai_responses"
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # the handshake headers each hop negotiates itself (aiohttp, on each side)
 HANDSHAKE_HEADERS = frozenset(
@@ -96,7 +96,10 @@ def is_websocket_upgrade(request: web.Request) -> bool:
 
 
 def is_responses_socket(route: Route) -> bool:
-    return route.kind == "llm" and dialect_name(route.path, "POST") == RESPONSES
+    if route.kind != "llm":
+        return False
+    dialect = dialect_for(route.path, "POST")
+    return dialect is not None and dialect.WEBSOCKET_CALLS
 
 
 # --- the per-call pipeline ------------------------------------------------------------------------
@@ -713,7 +716,7 @@ class SocketRelay:
         body = call.warmup
         if body is None or call.response_id is None or self.chains is None:
             return
-        req = _parse_responses(body)
+        req = self.parse_warmup(body)
         if req is None:
             return
         self.chains.link_warmup(self.route.agent, req, call.response_id)
@@ -721,7 +724,7 @@ class SocketRelay:
 
     def warmup_tool_results(self, body: dict[str, Any], raw: bytes) -> None:
         """Tool outputs a warm-up brings complete their tool calls (TOOL_CALL), as a call's would."""
-        req = _parse_responses(body)
+        req = self.parse_warmup(body)
         if req is None or not req.tool_results:
             return
         key = (self.route.agent, self.route.session)
@@ -742,13 +745,14 @@ class SocketRelay:
         except Exception:
             log.exception("could not record a warm-up's tool outputs")
 
-
-def _parse_responses(body: dict[str, Any]) -> Any:
-    try:
-        return openai_responses.parse_request(body)
-    except Exception:
-        log.exception("could not parse a Responses warm-up")
-        return None
+    def parse_warmup(self, body: dict[str, Any]) -> LLMRequest | None:
+        dialect = dialect_for(self.route.path, "POST")
+        assert dialect is not None  # a socket whose calls are read (is_responses_socket)
+        try:
+            return dialect.parse_request(body)
+        except Exception:
+            log.exception("could not parse a Responses warm-up")
+            return None
 
 
 # --- the handshake --------------------------------------------------------------------------------

@@ -192,3 +192,60 @@ def test_a_streamed_answer_reads_as_the_whole_one() -> None:
     acc.status = 200
     acc.feed(chat_completion_sse("Hello there"))
     assert acc.finish(True).text == "Hello there"
+
+
+# --- what the rest of Tripwire asks of a dialect instead of testing its name ----------------------
+
+CONTRACT_MEMBERS = sorted(
+    ({n for n in vars(Dialect) if not n.startswith("_")} | set(Dialect.__annotations__)) - {"__name__"}
+)
+# OpenTelemetry's gen_ai.operation.name values (semantic conventions for generative AI)
+GEN_AI_OPERATIONS = {"chat", "text_completion", "embeddings", "generate_content", "create_agent"}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_every_dialect_answers_every_contract_member(name: str) -> None:
+    d = dialect(name)
+    missing = [m for m in CONTRACT_MEMBERS if not hasattr(d, m)]
+    assert not missing
+    for flag in ("CONVERSATIONAL", "CHAINS_RESPONSES", "WEBSOCKET_CALLS", "MAX_TOKENS_RECOVERY"):
+        assert type(getattr(d, flag)) is bool, flag
+    assert isinstance(d.PROVIDER, str) and d.PROVIDER
+    assert d.OPERATION in GEN_AI_OPERATIONS
+    assert d.REFUSAL_REASON_HEADER is None or d.REFUSAL_REASON_HEADER.islower()
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+@pytest.mark.parametrize("status", [400, 429, 502, 503])
+def test_an_error_body_carries_tripwires_fields_where_the_sdk_reads_them(name: str, status: int) -> None:
+    d = dialect(name)
+    error = {"message": "why", "type": "tripwire_guard", "code": "budget", "guardrail": "budget"}
+    body = orjson.loads(d.error_body(status, error))
+    # both SDK families read `error.message` (Anthropic's inside `{"type": "error", ...}`)
+    assert body["error"]["message"] == "why" and body["error"]["guardrail"] == "budget"
+    bad = d.bad_request_error("unreadable")
+    assert orjson.loads(d.error_body(400, bad))["error"]["message"] == "unreadable"
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_dialect_that_chains_responses_reads_the_parent_id(name: str) -> None:
+    d = dialect(name)
+    body = {**DIALECTS[name].request, "previous_response_id": "resp_parent"}
+    parent = d.parse_request(body).previous_response_id
+    assert (parent == "resp_parent") is d.CHAINS_RESPONSES
+    assert not d.WEBSOCKET_CALLS or d.CHAINS_RESPONSES  # a socket's calls chain (proxy/websocket/)
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_conversational_dialect_reads_the_conversation(name: str) -> None:
+    d = dialect(name)
+    assert bool(d.parse_request(DIALECTS[name].request).messages) or not d.CONVERSATIONAL
+
+
+def test_each_dialect_is_found_by_its_recorded_name() -> None:
+    from proxy.dialects import named, of_call
+
+    for name in DIALECTS:
+        d = dialect(name)
+        assert named(name) is d and of_call(d.parse_request(DIALECTS[name].request)) is d
+    assert named("mcp") is None and of_call(object()) is None

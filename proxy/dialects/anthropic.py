@@ -15,6 +15,7 @@ import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    OP_CHAT,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -38,9 +39,18 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",
@@ -51,8 +61,41 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "anthropic"
+PROVIDER = "anthropic"
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = None  # its SDKs show an error's message
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+# Anthropic's error type per HTTP status (its SDK picks the exception class by status; the body's
+# `type` is what a client shows)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int, error: dict[str, Any]) -> bytes:
+    """`{"type": "error", "error": {"type": ..., "message": ..., ...}}` with Tripwire's fields inside
+    `error` (their OpenAI-style `type` replaced by Anthropic's for the status)."""
+    fields = {k: v for k, v in error.items() if k != "type"}
+    kind = ERROR_TYPES.get(status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, **fields}})
+
+
+def bad_request_error(message: str) -> dict[str, Any]:
+    return {"message": message}
 
 
 def _blocks(content: Any) -> list[dict]:

@@ -27,6 +27,19 @@ class Dialect(Protocol):
     __name__: str
     DIALECT: str  # the endpoint name recorded in LLM_CALL's `endpoint`
     BLOCKED_STATUS: int  # the HTTP status render_blocked()'s body goes with
+    PROVIDER: str  # the LLM_CALL's `provider` (and the span's gen_ai.provider.name)
+    OPERATION: str  # the span's gen_ai.operation.name (OpenTelemetry's: chat, embeddings, ...)
+    # its requests carry a conversation: a run's episode is found by its history (proxy/episodes.py)
+    CONVERSATIONAL: bool
+    # an answer has an id a later request continues by `previous_response_id` (proxy/responses_chain.py)
+    CHAINS_RESPONSES: bool
+    # its calls also come as `response.create` messages on a WebSocket (proxy/websocket/)
+    WEBSOCKET_CALLS: bool
+    # a non-streamed answer cut by its token limit may be continued upstream (proxy/recovery.py)
+    MAX_TOKENS_RECOVERY: bool
+    # the header a 429 refusal's reason is copied into, for clients that show only it (Codex shows
+    # the request id of a 429, never its body), else None
+    REFUSAL_REASON_HEADER: str | None
 
     def StreamAccumulator(self, req: LLMRequest, /) -> Accumulator: ...  # noqa: N802 (a class)
 
@@ -39,6 +52,13 @@ class Dialect(Protocol):
     def render_blocked(self, req: LLMRequest, text: str, guard: str, /) -> tuple[str, bytes]: ...
 
     def estimate_prompt_tokens(self, req: LLMRequest, /) -> int: ...
+
+    # an error answer's body in this protocol's shape (SPEC §5.5), `error` being Tripwire's fields
+    # (message, type, code, guardrail, ...), so the client's SDK parses it as its own
+    def error_body(self, status: int, error: dict[str, Any], /) -> bytes: ...
+
+    # the `error` fields of a 400 for a body Tripwire cannot read (the SDK raises its BadRequestError)
+    def bad_request_error(self, message: str, /) -> dict[str, Any]: ...
 
     # the tool definitions a request makes available, as they are in the body (a permission filter
     # acts on them); `base.tool_name` names one

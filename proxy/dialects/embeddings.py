@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from proxy.dialects.base import LLMRequest
+from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    PROVIDER_OPENAI,
+    LLMRequest,
+    openai_bad_request_error,
+    openai_error_body,
+)
 from proxy.dialects.base import no_declared_tools as declared_tools
 from proxy.dialects.other import EMBEDDINGS_BLOCKED_STATUS as BLOCKED_STATUS
 from proxy.dialects.other import EmbeddingsAccumulator as StreamAccumulator
@@ -13,9 +19,18 @@ from proxy.dialects.other import estimate_prompt_tokens
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",
@@ -24,6 +39,15 @@ __all__ = [
 ]
 
 DIALECT = "embeddings"
+PROVIDER = PROVIDER_OPENAI
+OPERATION = "embeddings"
+CONVERSATIONAL = False
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

@@ -18,6 +18,9 @@ import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    OP_CHAT,
+    PROVIDER_OPENAI,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -35,6 +38,8 @@ from proxy.dialects.base import (
     listed_tools,
     loads_or_none,
     new_id,
+    openai_bad_request_error,
+    openai_error_body,
     openai_usage,
     parse_arguments,
     sse_frame,
@@ -44,9 +49,18 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_request_from",
@@ -58,6 +72,15 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_chat"
+PROVIDER = PROVIDER_OPENAI
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = True
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 

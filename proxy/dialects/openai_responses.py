@@ -29,6 +29,9 @@ import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    OP_CHAT,
+    PROVIDER_OPENAI,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -44,6 +47,8 @@ from proxy.dialects.base import (
     http_error,
     loads_or_none,
     new_id,
+    openai_bad_request_error,
+    openai_error_body,
     parse_arguments,
     sse_frame,
     stream_incomplete,
@@ -53,10 +58,19 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
     "SYNTHETIC_PREFIX",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "is_synthetic_response_id",
     "parse_request",
@@ -70,6 +84,15 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_responses"
+PROVIDER = PROVIDER_OPENAI
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = True
+WEBSOCKET_CALLS = True
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 SYNTHETIC_PREFIX = "resp_tripwire_"
