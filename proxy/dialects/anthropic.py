@@ -9,7 +9,7 @@ nothing is rewritten and every chunk passes through unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -44,6 +44,8 @@ __all__ = [
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
     "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
     "PROVIDER",
     "REFUSAL_REASON_HEADER",
     "WEBSOCKET_CALLS",
@@ -61,6 +63,8 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "anthropic"
+PATHS: tuple[str, ...] = ("/messages",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
 PROVIDER = "anthropic"
 OPERATION = OP_CHAT
 CONVERSATIONAL = True
@@ -351,3 +355,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str) -> tuple[str, bytes]:
         ("message_stop", {"type": "message_stop"}),
     ]
     return SSE_TYPE, b"".join(sse_frame(data, event) for event, data in frames)
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import anthropic as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from proxy.dialects.base import (
     CODEX_REASON_HEADER,
     PROVIDER_OPENAI,
@@ -23,6 +25,8 @@ __all__ = [
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
     "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
     "PROVIDER",
     "REFUSAL_REASON_HEADER",
     "WEBSOCKET_CALLS",
@@ -40,6 +44,8 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "completions"
+PATHS: tuple[str, ...] = ("/completions",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
 PROVIDER = PROVIDER_OPENAI
 OPERATION = "text_completion"
 CONVERSATIONAL = False
@@ -49,3 +55,10 @@ MAX_TOKENS_RECOVERY = False
 REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
 error_body = openai_error_body
 bad_request_error = openai_bad_request_error
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import completions as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

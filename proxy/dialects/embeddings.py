@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from proxy.dialects.base import (
     CODEX_REASON_HEADER,
     PROVIDER_OPENAI,
@@ -24,6 +26,8 @@ __all__ = [
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
     "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
     "PROVIDER",
     "REFUSAL_REASON_HEADER",
     "WEBSOCKET_CALLS",
@@ -39,6 +43,8 @@ __all__ = [
 ]
 
 DIALECT = "embeddings"
+PATHS: tuple[str, ...] = ("/embeddings",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
 PROVIDER = PROVIDER_OPENAI
 OPERATION = "embeddings"
 CONVERSATIONAL = False
@@ -52,3 +58,10 @@ bad_request_error = openai_bad_request_error
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:
     return None
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import embeddings as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

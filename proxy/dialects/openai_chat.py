@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -54,6 +54,8 @@ __all__ = [
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
     "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
     "PROVIDER",
     "REFUSAL_REASON_HEADER",
     "WEBSOCKET_CALLS",
@@ -72,6 +74,10 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_chat"
+PATHS: tuple[str, ...] = ("/chat/completions",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = (
+    "/chat/completions",
+)  # deployment-style prefixes (Azure: /openai/deployments/NAME/...)
 PROVIDER = PROVIDER_OPENAI
 OPERATION = OP_CHAT
 CONVERSATIONAL = True
@@ -451,3 +457,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = N
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         frames.append({**chunk({}, None), "choices": [], "usage": usage})
     return SSE_TYPE, b"".join(sse_frame(f) for f in frames) + sse_frame("[DONE]")
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import openai_chat as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -63,6 +63,8 @@ __all__ = [
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
     "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
     "PROVIDER",
     "REFUSAL_REASON_HEADER",
     "SYNTHETIC_PREFIX",
@@ -84,6 +86,8 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_responses"
+PATHS: tuple[str, ...] = ("/responses",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
 PROVIDER = PROVIDER_OPENAI
 OPERATION = OP_CHAT
 CONVERSATIONAL = True
@@ -599,3 +603,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = N
         sse_frame({**event, "sequence_number": n}, event["type"]) for n, event in enumerate(events)
     )
     return SSE_TYPE, body
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import openai_responses as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this
