@@ -62,6 +62,9 @@ class ResponsesSocket(SocketRelay):
         self.post_view = post_view  # the handshake request as the parse stage knows a call: a POST
         self.chains = next((s for s in pipeline.stages if isinstance(s, ResponsesChainStage)), None)
         self.lanes: Lanes[SocketCall] = Lanes()
+        dialect = dialect_for(route.path, "POST")
+        assert dialect is not None  # a socket whose calls are read (handler.is_responses_socket)
+        self.dialect = dialect  # a warm-up is parsed with it
         self.calls: list[SocketCall] = []
 
     def cut_for_drain(self) -> int:
@@ -245,10 +248,8 @@ class ResponsesSocket(SocketRelay):
             log.exception("could not record a warm-up's tool outputs")
 
     def parse_warmup(self, body: dict[str, Any]) -> LLMRequest | None:
-        dialect = dialect_for(self.route.path, "POST")
-        assert dialect is not None  # a socket whose calls are read (is_responses_socket)
         try:
-            return dialect.parse_request(body)
+            return self.dialect.parse_request(body)
         except Exception:
             log.exception("could not parse a Responses warm-up")
             return None
