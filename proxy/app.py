@@ -22,13 +22,14 @@ from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.lean_http import ClientAnswer, LeanAppRunner
 from proxy.lifecycle import running_engine
-from proxy.llm import shaped
+from proxy.llm_errors import shaped
 from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
 from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
 from proxy.settings import Settings, split_host_port, url_host
-from proxy.websocket import handle_websocket_within_limits, is_websocket_upgrade
+from proxy.websocket.handler import handle_websocket_within_limits
+from proxy.websocket.handshake import is_websocket_upgrade
 
 log = logging.getLogger("tripwire")
 

@@ -79,7 +79,7 @@ class Engine:
         self.admin_token = settings.admin_token
         self.draining = False
         self.inflight = 0
-        # the relayed WebSockets (proxy/websocket.py SocketRelay): drain cuts their answers too
+        # the relayed WebSockets (proxy/websocket/relay.py SocketRelay): drain cuts their answers too
         self.sockets: set[Any] = set()
         self.socket_slots = SocketSlots(settings.websocket_max_per_agent)  # open sockets per agent
         self._idle_drained = asyncio.Event()

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import orjson
 
+from proxy.dialects import of_call
 from proxy.dialects.base import LLMRequest
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import Link, ResponsesChains, synthetic_id_of, turn_link
 
-RESPONSES = "openai_responses"
-
 
 def is_responses(ex: Exchange) -> bool:
-    return getattr(ex.call, "dialect", None) == RESPONSES and not is_tool_call(ex)
+    """A call of a dialect whose answers a later request continues (`previous_response_id`)."""
+    dialect = of_call(ex.call)
+    return dialect is not None and dialect.CHAINS_RESPONSES and not is_tool_call(ex)
 
 
 class ResponsesChainStage(BaseStage):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED
+from proxy.dialects import of_call
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.guard_events import refuse_unavailable
@@ -95,7 +96,8 @@ class SessionStage(BaseStage):
             return
         session.inflight -= 1
         session.last_seen = time.monotonic()
-        if getattr(ex.call, "dialect", None) == "openai_responses" and not session.explicit:
+        dialect = of_call(ex.call)
+        if dialect is not None and dialect.CHAINS_RESPONSES and not session.explicit:
             # a later request naming this answer as previous_response_id continues this run
             result = ex.result
             response_id = getattr(result, "response_id", None)

@@ -206,7 +206,7 @@ async def test_a_refusal_tells_codex_why_over_the_websocket(
 
 
 def test_the_reason_as_a_header_is_plain_ascii_on_one_line() -> None:
-    from proxy.llm import HEADER_TEXT_CHARS, header_text
+    from proxy.llm_errors import HEADER_TEXT_CHARS, header_text
 
     assert header_text("[tripwire] refusé: a ≥ b\r\nX-Evil: 1") == "[tripwire] refuse: a  b X-Evil: 1"
     assert len(header_text("x" * 5000)) == HEADER_TEXT_CHARS
@@ -218,7 +218,7 @@ def test_only_an_openai_style_429_carries_the_reason_as_its_request_id() -> None
     from proxy.constants import GUARD_STATE_UNAVAILABLE
     from proxy.dialects import anthropic, openai_chat, openai_responses
     from proxy.guards.decision import Action, Decision
-    from proxy.llm import refusal_429
+    from proxy.llm_errors import refusal_429
 
     limit = Decision(Action.TERMINATE, "max_llm_calls", "over")
     for dialect in (openai_responses, openai_chat):

@@ -15,6 +15,14 @@ from openai.types.responses import Response
 
 from proxy.dialects import openai_responses as dialect
 from proxy.dialects.base import ToolCall, ToolResult, Usage, tool_name
+from tests.dialect_cases import Case
+from tests.factories import responses_answer, responses_request
+
+# this dialect's sample for tests/test_dialect_contract.py
+CONTRACT_CASES = {
+    "openai_responses": Case("/v1/responses", responses_request("hi"), responses_answer("Hello"), True)
+}
+
 
 HISTORY: dict[str, Any] = {
     "model": "gpt-5",

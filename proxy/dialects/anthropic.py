@@ -9,12 +9,13 @@ nothing is rewritten and every chunk passes through unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    OP_CHAT,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -39,9 +40,20 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",
@@ -52,8 +64,43 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "anthropic"
+PATHS: tuple[str, ...] = ("/messages",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
+PROVIDER = "anthropic"
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = None  # its SDKs show an error's message
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+# Anthropic's error type per HTTP status (its SDK picks the exception class by status; the body's
+# `type` is what a client shows)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int, error: dict[str, Any]) -> bytes:
+    """`{"type": "error", "error": {"type": ..., "message": ..., ...}}` with Tripwire's fields inside
+    `error` (their OpenAI-style `type` replaced by Anthropic's for the status)."""
+    fields = {k: v for k, v in error.items() if k != "type"}
+    kind = ERROR_TYPES.get(status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, **fields}})
+
+
+def bad_request_error(message: str) -> dict[str, Any]:
+    return {"message": message}
 
 
 def _blocks(content: Any) -> list[dict]:
@@ -311,3 +358,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str) -> tuple[str, bytes]:
         ("message_stop", {"type": "message_stop"}),
     ]
     return SSE_TYPE, b"".join(sse_frame(data, event) for event, data in frames)
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import anthropic as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

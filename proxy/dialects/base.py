@@ -222,6 +222,21 @@ def no_declared_tools(body: dict) -> list[dict]:
     return []
 
 
+# What most dialects answer to the contract's questions (proxy/dialects/contract.py): the OpenAI API's
+PROVIDER_OPENAI = "openai"
+OP_CHAT = "chat"  # OpenTelemetry's gen_ai.operation.name of a chat call
+CODEX_REASON_HEADER = "x-request-id"  # Codex CLI shows a 429's request id, never its body
+
+
+def openai_error_body(status: int, error: dict[str, Any]) -> bytes:
+    """The OpenAI API's error shape, `{"error": {...}}` (Tripwire's own errors have it already)."""
+    return orjson.dumps({"error": error})
+
+
+def openai_bad_request_error(message: str) -> dict[str, Any]:
+    return {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+
+
 def loads_or_none(body: bytes | str) -> Any:
     """JSON value of a body, or None when it is not JSON (an HTML error page, a broken proxy)."""
     try:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    OP_CHAT,
+    PROVIDER_OPENAI,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -36,6 +39,8 @@ from proxy.dialects.base import (
     listed_tools,
     loads_or_none,
     new_id,
+    openai_bad_request_error,
+    openai_error_body,
     openai_usage,
     parse_arguments,
     sse_frame,
@@ -45,9 +50,20 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_request_from",
@@ -59,6 +75,19 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_chat"
+PATHS: tuple[str, ...] = ("/chat/completions",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = (
+    "/chat/completions",
+)  # deployment-style prefixes (Azure: /openai/deployments/NAME/...)
+PROVIDER = PROVIDER_OPENAI
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = True
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 
@@ -432,3 +461,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = N
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         frames.append({**chunk({}, None), "choices": [], "usage": usage})
     return SSE_TYPE, b"".join(sse_frame(f) for f in frames) + sse_frame("[DONE]")
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import openai_chat as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

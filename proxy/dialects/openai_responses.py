@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    OP_CHAT,
+    PROVIDER_OPENAI,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -45,6 +48,8 @@ from proxy.dialects.base import (
     http_error,
     loads_or_none,
     new_id,
+    openai_bad_request_error,
+    openai_error_body,
     parse_arguments,
     sse_frame,
     stream_incomplete,
@@ -54,10 +59,21 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
     "SYNTHETIC_PREFIX",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
     "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "is_synthetic_response_id",
     "parse_request",
@@ -71,6 +87,17 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_responses"
+PATHS: tuple[str, ...] = ("/responses",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
+PROVIDER = PROVIDER_OPENAI
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = True
+WEBSOCKET_CALLS = True
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 SYNTHETIC_PREFIX = "resp_tripwire_"
@@ -579,3 +606,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = N
         sse_frame({**event, "sequence_number": n}, event["type"]) for n, event in enumerate(events)
     )
     return SSE_TYPE, body
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import openai_responses as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this
