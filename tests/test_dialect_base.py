@@ -159,8 +159,8 @@ def test_a_responses_chain_nudged_with_the_same_words_keeps_its_turn() -> None:
 
     def ask(previous: str | None, items: list[dict], answer_id: str) -> int:
         call = openai_responses.parse_request({"input": items, "previous_response_id": previous})
-        history = chains.history(call)
-        chains.remember_answer(call, answer_id, [ToolCall(f"{answer_id}-c", "t", {})])
+        history = chains.history("bot", call)
+        chains.remember_answer("bot", call, answer_id, [ToolCall(f"{answer_id}-c", "t", {})])
         return history.turn_start
 
     def step(previous: str, text: str) -> list[dict]:
