@@ -35,11 +35,16 @@ class BadRecord(ReplayError):
 
     def __init__(self, run_id: str, file: str, line: int | None, problem: str) -> None:
         where = f"{file} line {line}" if line is not None else file
-        super().__init__(f"run {run_id}: {where}: {problem}")
+        super().__init__(_printable(f"run {run_id}: {where}: {problem}"))
         self.run_id = run_id
         self.file = file
         self.line = line
         self.problem = problem
+
+
+def _printable(text: str) -> str:
+    """One line whatever the file held (a key of it may be in the message): control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class _Read(BaseModel):
