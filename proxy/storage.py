@@ -2,9 +2,10 @@
 
 Layout (AgentDbg's, plus tripwire.json): `<data_dir>/runs/<run_id>/{run.json, events.jsonl, tripwire.json}`.
 Sync file I/O in small functions: the recorder's writer calls the writers (appends and rewrites on the
-event loop, where page-cache writes take microseconds; anything that fsyncs in a worker thread), the
-viewer API calls the readers (via `asyncio.to_thread`). A run id is validated and its resolved path checked to be
+event loop, where page-cache writes take microseconds; anything that fsyncs in the writer's thread), the
+viewer API calls the readers (in its own thread pool). A run id is validated and its resolved path checked to be
 inside the runs base before any path is built from it, so an API argument can never name another file.
+Every read of a run's file opens it through `open_run_file`: regular files only (no symlink, FIFO, device).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The viewer polls every few seconds and a run may hold 100,000 events, so nothing
 what it has already read: run metadata is cached by file mtime, and each run's events.jsonl gets a
 byte-offset index of its complete lines (extended as the file grows), so a page is one seek and
 `limit` line parses. The same pass keeps the run's cumulative LLM cost for the sparkline.
-Sync file I/O: the API calls these through `asyncio.to_thread`.
+Sync file I/O: the API calls these in its own bounded thread pool (viewer.api).
 """
 
 from __future__ import annotations
