@@ -34,8 +34,10 @@ class BadRecord(ReplayError):
     """A run file replay refuses: names the run, the file and (for events.jsonl) the line."""
 
     def __init__(self, run_id: str, file: str, line: int | None, problem: str) -> None:
-        where = f"{file} line {line}" if line is not None else file
-        super().__init__(_printable(f"run {run_id}: {where}: {problem}"))
+        where = (
+            f"{file} line {line}: " if line is not None else "" if problem.startswith(file) else f"{file}: "
+        )
+        super().__init__(_printable(f"run {run_id}: {where}{problem}"))
         self.run_id = run_id
         self.file = file
         self.line = line
