@@ -438,6 +438,32 @@ async def test_six_fifo_replays_neither_hang_nor_stop_the_trace_writer(
         assert llm_calls_on_disk(tw) == 1
 
 
+async def test_a_full_default_executor_stops_neither_the_writer_nor_the_admin_api(
+    start_tripwire: StartTripwire,
+) -> None:
+    """Whatever holds the loop's default executor (here: every one of its threads, blocked), the
+    trace writer's fsyncs and the admin API's reads run in threads of their own. (The run is
+    recorded through the engine's recorder: a proxied call would resolve its upstream's address in
+    that executor, which this test holds.)"""
+    tw = await start_tripwire(fsync="always")
+    rec = tw.engine.recorder
+    loop = asyncio.get_running_loop()
+    go_on = threading.Event()
+    held = [loop.run_in_executor(None, go_on.wait, 120) for _ in range(64)]  # more than its threads
+    try:
+        run_id = rec.start_run(run_name="beside a full executor", agent_name="a", session_id="s")
+        rec.record(run_id, "LLM_CALL", "m", {"model": "m"})
+        await asyncio.wait_for(rec.flush(), 60)
+        assert llm_calls_on_disk(tw) == 1
+        status, body = await asyncio.wait_for(api(tw, "GET", f"/api/runs/{run_id}/events"), 60)
+        assert status == 200 and [e["event_type"] for e in body["events"]] == ["RUN_START", "LLM_CALL"]
+        status, body = await asyncio.wait_for(api(tw, "POST", f"/api/runs/{run_id}/replay"), 60)
+        assert status == 200 and body["run_id"] == run_id
+    finally:
+        go_on.set()
+        await asyncio.gather(*held)
+
+
 async def test_recovery_leaves_a_fifo_run_alone_without_waiting(tmp_path: Path) -> None:
     """A run left "running" whose events.jsonl is a FIFO: start-up does not wait on it forever."""
     run_id, d = crafted_run(tmp_path)
