@@ -15,6 +15,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -37,6 +38,7 @@ from proxy.recorder import TraceRecorder
 from proxy.replay import BadRecord, replay_dir
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream
+from tests.test_process import start_serve, stop
 from tests.viewer_fixtures import T0, event, write_run
 
 # --- a small guarded run, written as Tripwire writes it ------------------------------------------
@@ -462,6 +464,42 @@ async def test_a_full_default_executor_stops_neither_the_writer_nor_the_admin_ap
     finally:
         go_on.set()
         await asyncio.gather(*held)
+
+
+async def test_a_served_process_answers_fifo_replays_and_stops_on_sigterm(
+    tmp_path: Path, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """The real `tripwire serve`: six replays of FIFO runs are answered, /healthz is ok, and SIGTERM
+    ends the process (threads stuck in a FIFO's open() used to keep it alive)."""
+    _, url = fake_upstream
+    data = tmp_path / "data"
+    ids, fifos = [], []
+    for _ in range(6):
+        run_id, d = crafted_run(data)
+        fifos.append(fifo_as(d, "events.jsonl"))
+        ids.append(run_id)
+    proc, _, banner = await start_serve(data, url)
+    found = re.search(r"viewer: (http://127\.0\.0\.1:\d+)", banner)
+    assert found, banner
+    admin = found.group(1)
+    try:
+        with released(fifos):
+            async with aiohttp.ClientSession() as http:
+
+                async def replay(run_id: str) -> int:
+                    async with http.post(f"{admin}/api/runs/{run_id}/replay") as resp:
+                        return resp.status
+
+                statuses = await asyncio.wait_for(asyncio.gather(*map(replay, ids)), 60)
+                assert statuses == [422] * 6
+                async with http.get(f"{admin}/healthz") as resp:
+                    assert (await resp.json())["status"] == "ok"
+            out = await stop(proc)
+            assert proc.returncode == 0, out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 async def test_recovery_leaves_a_fifo_run_alone_without_waiting(tmp_path: Path) -> None:
