@@ -6,7 +6,7 @@ parts of an event replay uses; the rest of a payload is ignored); a line that is
 or whose payload, `call_seq` or `guard_input` is not what Tripwire writes, is a `BadRecord` naming
 the run, the file and the line, never an AttributeError or IndexError half-way through a replay.
 Only regular files are read (`storage.open_run_file`): a FIFO or a symlink is a `BadRecord` too.
-An unterminated last line is a line still being written (a live run) and is left out.
+An unterminated last line is a line still being written (a live run): left out unless it is whole.
 """
 
 from __future__ import annotations
@@ -181,8 +181,7 @@ def read_events(d: Path, run_id: str) -> list[Event]:
     except NotRegularFile as e:
         raise BadRecord(run_id, EVENTS_JSONL, None, e.strerror or str(e)) from None
     lines = data.split(b"\n")
-    if lines[-1].strip():
-        lines.pop()  # no newline yet: a line being written (the run is live), or torn by a crash
+    last = lines.pop()  # after the last newline: b"", or a line being written (a live run) or torn
     events: list[Event] = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -193,6 +192,11 @@ def read_events(d: Path, run_id: str) -> list[Event]:
             raise BadRecord(run_id, EVENTS_JSONL, n, f"not JSON ({e})") from None
         except ValidationError as e:
             raise BadRecord(run_id, EVENTS_JSONL, n, _problem(e)) from None
+    if last.strip():
+        try:  # kept when whole (a crash after the line, before its newline), else left out
+            events.append(Event.model_validate(orjson.loads(last)))
+        except (orjson.JSONDecodeError, ValidationError):
+            pass
     return events
 
 

@@ -216,6 +216,10 @@ def test_an_unterminated_last_line_is_a_line_being_written(tmp_path: Path) -> No
     with open(d / "events.jsonl", "ab") as f:
         f.write(b'{"event_type": "TOOL_CALL", "payload": {"call_seq": 9')
     assert replay_dir(d).calls == 4
+    with open(d / "events.jsonl", "ab") as f:
+        f.write(b'[1, 2]\n{"event_type": "TOOL_CALL", "payload": [')
+    with pytest.raises(BadRecord, match="events.jsonl line 7:"):  # no longer the last line
+        replay_dir(d)
 
 
 def test_other_runs_on_the_command_line_are_still_replayed(
