@@ -210,6 +210,20 @@ async def test_the_replay_api_answers_422_naming_the_run_and_line(
     assert f"run {run_id}: events.jsonl line {line}:" in body["detail"] and names in body["detail"]
 
 
+async def test_a_crafted_tripwire_json_is_named_too(
+    start_tripwire: StartTripwire, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tw = await start_tripwire()
+    run_id, d = crafted_run(tw.data_dir)
+    (d / "tripwire.json").write_text(json.dumps({"agent_name": "a", "guard_config": {"loop_detection": 5}}))
+    assert cli.main(["replay", run_id, "--data-dir", str(tw.data_dir)]) == 2
+    message = one_line(capsys.readouterr().err)
+    assert f"run {run_id}: tripwire.json: guard_config.loop_detection:" in message
+    status, body = await api(tw, "POST", f"/api/runs/{run_id}/replay")
+    assert status == 422 and (body["file"], body["line"]) == ("tripwire.json", None)
+    assert body["detail"] == message.removeprefix("tripwire replay: ")
+
+
 def test_an_unterminated_last_line_is_a_line_being_written(tmp_path: Path) -> None:
     """A live run's last line may be half-written: left out, as the viewer leaves it out."""
     run_id, d = crafted_run(tmp_path)
