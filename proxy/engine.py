@@ -195,7 +195,10 @@ class Engine:
         self.metrics.set_live_sessions(len(self.sessions.live()))
         health = self.recorder.health()
         self.metrics.set_store(
-            health.get("queue_depth", 0), health.get("write_errors", 0), healthy=health.get("ok")
+            health.get("queue_depth", 0),
+            health.get("write_errors", 0),
+            healthy=health.get("ok"),
+            stalled=bool(health.get("writer_stalled")),
         )
 
     # --- sessions ----------------------------------------------------------------------------
