@@ -16,6 +16,8 @@ from proxy.guards.loop.pattern import Firing
 class AgentDbgCycle:
     """Judged on each event written, not on tool calls: its own window of event signatures."""
 
+    KINDS = {"cycle": "the run keeps repeating the same sequence of calls"}
+
     def __init__(self, config: LoopDetectionConfig) -> None:
         self._window: deque[tuple[str, str]] = deque(maxlen=max(2, config.window))
         self._reported: set[str] = set()
@@ -27,6 +29,8 @@ class AgentDbgCycle:
     def observe(
         self, event_type: str, name: str, event_id: str, config: LoopDetectionConfig
     ) -> Firing | None:
+        if not config.agentdbg_cycle:
+            return None
         if event_type in (EventType.LLM_CALL, EventType.TOOL_CALL):
             sig = f"{event_type}:{name or 'UNKNOWN'}"
         else:

@@ -33,6 +33,12 @@ from proxy.guards.signatures import call_keys
 
 # judged on every tool call before it is forwarded, in this order (the order of their decisions)
 ATTEMPT_PATTERNS: tuple[AttemptPattern, ...] = (Periodic(), NoProgress(), RetryWithoutProgress(), PerTool())
+# every kind of loop finding -> what the agent reads about it (proxy.guards.describe)
+LOOP_KINDS: dict[str, str] = {
+    kind: text
+    for kinds in (*(p.KINDS for p in ATTEMPT_PATTERNS), identical_step.KINDS, AgentDbgCycle.KINDS)
+    for kind, text in kinds.items()
+}
 
 
 class LoopDetector:
@@ -214,7 +220,7 @@ class LoopDetector:
 
     def observe_event(self, event_type: str, name: str, event_id: str) -> Decision | None:
         """After an event is recorded: AgentDbg's cycle over `window` event signatures (opt-in)."""
-        if not self.config.enabled or not self.config.agentdbg_cycle:
+        if not self.config.enabled:
             return None
         firing = self._cycle.observe(event_type, name, event_id, self.config)
         if firing is None:

@@ -15,6 +15,8 @@ from proxy.guards.loop.pattern import ACTIONS, MAX_EVIDENCE, Firing
 from proxy.guards.loop.turn import Attempt
 from proxy.guards.signatures import call_keys
 
+KINDS = {"identical_step": "the same set of tool calls was repeated step after step"}
+
 
 def judge(
     steps: Sequence[Sequence[HistoryCall]],

@@ -11,6 +11,8 @@ from proxy.guards.loop.turn import Attempt, Turn
 
 
 class NoProgress:
+    KINDS = {"no_progress": "a call keeps returning the same result"}
+
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:
         if not attempt.presumed_stale:
             return None

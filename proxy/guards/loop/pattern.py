@@ -11,6 +11,7 @@ identical step judges a request's steps (`identical_step.judge`), AgentDbg's cyc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -63,6 +64,12 @@ class Firing:
 
 
 class AttemptPattern(Protocol):
-    """Judged on each tool call of the turn before it is forwarded (its result not known yet)."""
+    """Judged on each tool call of the turn before it is forwarded (its result not known yet).
+
+    `KINDS`: the kinds of finding it answers -> what the agent reads when one fires (`describe`).
+    """
+
+    @property
+    def KINDS(self) -> Mapping[str, str]: ...  # a constant of each pattern class
 
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None: ...

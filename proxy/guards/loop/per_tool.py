@@ -32,6 +32,8 @@ KNOWN_MUTATING = frozenset(
 
 
 class PerTool:
+    KINDS = {"per_tool": "one tool was called too many times in this turn"}
+
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:
         tool = attempt.tool
         if config.per_tool_mode == "count":

@@ -15,6 +15,11 @@ from proxy.guards.loop.turn import Attempt, Turn
 
 
 class Periodic:
+    KINDS = {
+        "repetition": "the same tool call was repeated",
+        "ping_pong": "the same tool calls keep alternating in a cycle",
+    }
+
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:
         threshold = config.threshold
         stale_run: int | None = None

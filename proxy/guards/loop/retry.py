@@ -11,6 +11,8 @@ from proxy.guards.loop.turn import Attempt, Turn
 
 
 class RetryWithoutProgress:
+    KINDS = {"retry_no_progress": "a failing tool call is being retried without progress"}
+
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:
         threshold = config.threshold
         fail = turn.fails.get(attempt.tool)
