@@ -67,10 +67,6 @@ class LoopDetector:
         self.config = config
         self._cycle.configure(config)
 
-    @property
-    def turn(self) -> int:
-        return self._turn.number
-
     # -- MCP tool calls --------------------------------------------------------------------------
 
     def check_tool_call(

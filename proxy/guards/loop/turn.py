@@ -65,7 +65,6 @@ class Turn:
         self.attempts: deque[Attempt] = deque(maxlen=HISTORY)
         self.count = 0  # attempts so far
         self.serial = 0  # answers so far
-        self.answered: dict[str, int] = {}  # identity -> serial of its first answer
         # "after" is by epoch, the answers a call had seen when it was made: the calls of one step
         # share it, so a fan-out's answers are never news to each other
         self.last_answer: dict[str, int] = {}  # identity -> epoch of its latest answer
@@ -144,7 +143,6 @@ class Turn:
         epoch = attempt.known
         ident = attempt.ident
         no_progress = bool(attempt.stale) and not attempt.changed
-        self.answered.setdefault(ident, self.serial)
         self.last_answer[ident] = epoch
         self.results.setdefault((attempt.tool, fingerprint), self.serial)
         if not attempt.stale and error is None:
@@ -185,12 +183,11 @@ class Turn:
 
     def _forget_if_large(self) -> None:
         if (
-            len(self.answered) > MAX_TURN_KEYS
+            len(self.last_answer) > MAX_TURN_KEYS
             or len(self.results) > MAX_TURN_KEYS
             or len(self.counted) > MAX_TURN_KEYS
         ):
             self.counted.clear()
-            self.answered.clear()
             self.last_answer.clear()
             self.results.clear()
             self.same.clear()
