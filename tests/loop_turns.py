@@ -1,17 +1,17 @@
 """One turn driven call by call, for the tests of one loop pattern alone (no detector around it).
 
-`Agent.call` makes a call as the detector would (recorded in the `Turn`, judged by the pattern
-before its result), then answers it, unless `result` is None (the call stays in flight).
+`Agent.call` makes a call as the detector does (recorded in the `Turn`, told to the pattern, judged
+by it before its result), then answers it (recorded, told), unless `result` is None (the call stays
+in flight).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guards.config import LoopDetectionConfig
-from proxy.guards.loop.pattern import AttemptPattern, Firing
+from proxy.guards.loop.pattern import Firing, Pattern
 from proxy.guards.loop.turn import Attempt, Turn
 from proxy.guards.signatures import call_keys, result_fingerprint
 
@@ -27,9 +27,9 @@ QUIET: dict[str, Any] = {
 
 @dataclass
 class Agent:
-    pattern: AttemptPattern
+    pattern: Pattern
     config: LoopDetectionConfig
-    turn: Turn = field(default_factory=lambda: Turn(1, 0.0, itertools.count(1)))
+    turn: Turn = field(default_factory=lambda: Turn(1, 0.0))
     attempts: list[Attempt] = field(default_factory=list)
 
     def call(
@@ -37,6 +37,7 @@ class Agent:
     ) -> Firing | None:
         sig, ident = call_keys(tool, args if args is not None else {})
         attempt = self.turn.attempt(tool, sig, ident, f"ev{self.turn.count}")
+        self.pattern.attempted(attempt, self.turn)
         self.attempts.append(attempt)
         fired = self.pattern.judge(attempt, self.turn, self.config)
         if result is not None:
@@ -47,6 +48,7 @@ class Agent:
         known = self.turn.same_as(attempt.tool, result_fingerprint(result))
         self.turn.resolve(attempt, known)
         self.turn.apply(attempt, known, error)
+        self.pattern.answered(attempt, known, error, self.turn)
 
     def calls(
         self, n: int, tool: str, args: Any = None, result: str = "ok", error: str | None = None
@@ -54,5 +56,5 @@ class Agent:
         return [self.call(tool, args, result, error) for _ in range(n)]
 
 
-def agent(pattern: AttemptPattern, **config: Any) -> Agent:
+def agent(pattern: Pattern, **config: Any) -> Agent:
     return Agent(pattern, LoopDetectionConfig(**{**QUIET, **config}))

@@ -41,3 +41,10 @@ def test_checking_again_after_news_is_not_judged() -> None:
     for i in range(6):  # a write that changes something, then the same check
         assert a.call("write_file", {"v": i}) is None
         assert a.call("get_status", {"job": 1}, result="failed") is None
+
+
+def test_forgetting_drops_the_streaks() -> None:
+    a = agent(NoProgress(), no_progress_warn=3, no_progress_halt=10)
+    a.calls(2, "get_status", {"job": 1}, result="pending")
+    a.pattern.forget()
+    assert a.call("get_status", {"job": 1}, result="pending") is None

@@ -8,7 +8,7 @@ from proxy.constants import TAG_TERMINATED
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action
 from proxy.guards.loop import detector
-from proxy.guards.loop.pattern import PATTERN_CHARS, Firing
+from proxy.guards.loop.pattern import PATTERN_CHARS, Firing, Pattern
 from proxy.guards.loop.turn import Attempt, Turn
 
 
@@ -30,7 +30,7 @@ def test_a_firing_becomes_a_loop_decision() -> None:
     assert TAG_TERMINATED in firing(Action.TERMINATE).decision().tags
 
 
-class EveryThirdCall:
+class EveryThirdCall(Pattern):
     """A pattern added in one place: it fires on every third call of the turn."""
 
     KINDS = {"toy": "a toy pattern fired"}
@@ -42,7 +42,7 @@ class EveryThirdCall:
 def test_a_pattern_in_the_list_is_judged_on_every_call_one_finding_per_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(detector, "ATTEMPT_PATTERNS", (*detector.ATTEMPT_PATTERNS, EveryThirdCall()))
+    monkeypatch.setattr(detector, "ATTEMPT_PATTERNS", (*detector.ATTEMPT_PATTERNS, EveryThirdCall))
     d = detector.LoopDetector(LoopDetectionConfig())
     got = [d.check_tool_call("t", {"i": i}, 0.0) for i in range(6)]
     assert [bool(g) for g in got] == [False, False, True, False, False, True]

@@ -50,3 +50,11 @@ def test_trailing_stale_counts_back_from_the_call_before_the_current_one() -> No
     assert trailing_stale(a.turn) == 2
     a.call("u", {}, result="new")
     assert trailing_stale(a.turn) == 3
+
+
+def test_the_tail_counts_how_many_last_calls_repeat_with_each_period() -> None:
+    a = agent(Periodic())
+    for tool in ["a", "b", "a", "b", "a"]:
+        a.call(tool, {}, result=tool)
+    p = a.pattern
+    assert isinstance(p, Periodic) and (p.tail[1], p.tail[2], p.tail[3]) == (1, 5, 3)

@@ -44,3 +44,10 @@ def test_a_failure_after_news_starts_the_count_again() -> None:
     assert a.call("edit_file", {"patch": 1}) is None  # news
     assert a.call("run_tests", error="ImportError: x") is None
     assert a.call("run_tests", result=None) is None  # the 2nd failure since the news, not the 3rd
+
+
+def test_forgetting_drops_the_failure_streaks() -> None:
+    a = agent(RetryWithoutProgress(), threshold=3)
+    a.calls(2, "deploy", error="boom")
+    a.pattern.forget()
+    assert a.call("deploy", result=None) is None

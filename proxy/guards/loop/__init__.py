@@ -35,7 +35,7 @@ The package, one module per concern:
   events), their firings turned into decisions;
 - `history.py`: `HistoryReader`, an LLM request's history read on from the last one (new calls,
   the turn); `turn.py`: `Turn`, what progress is measured against (calls, answers, streaks);
-- `pattern.py`: what a pattern is given and answers (`AttemptPattern`, `Firing`);
+- `pattern.py`: what a pattern is told and what it answers (`Pattern`, `Firing`);
 - one module per pattern: `periodic.py` (repetition, ping_pong), `no_progress.py`, `retry.py`,
   `per_tool.py`, `identical_step.py`, `cycle.py`.
 

@@ -3,17 +3,17 @@
 Tool calls reach it two ways and count once: MCP `check_tool_call()` then `record_tool_result()`;
 function-calling tools in an LLM request's history, `check_llm_history()` (read by
 `history.HistoryReader`: each `tool_call_id` once; a call already seen as MCP is not counted again).
-Each call is recorded in the `turn.Turn` and judged by `ATTEMPT_PATTERNS` in order; a request's
-steps by `identical_step`, the events by `cycle.AgentDbgCycle`.
+Each call is recorded in the `turn.Turn` and judged by the turn's patterns (one of each of
+`ATTEMPT_PATTERNS`, in order), which hear its answer too; a request's steps are judged by
+`identical_step`, the events by `cycle.AgentDbgCycle`.
 
 Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,19 +24,20 @@ from proxy.guards.loop import identical_step
 from proxy.guards.loop.cycle import AgentDbgCycle
 from proxy.guards.loop.history import HistoryCall, HistoryReader, HistoryResults, call_tuple, results_map
 from proxy.guards.loop.no_progress import NoProgress
-from proxy.guards.loop.pattern import AttemptPattern, Firing
+from proxy.guards.loop.pattern import Firing, Pattern
 from proxy.guards.loop.per_tool import PerTool
 from proxy.guards.loop.periodic import Periodic
 from proxy.guards.loop.retry import RetryWithoutProgress
 from proxy.guards.loop.turn import Attempt, Turn
 from proxy.guards.signatures import call_keys
 
-# judged on every tool call before it is forwarded, in this order (the order of their decisions)
-ATTEMPT_PATTERNS: tuple[AttemptPattern, ...] = (Periodic(), NoProgress(), RetryWithoutProgress(), PerTool())
+# judged on every tool call before it is forwarded, in this order (the order of their decisions);
+# one of each per turn
+ATTEMPT_PATTERNS: tuple[Callable[[], Pattern], ...] = (Periodic, NoProgress, RetryWithoutProgress, PerTool)
 # every kind of loop finding -> what the agent reads about it (proxy.guards.describe)
 LOOP_KINDS: dict[str, str] = {
     kind: text
-    for kinds in (*(p.KINDS for p in ATTEMPT_PATTERNS), identical_step.KINDS, AgentDbgCycle.KINDS)
+    for kinds in (*(p().KINDS for p in ATTEMPT_PATTERNS), identical_step.KINDS, AgentDbgCycle.KINDS)
     for kind, text in kinds.items()
 }
 
@@ -46,9 +47,9 @@ class LoopDetector:
 
     def __init__(self, config: LoopDetectionConfig) -> None:
         self.config = config
-        self._serials = itertools.count(1)  # numbers streaks, so each writes one LOOP_WARNING
         self._reported: set[Any] = set()  # finding keys that already wrote their LOOP_WARNING
-        self._turn = Turn(0, None, self._serials)
+        self._turn = Turn(0, None)
+        self._patterns = [make() for make in ATTEMPT_PATTERNS]  # the turn's
         self._last_mcp_at: float | None = None
         self._llm_seen = False
         # function-calling bookkeeping
@@ -124,7 +125,7 @@ class LoopDetector:
             attempt.evidence = event_id
         known = t.same_as(attempt.tool, result_fingerprint)
         t.resolve(attempt, known)
-        t.apply(attempt, known, error)
+        self._answered(attempt, known, error)
 
     # -- function-calling tools in an LLM request's history ---------------------------------------
 
@@ -193,7 +194,7 @@ class LoopDetector:
             # the calls of one step were made together: what they returned counts from the next step
             for attempt, result in made:
                 if result is not None:
-                    t.apply(attempt, *result)
+                    self._answered(attempt, *result)
 
         # the request's shape: the same history sent again gets the same answer
         last_ids = (str(turn_start), str(len(steps)), *(call_tuple(c)[0] for c in steps[-1]))
@@ -233,10 +234,14 @@ class LoopDetector:
             t.number += 1
             t.started_at = now
             return
-        self._turn = Turn(t.number + 1, now, self._serials)
+        self._turn = Turn(t.number + 1, now)
+        self._patterns = [make() for make in ATTEMPT_PATTERNS]
 
     def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> Attempt:
-        attempt = self._turn.attempt(tool, sig, ident, evidence)
+        t = self._turn
+        attempt = t.attempt(tool, sig, ident, evidence)
+        for pattern in self._patterns:
+            pattern.attempted(attempt, t)
         self.tool_totals[attempt.tool] += 1
         return attempt
 
@@ -245,9 +250,20 @@ class LoopDetector:
         t, config = self._turn, self.config
         return [
             self._decision(f)
-            for pattern in ATTEMPT_PATTERNS
+            for pattern in self._patterns
             if (f := pattern.judge(attempt, t, config)) is not None
         ]
+
+    def _answered(self, attempt: Attempt, fingerprint: str, error: str | None) -> None:
+        """An answer came back: the turn records it, then the patterns hear it."""
+        t = self._turn
+        t.apply(attempt, fingerprint, error)
+        for pattern in self._patterns:
+            pattern.answered(attempt, fingerprint, error, t)
+        if t.too_large:
+            t.forget()
+            for pattern in self._patterns:
+                pattern.forget()
 
     def _turn_time(self, now: float) -> list[Decision]:
         """Loop Guard's max_time_per_turn, for turns the conversation history shows."""

@@ -9,7 +9,7 @@ import re
 
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action
-from proxy.guards.loop.pattern import MAX_EVIDENCE, Firing
+from proxy.guards.loop.pattern import MAX_EVIDENCE, Firing, Pattern
 from proxy.guards.loop.turn import Attempt, Turn
 from proxy.guards.signatures import normalize_tool_name
 
@@ -31,7 +31,7 @@ KNOWN_MUTATING = frozenset(
 )
 
 
-class PerTool:
+class PerTool(Pattern):
     KINDS = {"per_tool": "one tool was called too many times in this turn"}
 
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:

@@ -3,27 +3,42 @@
 One algorithm at every period, so one pattern: the shortest period that fires is the loop (a cycle
 whose block repeats a shorter one is that one), and an attempt gets one answer. It fires once the
 run spans max(threshold, 2m) calls and every call after the block's first round came back stale,
-so a loop of k calls a round is caught within max(threshold + 1, 2k). `Turn.periodic` keeps, per
-period, how many of the turn's last calls repeat with it.
+so a loop of k calls a round is caught within max(threshold + 1, 2k).
 """
 
 from __future__ import annotations
 
 from proxy.guards.config import LoopDetectionConfig
-from proxy.guards.loop.pattern import ACTIONS, MAX_EVIDENCE, Firing
+from proxy.guards.loop.pattern import ACTIONS, MAX_EVIDENCE, Firing, Pattern
 from proxy.guards.loop.turn import Attempt, Turn
 
+MAX_CYCLE_PERIOD = 5
 
-class Periodic:
+
+class Periodic(Pattern):
     KINDS = {
         "repetition": "the same tool call was repeated",
         "ping_pong": "the same tool calls keep alternating in a cycle",
     }
 
+    def __init__(self) -> None:
+        # period m -> how many of the turn's last calls repeat with that period
+        self.tail = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
+
+    def attempted(self, attempt: Attempt, turn: Turn) -> None:
+        before = turn.count - 1  # the turn's calls before this one (the last of `turn.attempts`)
+        attempts = turn.attempts
+        tail = self.tail
+        for m in tail:
+            if before >= m and len(attempts) > m and attempts[-m - 1].ident == attempt.ident:
+                tail[m] += 1
+            else:
+                tail[m] = min(before + 1, m)
+
     def judge(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:
         threshold = config.threshold
         stale_run: int | None = None
-        for m, periodic_len in turn.periodic.items():
+        for m, periodic_len in self.tail.items():
             need = max(threshold, 2 * m)
             if periodic_len < need:
                 continue
