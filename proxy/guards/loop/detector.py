@@ -13,7 +13,7 @@ Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,11 +33,11 @@ from proxy.guards.signatures import call_keys
 
 # judged on every tool call before it is forwarded, in this order (the order of their decisions);
 # one of each per turn
-ATTEMPT_PATTERNS: tuple[Callable[[], Pattern], ...] = (Periodic, NoProgress, RetryWithoutProgress, PerTool)
+ATTEMPT_PATTERNS: tuple[type[Pattern], ...] = (Periodic, NoProgress, RetryWithoutProgress, PerTool)
 # every kind of loop finding -> what the agent reads about it (proxy.guards.describe)
 LOOP_KINDS: dict[str, str] = {
     kind: text
-    for kinds in (*(p().KINDS for p in ATTEMPT_PATTERNS), identical_step.KINDS, AgentDbgCycle.KINDS)
+    for kinds in (*(p.KINDS for p in ATTEMPT_PATTERNS), identical_step.KINDS, AgentDbgCycle.KINDS)
     for kind, text in kinds.items()
 }
 
@@ -49,7 +49,7 @@ class LoopDetector:
         self.config = config
         self._reported: set[Any] = set()  # finding keys that already wrote their LOOP_WARNING
         self._turn = Turn(0, None)
-        self._patterns = [make() for make in ATTEMPT_PATTERNS]  # the turn's
+        self._patterns = [make() for make in ATTEMPT_PATTERNS]  # the turn's: one of each
         self._last_mcp_at: float | None = None
         self._llm_seen = False
         # function-calling bookkeeping
