@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision, strictest
-from proxy.guards.loop import LoopDetector
+from proxy.guards.loop.detector import LoopDetector
 from proxy.guards.signatures import error_fingerprint, result_fingerprint, stable_signature
 from proxy.guards.volatile import is_opaque, stable_text
 

@@ -21,16 +21,8 @@ from proxy.constants import (
     GUARD_SOFT_ALERT_THRESHOLD_USD,
 )
 from proxy.guards.decision import Action, Decision, retry_after_seconds
+from proxy.guards.loop.detector import LOOP_KINDS
 
-_LOOP_KINDS = {
-    "repetition": "the same tool call was repeated",
-    "ping_pong": "the same tool calls keep alternating in a cycle",
-    "retry_no_progress": "a failing tool call is being retried without progress",
-    "identical_step": "the same set of tool calls was repeated step after step",
-    "cycle": "the run keeps repeating the same sequence of calls",
-    "per_tool": "one tool was called too many times in this turn",
-    "no_progress": "a call keeps returning the same result",
-}
 _BUDGET = {
     GUARD_MAX_COST_USD: "the session's cost budget is spent",
     GUARD_MAX_TOKENS: "the session's token budget is spent",
@@ -48,8 +40,8 @@ _LIMITS = {
 
 
 def _summary(d: Decision) -> str:
-    if d.kind in _LOOP_KINDS:
-        return f"loop detected: {_LOOP_KINDS[d.kind]}"
+    if d.kind in LOOP_KINDS:
+        return f"loop detected: {LOOP_KINDS[d.kind]}"
     if d.guard in _BUDGET:
         return _BUDGET[d.guard]
     if d.guard in _LIMITS:

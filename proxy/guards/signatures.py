@@ -117,7 +117,7 @@ def result_fingerprint(content: Any) -> str:
 def slotted(text: str) -> str:
     """`<24-hex hash>` of a stable text, or `<hash of the text with its counters replaced>|n|n...`
     when it names counters ("attempt 3", "retry #4": `volatile.result_slots`), so the detector can
-    tell a counter that went up by one from a result that changed (`loop._Turn.same_as`)."""
+    tell a counter that went up by one from a result that changed (`loop.turn.Turn.same_as`)."""
     skeleton, slots = result_slots(text)
     if not slots:
         return fingerprint_text(text)
