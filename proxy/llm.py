@@ -230,7 +230,7 @@ class LLMParseStage(BaseStage):
         route = ex.route
         session: Session | None = None
         if route.session is not None:
-            opened = self.engine.open_session(route.agent, route.session, wall=ex.started_wall)
+            opened = self.engine.policy.open(route.agent, route.session, wall=ex.started_wall)
             session = None if isinstance(opened, Refused) else opened
         else:  # the agent's automatic session, when there is exactly one to speak of
             live = [
@@ -244,7 +244,7 @@ class LLMParseStage(BaseStage):
                 "refused an unreadable %s request of agent %s: %s", dialect.__name__, route.agent, message
             )
             return
-        event_id = self.engine.write_event(
+        event_id = self.engine.policy.write_event(
             session,
             EventType.ERROR,
             "invalid_request_body",
@@ -261,7 +261,7 @@ class LLMParseStage(BaseStage):
             },
             ts=ex.started_wall,
         )
-        self.engine.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
+        self.engine.policy.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
 
 
 def llm_result(ex: Exchange) -> LLMResult:
@@ -346,8 +346,12 @@ class ToolResultsStage(BaseStage):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # shared guard state takes the results in the guards' round trip (any replica asked for them)
+        self.at_admit = engine.guards.results_at_admit
 
     async def request(self, ex: Exchange) -> None:
+        if self.at_admit:
+            return
         session = ex.session
         # a result completes a call an earlier answer asked for: with none pending, nothing to do
         if (
@@ -370,7 +374,7 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         event_id = write_tool_result(
             ex, engine, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
         )
-        engine.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
+        engine.policy.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
 
 
 def results_to_record(call: LLMRequest, pending: dict[str, PendingToolCall]) -> list[ToolResult]:

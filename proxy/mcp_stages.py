@@ -117,7 +117,7 @@ class MCPParseStage(BaseStage):
             if not future.done() or future.cancelled() or future.exception() is not None:
                 continue
             if session is None:
-                opened = self.engine.open_session(ex.route.agent, ex.route.session, wall=ex.started_wall)
+                opened = self.engine.policy.open(ex.route.agent, ex.route.session, wall=ex.started_wall)
                 if isinstance(opened, Refused):
                     return
                 session = opened

@@ -17,12 +17,6 @@ from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
 from proxy.recovery import MaxTokensRecoveryStage
 from proxy.responses_stage import ResponsesChainStage
-from proxy.shared_stages import (
-    SharedBreakerStage,
-    SharedGuardStage,
-    SharedResponsesChainStage,
-    SharedToolResultsStage,
-)
 from proxy.stages import ForwardStage, RecordStage, SessionStage
 
 if TYPE_CHECKING:
@@ -30,17 +24,16 @@ if TYPE_CHECKING:
 
 
 def llm_stages(engine: Engine) -> list[Stage]:
-    shared = engine.shared is not None  # guard state shared by replicas (--state, docs/scaling.md)
     return [
         LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
         SessionStage(engine),  # the call's run (explicit session, episode, lineage)
         # previous_response_id: synthetic parents rewritten, history found (shared: links fetched/shared)
-        SharedResponsesChainStage(engine) if shared else ResponsesChainStage(),
+        ResponsesChainStage(engine.guards),
         # TOOL_CALLs of the function-calling results the request brings (shared: in the guards' round trip)
-        (SharedToolResultsStage if shared else ToolResultsStage)(engine),
-        # loop, limits, budgets (pure guards); settles after the answer
-        (SharedGuardStage if shared else GuardStage)(engine),
-        (SharedBreakerStage if shared else BreakerStage)(engine),  # the circuit of agent x upstream
+        ToolResultsStage(engine),
+        # loop, limits, budgets (pure guards, state where engine.guards keeps it); settles after the answer
+        GuardStage(engine),
+        BreakerStage(engine),  # the circuit of agent x upstream
         MaxTokensRecoveryStage(engine),  # opt-in: continues a chat answer cut at its token limit
         ForwardStage(engine),  # the upstream call, streams relayed chunk by chunk
         RecordStage(engine),  # LLM_CALL with call_seq and guard_input
@@ -48,12 +41,11 @@ def llm_stages(engine: Engine) -> list[Stage]:
 
 
 def mcp_stages(engine: Engine) -> list[Stage]:
-    shared = engine.shared is not None
     return [
         mcp_parse_stage(engine),  # JSON-RPC; tools/call matched to its result across streams
         SessionStage(engine),
-        (SharedGuardStage if shared else GuardStage)(engine),
-        (SharedBreakerStage if shared else BreakerStage)(engine),
+        GuardStage(engine),
+        BreakerStage(engine),
         ForwardStage(engine),
         RecordStage(engine),  # TOOL_CALL
     ]

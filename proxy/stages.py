@@ -10,10 +10,10 @@ from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import of_call
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
-from proxy.guard_events import refuse_unavailable
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
+from proxy.refusals import refuse_unavailable
 from proxy.responses_chain import synthetic_id_of
 from proxy.routing import join_upstream
 from proxy.run_names import run_name
@@ -48,18 +48,17 @@ class SessionStage(BaseStage):
                 episode = episodes.for_llm(ex.request.headers, ex.request_json, ex.call)
             else:
                 episode = episodes.for_mcp(ex.request.headers)
-        run_id = None
-        if self.engine.shared is not None:  # several replicas: the run all of them use for the session
-            try:
-                run_id = await self.engine.shared.run_for(
-                    self.engine.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
-                )
-            except StateUnavailable:
-                return refuse_unavailable(self.engine, ex, self.engine.shared.link.retry_after_s())
+        guards = self.engine.guards
+        try:  # several replicas: the run all of them use for the session (alone: None)
+            run_id = await guards.resolve_run(
+                self.engine.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
+            )
+        except StateUnavailable:
+            return refuse_unavailable(self.engine.policy, ex, guards.retry_after_s())
         opened = (
             Refused(None, "session terminated")
             if run_id == TERMINATED
-            else self.engine.open_session(
+            else self.engine.policy.open(
                 ex.route.agent,
                 ex.route.session,
                 wall=ex.started_wall,

@@ -213,7 +213,7 @@ async def test_finish_ends_a_terminated_run_once_its_last_call_is_done(engine_fa
     engine = await engine_factory()
     session = make_session(engine, "bot", "s1")
     session.inflight = 2  # this call and another one in flight
-    engine.terminate_session(session, reason="guard:test", own_call=True)
+    engine.policy.terminate(session, reason="guard:test", own_call=True)
     assert session.terminated and not session.ended  # RUN_END waits for the other call
     stage = GuardStage(engine)
     ex = make_exchange("POST", CHAT_URL, body=chat_request(), engine=engine)

@@ -108,7 +108,7 @@ async def test_the_run_is_named_by_the_clients_title_or_else_the_users_ask(
 
 async def test_a_terminated_session_refuses_in_the_protocols_shape(engine: Engine) -> None:
     session = make_session(engine, "bot", "s1")
-    engine.terminate_session(session, reason="guard:test", own_call=False)
+    engine.policy.terminate(session, reason="guard:test", own_call=False)
     stage = SessionStage(engine)
 
     ex = await parsed(engine, EXPLICIT + CHAT, chat_request())
