@@ -26,7 +26,7 @@ from proxy.refusals import write_refusal_error
 from proxy.state.base import BreakerAdmission
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.breaker")
 
@@ -47,10 +47,10 @@ class BreakerStage(BaseStage):
     name = "breaker"
     fail_open = True
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.guards = engine.guards  # a shared backend admits the circuit in the guards' round trip
-        self.policy = engine.policy
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.guards = services.guards  # a shared backend admits the circuit in the guards' round trip
+        self.policy = services.policy
 
     async def request(self, ex: Exchange) -> None:
         admission: BreakerAdmission | None = ex.breaker_admission
@@ -84,12 +84,12 @@ class BreakerStage(BaseStage):
         if ex.guard_trace is not None:
             ex.guard_trace.fields["breaker"] = True  # admitted by the guards, then refused by the circuit
         ex.decisions.append(decision)
-        self.engine.metrics.observe_decision(decision.guard, decision.action.name)
-        self.engine.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
+        self.services.metrics.observe_decision(decision.guard, decision.action.name)
+        self.services.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
         write_refusal_error(self.policy, ex, decision)
         assert ex.protocol is not None
         ex.answer = ex.protocol.render_refusal(
-            ex, decision, describe(decision, self.engine.settings.expose_guard_details)
+            ex, decision, describe(decision, self.services.settings.expose_guard_details)
         )
 
     def breaker_for(self, ex: Exchange) -> CircuitBreaker | None:
@@ -100,7 +100,7 @@ class BreakerStage(BaseStage):
         config = session.guards.config.circuit_breaker
         if not config.enabled:
             return None
-        return self.engine.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
+        return self.services.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
 
     def ticket_breaker(self, ex: Exchange, ticket: Ticket) -> CircuitBreaker | None:
         """breaker_for, the circuit taken from the call's ticket (no key made, no registry lookup)."""
@@ -174,9 +174,9 @@ class BreakerStage(BaseStage):
             },
         )
         self.policy.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
-        self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
+        self.services.metrics.set_open_circuits(self.services.breakers.open_count_by_upstream())
         if str(transition.new) == "open":
-            self.engine.alerts.send(
+            self.services.alerts.send(
                 session,
                 Decision(Action.BLOCK, GUARD_CIRCUIT_BREAKER, f"circuit to {ex.route.upstream} opened"),
             )

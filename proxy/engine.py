@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from proxy.alerts import Alerts
-from proxy.exchange import Exchange
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend, guard_backend_for
 from proxy.guard_store import GuardConfigStore
@@ -27,6 +26,7 @@ from proxy.metrics import Metrics
 from proxy.pricing import Pricing
 from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
+from proxy.services import Services
 from proxy.session_policy import SessionPolicy
 from proxy.sessions import SessionManager
 from proxy.settings import Settings
@@ -100,6 +100,25 @@ class Engine:
             metrics=self.metrics,
             alerts=self.alerts,
             argv=self.argv,
+        )
+
+    @property
+    def services(self) -> Services:
+        """What the pipeline's stages are given: the services without the engine's lifecycle (built
+        when asked, at start, so a service a test swapped in is the one the stages get)."""
+        return Services(
+            settings=self.settings,
+            sessions=self.sessions,
+            policy=self.policy,
+            guards=self.guards,
+            recorder=self.recorder,
+            metrics=self.metrics,
+            alerts=self.alerts,
+            breakers=self.breakers,
+            upstreams=self.upstreams,
+            forwarder=self.forwarder,
+            mcp=self.mcp,
+            pricing=self.pricing,
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -224,15 +243,3 @@ class Engine:
         if state is not None:
             out["state"] = state  # shared guard state: never fails readiness (SPEC §6, §8)
         return out
-
-    def observe_request(self, ex: Exchange) -> None:
-        latency = overhead = ttfb = None
-        started, done = ex.upstream_started, ex.upstream_done
-        if started is not None and done is not None:
-            latency = done - started
-            overhead = (time.monotonic() - ex.started) - latency  # (the metrics count below 0 as 0)
-            if ex.first_byte_at is not None:
-                ttfb = ex.first_byte_at - started
-        status = ex.upstream_status or (ex.answer.status if ex.answer is not None else None)
-        route = ex.route
-        self.metrics.observe_request(route.kind, route.upstream, status, latency, overhead, ttfb)

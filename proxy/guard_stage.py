@@ -39,7 +39,7 @@ from proxy.sessions import Session
 from proxy.state.base import StateUnavailable
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.guards")
 
@@ -103,10 +103,10 @@ class GuardStage(BaseStage):
     name = "guards"
     fail_open = True
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.guards = engine.guards  # where the guard state lives (proxy/guard_backend.py)
-        self.policy = engine.policy
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.guards = services.guards  # where the guard state lives (proxy/guard_backend.py)
+        self.policy = services.policy
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class GuardStage(BaseStage):
         if admitted.taken is not None:
             self.write_taken_tool_calls(ex, admitted.taken, admitted.asked)
         elif admitted.record_results:
-            record_tool_results(ex, self.engine)
+            record_tool_results(ex, self.services)
         if admitted.ended is not None:
             self.refuse_ended(ex, admitted.ended, elsewhere=admitted.elsewhere)
             return
@@ -155,7 +155,7 @@ class GuardStage(BaseStage):
             # observed already: its entry went into the log right before this request's check
             write_tool_result(
                 ex,
-                self.engine,
+                self.services,
                 tr,
                 str(detail.get("name")),
                 detail.get("arguments"),
@@ -222,7 +222,7 @@ class GuardStage(BaseStage):
         session = ex.session
         assert session is not None
         for d in verdict.decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=verdict.shadow)
+            self.services.metrics.observe_decision(d.guard, d.action.name, shadow=verdict.shadow)
         winner = verdict.decision
         for finding in verdict.loop_findings:
             name, payload = loop_warning(finding)
@@ -234,17 +234,17 @@ class GuardStage(BaseStage):
             if finding is winner:
                 ex.guard_event_id = event_id
             if not verdict.shadow and not (verdict.refused and finding is winner):
-                self.engine.alerts.send(session, finding)  # a refusal alerts with its ERROR
+                self.services.alerts.send(session, finding)  # a refusal alerts with its ERROR
         fired = verdict.loop_findings or any(d.action > Action.ALLOW for d in verdict.decisions)
         if verdict.shadow:
             if fired:
-                self.engine.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
+                self.services.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
             return
         tags = set(verdict.tags)
         if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
             tags.add(TAG_LOOP_DETECTED)
         if tags:
-            self.engine.recorder.add_tags(session.run_id, *sorted(tags))
+            self.services.recorder.add_tags(session.run_id, *sorted(tags))
 
     def write_shadow_refusal(self, ex: Exchange, verdict: Verdict) -> None:
         """Shadow mode: the ERROR enforce mode would write, marked shadow, once per streak; the call
@@ -272,7 +272,7 @@ class GuardStage(BaseStage):
         if verdict.shadow:
             return  # shadow alters nothing, not even with a warning
         if decision.action == Action.WARN and is_tool_call(ex):
-            ex.call.append_text = describe(decision, self.engine.settings.expose_guard_details)
+            ex.call.append_text = describe(decision, self.services.settings.expose_guard_details)
 
     # --- refusing ----------------------------------------------------------------------------
 
@@ -282,7 +282,7 @@ class GuardStage(BaseStage):
         assert session is not None
         protocol = ex.protocol
         assert session is not None and protocol is not None
-        text = describe(decision, self.engine.settings.expose_guard_details)
+        text = describe(decision, self.services.settings.expose_guard_details)
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
             ex.answer = protocol.render_block(ex, decision, text)
@@ -300,9 +300,9 @@ class GuardStage(BaseStage):
         replica's copy ends too): refused like every later call."""
         session = ex.session
         assert session is not None and ex.protocol is not None
-        self.engine.metrics.observe_decision(decision.guard, decision.action.name)
+        self.services.metrics.observe_decision(decision.guard, decision.action.name)
         ex.answer = ex.protocol.render_refusal(
-            ex, decision, describe(decision, self.engine.settings.expose_guard_details)
+            ex, decision, describe(decision, self.services.settings.expose_guard_details)
         )
         if elsewhere and not session.terminated:
             self.policy.terminate(session, reason=f"guard:{decision.guard}", tag=None)
@@ -323,9 +323,9 @@ class GuardStage(BaseStage):
     def write_settled(self, session: Session, guards: SessionGuards, decisions: list[Decision]) -> None:
         """What settling concluded (the soft budget alert): a STATE_UPDATE, tags, the alert."""
         for d in decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
+            self.services.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
             if d.tags:
-                self.engine.recorder.add_tags(
+                self.services.recorder.add_tags(
                     session.run_id, *(d.tags if not guards.shadow else (TAG_SHADOW_FIRED,))
                 )
             event_id = self.policy.write_event(
@@ -342,4 +342,4 @@ class GuardStage(BaseStage):
             )
             self.policy.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
             if not guards.shadow:
-                self.engine.alerts.send(session, d)
+                self.services.alerts.send(session, d)

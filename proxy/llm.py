@@ -31,7 +31,7 @@ from proxy.redact import valid_unicode
 from proxy.sessions import PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.llm")
 
@@ -67,9 +67,9 @@ class LLMProtocol:
 
     kind = "llm"
 
-    def __init__(self, dialect: Dialect, engine: Engine) -> None:
+    def __init__(self, dialect: Dialect, services: Services) -> None:
         self.dialect = dialect
-        self.engine = engine
+        self.services = services
 
     def continues(self, ex: Exchange) -> bool:
         return False  # every LLM request is a call of its own
@@ -92,7 +92,7 @@ class LLMProtocol:
 
     def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer:
         return refusal_429(
-            decision, valid_unicode(text), self.engine.settings.expose_guard_details, self.dialect
+            decision, valid_unicode(text), self.services.settings.expose_guard_details, self.dialect
         )
 
     def prompt_tokens(self, call: LLMRequest) -> int:
@@ -110,7 +110,7 @@ class LLMProtocol:
         call: LLMRequest = ex.call
         prompt = self.prompt_tokens(call)
         completion = call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
-        return self.engine.pricing.estimate_tokens(prompt, completion, call.model)
+        return self.services.pricing.estimate_tokens(prompt, completion, call.model)
 
     def after_forward(self, ex: Exchange) -> None:
         result = llm_result(ex)
@@ -119,15 +119,15 @@ class LLMProtocol:
         # (cost() skips a missing name; the pair is its cache key as it is)
         # a call the upstream never answered (connection failed) costs nothing and warns of nothing
         answered = ex.upstream_status is not None
-        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model), warn=answered)
+        quote = self.services.pricing.cost(result.usage or Usage(), (result.model, call.model), warn=answered)
         ex.cost_usd = quote.cost_usd
         ex.priced_model = quote.model
         ex.tokens = result.usage.total_tokens if result.usage else 0
 
-    def record(self, ex: Exchange, engine: Engine) -> None:
+    def record(self, ex: Exchange, services: Services) -> None:
         if ex.refused or ex.result is None:
             return
-        record_llm_call(ex, engine)
+        record_llm_call(ex, services)
 
 
 def read_body(raw: bytes) -> tuple[Any, bool]:
@@ -186,15 +186,15 @@ class LLMParseStage(BaseStage):
 
     name = "parse_llm"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        # one adapter per dialect: it holds nothing of a call (the dialect and the engine only)
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        # one adapter per dialect: it holds nothing of a call (the dialect and the services only)
         self._protocols: dict[Dialect, LLMProtocol] = {}
 
     def protocol(self, dialect: Dialect) -> LLMProtocol:
         found = self._protocols.get(dialect)
         if found is None:
-            found = self._protocols[dialect] = LLMProtocol(dialect, self.engine)
+            found = self._protocols[dialect] = LLMProtocol(dialect, self.services)
         return found
 
     async def request(self, ex: Exchange) -> None:
@@ -230,12 +230,12 @@ class LLMParseStage(BaseStage):
         route = ex.route
         session: Session | None = None
         if route.session is not None:
-            opened = self.engine.policy.open(route.agent, route.session, wall=ex.started_wall)
+            opened = self.services.policy.open(route.agent, route.session, wall=ex.started_wall)
             session = None if isinstance(opened, Refused) else opened
         else:  # the agent's automatic session, when there is exactly one to speak of
             live = [
                 s
-                for s in self.engine.sessions.live()
+                for s in self.services.sessions.live()
                 if s.agent == route.agent and not s.explicit and not s.terminated
             ]
             session = live[0] if len(live) == 1 else None
@@ -244,7 +244,7 @@ class LLMParseStage(BaseStage):
                 "refused an unreadable %s request of agent %s: %s", dialect.__name__, route.agent, message
             )
             return
-        event_id = self.engine.policy.write_event(
+        event_id = self.services.policy.write_event(
             session,
             EventType.ERROR,
             "invalid_request_body",
@@ -261,7 +261,7 @@ class LLMParseStage(BaseStage):
             },
             ts=ex.started_wall,
         )
-        self.engine.policy.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
+        self.services.policy.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
 
 
 def llm_result(ex: Exchange) -> LLMResult:
@@ -344,10 +344,10 @@ class ToolResultsStage(BaseStage):
     name = "tool_results"
     fail_open = True  # a bug here must not drop the agent's call
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
         # shared guard state takes the results in the guards' round trip (any replica asked for them)
-        self.at_admit = engine.guards.results_at_admit
+        self.at_admit = services.guards.results_at_admit
 
     async def request(self, ex: Exchange) -> None:
         if self.at_admit:
@@ -359,10 +359,10 @@ class ToolResultsStage(BaseStage):
             and session.conversation.pending_tool_calls
             and isinstance(ex.protocol, LLMProtocol)
         ):
-            record_tool_results(ex, self.engine)
+            record_tool_results(ex, self.services)
 
 
-def record_tool_results(ex: Exchange, engine: Engine) -> None:
+def record_tool_results(ex: Exchange, services: Services) -> None:
     """Function-calling tools: a result in this request completes a call an earlier answer asked for."""
     session = ex.session
     call: LLMRequest = ex.call
@@ -372,9 +372,9 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
         event_id = write_tool_result(
-            ex, engine, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
+            ex, services, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
         )
-        engine.policy.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
+        services.policy.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
 
 
 def results_to_record(call: LLMRequest, pending: dict[str, PendingToolCall]) -> list[ToolResult]:

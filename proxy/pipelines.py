@@ -20,37 +20,37 @@ from proxy.responses_stage import ResponsesChainStage
 from proxy.stages import ForwardStage, RecordStage, SessionStage
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 
-def llm_stages(engine: Engine) -> list[Stage]:
+def llm_stages(services: Services) -> list[Stage]:
     return [
-        LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
-        SessionStage(engine),  # the call's run (explicit session, episode, lineage)
+        LLMParseStage(services),  # the dialect reads the body; unreadable: a 400 in its shape
+        SessionStage(services),  # the call's run (explicit session, episode, lineage)
         # previous_response_id: synthetic parents rewritten, history found (shared: links fetched/shared)
-        ResponsesChainStage(engine.guards),
+        ResponsesChainStage(services.guards),
         # TOOL_CALLs of the function-calling results the request brings (shared: in the guards' round trip)
-        ToolResultsStage(engine),
-        # loop, limits, budgets (pure guards, state where engine.guards keeps it); settles after the answer
-        GuardStage(engine),
-        BreakerStage(engine),  # the circuit of agent x upstream
-        MaxTokensRecoveryStage(engine),  # opt-in: continues a chat answer cut at its token limit
-        ForwardStage(engine),  # the upstream call, streams relayed chunk by chunk
-        RecordStage(engine),  # LLM_CALL with call_seq and guard_input
+        ToolResultsStage(services),
+        # loop, limits, budgets (pure guards, state where services.guards keeps it); settles after the answer
+        GuardStage(services),
+        BreakerStage(services),  # the circuit of agent x upstream
+        MaxTokensRecoveryStage(services),  # opt-in: continues a chat answer cut at its token limit
+        ForwardStage(services),  # the upstream call, streams relayed chunk by chunk
+        RecordStage(services),  # LLM_CALL with call_seq and guard_input
     ]
 
 
-def mcp_stages(engine: Engine) -> list[Stage]:
+def mcp_stages(services: Services) -> list[Stage]:
     return [
-        mcp_parse_stage(engine),  # JSON-RPC; tools/call matched to its result across streams
-        SessionStage(engine),
-        GuardStage(engine),
-        BreakerStage(engine),
-        ForwardStage(engine),
-        RecordStage(engine),  # TOOL_CALL
+        mcp_parse_stage(services),  # JSON-RPC; tools/call matched to its result across streams
+        SessionStage(services),
+        GuardStage(services),
+        BreakerStage(services),
+        ForwardStage(services),
+        RecordStage(services),  # TOOL_CALL
     ]
 
 
-def pipelines(engine: Engine) -> dict[str, Pipeline]:
+def pipelines(services: Services) -> dict[str, Pipeline]:
     """One pipeline per call kind (Route.kind)."""
-    return {"llm": Pipeline(llm_stages(engine)), "mcp": Pipeline(mcp_stages(engine))}
+    return {"llm": Pipeline(llm_stages(services)), "mcp": Pipeline(mcp_stages(services))}

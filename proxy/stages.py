@@ -22,7 +22,8 @@ from proxy.state.base import StateUnavailable
 from proxy.state.service import TERMINATED
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.metrics import Metrics
+    from proxy.services import Services
 
 
 class SessionStage(BaseStage):
@@ -36,8 +37,8 @@ class SessionStage(BaseStage):
 
     name = "session"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def request(self, ex: Exchange) -> None:
         if ex.protocol is None:
@@ -48,17 +49,17 @@ class SessionStage(BaseStage):
                 episode = episodes.for_llm(ex.request.headers, ex.request_json, ex.call)
             else:
                 episode = episodes.for_mcp(ex.request.headers)
-        guards = self.engine.guards
+        guards = self.services.guards
         try:  # several replicas: the run all of them use for the session (alone: None)
             run_id = await guards.resolve_run(
-                self.engine.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
+                self.services.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
             )
         except StateUnavailable:
-            return refuse_unavailable(self.engine.policy, ex, guards.retry_after_s())
+            return refuse_unavailable(self.services.policy, ex, guards.retry_after_s())
         opened = (
             Refused(None, "session terminated")
             if run_id == TERMINATED
-            else self.engine.policy.open(
+            else self.services.policy.open(
                 ex.route.agent,
                 ex.route.session,
                 wall=ex.started_wall,
@@ -67,12 +68,12 @@ class SessionStage(BaseStage):
                 run_name=lambda: run_name(
                     ex.request.headers,
                     getattr(ex.call, "messages", None),
-                    record_content=self.engine.settings.record_content,
+                    record_content=self.services.settings.record_content,
                 ),
             )
         )
         if isinstance(opened, Refused):
-            settings = self.engine.settings
+            settings = self.services.settings
             text = describe_ended(
                 ex.route.agent,
                 ex.route.session,
@@ -84,7 +85,7 @@ class SessionStage(BaseStage):
             )
             decision = Decision(Action.TERMINATE, guard=GUARD_SESSION_TERMINATED, message=text)
             ex.answer = ex.protocol.render_refusal(ex, decision, text)
-            self.engine.metrics.observe_decision(decision.guard, "terminate")
+            self.services.metrics.observe_decision(decision.guard, "terminate")
             return
         ex.session = opened
         opened.inflight += 1
@@ -103,7 +104,7 @@ class SessionStage(BaseStage):
             if ex.answer is not None and not ex.forwarded:
                 response_id = synthetic_id_of(ex.answer.body)  # a blocked answer's own id
             if response_id:
-                self.engine.sessions.note_response(session, response_id)
+                self.services.sessions.note_response(session, response_id)
 
 
 # characters a stream observer keeps beyond max_field_bytes (see ForwardStage.request)
@@ -115,12 +116,12 @@ class ForwardStage(BaseStage):
 
     name = "forward"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def request(self, ex: Exchange) -> None:
         route = ex.route
-        upstream = self.engine.upstreams.get(route.kind, route.upstream)
+        upstream = self.services.upstreams.get(route.kind, route.upstream)
         # a legacy MCP endpoint is where the server's `endpoint` event said, not under the base URL
         url = ex.upstream_url or join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
         headers = request_headers(
@@ -131,9 +132,9 @@ class ForwardStage(BaseStage):
         if limit_text is not None:
             # the recorder cuts strings at max_field_bytes: a stream observer need keep no more
             # (the margin leaves room for the redaction pass, which can shorten a string)
-            limit_text(self.engine.settings.max_field_bytes + TEXT_MARGIN)
+            limit_text(self.services.settings.max_field_bytes + TEXT_MARGIN)
         try:
-            await self.engine.forwarder.forward(ex, url, headers, body)
+            await self.services.forwarder.forward(ex, url, headers, body)
             if ex.protocol is not None:
                 await ex.protocol.await_result(ex)  # MCP: the result may come on another stream
         finally:
@@ -147,10 +148,24 @@ class RecordStage(BaseStage):
 
     name = "record"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def finish(self, ex: Exchange) -> None:
-        self.engine.observe_request(ex)
+        observe_request(self.services.metrics, ex)
         if ex.protocol is not None and ex.session is not None:
-            ex.protocol.record(ex, self.engine)
+            ex.protocol.record(ex, self.services)
+
+
+def observe_request(metrics: Metrics, ex: Exchange) -> None:
+    """The call's request metrics: status, upstream latency, Tripwire's own overhead, time to first byte."""
+    latency = overhead = ttfb = None
+    started, done = ex.upstream_started, ex.upstream_done
+    if started is not None and done is not None:
+        latency = done - started
+        overhead = (time.monotonic() - ex.started) - latency  # (the metrics count below 0 as 0)
+        if ex.first_byte_at is not None:
+            ttfb = ex.first_byte_at - started
+    status = ex.upstream_status or (ex.answer.status if ex.answer is not None else None)
+    route = ex.route
+    metrics.observe_request(route.kind, route.upstream, status, latency, overhead, ttfb)

@@ -33,7 +33,7 @@ async def parsed(
 ) -> tuple[Engine, Exchange]:
     engine = await engine_factory(mcp={"demo": {"url": "http://127.0.0.1:9/mcp"}}, **settings)
     ex = make_exchange("POST", URL, body=mcp_tools_call(msg_id=msg_id), engine=engine)
-    await MCPParseStage(engine).request(ex)
+    await MCPParseStage(engine.services).request(ex)
     assert isinstance(ex.protocol, MCPProtocol)
     return engine, ex
 

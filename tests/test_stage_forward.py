@@ -38,8 +38,8 @@ class FakeForwarder:
 
 async def parsed(engine: Engine, path: str, headers: dict[str, str] | None = None) -> Exchange:
     ex = make_exchange("POST", path, headers, body=chat_request(), engine=engine)
-    await LLMParseStage(engine).request(ex)
-    await SessionStage(engine).request(ex)
+    await LLMParseStage(engine.services).request(ex)
+    await SessionStage(engine.services).request(ex)
     return ex
 
 
@@ -51,7 +51,7 @@ async def test_the_call_goes_to_the_routes_upstream_without_tripwires_headers(
     monkeypatch.setattr(engine.forwarder, "forward", fake.forward)
     headers = {"Authorization": "Bearer sk-1", "X-Tripwire-Agent": "bot", "Accept-Encoding": "gzip"}
     ex = await parsed(engine, CHAT + "?api-version=1", headers)
-    await ForwardStage(engine).request(ex)
+    await ForwardStage(engine.services).request(ex)
     url, sent_headers, body = fake.sent[0]
     assert url == "http://127.0.0.1:1/base/v1/chat/completions?api-version=1"
     assert sent_headers["Authorization"] == "Bearer sk-1"
@@ -71,7 +71,7 @@ async def test_a_rewritten_body_wins_and_the_observer_text_is_capped(
     ex.upstream_body = b'{"rewritten": true}'
     capped: list[int] = []
     ex.observer.limit_text = capped.append  # type: ignore[union-attr]
-    await ForwardStage(engine).request(ex)
+    await ForwardStage(engine.services).request(ex)
     assert fake.sent[0][2] == b'{"rewritten": true}'
     assert capped == [1000 + TEXT_MARGIN]
 
@@ -82,7 +82,7 @@ async def test_a_cancelled_call_still_has_its_result_read(
     fake = FakeForwarder(None)
     monkeypatch.setattr(engine.forwarder, "forward", fake.forward)
     ex = await parsed(engine, CHAT)
-    task = asyncio.create_task(ForwardStage(engine).request(ex))
+    task = asyncio.create_task(ForwardStage(engine.services).request(ex))
     async with asyncio.timeout(30):
         await fake.called.wait()
     task.cancel()

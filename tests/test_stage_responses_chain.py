@@ -45,7 +45,7 @@ async def before_guards(
     engine: Engine, chain: ResponsesChainStage, path: str, body: dict[str, Any]
 ) -> Exchange:
     ex = make_exchange("POST", path, body=body, engine=engine)
-    for stage in (LLMParseStage(engine), SessionStage(engine), chain):
+    for stage in (LLMParseStage(engine.services), SessionStage(engine.services), chain):
         await stage.request(ex)
     return ex
 

@@ -243,7 +243,7 @@ class ResponsesSocket(SocketRelay):
         )
         ex.call = req
         try:
-            llm.record_tool_results(ex, self.engine)
+            llm.record_tool_results(ex, self.engine.services)
         except Exception:
             log.exception("could not record a warm-up's tool outputs")
 
