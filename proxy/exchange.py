@@ -80,7 +80,7 @@ class Exchange:
     # Any hold objects of the layers above (proxy.mcp, proxy.guard_trace, proxy.websocket), which this
     # module must not import.
 
-    # parse (proxy.llm.ParseLLM, proxy.mcp_stages.ParseMCP): the protocol adapter for this call and
+    # parse (proxy.llm.ParseLLM, proxy.stages.mcp_parse.ParseMCP): the protocol adapter for this call and
     # what it understood of the request
     protocol: CallProtocol | None = None  # None: forwarded unrecorded
     call: Any = None  # LLMRequest (proxy.dialects.base), or proxy.mcp.jsonrpc.MCPToolCall
@@ -110,7 +110,7 @@ class Exchange:
     # (a proxy.state.base.BreakerAdmission, read by the shared breaker stage)
     shared_check: str | None = None
     breaker_admission: Any = None
-    # set by the Responses chain stage (proxy.responses_stage): the request body as sent, read when a
+    # set by the Responses chain stage (proxy.stages.responses_chain): the request body as sent, read when a
     # block is remembered; and the history its previous_response_id stands for (a
     # proxy.responses_chain.History), read by the guard stage instead of the request's own
     responses_body: dict[str, Any] | None = None

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from proxy.breaker_stage import BreakerStage
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage, ToolResultsStage
-from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
-from proxy.recovery import MaxTokensRecoveryStage
-from proxy.responses_stage import ResponsesChainStage
-from proxy.stages import ForwardStage, RecordStage, SessionStage
+from proxy.stages.breaker import BreakerStage
+from proxy.stages.forward import ForwardStage
+from proxy.stages.guards import GuardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.mcp_parse import mcp_parse_stage
+from proxy.stages.record import RecordStage
+from proxy.stages.recovery import MaxTokensRecoveryStage
+from proxy.stages.responses_chain import ResponsesChainStage
+from proxy.stages.session import SessionStage
+from proxy.stages.tool_results import ToolResultsStage
 
 if TYPE_CHECKING:
     from proxy.services import Services

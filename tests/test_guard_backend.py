@@ -9,9 +9,9 @@ import time
 from proxy.engine import Engine
 from proxy.exchange import Exchange
 from proxy.guard_backend import CallInputs, LocalGuardBackend, SharedGuardBackend, guard_backend_for
-from proxy.guard_stage import call_inputs
-from proxy.llm import LLMParseStage
-from proxy.stages import SessionStage
+from proxy.stages.guards import call_inputs
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from proxy.state import entries
 from proxy.state.memory import MemoryBackend
 from proxy.state.service import SharedState

@@ -6,7 +6,7 @@ from __future__ import annotations
 from proxy.engine import Engine
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
-from proxy.llm import LLMParseStage
+from proxy.stages.llm_parse import LLMParseStage
 from tests.factories import chat_request, make_exchange
 
 

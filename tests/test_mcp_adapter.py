@@ -15,7 +15,7 @@ from proxy.exchange import Exchange
 from proxy.guards.decision import Action, Decision
 from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol, record_tool_call, waiting_key
-from proxy.mcp_stages import MCPParseStage
+from proxy.stages.mcp_parse import MCPParseStage
 from tests.factories import (
     EngineFactory,
     kinds,

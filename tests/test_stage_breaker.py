@@ -4,10 +4,10 @@ reached the upstream is released, not counted as a failure, and calls no guard j
 
 from __future__ import annotations
 
-from proxy.breaker_stage import BreakerStage
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage
-from proxy.stages import SessionStage
+from proxy.stages.breaker import BreakerStage
+from proxy.stages.guards import GuardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from tests.factories import EngineFactory, chat_request, make_exchange, read_events
 
 CHAT_URL = "/agents/bot/sessions/s1/v1/chat/completions"

@@ -14,8 +14,9 @@ from multidict import CIMultiDict
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage
-from proxy.stages import TEXT_MARGIN, ForwardStage, SessionStage
+from proxy.stages.forward import TEXT_MARGIN, ForwardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from tests.factories import CHAT, EngineFactory, chat_completion, chat_request, make_exchange, play_upstream
 
 

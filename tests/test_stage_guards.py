@@ -12,14 +12,15 @@ from typing import Any
 
 import orjson
 
-from proxy.breaker_stage import BreakerStage
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage
-from proxy.mcp_stages import MCPParseStage
 from proxy.pipeline import Pipeline
-from proxy.stages import RecordStage, SessionStage
+from proxy.stages.breaker import BreakerStage
+from proxy.stages.guards import GuardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.mcp_parse import MCPParseStage
+from proxy.stages.record import RecordStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     CHAT,
     CannedUpstream,

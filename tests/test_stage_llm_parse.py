@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from proxy.engine import Engine
-from proxy.llm import BodyCollector, LLMParseStage, LLMProtocol
+from proxy.llm import BodyCollector, LLMProtocol
+from proxy.stages.llm_parse import LLMParseStage
 from tests.factories import (
     CHAT,
     MESSAGES,

@@ -10,7 +10,7 @@ from proxy.engine import Engine
 from proxy.forward import json_error
 from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol
-from proxy.mcp_stages import MCPParseStage, tool_call
+from proxy.stages.mcp_parse import MCPParseStage, tool_call
 from tests.factories import (
     EngineFactory,
     kinds,

@@ -8,9 +8,10 @@ from typing import Any
 
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
-from proxy.llm import LLMParseStage
-from proxy.mcp_stages import MCPParseStage
-from proxy.stages import RecordStage, SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.mcp_parse import MCPParseStage
+from proxy.stages.record import RecordStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     CHAT,
     MESSAGES,
@@ -158,7 +159,7 @@ async def test_the_llm_call_payload_built_sanitised_is_sanitize_of_the_raw_one(e
     ex = await attached(
         engine, SESSION + CHAT, chat_request(messages, temperature={"password": "p", "t": [0.5]})
     )
-    from proxy.guard_stage import GuardStage
+    from proxy.stages.guards import GuardStage
 
     await GuardStage(engine.services).request(ex)
     assert ex.guard_trace is not None  # its fields are in the payload too

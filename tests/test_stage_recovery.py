@@ -15,8 +15,8 @@ from multidict import CIMultiDict
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage
-from proxy.recovery import CONTINUE_PROMPT, MaxTokensRecoveryStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.recovery import CONTINUE_PROMPT, MaxTokensRecoveryStage
 from tests.factories import (
     CHAT,
     EngineFactory,

@@ -10,9 +10,9 @@ import orjson
 
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
-from proxy.llm import LLMParseStage
-from proxy.responses_stage import ResponsesChainStage
-from proxy.stages import SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.responses_chain import ResponsesChainStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     EngineFactory,
     chat_request,

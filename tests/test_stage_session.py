@@ -10,8 +10,8 @@ import orjson
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage
-from proxy.stages import SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     CHAT,
     MESSAGES,

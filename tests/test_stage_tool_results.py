@@ -10,8 +10,10 @@ import orjson
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage, ToolResultsStage
-from proxy.stages import RecordStage, SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.record import RecordStage
+from proxy.stages.session import SessionStage
+from proxy.stages.tool_results import ToolResultsStage
 from tests.factories import CHAT, EngineFactory, chat_completion, make_exchange, play_upstream, read_events
 
 URL = "/agents/bot/sessions/s1" + CHAT

@@ -31,8 +31,8 @@ from proxy.dialects.base import LLMRequest
 from proxy.exchange import Answer, Exchange
 from proxy.forward import DRAIN_CUT_REASON, json_error
 from proxy.pipeline import Pipeline
-from proxy.responses_stage import ResponsesChainStage
 from proxy.routing import Route
+from proxy.stages.responses_chain import ResponsesChainStage
 from proxy.websocket.calls import SocketCall, refusal_messages
 from proxy.websocket.matching import Lanes, classify
 from proxy.websocket.relay import SocketRelay

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from proxy import llm
 from proxy.exchange import Exchange
 from proxy.pipeline import BaseStage, Pipeline
-from proxy.recovery import MaxTokensRecoveryStage
-from proxy.stages import TEXT_MARGIN, ForwardStage
+from proxy.stages.forward import TEXT_MARGIN, ForwardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.recovery import MaxTokensRecoveryStage
 from proxy.websocket.calls import SocketCall
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def socket_pipeline(http: Pipeline, services: Services) -> Pipeline:
     HTTP (and only chat completions): not on a socket."""
     stages: list[Any] = []
     for stage in http.stages:
-        if isinstance(stage, llm.LLMParseStage):
+        if isinstance(stage, LLMParseStage):
             stages.append(SocketParseStage(stage))
         elif isinstance(stage, ForwardStage):
             stages.append(SocketForwardStage(services))

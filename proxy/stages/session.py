@@ -1,4 +1,4 @@
-"""The pipeline stages shared by LLM and MCP traffic: session, forward, record."""
+"""The session stage: the call's session (one AgentDbg run), opened or refused."""
 
 from __future__ import annotations
 
@@ -9,20 +9,17 @@ from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import of_call
 from proxy.exchange import Exchange
-from proxy.forward import request_headers
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
 from proxy.refusals import refuse_unavailable
 from proxy.responses_chain import synthetic_id_of
-from proxy.routing import join_upstream
 from proxy.run_names import run_name
 from proxy.sessions import Refused
 from proxy.state.base import StateUnavailable
 from proxy.state.service import TERMINATED
 
 if TYPE_CHECKING:
-    from proxy.metrics import Metrics
     from proxy.services import Services
 
 
@@ -105,67 +102,3 @@ class SessionStage(BaseStage):
                 response_id = synthetic_id_of(ex.answer.body)  # a blocked answer's own id
             if response_id:
                 self.services.sessions.note_response(session, response_id)
-
-
-# characters a stream observer keeps beyond max_field_bytes (see ForwardStage.request)
-TEXT_MARGIN = 32 * 1024
-
-
-class ForwardStage(BaseStage):
-    """Send the call upstream and relay the answer; then let the protocol read the result."""
-
-    name = "forward"
-
-    def __init__(self, services: Services) -> None:
-        self.services = services
-
-    async def request(self, ex: Exchange) -> None:
-        route = ex.route
-        upstream = self.services.upstreams.get(route.kind, route.upstream)
-        # a legacy MCP endpoint is where the server's `endpoint` event said, not under the base URL
-        url = ex.upstream_url or join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
-        headers = request_headers(
-            ex.request.headers, upstream, identity_encoding=ex.protocol is not None or ex.observer is not None
-        )
-        body = ex.upstream_body if ex.upstream_body is not None else ex.body
-        limit_text = getattr(ex.observer, "limit_text", None)
-        if limit_text is not None:
-            # the recorder cuts strings at max_field_bytes: a stream observer need keep no more
-            # (the margin leaves room for the redaction pass, which can shorten a string)
-            limit_text(self.services.settings.max_field_bytes + TEXT_MARGIN)
-        try:
-            await self.services.forwarder.forward(ex, url, headers, body)
-            if ex.protocol is not None:
-                await ex.protocol.await_result(ex)  # MCP: the result may come on another stream
-        finally:
-            # even when the handler is cancelled (shutdown): the upstream did the work, record it
-            if ex.forwarded and ex.protocol is not None:
-                ex.protocol.after_forward(ex)
-
-
-class RecordStage(BaseStage):
-    """Write what the call did to the trace (the protocol adapter knows the events)."""
-
-    name = "record"
-
-    def __init__(self, services: Services) -> None:
-        self.services = services
-
-    async def finish(self, ex: Exchange) -> None:
-        observe_request(self.services.metrics, ex)
-        if ex.protocol is not None and ex.session is not None:
-            ex.protocol.record(ex, self.services)
-
-
-def observe_request(metrics: Metrics, ex: Exchange) -> None:
-    """The call's request metrics: status, upstream latency, Tripwire's own overhead, time to first byte."""
-    latency = overhead = ttfb = None
-    started, done = ex.upstream_started, ex.upstream_done
-    if started is not None and done is not None:
-        latency = done - started
-        overhead = (time.monotonic() - ex.started) - latency  # (the metrics count below 0 as 0)
-        if ex.first_byte_at is not None:
-            ttfb = ex.first_byte_at - started
-    status = ex.upstream_status or (ex.answer.status if ex.answer is not None else None)
-    route = ex.route
-    metrics.observe_request(route.kind, route.upstream, status, latency, overhead, ttfb)

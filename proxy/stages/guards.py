@@ -1,7 +1,7 @@
 """The guards in the pipeline: ask the pure guard objects, write what they decided, answer refusals.
 
 Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits); the circuit
-breaker runs next, in its own stage (proxy/breaker_stage.py). A refusal sets `ex.answer` in the
+breaker runs next, in its own stage (proxy/stages/breaker.py). A refusal sets `ex.answer` in the
 client's own protocol (the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
 results to the loop detector. The events of SPEC §5.5's table are written here.
 Fails open: a bug in a guard is logged and the call goes through (pipeline `fail_open`).
@@ -286,7 +286,9 @@ class GuardStage(BaseStage):
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
             ex.answer = protocol.render_block(ex, decision, text)
-            ex.block_text = text  # a Responses chain goes on from the blocked answer (responses_stage)
+            ex.block_text = (
+                text  # a Responses chain goes on from the blocked answer (stages/responses_chain.py)
+            )
             return
         ex.answer = protocol.render_refusal(ex, decision, text)
         budget = TAG_BUDGET_EXCEEDED in decision.tags
