@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import ssl
@@ -394,22 +395,34 @@ class Forwarder:
             if client is not None:
                 await client.close()
 
-    async def _relay(self, ex: Exchange, upstream: Upstream, response: ClientAnswer) -> None:
+    async def _relay(self, ex: Exchange, upstream: Upstream, response: ClientAnswer, *, whole: bool) -> bytes:
         """Copy the answer chunk by chunk through the observer to the client.
 
         A client that hangs up is not an upstream failure (it must not trip the breaker): stop
         reading (the upstream stops generating) and let the call be recorded as incomplete.
+        With `ex.hold_end`, returns the bytes kept back for the answer's end (`_end`): a whole
+        answer's last piece, or an MCP stream from the call's result on; a stream keeps back only
+        its clean end.
         """
         tap = Tap(ex.observer, content_codings(upstream.headers))
         chunks = upstream if isinstance(upstream, UpstreamResponse) else upstream.content.iter_any()
+        hold, mcp = ex.hold_end, getattr(ex.protocol, "kind", None) == "mcp"
+        held = b""
         try:
             async for chunk in chunks:
                 out = tap.feed(chunk)
+                if hold and (whole or (mcp and ex.result is not None)):
+                    if whole and not (mcp and ex.result is not None):
+                        out, held = held, out  # the previous piece goes; this one may be the last
+                    else:
+                        out, held = b"", held + out  # the client must not have the result yet
                 if out and not await self._write(ex, response, out):
                     break
             else:
                 tail = tap.flush()
-                if tail:
+                if hold:
+                    held += tail
+                elif tail:
                     await self._write(ex, response, tail)
         except (aiohttp.ClientError, TimeoutError) as e:
             # The upstream broke mid-answer: record an error; forward() ends the client's stream
@@ -430,6 +443,7 @@ class Forwarder:
             ex.stream_complete = False
             ex.upstream_error = None
             ex.incomplete_reason = DRAIN_CUT_REASON
+        return held
 
     @staticmethod
     def _hung_up(ex: Exchange) -> None:
@@ -570,6 +584,7 @@ class Forwarder:
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
         response: ClientAnswer | None = None
+        held = b""
         try:
             async with await self.send(ex, request.method, url, headers, body) as upstream:
                 ex.upstream_status = upstream.status
@@ -597,7 +612,7 @@ class Forwarder:
                     return
                 self._active[id(ex)] = (ex, upstream)
                 try:
-                    await self._relay(ex, upstream, response)
+                    held = await self._relay(ex, upstream, response, whole=not is_sse)
                 finally:
                     self._active.pop(id(ex), None)
         except TimeoutError:
@@ -621,13 +636,22 @@ class Forwarder:
         finally:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.client_disconnected:
-            if self._broken(ex):
-                # a head still held back goes out first: the client sees the answer break, as direct
-                with contextlib.suppress(ConnectionResetError, RuntimeError):
-                    await response.write(b"")
-                self._cut(ex, response)
+            if ex.hold_end:  # written by the handler once the call is settled (SPEC §8)
+                ex.held_end = functools.partial(self._end, ex, response, held)
                 return
-            try:
-                await response.write_eof()
-            except (ConnectionResetError, RuntimeError):
-                ex.client_disconnected = True
+            await self._end(ex, response, held)
+
+    async def _end(self, ex: Exchange, response: ClientAnswer, held: bytes) -> None:
+        """The answer's end: what was kept back, then the clean end, or the cut of a broken answer."""
+        if held and not await self._write(ex, response, held):
+            return
+        if self._broken(ex):
+            # a head still held back goes out first: the client sees the answer break, as direct
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await response.write(b"")
+            self._cut(ex, response)
+            return
+        try:
+            await response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            ex.client_disconnected = True

@@ -4,8 +4,10 @@ Same decisions, same events, same answers as `GuardStage` / `BreakerStage`; what
 the state lives. Before forwarding, the call's check goes into its run's shared guard log and its
 circuit is admitted, in ONE round trip (proxy/state/shared.py); the verdict is read from this
 replica's copy of the run's guards once it has applied everything the log holds before the check.
-After the answer, the settle (and the function-calling tool calls the answer asked for) is queued
-and appended in the background, off the response path.
+After the answer, the settle (and the function-calling tool calls the answer asked for) is appended
+in a second round trip, overlapping the relay: the answer's end (its last bytes, or a stream's clean
+end) reaches the client only once the log has it, so replicas decide exactly as one process however
+fast the agent's calls come (SPEC §8, docs/scaling.md).
 
 Backend unreachable: `fail_open` decides from this replica's copy (and its own circuits);
 `fail_closed` refuses with guard code `state_unavailable` (503 + Retry-After, in the protocol's
@@ -159,6 +161,7 @@ class SharedGuardStage(GuardStage):
         assert guards is not None
         session.guards = guards  # stats, the breaker's config, the trace read this replica's copy
         ex.shared_check = cid
+        ex.hold_end = True  # the answer ends once its settle is in the shared log (settle below)
         ex.breaker_admission = admission.breaker
         if not is_tool_call(ex):
             if admission.shared:
@@ -252,8 +255,10 @@ class SharedGuardStage(GuardStage):
                 put = pending_calls(session, result, ex.llm_event_id)
                 if result.response_id:
                     links = shared.response_link(session, result.response_id)
-        channel.queue(
-            [body], put=put, signatures=signatures, links=links, on_applied=lambda a: self.settled(session, a)
+        # awaited: the handler ends the answer after this, so whichever replica the agent's next
+        # call reaches judges it with this one (SPEC §8)
+        await channel.settle(
+            body, put=put, signatures=signatures, links=links, on_applied=lambda a: self.settled(session, a)
         )
 
     def settled(self, session: Session, applied: Applied) -> None:

@@ -454,7 +454,9 @@ class SocketRelay:
             msg = await upstream.receive()
             if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                 if self.pipeline is not None:
-                    self.observe(msg.data)  # read on the way (no waiting), then relayed at once
+                    settled = self.observe(msg.data)  # read on the way (no waiting), then relayed at once
+                    if settled is not None:
+                        await self.settled_before_end(settled)
                 if not await self.send(self.client, msg, self.client_lock):
                     return
             elif msg.type in (WSMsgType.PING, WSMsgType.PONG):
@@ -655,8 +657,19 @@ class SocketRelay:
 
     # --- events (upstream -> client) -----------------------------------------------------------
 
-    def observe(self, data: str | bytes) -> None:
-        """Feed an upstream event to the call it belongs to; settle the call on its last event.
+    @staticmethod
+    async def settled_before_end(call: SocketCall) -> None:
+        """With shared guard state, a response's terminal event reaches the client once its call is
+        settled in the shared log (the pipeline's finish hooks ran): the agent's next call, sent over
+        any replica, is judged with it (SPEC §8). The same socket's next call waits for that anyway
+        (`finish_settled`)."""
+        ex = call.ex
+        if ex is not None and ex.hold_end and call.task is not None and not call.task.done():
+            await asyncio.wait({call.task})
+
+    def observe(self, data: str | bytes) -> SocketCall | None:
+        """Feed an upstream event to the call it belongs to; settle the call on its last event
+        (returned: its terminal event is about to be relayed).
 
         Synchronous: the event is relayed right after, and a call is settled before the client can
         see its final event (so the client's next `response.create` finds it recorded).
@@ -666,7 +679,7 @@ class SocketRelay:
         lane = self.lanes.get(stream_id)
         if not lane:
             self.lanes.pop(stream_id, None)
-            return
+            return None
         if kind == "error":
             # a request-level error (it has an HTTP status) answers the oldest response.create
             # not yet started; a stream error belongs to the response running (its terminal follows)
@@ -675,17 +688,17 @@ class SocketRelay:
                 target = next((c for c in lane if not c.started), lane[0])
             if target.started:
                 target.feed(text, kind, None)
-                return
+                return None
             lane.remove(target)
             target.fail_with(text, status)
-            return
+            return None
         call = lane[0]
         if response_id is not None and call.response_id not in (None, response_id):
             # another response's events: the running one never ended, it broke
             lane.popleft()
             call.settle(upstream_error="the upstream started a new response before this one ended")
             if not lane:
-                return
+                return None
             call = lane[0]
         call.feed(text, kind, response_id)
         if kind in TERMINAL:
@@ -693,6 +706,8 @@ class SocketRelay:
             call.settle()
             if kind == "response.completed" and call.warmup is not None:
                 self.link_warmup(call)
+            return call
+        return None
 
     # --- warm-ups (generate: false) -------------------------------------------------------------
 
