@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy import guard_trace
+from proxy import episodes, guard_trace
 from proxy.breaker_stage import BreakerStage
 from proxy.constants import EventType
 from proxy.exchange import Exchange
@@ -36,7 +36,7 @@ from proxy.llm import ToolResultsStage, record_tool_results, write_tool_result
 from proxy.responses_chain import link_blob, link_from_blob, synthetic_id_of
 from proxy.responses_stage import ResponsesChainStage, is_responses
 from proxy.sessions import Session
-from proxy.state import entries
+from proxy.state import entries, keys
 from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
 from proxy.state.replica import Applied
 
@@ -255,6 +255,11 @@ class SharedGuardStage(GuardStage):
                 put = pending_calls(session, result, ex.llm_event_id)
                 if result.response_id:
                     links = shared.response_link(session, result.response_id)
+        if not session.explicit and session.lineage.announced is None:
+            # the conversation's next request, on any replica, finds this run by the answer (SPEC §3)
+            given = episodes.given_answer_key(ex.call, ex.result if ex.forwarded else None, ex.block_text)
+            if given is not None:
+                links = {**links, keys.slot_history(session.agent, given.hex()): session.run_id}
         # awaited: the handler ends the answer after this, so whichever replica the agent's next
         # call reaches judges it with this one (SPEC §8)
         await channel.settle(
