@@ -636,7 +636,10 @@ class Forwarder:
         finally:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.client_disconnected:
-            if ex.hold_end:  # written by the handler once the call is settled (SPEC §8)
+            # written by the handler once the call is settled (SPEC §8); not an MCP answer that did
+            # not carry the call's result (legacy's 202, a stream the client resumes on a GET): the
+            # client needs its end to go on
+            if ex.hold_end and (ex.result is not None or getattr(ex.protocol, "kind", None) != "mcp"):
                 ex.held_end = functools.partial(self._end, ex, response, held)
                 return
             await self._end(ex, response, held)

@@ -183,3 +183,72 @@ async def test_an_mcp_loop_back_to_back_is_caught_at_the_same_call(
         thread.stop()
     assert "ok" in one and one[-1] != "ok"
     assert one == shared
+
+
+async def test_an_mcp_stream_closed_before_its_result_ends_at_once_with_shared_state(
+    start_tripwire: StartTripwire, redis_url: str
+) -> None:
+    """2025-11-25 polling with shared state: the POST's stream carries no result (the server closes
+    it early, the client resumes on a GET): its end is not held for the call's settle, or the client,
+    waiting for that end before it resumes, would wait for a result that can only come after it."""
+    pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+    import asyncio
+
+    from mcp import Client
+
+    from tests.mcp_servers import serve, served_as_in_production
+
+    with serve(resumable=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}}, state={"url": redis_url})
+        async with (
+            served_as_in_production(tw) as base,
+            Client(f"{base}/agents/bot/sessions/s1/mcp/demo", mode="legacy", cache=None) as client,
+        ):
+            result = await asyncio.wait_for(client.call_tool("poll_later", {}), 20)
+        for _ in range(200):  # the POST's pipeline records once the resumed GET delivered the result
+            await tw.flush()
+            if tw.run_ids() and any(e["event_type"] == "TOOL_CALL" for e in tw.events()):
+                break
+            await asyncio.sleep(0.05)
+
+    assert result.content[0].text == "ready after polling"
+    (call,) = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert call["payload"]["status"] == "ok"
+
+
+async def test_a_legacy_call_that_needs_a_sampling_answer_completes_with_shared_state(
+    start_tripwire: StartTripwire, redis_url: str
+) -> None:
+    """Legacy HTTP+SSE with shared state: the call's POST is answered 202 and its result comes on the
+    GET stream after the client answered the server's sampling request, which the client POSTs only
+    once the 202 has ended. That end carries no result: it is not held for the call's settle."""
+    pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.sse import sse_client
+    from mcp.types import CreateMessageResult, TextContent
+
+    from tests.mcp_servers import serve, served_as_in_production
+
+    async def sampler(context: Any, params: Any) -> CreateMessageResult:
+        return CreateMessageResult(
+            role="assistant", content=TextContent(type="text", text="fine"), model="fake"
+        )
+
+    with serve("sse", sampling=True) as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}}, state={"url": redis_url})
+        async with (
+            served_as_in_production(tw) as base,
+            Client(
+                sse_client(f"{base}/mcp/demo"), mode="legacy", cache=None, sampling_callback=sampler
+            ) as client,
+        ):
+            result = await asyncio.wait_for(client.call_tool("summarize", {"topic": "t"}), 20)
+            again = await client.call_tool("add", {"a": 1, "b": 2})  # the session goes on
+        await tw.flush()
+
+    assert result.content[0].text == "summary of t: fine"
+    assert again.structured_content == {"result": 3}
+    calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
+    assert [(e["name"], e["payload"]["status"]) for e in calls] == [("summarize", "ok"), ("add", "ok")]
