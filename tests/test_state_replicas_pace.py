@@ -128,15 +128,23 @@ async def test_budgets_and_limits_back_to_back_refuse_at_the_same_call(
 # --- MCP --------------------------------------------------------------------------------------
 
 
-async def mcp_blocked_at(replicas: list[Running]) -> list[str]:
+async def mcp_blocked_at(replicas: list[Running], legacy: bool = False) -> list[str]:
     """set_price with the same arguments twelve times, round-robin, back to back: what each call
     got (its result, a BLOCK result, or the JSON-RPC error of an ended session). Its rules read the
     results too (no progress, per-tool escalation): each call must be judged with the one before."""
     from mcp import Client, MCPError
+    from mcp.client.sse import sse_client
 
     async with contextlib.AsyncExitStack() as stack:
         url = f"/agents/bot/sessions/pace-{len(replicas)}/mcp/shop"
-        clients = [await stack.enter_async_context(Client(r.url + url, cache=None)) for r in replicas]
+        clients = [
+            await stack.enter_async_context(
+                Client(sse_client(r.url + url), mode="legacy", cache=None)
+                if legacy
+                else Client(r.url + url, cache=None)
+            )
+            for r in replicas
+        ]
         out = []
         for i in range(12):
             try:
@@ -154,7 +162,7 @@ async def mcp_blocked_at(replicas: list[Running]) -> list[str]:
         return out
 
 
-@pytest.mark.parametrize("answers", ["sse", "json"])
+@pytest.mark.parametrize("answers", ["sse", "json", "legacy-sse"])
 @pytest.mark.parametrize(
     "loop",
     [{"action": "warn"}, {"action": "block"}, {"action": "block", "threshold": 3}],
@@ -169,16 +177,20 @@ async def test_an_mcp_loop_back_to_back_is_caught_at_the_same_call(
     from tests.test_guards_e2e_mcp import build_shop
 
     guards = {"loop_detection": loop}
-    thread = ServerThread(build_shop().streamable_http_app(json_response=answers == "json"))
-    upstream = thread.start() + "/mcp"
+    legacy = answers == "legacy-sse"
+    shop = build_shop()
+    thread = ServerThread(
+        shop.sse_app() if legacy else shop.streamable_http_app(json_response=answers == "json")
+    )
+    upstream = thread.start() + ("/sse" if legacy else "/mcp")
     try:
         alone = await start_tripwire(mcp={"shop": {"url": upstream}}, guards=guards)
-        one = await mcp_blocked_at([alone])
+        one = await mcp_blocked_at([alone], legacy)
         replicas = [
             await start_tripwire(mcp={"shop": {"url": upstream}}, guards=guards, state={"url": redis_url})
             for _ in range(3)
         ]
-        shared = await mcp_blocked_at(replicas)
+        shared = await mcp_blocked_at(replicas, legacy)
     finally:
         thread.stop()
     assert "ok" in one and one[-1] != "ok"
