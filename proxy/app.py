@@ -112,7 +112,11 @@ async def handle_call(request: Any, route: Route) -> ClientAnswer:
     ex = Exchange(request=request, route=route, body=body, started=started, started_wall=started_wall)
     engine.call_started()
     try:
-        await request.app[PIPELINES][route.kind].run(ex)
+        try:
+            await request.app[PIPELINES][route.kind].run(ex)
+        finally:
+            if ex.held_end is not None:  # the call is settled: its answer may end (SPEC §8)
+                await ex.held_end()
     finally:
         engine.call_finished()
     if ex.response is not None:

@@ -10,7 +10,10 @@ and answers, SPEC §8); what differs is where the state is kept:
   check goes into the log and its circuit is admitted, in ONE round trip; the verdict is read from
   this replica's copy of the run's guards once it has applied everything the log holds before the
   check (the function-calling results the request brings are taken in that round trip too). After
-  the answer, the settle (and the tool calls the answer asked for) is appended. Backend unreachable:
+  the answer, the settle (and the tool calls the answer asked for) is appended in a second round
+  trip, overlapping the relay: the answer's end (its last bytes, or a stream's clean end) reaches
+  the client only once the log has it (`ex.hold_end`), so replicas decide exactly as one process
+  however fast the agent's calls come (SPEC §8, docs/scaling.md). Backend unreachable:
   `fail_open` decides from this replica's copy, `fail_closed` raises `StateUnavailable` (the stage
   refuses with guard code `state_unavailable`).
 
@@ -27,6 +30,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED, EventType
 from proxy.dialects.base import ToolCall, ToolResult
 from proxy.episodes import Episode
@@ -43,7 +47,7 @@ from proxy.guards.session import SessionGuards, Verdict
 from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
 from proxy.sessions import Session, SessionManager
-from proxy.state import entries
+from proxy.state import entries, keys
 from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
 from proxy.state.replica import Applied
 from proxy.state.service import SharedState
@@ -394,6 +398,7 @@ class SharedGuardBackend:
         assert guards is not None
         session.guards = guards  # stats, the breaker's config, the trace read this replica's copy
         ex.shared_check = cid
+        ex.hold_end = True  # the answer ends once its settle is in the shared log (`settle`)
         ex.breaker_admission = admission.breaker
         admitted = Admitted(guards, asked=take)
         if not is_tool_call(ex):
@@ -459,7 +464,14 @@ class SharedGuardBackend:
             if decisions:
                 on_settled(session, guards, decisions)
 
-        channel.queue([body], put=put, signatures=signatures, links=links, on_applied=settled)
+        if not session.explicit and session.lineage.announced is None:
+            # the conversation's next request, on any replica, finds this run by the answer (SPEC §3)
+            given = episodes.given_answer_key(ex.call, ex.result if ex.forwarded else None, ex.block_text)
+            if given is not None:
+                links = {**links, keys.slot_history(session.agent, given.hex()): session.run_id}
+        # awaited: the handler ends the answer after this, so whichever replica the agent's next
+        # call reaches judges it with this one (SPEC §8)
+        await channel.settle(body, put=put, signatures=signatures, links=links, on_applied=settled)
 
     async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None:
         """A trial ticket of a call that never reached the upstream goes back (off the response path)."""

@@ -1,7 +1,7 @@
 """docs/clients.md's lines for the Python clients, each used exactly as documented (environment
 variables only, or the one URL) against a fake upstream through Tripwire; each call lands in a run
-of the agent the URL names. The Agents SDK and LangChain are not in the dev extra: their tests skip
-where they are not installed (run them with `pip install openai-agents langchain-openai`)."""
+of the agent the URL names. The Agents SDK and LangChain are in the dev extra (the main test
+environment); their tests skip only where they are not installed."""
 
 from __future__ import annotations
 
