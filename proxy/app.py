@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-import aiohttp.http_exceptions
 import orjson
 from aiohttp import web
 
+from proxy.aiohttp_compat import HttpProcessingError
 from proxy.appkeys import ENGINE
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
@@ -103,7 +103,7 @@ async def handle_call(request: Any, route: Route) -> ClientAnswer:
         answer = json_error(408, "request body timed out", "tripwire_request_timeout", "body_timeout")
         answer.headers["Connection"] = "close"
         return answer.to_response()
-    except (ConnectionError, aiohttp.ClientPayloadError, aiohttp.http_exceptions.HttpProcessingError) as e:
+    except (ConnectionError, aiohttp.ClientPayloadError, HttpProcessingError) as e:
         # the client hung up (or broke its framing) mid-body: nobody to answer, nothing to record
         log.debug("client went away while sending its body: %r", e)
         return web.Response(status=400, text="incomplete request body")

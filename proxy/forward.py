@@ -36,6 +36,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.aiohttp_compat import WholeAnswer
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.egress import Egress, Route
 from proxy.exchange import Answer, Exchange
@@ -238,14 +239,6 @@ class Tap:
 
 
 _NOTHING: Iterator[bytes] = iter(())  # (an empty iterator stays empty: one serves every Tap)
-
-
-class WholeAnswer(web.StreamResponse):
-    """A non-streamed answer: its head goes out together with the first body bytes, in one write
-    (aiohttp's own `Response` does the same), instead of a write of its own. An SSE stream's head
-    goes at once (`web.StreamResponse`), as the upstream sent it."""
-
-    _send_headers_immediately = False
 
 
 def client_answer(

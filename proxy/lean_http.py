@@ -31,11 +31,18 @@ from typing import Any
 
 import httptools
 from aiohttp import web
-from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
-from aiohttp.http import SERVER_SOFTWARE  # the Server header aiohttp sends: both lanes answer alike
-from aiohttp.http_writer import _serialize_headers  # aiohttp's own head writer: the lanes' heads agree
-from aiohttp.web_server import Server
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.aiohttp_compat import (
+    SERVER_SOFTWARE,
+    AiohttpServer,
+    WrappingAppRunner,
+    hand_over,
+    must_be_empty_body,
+    rfc822_formatted_time,
+    serialize_head,
+    should_remove_content_length,
+)
 
 log = logging.getLogger("tripwire.lean_http")
 
@@ -190,7 +197,7 @@ def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool)
     # as aiohttp writes it: a control byte in the reason or a header (an upstream's, relayed) raises
     # ValueError (a 500, no header injection); bytes an upstream sent that are not UTF-8 (kept as
     # surrogates) are left out
-    return _serialize_headers(f"HTTP/1.1 {status} {reason}", headers)
+    return serialize_head(f"HTTP/1.1 {status} {reason}", headers)
 
 
 def _internal_error() -> web.Response:
@@ -561,15 +568,11 @@ class LeanConnection(asyncio.Protocol):
             return
         self._stop_idle_timer()
         self.server.forget(self)
-        handler = self.server.aiohttp_handler()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
         if self._reading_paused:
             transport.resume_reading()
         buf, self._buf = bytes(self._buf), b""
         self.transport = None
-        if buf:
-            handler.data_received(buf)
+        hand_over(transport, self.server.inner.protocol(), buf)
 
     # --- the idle timer (no request head within keepalive_timeout: close)
     # One timer per connection, moved lazily: a request only stamps when the connection went idle
@@ -613,12 +616,12 @@ class LeanConnection(asyncio.Protocol):
 
 class LeanServer:
     """What `AppRunner` hands the listening socket: a factory of connections that start on the lean
-    lane. It wraps aiohttp's own `Server`, which makes the handlers connections are handed over to
+    lane. It wraps aiohttp's own server, which makes the handlers connections are handed over to
     and which the runner's shutdown reaches through `pre_shutdown` / `shutdown`."""
 
     def __init__(
         self,
-        inner: Server,
+        inner: AiohttpServer,
         *,
         app: web.Application,
         handler: Handler,
@@ -651,9 +654,6 @@ class LeanServer:
         """Open connections, on either lane (aiohttp's `Server.connections`)."""
         return [*self.lean_connections, *self.inner.connections]
 
-    def aiohttp_handler(self) -> asyncio.Protocol:
-        return self.inner()
-
     def pre_shutdown(self) -> None:
         self.closing = True
         for conn in list(self.lean_connections):
@@ -681,9 +681,9 @@ class LeanServer:
         await self.inner.shutdown(timeout)
 
 
-class LeanAppRunner(web.AppRunner):
-    """`web.AppRunner` whose listener serves plain calls on the lean lane (`handler(request, route)`
-    for requests `route(raw_path, headers)` gives a route for) and the rest with the app."""
+class LeanAppRunner(WrappingAppRunner):
+    """`web.AppRunner` whose listener serves plain calls on the lean lane (`handler(request, route,
+    answer)` for requests `route(raw_path, headers)` gives a route for) and the rest with the app."""
 
     def __init__(
         self,
@@ -696,15 +696,15 @@ class LeanAppRunner(web.AppRunner):
         keepalive_timeout: float,
         **kwargs: Any,
     ) -> None:
-        super().__init__(app, **kwargs)
-        self._lean = {
-            "handler": handler,
-            "route": route,
-            "max_body": max_body,
-            "max_field_size": max_field_size,
-            "keepalive_timeout": keepalive_timeout,
-        }
+        def wrap(inner: AiohttpServer) -> LeanServer:
+            return LeanServer(
+                inner,
+                app=app,
+                handler=handler,
+                route=route,
+                max_body=max_body,
+                max_field_size=max_field_size,
+                keepalive_timeout=keepalive_timeout,
+            )
 
-    async def _make_server(self) -> Server:
-        inner = await super()._make_server()
-        return LeanServer(inner, app=self.app, **self._lean)  # type: ignore[return-value,arg-type]
+        super().__init__(app, wrap=wrap, **kwargs)

@@ -51,20 +51,22 @@ from aiohttp import (
     ClientResponseError,
     ConnectionTimeoutError,
     InvalidUrlClientError,
+    RequestInfo,
     ServerDisconnectedError,
     SocketTimeoutError,
     hdrs,
 )
-from aiohttp.client_reqrep import ConnectionKey, RequestInfo
-from aiohttp.http_exceptions import (
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+from yarl import URL
+
+from proxy.aiohttp_compat import (
     BadHttpMessage,
     ContentLengthError,
     HttpProcessingError,
     LineTooLong,
     TransferEncodingError,
+    connection_key,
 )
-from multidict import CIMultiDict, CIMultiDictProxy, istr
-from yarl import URL
 
 # methods aiohttp sends without Content-Length when they carry no body
 _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -664,4 +666,4 @@ class UpstreamPool:
 
 def _connection_key(url: URL, tls: bool) -> Any:
     """What aiohttp's connector errors print: host, port and `ssl:default`."""
-    return ConnectionKey(url.raw_host or "", url.port, tls, True, None, None, None)
+    return connection_key(url.raw_host or "", url.port, tls)

@@ -44,6 +44,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy import llm
+from proxy.aiohttp_compat import upgrade_headers
 from proxy.appkeys import ENGINE
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import dialect_name, openai_responses
@@ -844,7 +845,7 @@ async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pi
         timeout=CLOSE_TIMEOUT_S,
         max_msg_size=engine.settings.max_body_bytes,
     )
-    client.headers.extend(client_handshake_headers(getattr(getattr(up, "_response", None), "headers", None)))
+    client.headers.extend(client_handshake_headers(upgrade_headers(up)))
     try:
         await client.prepare(request)
     except BaseException:
