@@ -43,6 +43,7 @@ from proxy.aiohttp_compat import (
     serialize_head,
     should_remove_content_length,
 )
+from proxy.call_request import AnswerMaker, ClientAnswer
 
 log = logging.getLogger("tripwire.lean_http")
 
@@ -287,8 +288,14 @@ class LeanResponse:
             await conn.write(data)
 
 
-ClientAnswer = web.StreamResponse | LeanResponse  # what a client is answered with, on either lane
-Handler = Callable[[LeanRequest, Any], Awaitable[web.StreamResponse | LeanResponse]]
+def lean_answer(status: int, reason: str | None, headers: CIMultiDict[str], stream: bool) -> LeanResponse:
+    """The lean lane's answer maker (`proxy.call_request.AnswerMaker`): a stream's head goes out at
+    prepare, a whole answer's with its body."""
+    return LeanResponse(status=status, reason=reason, headers=headers, whole=not stream)
+
+
+# the call handler: (the request, its route, the lane's answer maker) -> what the client is answered
+Handler = Callable[[LeanRequest, Any, AnswerMaker], Awaitable[ClientAnswer]]
 Router = Callable[[str, CIMultiDictProxy[str]], Any]
 
 
@@ -500,7 +507,7 @@ class LeanConnection(asyncio.Protocol):
         self.keep_alive = request.keep_alive
         try:
             try:
-                response: web.StreamResponse | LeanResponse | None = await self.server.handler(request, route)
+                response: ClientAnswer | None = await self.server.handler(request, route, lean_answer)
             except Exception:
                 log.exception("error handling a request")
                 response = None
