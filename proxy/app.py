@@ -33,6 +33,11 @@ from proxy.websocket import handle_websocket_within_limits, is_websocket_upgrade
 log = logging.getLogger("tripwire")
 
 RUNNER_SHUTDOWN_S = 2.0
+# how `serve` runs both listeners' runners (the tests run theirs the same way, tests/conftest.py):
+# no access log; the engine's drain already gave in-flight calls their grace, the runner only closes
+# sockets; and no handler cancellation (aiohttp's default): a client that hangs up is noticed at the
+# next write, or by a watcher (proxy.mcp.hub.client_gone)
+RUNNER_ARGS: dict[str, Any] = {"access_log": None, "shutdown_timeout": RUNNER_SHUTDOWN_S}
 PROXY_MAX_FIELD_SIZE = 65536  # agents send long headers (cookies, tokens): aiohttp's 8190 is short
 PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
 
@@ -266,8 +271,7 @@ async def serve(
                 (proxy_runner, make_proxy_app(engine), settings.listen),
                 (web.AppRunner, make_admin_app(engine), settings.admin_listen),
             ):
-                # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
-                runner = runner_for(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
+                runner = runner_for(app, **RUNNER_ARGS)
                 await runner.setup()
                 host, port = split_host_port(listen)
                 await web.TCPSite(runner, host, port).start()
