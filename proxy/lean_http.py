@@ -65,6 +65,9 @@ SINGLETON_HEADERS = (
 )
 
 
+_SINGLETONS = frozenset(name.lower() for name in SINGLETON_HEADERS)
+
+
 class _Handover(Exception):
     """Raised from a parser callback: this request is for aiohttp."""
 
@@ -309,6 +312,7 @@ class LeanConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._buf: bytes | bytearray = b""
         self._scanned = 0  # bytes of _buf searched for the head's end without finding it
+        self._checked = 0  # bytes of an unfinished head whose lines were checked (_aiohttps_already)
         self._discard = 0  # bytes of an unread body still to come, to drop
         self._task: asyncio.Task[None] | None = None  # the request being answered
         self._busy = False  # a request is being answered
@@ -424,8 +428,11 @@ class LeanConnection(asyncio.Protocol):
             self._scanned = max(0, len(buf) - 3)
             if len(buf) > MAX_REQUEST_LINE + self.server.max_field_size:
                 self._hand_over()  # a head this long is aiohttp's to refuse (or take), not ours to hold
+            elif self._aiohttps_already(buf):
+                self._hand_over()
             return
         self._scanned = 0
+        self._checked = 0
         if buf.find(b"\n\n", 0, end + 2) >= 0 or buf.find(b"\n\r\n", 0, end) >= 0:
             self._hand_over()  # a line ended by a bare LF: aiohttp's rules (the framing must agree)
             return
@@ -460,6 +467,29 @@ class LeanConnection(asyncio.Protocol):
         if request.content._left > 0:
             self._request = request
         self._task = self._loop.create_task(self._answer(request, route))
+
+    def _aiohttps_already(self, buf: bytes | bytearray) -> bool:
+        """Whether the lines of a head still arriving already make it aiohttp's. aiohttp reads a head
+        line by line and refuses some before its end (a duplicate Content-Length or other singleton,
+        a malformed line, too many fields): handed over now, the client gets that answer at once, as
+        from aiohttp alone, instead of the silence of a lane waiting for an end that may not come."""
+        lines_end = buf.rfind(b"\r\n") + 2
+        if lines_end < 2 or lines_end <= self._checked:
+            return False
+        self._checked = lines_end  # (each line is looked at once a new one completes: few parses)
+        self._headers, self._url = [], b""
+        try:
+            httptools.HttpRequestParser(self).feed_data(bytes(buf[:lines_end]))
+        except (_Handover, httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return True
+        seen: set[str] = set()
+        for name, _ in self._headers:
+            low = name.lower()
+            if low in _SINGLETONS:
+                if low in seen:
+                    return True
+                seen.add(low)
+        return len(self._headers) > MAX_HEADERS
 
     def _lean_request(self) -> tuple[LeanRequest, Any] | None:
         """The request and its route, if the lean lane serves it exactly as aiohttp would; None:
