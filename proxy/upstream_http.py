@@ -318,7 +318,8 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         self.last_read = self.loop.time()
         response = self.response
-        if response is not None and not response.head_done:
+        head_before = response is None or response.head_done
+        if not head_before:
             self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
@@ -330,7 +331,7 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             # a limit of ours raised inside a callback comes back wrapped: say what it said
             cause = e.__context__
-            self._parse_failed(cause if isinstance(cause, BadHttpMessage) else e)
+            self._parse_failed(cause if isinstance(cause, BadHttpMessage) else e, head_before)
             return
         if (
             response is not None
@@ -462,13 +463,18 @@ class _Connection(asyncio.Protocol):
         else:
             self.close()
 
-    def _parse_failed(self, e: Exception) -> None:
+    def _parse_failed(self, e: Exception, head_before: bool = True) -> None:
+        """The answer cannot be parsed. As aiohttp: one refused in the read that brought its head
+        fails at its start (aiohttp's parser hands nothing of that read over), one refused later
+        fails in its body. `head_before`: the head had arrived in an earlier read."""
         response = self.response
         self.response = None
         self.reusable = False
         self.close()
         if response is None:
             return
+        if not head_before:
+            response.head_done = False  # (its caller, woken for the head, has not run yet)
         if not response.head_done:
             # what aiohttp's ClientResponse.start raised for a head its parser refused
             url = response.url

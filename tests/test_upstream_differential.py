@@ -46,6 +46,10 @@ ANSWERS = {
     "malformed-status": b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
     "malformed-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
     "two-content-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    # refused in the read that brought the head: aiohttp fails the answer at its start
+    "malformed-chunk-in-the-head-packet": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\nab\r\n0\r\n\r\n"
+    ),
 }
 
 
@@ -103,13 +107,8 @@ async def through_aiohttp(url: URL) -> tuple[object, ...]:
             return (family(e),)
 
 
-# known differences (issue 20), kept failing-as-expected until the client is changed
-KNOWN = {
-    # a bad chunk in the same packet as the head: aiohttp's parser fails the whole answer at its start
-    # (ClientResponseError, no status); the pool hands over the 200 head, then the body read fails
-    # (ClientPayloadError)
-    "malformed-chunk-size": "aiohttp refuses the answer at its start, the pool during the body",
-}
+# known differences (issue 20), failing-as-expected until the client is changed
+KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
