@@ -38,6 +38,7 @@ from aiohttp.http_exceptions import (
     BadHttpMessage,
     ContentLengthError,
     HttpProcessingError,
+    InvalidHeader,
     LineTooLong,
     TransferEncodingError,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "BadHttpMessage",
     "ContentLengthError",
     "HttpProcessingError",
+    "InvalidHeader",
     "LineTooLong",
     "ProxyInfo",
     "Server",

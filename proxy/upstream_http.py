@@ -63,6 +63,7 @@ from proxy.aiohttp_compat import (
     BadHttpMessage,
     ContentLengthError,
     HttpProcessingError,
+    InvalidHeader,
     LineTooLong,
     TransferEncodingError,
     connection_key,
@@ -255,6 +256,11 @@ class _Connection(asyncio.Protocol):
         self.loop = pool.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
+        # as lenient as aiohttp's own response parser (outside its debug mode): obs-fold and other
+        # loose field syntax, a bare LF as a line end, spaces after a chunk size
+        self.parser.set_dangerous_leniencies(
+            lenient_headers=True, lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True
+        )
         self.response: UpstreamResponse | None = None
         self.closed = False
         self.reusable = True  # False once the byte stream's state is unsure (HEAD, upgrade, garbage)
@@ -272,6 +278,7 @@ class _Connection(asyncio.Protocol):
         self._body_received = 0
         self._header_count = 0
         self._interim = False  # a 1xx answer before the real one
+        self._trailers = False  # the head is done: fields now are a chunked body's trailer
 
     # --- the request ----------------------------------------------------------------------------
 
@@ -387,8 +394,14 @@ class _Connection(asyncio.Protocol):
             raise LineTooLong(self._reason[:100] + b"...", _MAX_LINE_SIZE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._trailers:
+            return  # a chunked body's trailer fields: read and dropped, as aiohttp does
         if len(name) + len(value) > _MAX_FIELD_SIZE:
             raise LineTooLong((name + b": " + value)[:100] + b"...", _MAX_FIELD_SIZE)
+        # as aiohttp's parser: llhttp strips the whitespace before a value, not after; a NUL is refused
+        value = value.rstrip(b" \t")
+        if b"\x00" in value:
+            raise InvalidHeader(value)
         self._header_count += 1
         if self._header_count > _MAX_HEADERS:
             raise BadHttpMessage("Too many headers received")
@@ -414,6 +427,7 @@ class _Connection(asyncio.Protocol):
             # a switch nobody asked for: what follows the head is not HTTP. llhttp ends the message
             # before it raises HttpParserUpgrade, so the connection is marked now, never pooled
             self.reusable = False
+        self._trailers = True
         response.status = status
         response.reason = self._reason.decode("utf-8", "surrogateescape")
         response.headers = CIMultiDictProxy(self._headers)
@@ -442,6 +456,7 @@ class _Connection(asyncio.Protocol):
 
     def _start_message(self) -> None:
         self._reason = b""
+        self._trailers = False
         self._headers = CIMultiDict()
         self._chunked = False
         self._content_length = None
