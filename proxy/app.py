@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import time
@@ -22,13 +23,14 @@ from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.lean_http import LeanAppRunner
 from proxy.lifecycle import running_engine
-from proxy.llm import shaped
+from proxy.llm_errors import shaped
 from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
 from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
-from proxy.settings import Settings, split_host_port
-from proxy.websocket import handle_websocket_within_limits, is_websocket_upgrade
+from proxy.settings import Settings, split_host_port, url_host
+from proxy.websocket.handler import handle_websocket_within_limits
+from proxy.websocket.handshake import is_websocket_upgrade
 
 log = logging.getLogger("tripwire")
 
@@ -232,13 +234,6 @@ def make_admin_app(engine: Engine) -> web.Application:
     return app
 
 
-def url_host(host: str) -> str:
-    """The host as it goes in a URL: a wildcard bind is reached on loopback; IPv6 in brackets."""
-    if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
 def startup_lines(settings: Settings, engine: Engine) -> str:
     host, port = split_host_port(settings.listen)
     ahost, aport = split_host_port(settings.admin_listen)
@@ -248,11 +243,31 @@ def startup_lines(settings: Settings, engine: Engine) -> str:
         f"Tripwire proxy on {base} -> {settings.upstream.url}; traces in {engine.data_dir}",
         f"  export OPENAI_BASE_URL={base}/v1"
         + "".join(f"   {n}: {base}/llm/{n}" for n in engine.upstreams.names("llm")),
+        f"  Codex: codex -c openai_base_url={base}/v1   other clients: docs/clients.md",
     ]
     mcp = engine.upstreams.names("mcp")
     mcp_part = ("MCP: " + "  ".join(f"{n} -> {base}/mcp/{n}" for n in mcp) + "   ") if mcp else ""
     lines.append(f"  {mcp_part}viewer: http://{ashown}:{aport}/")
     return "\n".join(lines)
+
+
+LISTENER_FLAGS = {"proxy": "--listen", "admin": "--admin-listen"}
+
+
+class ListenerUnavailable(OSError):
+    """A listener cannot bind: says which one, and the flag that moves it."""
+
+    def __init__(self, name: str, listen: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        flag = LISTENER_FLAGS[name]
+        if cause.errno == errno.EADDRINUSE:
+            self.message = f"{name} listener {listen} is in use; choose another with {flag}"
+        else:
+            why = (cause.strerror or str(cause)).lower()
+            self.message = f"{name} listener {listen} cannot be opened: {why}; choose another with {flag}"
+
+    def __str__(self) -> str:
+        return self.message
 
 
 async def serve(
@@ -267,15 +282,18 @@ async def serve(
     async with running_engine(settings, argv=argv) as engine:
         runners: list[web.AppRunner] = []
         try:
-            for runner_for, app, listen in (
-                (proxy_runner, make_proxy_app(engine), settings.listen),
-                (web.AppRunner, make_admin_app(engine), settings.admin_listen),
+            for runner_for, app, listen, name in (
+                (proxy_runner, make_proxy_app(engine), settings.listen, "proxy"),
+                (web.AppRunner, make_admin_app(engine), settings.admin_listen, "admin"),
             ):
                 runner = runner_for(app, **RUNNER_ARGS)
                 await runner.setup()
-                host, port = split_host_port(listen)
-                await web.TCPSite(runner, host, port).start()
                 runners.append(runner)
+                host, port = split_host_port(listen)
+                try:
+                    await web.TCPSite(runner, host, port).start()
+                except OSError as e:
+                    raise ListenerUnavailable(name, listen, e) from e
             print(startup_lines(settings, engine), flush=True)
             if ready is not None:
                 ready()

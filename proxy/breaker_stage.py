@@ -10,19 +10,35 @@ guard stage's (finish hooks unwind), as the breaker was settled before the guard
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN, EventType
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call, write_refusal_error
-from proxy.guards.breaker import CircuitBreaker, Ticket, Transition
+from proxy.guards.breaker import CircuitBreaker, State, Ticket, Transition
+from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.pipeline import BaseStage
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
+
+log = logging.getLogger("tripwire.breaker")
+
+
+def transition_line(agent: str, upstream: str, transition: Transition, config: CircuitBreakerConfig) -> str:
+    """The log line of a circuit's state change: whose circuit, what happened, what it means now."""
+    state = str(transition.new).replace("_", "-")
+    head = f"circuit {state} for agent {agent!r} calling upstream {upstream!r}: {transition.reason}"
+    if transition.new is State.OPEN:
+        return f"{head}; its calls are refused for {config.cooldown_seconds:g}s, then trial calls go through"
+    if transition.new is State.HALF_OPEN:
+        trials = config.half_open_max_calls
+        return f"{head}; it lets {trials} trial call{'' if trials == 1 else 's'} through"
+    return f"{head}; calls go through again"
 
 
 class BreakerStage(BaseStage):
@@ -106,6 +122,11 @@ class BreakerStage(BaseStage):
     def write_transition(self, ex: Exchange, transition: Transition) -> None:
         session = ex.session
         assert session is not None
+        config = (
+            session.guards.config.circuit_breaker if session.guards is not None else CircuitBreakerConfig()
+        )
+        line = transition_line(session.agent, ex.route.upstream, transition, config)
+        log.log(logging.WARNING if transition.new is State.OPEN else logging.INFO, line)
         event_id = self.engine.write_event(
             session,
             EventType.STATE_UPDATE,

@@ -378,6 +378,10 @@ the serve config's format; its guard sections and agent overrides) asks what tha
 done instead. The circuit breaker and the kill switch are listed as recorded, not recomputed.
 --json prints one array: {run_id, call_index, event_id, guard, kind, action} per decision
 ("replayed": false on the recorded-only ones). Exit 0 whether or not anything fired.
+A run that cannot be replayed (no such run; a file that is not a regular file; a line of
+events.jsonl that is not an event Tripwire or AgentDbg writes) is named on stderr in one line
+(run, file and line); the other runs are still replayed and printed (--json's array holds them),
+and the exit code is 2.
 """
 
 
@@ -413,7 +417,7 @@ def guard_configs_from_file(path: Path) -> dict[str, Any]:
         for name, body in (data.get("agents") or {}).items():
             out[str(name)] = GuardConfig.model_validate(body)
     except ValidationError as e:
-        raise ConfigError(f"{path}: {format_validation_error(e)}") from e
+        raise ConfigError(f"{path}: {format_validation_error(e, model=GuardConfig)}") from e
     return out
 
 
@@ -429,17 +433,28 @@ def run_replay(args: argparse.Namespace) -> int:
         return 2
     try:
         override = guard_configs_from_file(args.config) if args.config else None
-        dirs = replay.all_runs(data_dir) if args.all else [replay.resolve_run(r, data_dir) for r in args.runs]
-        replays = [replay.replay_dir(d, override) for d in dirs]
-    except (ConfigError, replay.ReplayError) as e:
+    except ConfigError as e:
         print(f"tripwire replay: {e}", file=sys.stderr)
         return 2
+    replays: list[replay.RunReplay] = []
+    failed = 0
+    for target in [str(d) for d in replay.all_runs(data_dir)] if args.all else args.runs:
+        # each run on its own: one that cannot be read is named on stderr (one line), the others
+        # are still replayed and printed, and the exit code says something was left out
+        try:
+            replays.append(replay.replay_dir(replay.resolve_run(target, data_dir), override))
+        except replay.ReplayError as e:
+            print(f"tripwire replay: {e}", file=sys.stderr)
+            failed += 1
+        except OSError as e:
+            print(f"tripwire replay: {target}: cannot read: {e.strerror or e}", file=sys.stderr)
+            failed += 1
     if args.json:
         sys.stdout.write(replay.as_json(replays).decode() + "\n")
-        return 0
+        return 2 if failed else 0
     label = f"--config {args.config}" if args.config else "the recorded config"
     for r in replays:
         print(replay.as_text(r, label))
     if args.all:
         print(replay.summary(replays))
-    return 0
+    return 2 if failed else 0

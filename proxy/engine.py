@@ -12,6 +12,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy.alerts import Alerts
@@ -30,6 +31,7 @@ from proxy.metrics import Metrics
 from proxy.pricing import Pricing
 from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
+from proxy.run_names import default_name
 from proxy.sessions import Refused, Session, SessionManager
 from proxy.settings import Settings
 from proxy.socket_limits import SocketSlots
@@ -77,7 +79,7 @@ class Engine:
         self.admin_token = settings.admin_token
         self.draining = False
         self.inflight = 0
-        # the relayed WebSockets (proxy/websocket.py SocketRelay): drain cuts their answers too
+        # the relayed WebSockets (proxy/websocket/relay.py SocketRelay): drain cuts their answers too
         self.sockets: set[Any] = set()
         self.socket_slots = SocketSlots(settings.websocket_max_per_agent)  # open sockets per agent
         self._idle_drained = asyncio.Event()
@@ -193,7 +195,10 @@ class Engine:
         self.metrics.set_live_sessions(len(self.sessions.live()))
         health = self.recorder.health()
         self.metrics.set_store(
-            health.get("queue_depth", 0), health.get("write_errors", 0), healthy=health.get("ok")
+            health.get("queue_depth", 0),
+            health.get("write_errors", 0),
+            healthy=health.get("ok"),
+            stalled=bool(health.get("writer_stalled")),
         )
 
     # --- sessions ----------------------------------------------------------------------------
@@ -209,12 +214,15 @@ class Engine:
         wall: float | None = None,
         episode: Episode | None = None,
         run_id: str | None = None,
+        run_name: Callable[[], str | None] | None = None,
     ) -> Session | Refused:
         """The call's session (SPEC §3): the explicit one, else the automatic one of its episode
         (`episode`: what the request says about it, proxy/episodes.py; None: a call with no
         conversation, which joins the agent's most recent automatic run).
         `wall`: when the call arrived, so RUN_START is not later than the first call's own event.
-        `run_id`: the run the shared state says the session is (several replicas)."""
+        `run_id`: the run the shared state says the session is (several replicas).
+        `run_name`: asked for a new run's name (proxy/run_names.py; only when a run starts, not per
+        call); None or no name: `AGENT SESSION_ID`."""
         now = time.monotonic()
         sessions = self.sessions
         current = sessions.match(agent, explicit_id, episode)
@@ -248,7 +256,7 @@ class Engine:
                 fields["episode"] = {"id": session.lineage.announced, "source": session.lineage.source}
             self.recorder.start_run(
                 run_id=session.run_id,
-                run_name=f"{agent} {session.session_id}",
+                run_name=(run_name and run_name()) or default_name(agent, session.session_id),
                 agent_name=agent,
                 session_id=session.session_id,
                 argv=self.argv,

@@ -26,11 +26,10 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects import of_call
 from proxy.dialects.base import CHARS_PER_TOKEN, TOKENS_PER_MESSAGE, estimate_value_tokens
 from proxy.history import FIND, RecentConversations, Walked
 
-# dialects whose requests carry a conversation (the others: embeddings, completions, MCP)
-CONVERSATIONAL = frozenset({"openai_chat", "openai_responses", "anthropic"})
 MAX_ID_CHARS = 256  # a longer announced id is not an id (a prompt pasted into a header): ignored
 _PRINTABLE = re.compile(r"[\x21-\x7e][\x20-\x7e]*")
 
@@ -269,7 +268,8 @@ def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) 
     found = announced(headers, body)
     if found is not None:
         return Episode(announced=found[1], source=found[0])
-    if call.dialect not in CONVERSATIONAL:
+    dialect = of_call(call)  # (the others: embeddings, completions)
+    if dialect is None or not dialect.CONVERSATIONAL:
         return NO_CONVERSATION
     history = call_digests(call).lineage
     previous = call.previous_response_id

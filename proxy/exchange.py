@@ -97,7 +97,7 @@ class Exchange:
     mcp_session_key: str | None = None
     # set by ParseMCP for a batch: its tools/calls as (MCPToolCall, proxy.mcp.hub.Pending); read by its finish
     mcp_batch: list[tuple[Any, Any]] | None = None
-    # set by proxy.websocket.SocketRelay: the WebSocket call (SocketCall) this exchange carries; read there
+    # set by proxy.websocket.responses.ResponsesSocket: the WebSocket call (SocketCall) it carries; read there
     ws_call: Any = None
 
     # guards
@@ -160,7 +160,7 @@ class Exchange:
     cost_usd: float = 0.0
     tokens: int = 0  # total tokens of the answer; set and read as cost_usd
     priced_model: str | None = None  # the model the price was found for; set by settle, read by the metrics
-    llm_event_id: str | None = None  # set by proxy.llm's record: the LLM_CALL event's id (tests read it)
+    llm_event_id: str | None = None  # the LLM_CALL's id (proxy.llm_trace sets it; tests read it)
     # set by MCPProtocol.record: the TOOL_CALL event's id; read by the guards' after-stage
     tool_event_id: str | None = None
     mcp_recorded: bool = False  # set by MCPProtocol.record; ParseMCP's finish records it otherwise

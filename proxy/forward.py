@@ -39,6 +39,7 @@ from proxy.call_request import ClientAnswer
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.egress import Egress, Route
 from proxy.exchange import Answer, Exchange
+from proxy.outages import OutageLog, unreachable_message
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
 from proxy.settings import UpstreamConfig
 from proxy.upstream_http import UpstreamPool, UpstreamResponse, ssl_context
@@ -289,6 +290,7 @@ class Forwarder:
         self.session: aiohttp.ClientSession | None = None
         # answers being relayed right now, so a drain that runs out of grace can end them cleanly
         self._active: dict[int, tuple[Exchange, Upstream]] = {}
+        self.outages = OutageLog()  # one log line per upstream outage, not one per failed call
 
     async def start(self) -> None:
         ssl_ctx: ssl.SSLContext | bool = True
@@ -516,6 +518,7 @@ class Forwarder:
         try:
             async with await self.send(ex, request.method, url, headers, body) as upstream:
                 ex.upstream_status = upstream.status
+                self.outages.answered(ex.route.kind, ex.route.upstream)
                 ex.first_byte_at = time.monotonic()
                 observer = ex.observer
                 if observer is not None and hasattr(observer, "status"):
@@ -555,12 +558,9 @@ class Forwarder:
         except aiohttp.ClientError as e:
             ex.upstream_error = f"upstream connection failed: {type(e).__name__}: {e}"
             if response is None:
-                ex.answer = json_error(
-                    502,
-                    f"Tripwire could not reach the upstream: {type(e).__name__}",
-                    "upstream_unreachable",
-                    "upstream_unreachable",
-                )
+                message = unreachable_message(ex.route.upstream, URL(url, encoded=True), e)
+                self.outages.failed(ex.route.kind, ex.route.upstream, message)
+                ex.answer = json_error(502, message, "upstream_unreachable", "upstream_unreachable")
         finally:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.client_disconnected:

@@ -28,7 +28,7 @@ from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_war
 from proxy.guards.budget import Reservation
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
-from proxy.guards.loop import HistoryResults, results_from_index
+from proxy.guards.loop.history import HistoryResults, results_from_index
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS
 from proxy.pipeline import BaseStage

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guards.decision import Action, Decision
-from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
+from proxy.guards.loop.history import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
 from proxy.redact import PLAIN, sanitize, sanitize_text

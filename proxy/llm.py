@@ -1,43 +1,39 @@
-"""LLM traffic: parsing a request with its dialect, and what an LLM call writes to the trace.
+"""LLM traffic: parsing a request with its dialect, reading its answer, and the tool results it brings.
 
-The dialect modules (proxy/dialects/) know the wire formats; this module knows the session:
-which prompt messages are new since the previous call, which tool calls are waiting for a
-result, and how an answer becomes LLM_CALL and TOOL_CALL events.
+The dialect modules (proxy/dialects/) know the wire formats; this module is the protocol adapter
+the pipeline asks of an LLM call (`LLMProtocol`: refusals in the dialect's shape, proxy/llm_errors.py;
+the budget reservation; the result), the parse stage, and the tool-results stage (the results a
+request brings complete the tool calls an earlier answer asked for). What a call writes to the
+trace is proxy/llm_trace.py's.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from proxy import guard_trace, jsonparse
-from proxy.constants import (
-    DEPTH_LIMIT,
-    GUARD_CIRCUIT_BREAKER,
-    GUARD_STATE_UNAVAILABLE,
-    TRUNCATED_MARKER,
-    EventType,
-)
+from proxy import jsonparse
+from proxy.constants import TRUNCATED_MARKER, EventType
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, ToolResult, Usage, estimate_prompt_tokens
 from proxy.dialects.contract import Accumulator, Dialect
 from proxy.episodes import PRIOR, call_digests, find_prior
 from proxy.exchange import Answer, Exchange
-from proxy.guards.decision import Decision, retry_after_seconds
+from proxy.guards.decision import Decision
 from proxy.guards.signatures import signature
+from proxy.llm_errors import bad_request, refusal_429
+from proxy.llm_trace import record_llm_call, write_tool_result
 from proxy.pipeline import BaseStage
-from proxy.redact import PLAIN, sanitize, sanitize_text, valid_unicode
-from proxy.sessions import Conversation, PendingToolCall, Refused, Session
+from proxy.redact import valid_unicode
+from proxy.sessions import PendingToolCall, Refused, Session
 
 if TYPE_CHECKING:
     from proxy.engine import Engine
 
 log = logging.getLogger("tripwire.llm")
-_LLM_CALL: str = EventType.LLM_CALL.value  # a plain str: an enum member's lookup costs more (per call)
 
 # Reservation when a request names no max_tokens: a typical answer, so budgets see something.
 DEFAULT_RESERVED_COMPLETION_TOKENS = 1024
@@ -74,7 +70,6 @@ class LLMProtocol:
     def __init__(self, dialect: Dialect, engine: Engine) -> None:
         self.dialect = dialect
         self.engine = engine
-        self.provider = provider_name(dialect.__name__)  # the LLM_CALL's `provider`
 
     def continues(self, ex: Exchange) -> bool:
         return False  # every LLM request is a call of its own
@@ -122,7 +117,9 @@ class LLMProtocol:
         ex.result = result
         call: LLMRequest = ex.call
         # (cost() skips a missing name; the pair is its cache key as it is)
-        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model))
+        # a call the upstream never answered (connection failed) costs nothing and warns of nothing
+        answered = ex.upstream_status is not None
+        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model), warn=answered)
         ex.cost_usd = quote.cost_usd
         ex.priced_model = quote.model
         ex.tokens = result.usage.total_tokens if result.usage else 0
@@ -131,72 +128,6 @@ class LLMProtocol:
         if ex.refused or ex.result is None:
             return
         record_llm_call(ex, engine)
-
-
-def is_anthropic(dialect: Any) -> bool:
-    return getattr(dialect, "DIALECT", None) == "anthropic"
-
-
-# Anthropic's error type per HTTP status (its SDK picks the exception class by status; the body's
-# `type` is what a client shows)
-ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-
-
-def error_body(dialect: Any, status: int, error: dict[str, Any]) -> bytes:
-    """An error in the protocol the agent speaks (SPEC §5.5): OpenAI's `{"error": {...}}`, or for the
-    Anthropic Messages dialect `{"type": "error", "error": {"type": ..., "message": ..., ...}}` with
-    Tripwire's fields inside `error`, so each SDK parses it as its own."""
-    if is_anthropic(dialect):
-        fields = {k: v for k, v in error.items() if k != "type"}
-        kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
-        return orjson.dumps({"type": "error", "error": {"type": kind, **fields}})
-    return orjson.dumps({"error": error})
-
-
-def refusal_429(decision: Decision, text: str, expose_details: bool, dialect: Any = None) -> Answer:
-    """TERMINATE / budget / limits / open circuit for an LLM call (SPEC §5.5), in the dialect's shape."""
-    error: dict[str, Any] = {
-        "message": text,
-        "type": "tripwire_guard",
-        "code": decision.guard,
-        "guardrail": decision.guard,
-    }
-    if expose_details:
-        error["threshold"] = decision.threshold
-        error["actual"] = decision.actual
-    headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
-    retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE)
-    if retry_later and decision.retry_after is not None:
-        headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
-        # an open circuit (or shared state coming back) is worth retrying later: the SDK honours Retry-After
-        headers.pop("x-should-retry")
-    # shared guard state unreachable under fail_closed: 503, the service is what is missing (SPEC §8)
-    status = 503 if decision.guard == GUARD_STATE_UNAVAILABLE else 429
-    return Answer(status, error_body(dialect, status, error), "application/json", headers)
-
-
-def shaped(ex: Exchange, answer: Answer) -> Answer:
-    """Tripwire's own OpenAI-style error answer (502, 504, 503, ...) in the shape of the call's dialect."""
-    dialect = getattr(ex.protocol, "dialect", None)
-    if answer.status < 400 or not is_anthropic(dialect):
-        return answer
-    try:
-        error = orjson.loads(answer.body).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return answer
-    if not isinstance(error, dict):
-        return answer
-    answer.body = error_body(dialect, answer.status, error)
-    return answer
 
 
 def read_body(raw: bytes) -> tuple[Any, bool]:
@@ -211,14 +142,6 @@ def read_body(raw: bytes) -> tuple[Any, bool]:
         return orjson.loads(raw), True
     except orjson.JSONDecodeError:
         return jsonparse.loads_lenient(raw), False
-
-
-def bad_request(dialect: Dialect, message: str) -> Answer:
-    """A 400 in the protocol's own error shape, so each SDK raises its own BadRequestError."""
-    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
-    if is_anthropic(dialect):
-        error = {"message": message}
-    return Answer(400, error_body(dialect, 400, error), "application/json", {"x-should-retry": "false"})
 
 
 def fallback_request(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
@@ -403,49 +326,6 @@ def truncated_result(protocol: LLMProtocol, call: LLMRequest) -> LLMResult:
     return LLMResult(None, TRUNCATED_MARKER, [], usage, None)
 
 
-def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool) -> tuple[list[Any], str]:
-    """The messages new since the session's previous LLM call, and the digest of this call's.
-
-    New means after the previous call's messages, when this call's history starts with exactly
-    them (compared by content, not by count); otherwise (the first call, another conversation,
-    an edited history) all of them. Storing only the new part keeps a long conversation's trace
-    linear, not quadratic.
-    """
-    seen = conversation.prompt_messages_seen
-    messages = call.messages
-    # the digests of every prefix, which the session lookup already took (episodes.call_digests)
-    digests = call_digests(call).sent
-    digest = digests[-1].hex()
-    continues = 0 < seen < len(digests) and digests[seen].hex() == conversation.prompt_digest
-    # a Responses API chain (previous_response_id) carries only its new input items
-    if full or not continues or call.previous_response_id:
-        return messages, digest  # the call's own list: the recorder copies it as it sanitises or strips it
-    return messages[seen:], digest
-
-
-def usage_dict(usage: Usage | None) -> dict[str, int]:
-    if usage is None:
-        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-    out = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-    }
-    if usage.cached_tokens or usage.cache_creation_tokens:
-        out["cached_tokens"] = usage.cached_tokens
-        out["cache_creation_tokens"] = usage.cache_creation_tokens
-    return out
-
-
-def remember_tool_calls(session: Session, result: LLMResult, llm_event_id: str, wall: float) -> None:
-    for tc in result.tool_calls:
-        session.conversation.pending_tool_calls[tc.id] = PendingToolCall(
-            name=tc.name, arguments=tc.arguments, asked_at=wall, llm_event_id=llm_event_id
-        )
-    if result.response_id and result.tool_calls:
-        session.conversation.response_tool_calls[result.response_id] = list(result.tool_calls)
-
-
 def mcp_already_recorded(session: Session, name: str, arguments: Any) -> bool:
     """A tool the agent ran through Tripwire's MCP route is recorded once, as the MCP event."""
     sigs = session.conversation.mcp_signatures
@@ -454,15 +334,6 @@ def mcp_already_recorded(session: Session, name: str, arguments: Any) -> bool:
             sigs[candidate] -= 1
             return True
     return False
-
-
-def error_text(content: Any, limit: int = 500) -> str:
-    """A failed tool's result as a short text; a deeply nested one as JSON (its repr recurses)."""
-    if isinstance(content, str):
-        return content[:limit]
-    if jsonparse.max_depth(content) > DEPTH_LIMIT:
-        return jsonparse.dumps_text(jsonparse.cap_depth(content, DEPTH_LIMIT, TRUNCATED_MARKER))[:limit]
-    return str(content)[:limit]
 
 
 class ToolResultsStage(BaseStage):
@@ -512,232 +383,3 @@ def results_to_record(call: LLMRequest, pending: dict[str, PendingToolCall]) -> 
     first = state.first_results(call.continues)
     found = sorted(i for i in (first.get(call_id) for call_id in pending) if i is not None)
     return [call.tool_results[i] for i in found]
-
-
-def write_tool_result(
-    ex: Exchange,
-    engine: Engine,
-    tr: ToolResult,
-    name: str,
-    arguments: Any,
-    asked_at: float,
-    llm_event_id: str | None,
-) -> str:
-    """The TOOL_CALL of one function-calling result (the caller lets the guards observe it)."""
-    session = ex.session
-    assert session is not None
-    event_id = engine.write_event(
-        session,
-        EventType.TOOL_CALL,
-        name,
-        {
-            "tool_name": name,
-            "args": arguments,
-            "result": tr.content,
-            "status": "error" if tr.is_error else "ok",
-            "error": {"error_type": "ToolError", "message": error_text(tr.content)} if tr.is_error else None,
-            "source": "llm",
-            "server": None,
-            "tool_call_id": tr.tool_call_id,
-        },
-        # from the answer that asked for the tool to the request that brings its result
-        duration_ms=max(0, int((ex.started_wall - asked_at) * 1000)),
-        parent_id=llm_event_id,
-        ts=ex.started_wall,
-    )
-    session.conversation.tool_event_ids[tr.tool_call_id] = event_id
-    engine.metrics.observe_tool("llm", "error" if tr.is_error else "ok", name)
-    return event_id
-
-
-def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
-    return value
-
-
-# The names an LLM_CALL repeats from call to call of a session (the models, the upstream, the
-# endpoint, the stop reason, the agent and the session id), as sanitize makes them: remembered by
-# value, so a session's calls clean them once instead of a sanitize call each per event. Bounded:
-# at _NAMES_KEPT sets it starts over; a set with a long value (or not a str) is cleaned every
-# time, not kept.
-_NAMES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_NAMES_KEPT = 1024
-_NAME_CHARS = 256
-
-
-def clean_names(names: tuple[Any, ...], max_field_bytes: int) -> tuple[Any, ...]:
-    """`sanitize(name, max_field_bytes, 1)` of each of `names` (see _NAMES)."""
-    key = (max_field_bytes, *names)
-    try:
-        found = _NAMES.get(key)
-    except TypeError:  # not a name (an unhashable value): cleaned as anything else
-        return tuple([sanitize(v, max_field_bytes, 1) for v in names])
-    if found is None:
-        found = tuple([sanitize(v, max_field_bytes, 1) for v in names])
-        # (only strs and None: 1, 1.0 and True are equal keys whose cleaned values differ)
-        if all(v is None or (type(v) is str and len(v) <= _NAME_CHARS) for v in names):
-            if len(_NAMES) >= _NAMES_KEPT:
-                _NAMES.clear()
-            _NAMES[key] = found
-    return found
-
-
-_INTS = frozenset({int})
-
-
-def llm_call_payload(
-    ex: Exchange, prompt: list[Any], max_field_bytes: int | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The LLM_CALL's payload and meta, in the trace's field order.
-
-    With `max_field_bytes`, built already as `sanitize` would make them (each value sanitised in
-    place, at the depth it has in the event; the names a session repeats cleaned once, see
-    clean_names), so the recorder takes them as they are: one pass, not a build and then a walk.
-    The payload's own keys are fixed names, none secret-named (tests/test_stage_record.py).
-    Without, the values are the call's own (record_content: false strips the payload before
-    sanitising it).
-    """
-    session = ex.session
-    call: LLMRequest = ex.call
-    result: LLMResult = ex.result
-    protocol = ex.protocol
-    assert session is not None and isinstance(protocol, LLMProtocol)
-    clean = _as_is if max_field_bytes is None else sanitize
-    m = max_field_bytes or 0
-    plain = PLAIN  # numbers, bools and None: sanitize keeps them as they are, so they skip it
-    usage = result.usage
-    names = (
-        result.model or call.model or "unknown",
-        call.model,
-        ex.route.upstream,
-        call.dialect,
-        result.stop_reason,
-        session.agent,
-        session.session_id,
-    )
-    if max_field_bytes is not None:
-        names = clean_names(names, max_field_bytes)
-    model, request_model, upstream, endpoint, stop_reason, agent, session_id = names
-    ok = result.error is None and (ex.upstream_status or 0) < 400 and result.complete
-    tool_calls = (
-        [
-            {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
-            for tc in result.tool_calls
-        ]
-        if result.tool_calls
-        else []  # (most answers: no comprehension run for nothing)
-    )
-    counts = usage_dict(usage)  # Tripwire's own keys, none secret-named
-    if not _INTS.issuperset(map(type, counts.values())):
-        counts = clean(counts, m, 1)
-    text = result.text
-    text = sanitize_text(text, m) if type(text) is str and clean is sanitize else clean(text, m, 2)
-    temperature, cost, stream, status = call.temperature, ex.cost_usd, call.stream, ex.upstream_status
-    payload: dict[str, Any] = {
-        "model": model,
-        "request_model": request_model,  # what was asked for; `model` is what answered (OTLP)
-        "prompt": clean(prompt, m, 1),
-        "prompt_messages_total": len(call.messages),
-        "response": {"text": text, "tool_calls": tool_calls},
-        "usage": counts,
-        "provider": protocol.provider,
-        "temperature": temperature if type(temperature) in plain else clean(temperature, m, 1),
-        "stop_reason": stop_reason,
-        "status": "ok" if ok else "error",
-        "error": None if ok else clean(result.error or http_error(ex), m, 1),
-        "cost_usd": cost if type(cost) in plain else clean(cost, m, 1),
-        "upstream": upstream,
-        "stream": stream if type(stream) in plain else clean(stream, m, 1),
-        "endpoint": endpoint,
-        "http_status": status if type(status) in plain else clean(status, m, 1),
-    }
-    guard_trace.call_fields(ex, max_field_bytes, into=payload)
-    if usage is not None and usage.estimated:
-        payload["usage_estimated"] = True
-    meta: dict[str, Any] = {"agent": agent, "session_id": session_id}
-    if ex.upstream_retries:
-        meta["upstream_retries"] = clean(ex.upstream_retries, m, 1)
-    if ex.first_byte_at is not None and ex.upstream_started is not None:
-        meta["ttfb_ms"] = int((ex.first_byte_at - ex.upstream_started) * 1000)
-    return payload, meta
-
-
-def record_llm_call(ex: Exchange, engine: Engine) -> None:
-    session = ex.session
-    call: LLMRequest = ex.call
-    result: LLMResult = ex.result
-    assert session is not None
-    recorder = engine.recorder
-    usage = result.usage
-    prompt, prompt_digest = new_prompt_messages(
-        session.conversation, call, engine.settings.record_full_prompts
-    )
-    model = result.model or call.model or "unknown"
-    if recorder.record_content:
-        # built already sanitised (sanitize cuts at DEPTH_LIMIT itself)
-        payload, meta = llm_call_payload(ex, prompt, recorder.max_field_bytes)
-        # the event's name is the model, cleaned already (sanitize of a str is the payload's model)
-        name = payload["model"] if type(model) is str else sanitize(str(model), recorder.max_field_bytes)
-    else:
-        # a body may nest 10,000 levels deep: the trace keeps DEPTH_LIMIT of them (as sanitize does),
-        # so nothing that walks the payload recursively (strip_content) meets the rest
-        prompt = jsonparse.cap_depth(prompt, DEPTH_LIMIT, TRUNCATED_MARKER)
-        payload, meta = llm_call_payload(ex, prompt, None)
-        name = model
-    end = ex.upstream_done or time.monotonic()
-    event_id = recorder.record(  # (Engine.write_event's, without its hop: one per call)
-        session.run_id,
-        _LLM_CALL,
-        name,
-        payload,
-        duration_ms=int((end - ex.started) * 1000),
-        meta=meta,
-        ts=ex.started_wall,
-        sanitized=recorder.record_content,
-    )
-    engine.observe_event(session, _LLM_CALL, model, event_id)
-    ex.llm_event_id = event_id
-    if ex.upstream_failed():
-        # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)
-        error_id = engine.write_event(
-            session,
-            EventType.ERROR,
-            "upstream_error",
-            {
-                "error_type": "upstream_error",
-                "message": ex.upstream_error or f"upstream answered HTTP {ex.upstream_status}",
-                "stack": None,
-                "guardrail": None,
-                "threshold": None,
-                "actual": None,
-                "upstream": ex.route.upstream,
-                "http_status": ex.upstream_status,
-            },
-            parent_id=event_id,
-        )
-        engine.observe_event(session, EventType.ERROR, "upstream_error", error_id)
-    recorder.add_usage(session.run_id, ex.cost_usd, usage.total_tokens if usage else 0)
-    session.conversation.prompt_messages_seen = len(call.messages)
-    session.conversation.prompt_digest = prompt_digest
-    if result.tool_calls:
-        remember_tool_calls(session, result, event_id, time.time())
-    engine.metrics.observe_llm(
-        session.agent,
-        ex.priced_model or model,
-        usage.prompt_tokens if usage else 0,
-        usage.completion_tokens if usage else 0,
-        ex.cost_usd,
-    )
-
-
-def http_error(ex: Exchange) -> dict[str, Any]:
-    return {
-        "error_type": "HTTPError",
-        "message": f"upstream answered HTTP {ex.upstream_status}",
-        "details": None,
-        "stack": None,
-    }
-
-
-def provider_name(dialect_module: str) -> str:
-    short = dialect_module.rsplit(".", 1)[-1]
-    return "anthropic" if short == "anthropic" else "openai"

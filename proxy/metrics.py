@@ -224,6 +224,7 @@ class _StoreCollector(Collector):
         self.queue_depth = 0
         self.write_errors = 0
         self.healthy = True
+        self.stalled = False
 
     def collect(self) -> Iterable[Metric]:
         yield GaugeMetricFamily(
@@ -240,6 +241,11 @@ class _StoreCollector(Collector):
             "tripwire_event_store_healthy",
             "1 while the trace store writes fine, 0 while it fails.",
             value=int(self.healthy),
+        )
+        yield GaugeMetricFamily(
+            "tripwire_event_store_stalled",
+            "1 while the trace writer has events queued and has finished no pass for too long.",
+            value=int(self.stalled),
         )
 
 
@@ -426,14 +432,17 @@ class Metrics:
     def set_live_sessions(self, n: int) -> None:
         self.live_sessions.set(n)
 
-    def set_store(self, queue_depth: int, write_errors: int, healthy: bool | None = None) -> None:
+    def set_store(
+        self, queue_depth: int, write_errors: int, healthy: bool | None = None, stalled: bool = False
+    ) -> None:
         """Recorder numbers; `write_errors` is its running total. Without `healthy`, the store
-        counts as unhealthy when errors grew since the previous call."""
+        counts as unhealthy when errors grew since the previous call. `stalled`: the writer is stuck."""
         s = self._store
         if healthy is None:
             healthy = write_errors <= s.write_errors
         # a counter never goes down, even when a report comes back without the total
         s.queue_depth, s.write_errors, s.healthy = queue_depth, max(write_errors, s.write_errors), healthy
+        s.stalled = stalled
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything above."""

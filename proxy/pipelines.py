@@ -2,7 +2,7 @@
 
 `Pipeline.run` (proxy/pipeline.py) calls each stage's `request` in this order until one answers
 (sets `ex.answer`), then every stage's `finish` in reverse. docs/architecture.md lists the same
-stages (a test compares the two). The Responses WebSocket (proxy/websocket.py) runs the LLM list
+stages (a test compares the two). The Responses WebSocket (proxy/websocket/) runs the LLM list
 with its own parse and forward stages in their places.
 """
 

@@ -178,10 +178,15 @@ class Pricing:
         # is a package model with one (no override among the candidates): the common call's way
         self._resolved: dict[tuple[str | None, ...], tuple[str, str, LinearPrice] | None] = {}
 
-    def cost(self, usage: Usage, models: Sequence[str | None], at: datetime | None = None) -> PriceQuote:
+    def cost(
+        self, usage: Usage, models: Sequence[str | None], at: datetime | None = None, *, warn: bool = True
+    ) -> PriceQuote:
         """Price `usage`; `models` in priority order: response model first, then the request's.
 
-        `at` selects dated prices in the package (None = now).
+        `at` selects dated prices in the package (None = now). `warn`: log the unknown-model warning
+        (SPEC §5.2) with this call's cost; False for a probe that prices no real call (estimate()'s
+        per-million rates, a call the upstream never answered), so the warning carries a real call's
+        cost, once per model.
         """
         key = tuple(models)
         resolved = self._resolved.get(key, _UNRESOLVED)
@@ -211,7 +216,7 @@ class Pricing:
         cost = _per_million(
             usage.prompt_tokens, usage.completion_tokens, (FALLBACK_INPUT_PER_1M, FALLBACK_OUTPUT_PER_1M)
         )
-        if model not in self._warned and len(self._warned) <= UNKNOWN_MODEL_WARNINGS:
+        if warn and model not in self._warned and len(self._warned) <= UNKNOWN_MODEL_WARNINGS:
             self._warned.add(model)
             if len(self._warned) > UNKNOWN_MODEL_WARNINGS:
                 # an agent (or an attacker) naming endless models must not flood the log
@@ -259,8 +264,13 @@ class Pricing:
         key = "\x00".join(m for m in models if m)
         rates = self._rates.get(key)
         if rates is None:
-            per_in = self.cost(Usage(prompt_tokens=1_000_000, total_tokens=1_000_000), models).cost_usd
-            per_out = self.cost(Usage(completion_tokens=1_000_000, total_tokens=1_000_000), models).cost_usd
+            # probes, not calls: the unknown-model warning waits for a real call's own cost
+            per_in = self.cost(
+                Usage(prompt_tokens=M_TOKENS, total_tokens=M_TOKENS), models, warn=False
+            ).cost_usd
+            per_out = self.cost(
+                Usage(completion_tokens=M_TOKENS, total_tokens=M_TOKENS), models, warn=False
+            ).cost_usd
             if len(self._rates) >= _CACHE_LIMIT:
                 self._rates.clear()
             rates = self._rates[key] = (per_in, per_out)

@@ -85,6 +85,7 @@ from proxy.trace.writer import (
     META_INTERVAL_S,
     META_REWRITES_PER_S,
     RETRY_S,
+    STALL_AFTER_S,
     FsyncPolicy,
     TraceWriter,
 )
@@ -132,6 +133,7 @@ class TraceRecorder:
         meta_interval_s: float = META_INTERVAL_S,
         recover_interval_s: float | None = RECOVER_INTERVAL_S,
         sinks: Iterable[EventSink] = (),
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -151,6 +153,7 @@ class TraceRecorder:
             max_pending_events=max_pending_events,
             max_pending_bytes=max_pending_bytes,
             meta_interval_s=meta_interval_s,
+            stall_after_s=stall_after_s,
         )
         self._watch: asyncio.Task[None] | None = None
         self.sinks: list[EventSink] = list(sinks)
@@ -429,8 +432,10 @@ class TraceRecorder:
     def health(self) -> dict[str, Any]:
         """Trace-store health for /healthz and metrics: queue depth, write errors, writer progress."""
         w = self._writer
+        stalled_for = w.stalled_for()
+        stalled = stalled_for > w.stall_after_s
         return {
-            "ok": not w.failing,
+            "ok": not w.failing and not stalled,
             "queue_depth": w.pending_events,
             "queue_bytes": w.pending_bytes,
             "pending_runs": len(w.dirty),
@@ -441,6 +446,9 @@ class TraceRecorder:
             "last_error": w.last_error,
             "last_error_at": None if w.last_error_ts is None else storage.iso_ms(w.last_error_ts),
             "writer_running": w.running,
+            # events queued and no writer pass finished for longer than stall_after_s: stuck
+            "writer_stalled": stalled,
+            "writer_stalled_for_s": round(stalled_for, 3),
             "writer_passes": w.passes,
             "written_seq": w.done_seq,
             "fsync": self.fsync,

@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
+from proxy.dialects import of_call
 from proxy.dialects.base import loads_or_none
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error, request_headers, response_headers
@@ -100,7 +101,10 @@ class MaxTokensRecoveryStage(BaseStage):
         if self.engine.settings.max_tokens_recovery <= 0 or ex.protocol is None:
             return None
         call = ex.call
-        if ex.protocol.kind != "llm" or call.dialect != "openai_chat" or call.stream:
+        if ex.protocol.kind != "llm" or call.stream:
+            return None
+        dialect = of_call(call)
+        if dialect is None or not dialect.MAX_TOKENS_RECOVERY:
             return None
         try:
             body = orjson.loads(ex.upstream_body if ex.upstream_body is not None else ex.body)

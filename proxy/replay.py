@@ -15,10 +15,14 @@ answers "what would this have done?":
 Runs written by AgentDbg's own SDK carry none of this: their LLM_CALL and TOOL_CALL events are
 replayed one after the other, in file order, with the arguments and results they hold (each call
 answered before the next; times from the events' `ts`).
+
+What is read is validated first (`proxy.replay_input`): a run whose files are not what Tripwire or
+AgentDbg writes is refused with a `BadRecord` naming the run and the line, before any guard runs.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,18 +30,31 @@ from typing import Any
 
 import orjson
 
-from proxy.constants import GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH, GUARD_STOP_ON_LOOP, EventType
+from proxy.constants import GUARD_KILL_SWITCH, GUARD_STOP_ON_LOOP, EventType
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import Fingerprinted, RecordedError, content_text, result_fingerprint
-from proxy.storage import EVENTS_JSONL, TRIPWIRE_JSON, parse_events, parse_iso, read_json, run_dir
+from proxy.replay_input import (
+    RECORDED_ONLY_GUARDRAILS,
+    BadRecord,
+    Event,
+    GuardInput,
+    HistoryDelta,
+    Meta,
+    Payload,
+    ReplayError,
+    read_events,
+    read_meta,
+)
+from proxy.storage import EVENTS_JSONL, parse_iso, run_dir
+
+__all__ = ["BadRecord", "ReplayError", "RunReplay", "replay_dir"]
 
 # events the live guards never observed (not handed to `Engine.observe_event`): the session's
 # start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
 # wrote after the fact
 NOT_OBSERVED_GUARDRAILS = frozenset({GUARD_STOP_ON_LOOP, GUARD_KILL_SWITCH})
-RECORDED_ONLY_GUARDRAILS = frozenset({GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH})
 
 
 @dataclass(frozen=True)
@@ -83,23 +100,19 @@ class RunReplay:
         return None
 
 
-class ReplayError(ValueError):
-    """A run that cannot be replayed (no such run, no events)."""
-
-
 # -- locating and loading runs ---------------------------------------------------------------------
 
 
 def resolve_run(target: str, data_dir: Path) -> Path:
     """A run directory: a path to one (holding events.jsonl), or a run id under `data_dir`."""
     path = Path(target)
-    if (path / EVENTS_JSONL).is_file():
+    if os.path.lexists(path / EVENTS_JSONL):  # (not is_file: a FIFO there is refused when read, by name)
         return path
     try:
         d = run_dir(data_dir, target)
     except ValueError as e:
         raise ReplayError(f"{target}: not a run directory nor a run id ({e})") from e
-    if not (d / EVENTS_JSONL).is_file():
+    if not os.path.lexists(d / EVENTS_JSONL):
         raise ReplayError(f"{target}: no such run in {data_dir}")
     return d
 
@@ -107,26 +120,26 @@ def resolve_run(target: str, data_dir: Path) -> Path:
 def all_runs(data_dir: Path) -> list[Path]:
     base = data_dir / "runs"
     try:
-        return sorted(p for p in base.iterdir() if (p / EVENTS_JSONL).is_file())
+        return sorted(p for p in base.iterdir() if os.path.lexists(p / EVENTS_JSONL))
     except OSError:
         return []
 
 
 def replay_dir(d: Path, override: GuardConfig | dict[str, GuardConfig] | None = None) -> RunReplay:
-    events = parse_events(d / EVENTS_JSONL, d.name)
-    meta = read_json(d / TRIPWIRE_JSON) or {}
-    run_id = next((str(e.get("run_id")) for e in events if e.get("run_id")), d.name)
+    """Replay one run directory; BadRecord (naming the run and the line) when its files are not
+    what Tripwire writes, OSError when they cannot be read."""
+    events = read_events(d, d.name)
+    meta = read_meta(d, d.name)
+    run_id = next((e.run_id for e in events if e.run_id), d.name)
     return replay_events(run_id, events, meta, resolve_override(override, meta))
 
 
-def resolve_override(
-    override: GuardConfig | dict[str, GuardConfig] | None, meta: dict[str, Any]
-) -> GuardConfig | None:
+def resolve_override(override: GuardConfig | dict[str, GuardConfig] | None, meta: Meta) -> GuardConfig | None:
     """`--config` for this run: its agent's override if the file has one, else its project default."""
     if override is None or isinstance(override, GuardConfig):
         return override
     project = override.get("") or GuardConfig()
-    agent = override.get(str(meta.get("agent_name") or ""))
+    agent = override.get(meta.agent_name or "")
     return project if agent is None else agent.inheriting_shadow(project)
 
 
@@ -134,16 +147,22 @@ def resolve_override(
 
 
 def replay_events(
-    run_id: str, events: list[dict[str, Any]], meta: dict[str, Any], override: GuardConfig | None = None
+    run_id: str, events: list[Event], meta: Meta, override: GuardConfig | None = None
 ) -> RunReplay:
-    calls: dict[int, dict[str, Any]] = {}
+    calls: dict[int, Event] = {}
     for ev in events:
-        payload = ev.get("payload") or {}
-        if isinstance(payload.get("call_seq"), int) and isinstance(payload.get("guard_input"), dict):
-            calls.setdefault(payload["call_seq"], ev)
+        seq = ev.payload.call_seq
+        if seq is not None and ev.payload.guard_input is not None:
+            calls.setdefault(seq, ev)
     if not calls:
         return _replay_agentdbg(run_id, events, meta, override)
     return _Replayer(run_id, events, calls, meta, override).run()
+
+
+def _fields(ev: Event) -> GuardInput:
+    """A guarded call's guard_input (replay_events keeps only calls that have one)."""
+    assert ev.payload.guard_input is not None
+    return ev.payload.guard_input
 
 
 def _decision(run_id: str, call: int | None, event_id: str | None, d: Decision) -> ReplayDecision:
@@ -158,9 +177,9 @@ class _Replayer:
     def __init__(
         self,
         run_id: str,
-        events: list[dict[str, Any]],
-        calls: dict[int, dict[str, Any]],
-        meta: dict[str, Any],
+        events: list[Event],
+        calls: dict[int, Event],
+        meta: Meta,
         override: GuardConfig | None,
     ) -> None:
         self.run_id = run_id
@@ -170,16 +189,13 @@ class _Replayer:
         self.out = RunReplay(run_id, calls=len(calls))
         self.configs: dict[int, GuardConfig] = {}
         for seq in sorted(calls):
-            fields = calls[seq]["payload"]["guard_input"]
-            if isinstance(fields.get("config"), dict):
-                self.configs.setdefault(
-                    int(fields.get("cfg", 0)), GuardConfig.model_validate(fields["config"])
-                )
-        if 0 not in self.configs and isinstance(meta.get("guard_config"), dict):
-            self.configs[0] = GuardConfig.model_validate(meta["guard_config"])
+            fields = _fields(calls[seq])
+            if fields.config is not None:
+                self.configs.setdefault(fields.cfg, fields.config)
+        if 0 not in self.configs and meta.guard_config is not None:
+            self.configs[0] = meta.guard_config
         self.settles = sorted(
-            (seq for seq, ev in calls.items() if "rank" in ev["payload"]["guard_input"]),
-            key=lambda s: calls[s]["payload"]["guard_input"]["rank"],
+            (seq for seq, ev in calls.items() if _fields(ev).rank is not None), key=self._rank
         )
         self.settled = 0
         self.reservations: dict[int, Any] = {}
@@ -189,15 +205,15 @@ class _Replayer:
         self.last_call: int | None = None
         self.guards: SessionGuards | None = None
 
-    def _observable(self) -> Iterator[dict[str, Any]]:
+    def _observable(self) -> Iterator[Event]:
         for ev in self.events:
-            kind = ev.get("event_type")
-            payload = ev.get("payload") or {}
+            kind = ev.event_type
+            payload = ev.payload
             if kind in (EventType.RUN_START, EventType.RUN_END):
                 continue
-            if kind == EventType.LOOP_WARNING and payload.get("kind") == "cycle":
+            if kind == EventType.LOOP_WARNING and payload.kind == "cycle":
                 continue
-            if kind == EventType.ERROR and payload.get("guardrail") in NOT_OBSERVED_GUARDRAILS:
+            if kind == EventType.ERROR and payload.guardrail in NOT_OBSERVED_GUARDRAILS:
                 continue
             yield ev
 
@@ -212,14 +228,12 @@ class _Replayer:
     def run(self) -> RunReplay:
         for seq in sorted(self.calls):
             ev = self.calls[seq]
-            fields = ev["payload"]["guard_input"]
-            guards = self._guards(int(fields.get("cfg", 0)))
-            while self.settled < len(self.settles) and self._rank(self.settles[self.settled]) <= fields.get(
-                "done", 0
-            ):
+            fields = _fields(ev)
+            guards = self._guards(fields.cfg)
+            while self.settled < len(self.settles) and self._rank(self.settles[self.settled]) <= fields.done:
                 self._settle(self.settles[self.settled])
-            self._observe_until(int(fields.get("ev", 0)))
-            guards.configure(self.config(int(fields.get("cfg", 0))))
+            self._observe_until(fields.ev)
+            guards.configure(self.config(fields.cfg))
             self.last_call = seq
             self._check(seq, ev, fields)
         while self.settled < len(self.settles):
@@ -235,7 +249,7 @@ class _Replayer:
         return self.guards
 
     def _rank(self, seq: int) -> int:
-        return int(self.calls[seq]["payload"]["guard_input"]["rank"])
+        return _fields(self.calls[seq]).rank or 0
 
     def _observe_until(self, count: int | None) -> None:
         guards = self.guards
@@ -245,49 +259,40 @@ class _Replayer:
             ev = next(self.observable, None)
             if ev is None:
                 return
-            d = guards.observe_event(
-                str(ev.get("event_type")), str(ev.get("name") or ""), str(ev.get("event_id"))
-            )
+            d = guards.observe_event(str(ev.event_type), ev.name or "", str(ev.event_id))
             if d is not None:
-                seq = (ev.get("payload") or {}).get("call_seq", self.last_call)
-                self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
+                seq = ev.payload.call_seq if "call_seq" in ev.payload.model_fields_set else self.last_call
+                self.out.decisions.append(_decision(self.run_id, seq, ev.event_id, d))
 
-    def _check(self, seq: int, ev: dict[str, Any], fields: dict[str, Any]) -> None:
+    def _check(self, seq: int, ev: Event, fields: GuardInput) -> None:
         guards = self.guards
         assert guards is not None
-        now = float(fields.get("t", 0.0))
-        if fields.get("kind") == "tool":
-            args = Fingerprinted(str(fields["sig"]), str(fields["id"]))
+        now = fields.t
+        if fields.kind == "tool":
+            args = Fingerprinted(str(fields.sig), str(fields.id))
             verdict = guards.before_tool_call(
-                str(fields.get("tool")),
-                args,
-                now=now,
-                server=fields.get("server"),
-                estimate_usd=float(fields.get("est", 0.0)),
+                str(fields.tool), args, now=now, server=fields.server, estimate_usd=fields.est
             )
         else:
-            hist = fields.get("hist") or {}
-            added = [
-                [(str(c[0]), str(c[1]), Fingerprinted(str(c[2]), str(c[3]))) for c in step]
-                for step in hist.get("add", [])
-            ]
-            self.history = self.history[: int(hist.get("keep", 0))] + added
-            for call_id, (fingerprint, error) in (hist.get("results") or {}).items():
-                self.results[call_id] = (str(fingerprint), None if error is None else RecordedError(error))
+            hist = fields.hist or HistoryDelta()
+            added = [[(c[0], c[1], Fingerprinted(c[2], c[3])) for c in step] for step in hist.add]
+            self.history = self.history[: hist.keep] + added
+            for call_id, (fingerprint, error) in hist.results.items():
+                self.results[call_id] = (fingerprint, None if error is None else RecordedError(error))
             verdict = guards.before_llm_call(
                 self.history,
-                int(hist.get("turn_start", 0)),
+                hist.turn_start,
                 self.results,
-                estimate_usd=float(fields.get("est", 0.0)),
-                estimate_tokens=int(fields.get("tok", 0)),
+                estimate_usd=fields.est,
+                estimate_tokens=fields.tok,
                 now=now,
             )
-        self.out.live[seq] = list(fields.get("decisions") or [])
+        self.out.live[seq] = list(fields.decisions)
         self.out.replayed_checks[seq] = _listed(verdict.decisions)
         for d in verdict.decisions:
             if d.action > Action.ALLOW:
-                self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
-        refused_live = ev.get("event_type") == EventType.ERROR or fields.get("breaker")
+                self.out.decisions.append(_decision(self.run_id, seq, ev.event_id, d))
+        refused_live = ev.event_type == EventType.ERROR or fields.breaker
         if verdict.refused or refused_live:
             guards.release(verdict.reservation)  # not forwarded: no answer to settle
         else:
@@ -301,113 +306,97 @@ class _Replayer:
         assert guards is not None
         reservation = self.reservations.pop(seq)
         ev = self.calls[seq]
-        fields = ev["payload"]["guard_input"]
-        now = float(fields.get("t_end", fields.get("t", 0.0)))
-        if fields.get("released"):
+        fields = _fields(ev)
+        now = fields.t if fields.t_end is None else fields.t_end
+        if fields.released:
             guards.release(reservation)
             return
-        if fields.get("kind") == "tool":
-            error = fields.get("err")
+        if fields.kind == "tool":
+            error = fields.err
             after = guards.after_tool_call(
                 reservation,
-                str(fields.get("tool")),
-                Fingerprinted(str(fields["sig"]), str(fields["id"])),
-                result_fingerprint=str(fields.get("res", "")),
+                str(fields.tool),
+                Fingerprinted(str(fields.sig), str(fields.id)),
+                result_fingerprint=fields.res,
                 error=None if error is None else RecordedError(error),
                 now=now,
-                event_id=ev.get("event_id"),
+                event_id=ev.event_id,
             )
         else:
-            after = guards.after_llm_call(
-                reservation,
-                cost_usd=float(fields.get("cost", 0.0)),
-                tokens=int(fields.get("tokens", 0)),
-                now=now,
-            )
+            after = guards.after_llm_call(reservation, cost_usd=fields.cost, tokens=fields.tokens, now=now)
         for d in after:
             if d.action > Action.ALLOW:
-                self.out.decisions.append(_decision(self.run_id, seq, ev.get("event_id"), d))
+                self.out.decisions.append(_decision(self.run_id, seq, ev.event_id, d))
 
     def _list_recorded_only(self) -> None:
         """The breaker's and the kill switch's decisions, as they happened (not recomputed)."""
         last: int | None = None
         for ev in self.events:
-            payload = ev.get("payload") or {}
-            if isinstance(payload.get("call_seq"), int):
-                last = payload["call_seq"]
-            if (
-                ev.get("event_type") != EventType.ERROR
-                or payload.get("guardrail") not in RECORDED_ONLY_GUARDRAILS
-            ):
+            payload = ev.payload
+            if payload.call_seq is not None:
+                last = payload.call_seq
+            if ev.event_type != EventType.ERROR or payload.guardrail not in RECORDED_ONLY_GUARDRAILS:
                 continue
             self.out.decisions.append(
                 ReplayDecision(
                     self.run_id,
-                    payload.get("call_seq", last),
-                    ev.get("event_id"),
-                    str(payload["guardrail"]),
-                    payload.get("kind"),
-                    str(payload.get("action") or "terminate"),
-                    str(payload.get("message") or ""),
+                    payload.call_seq if "call_seq" in payload.model_fields_set else last,
+                    ev.event_id,
+                    str(payload.guardrail),
+                    payload.kind,
+                    str(payload.action or "terminate"),
+                    str(payload.message or ""),
                     replayed=False,
                 )
             )
         self.out.decisions.sort(key=lambda d: d.call_index if d.call_index is not None else 0)
 
 
-def _replay_agentdbg(
-    run_id: str, events: list[dict[str, Any]], meta: dict[str, Any], override: GuardConfig | None
-) -> RunReplay:
+def _replay_agentdbg(run_id: str, events: list[Event], meta: Meta, override: GuardConfig | None) -> RunReplay:
     """A run without guard inputs (AgentDbg's SDK): its calls one after the other, in file order."""
-    config = override
-    if config is None and isinstance(meta.get("guard_config"), dict):
-        config = GuardConfig.model_validate(meta["guard_config"])
+    config = override or meta.guard_config
     guards = SessionGuards(config or GuardConfig(), started_at=0.0)
     out = RunReplay(run_id, recorded_by="agentdbg")
-    start = next((parse_iso(e.get("ts")) for e in events if e.get("event_type") == EventType.RUN_START), None)
+    start = next((parse_iso(e.ts) for e in events if e.event_type == EventType.RUN_START), None)
     for ev in events:
-        kind = ev.get("event_type")
-        payload = ev.get("payload") or {}
-        ts = parse_iso(ev.get("ts"))
+        kind = ev.event_type
+        ts = parse_iso(ev.ts)
         now = 0.0 if ts is None or start is None else max(0.0, ts - start)
         if kind == EventType.RUN_START:
             guards.budget.count_event()
             continue
         if kind in (EventType.LLM_CALL, EventType.TOOL_CALL):
             out.calls += 1
-            got = _agentdbg_call(guards, kind, payload, now)
-            out.decisions += [_decision(run_id, out.calls, ev.get("event_id"), d) for d in got]
-        d = guards.observe_event(str(kind), str(ev.get("name") or ""), str(ev.get("event_id")))
+            got = _agentdbg_call(guards, kind, ev.payload, now)
+            out.decisions += [_decision(run_id, out.calls, ev.event_id, d) for d in got]
+        d = guards.observe_event(str(kind), ev.name or "", str(ev.event_id))
         if d is not None:
-            out.decisions.append(_decision(run_id, out.calls or None, ev.get("event_id"), d))
+            out.decisions.append(_decision(run_id, out.calls or None, ev.event_id, d))
     return out
 
 
-def _agentdbg_call(guards: SessionGuards, kind: str, payload: dict[str, Any], now: float) -> list[Decision]:
+def _agentdbg_call(guards: SessionGuards, kind: str, payload: Payload, now: float) -> list[Decision]:
     if kind == EventType.LLM_CALL:
         verdict = guards.before_llm_call([], 0, {}, estimate_usd=0.0, now=now)
-        usage = payload.get("usage") or {}
+        tokens = payload.usage.total_tokens if payload.usage is not None else None
         after = guards.after_llm_call(
-            verdict.reservation,
-            cost_usd=float(payload.get("cost_usd") or 0.0),
-            tokens=int(usage.get("total_tokens") or 0) if isinstance(usage, dict) else 0,
-            now=now,
+            verdict.reservation, cost_usd=payload.cost_usd or 0.0, tokens=tokens or 0, now=now
         )
         return [d for d in verdict.decisions + after if d.action > Action.ALLOW]
-    tool = str(payload.get("tool_name") or "unknown")
-    args = payload.get("args")
+    tool = str(payload.tool_name or "unknown")
+    args = payload.args
     verdict = guards.before_tool_call(tool, args, now=now)
     if verdict.refused:
         return [d for d in verdict.decisions if d.action > Action.ALLOW]
     error = None
-    if payload.get("status") == "error":
-        err = payload.get("error")
+    if payload.status == "error":
+        err = payload.error
         error = content_text(err.get("message") if isinstance(err, dict) else err) or "error"
     after = guards.after_tool_call(
         verdict.reservation,
         tool,
         args,
-        result_fingerprint=result_fingerprint(payload.get("result")),
+        result_fingerprint=result_fingerprint(payload.result),
         error=error,
         now=now,
     )

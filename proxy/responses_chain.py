@@ -35,6 +35,7 @@ class Link:
     steps: list[list[ToolCall]]
     results: list[ToolResult]
     turn_start: int | None  # index into `steps` where a user message started a turn; None: inherited
+    turn_said: str | None = None  # what began the turn in force after it (`dialects.base.said`)
     # synthetic (blocked) answers only: what the upstream must get instead of this id
     real_parent: str | None = None
     input_items: list[Any] = field(default_factory=list)
@@ -51,6 +52,7 @@ def link_blob(link: Link) -> bytes:
             "steps": [[[c.id, c.name, c.arguments] for c in step] for step in link.steps],
             "results": [[r.tool_call_id, r.content, r.is_error] for r in link.results],
             "turn_start": link.turn_start,
+            "turn_said": link.turn_said,
             "real_parent": link.real_parent,
             "input_items": link.input_items,
             "text": link.text,
@@ -65,6 +67,7 @@ def link_from_blob(blob: bytes, parent: Link | None) -> Link:
         steps=[[ToolCall(i, n, a) for i, n, a in step] for step in data["steps"]],
         results=[ToolResult(i, c, bool(e)) for i, c, e in data["results"]],
         turn_start=data["turn_start"],
+        turn_said=data.get("turn_said"),
         real_parent=data["real_parent"],
         input_items=list(data["input_items"]),
         text=data["text"],
@@ -84,6 +87,22 @@ def has_user_message(call: LLMRequest) -> bool:
         isinstance(m, dict) and m.get("role") == "user" and (m.get("type") or "message") == "message"
         for m in call.messages
     )
+
+
+def opens_turn(call: LLMRequest, parent: Link | None) -> bool:
+    """Whether a request continuing `parent` begins a turn: it has a user message, and not only one
+    that repeats the words that began the chain's turn (a harness's "Continue.": SPEC §5.1)."""
+    if not has_user_message(call):
+        return False
+    in_force = parent.turn_said if parent is not None else None
+    return not (call.turns_opened == 1 and call.turn_said == in_force)
+
+
+def turn_link(call: LLMRequest, parent: Link | None) -> dict[str, Any]:
+    """The `turn_start` and `turn_said` of the link a request makes on `parent`."""
+    if opens_turn(call, parent):
+        return {"turn_start": call.turn_start, "turn_said": call.turn_said}
+    return {"turn_start": None, "turn_said": parent.turn_said if parent is not None else None}
 
 
 def input_items(body: dict[str, Any]) -> list[Any]:
@@ -149,7 +168,7 @@ class ResponsesChains:
     def history(self, agent: str, call: LLMRequest) -> History:
         """The request's history with its chain in front (as if the whole input had been sent)."""
         chain: list[Link] = []
-        link = self.get(agent, call.previous_response_id)
+        parent = link = self.get(agent, call.previous_response_id)
         while link is not None:
             chain.append(link)
             link = link.parent
@@ -161,15 +180,17 @@ class ResponsesChains:
                 turn_start = len(steps) + link.turn_start
             steps.extend(link.steps)
             results.extend(link.results)
-        if not chain or has_user_message(call):
+        if not chain or opens_turn(call, parent):
             turn_start = len(steps) + call.turn_start
         return History([*steps, *call.steps], turn_start, [*results, *call.tool_results])
 
     def remember_answer(
         self, agent: str, call: LLMRequest, response_id: str, tool_calls: list[ToolCall]
     ) -> None:
-        """A real response: the chain now goes on from it."""
-        self.remember(agent, response_id, self._link(agent, call, [list(tool_calls)]))
+        """A real response: the chain now goes on from it (with what its hosted calls gave)."""
+        link = self._link(agent, call, [list(tool_calls)])
+        link.results += [tc.result for tc in tool_calls if tc.hosted and tc.result is not None]
+        self.remember(agent, response_id, link)
 
     def remember_block(
         self, agent: str, call: LLMRequest, synthetic_id: str, sent_body: dict[str, Any], text: str
@@ -183,12 +204,13 @@ class ResponsesChains:
         self.remember(agent, synthetic_id, link)
 
     def _link(self, agent: str, call: LLMRequest, answer_steps: list[list[ToolCall]]) -> Link:
+        parent = self.get(agent, call.previous_response_id)
         return Link(
-            parent=self.get(agent, call.previous_response_id),
+            parent=parent,
             steps=[*call.steps, *answer_steps],
             results=list(call.tool_results),
-            turn_start=call.turn_start if has_user_message(call) else None,
             parent_id=call.previous_response_id,
+            **turn_link(call, parent),
         )
 
     def rewrite(self, agent: str, body: dict[str, Any]) -> dict[str, Any] | None:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import orjson
 
+from proxy.dialects import of_call
 from proxy.dialects.base import LLMRequest
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call
 from proxy.pipeline import BaseStage
-from proxy.responses_chain import Link, ResponsesChains, has_user_message, synthetic_id_of
-
-RESPONSES = "openai_responses"
+from proxy.responses_chain import Link, ResponsesChains, synthetic_id_of, turn_link
 
 
 def is_responses(ex: Exchange) -> bool:
-    return getattr(ex.call, "dialect", None) == RESPONSES and not is_tool_call(ex)
+    """A call of a dialect whose answers a later request continues (`previous_response_id`)."""
+    dialect = of_call(ex.call)
+    return dialect is not None and dialect.CHAINS_RESPONSES and not is_tool_call(ex)
 
 
 class ResponsesChainStage(BaseStage):
@@ -72,14 +73,15 @@ class ResponsesChainStage(BaseStage):
     def link_warmup(self, agent: str, call: LLMRequest, response_id: str) -> None:
         """A warm-up (generate: false) answered: the chain goes on from it, with its input and no
         answer step, so a later call naming it is judged on the whole history."""
+        parent = self.chains.get(agent, call.previous_response_id)
         self.chains.remember(
             agent,
             response_id,
             Link(
-                parent=self.chains.get(agent, call.previous_response_id),
+                parent=parent,
                 steps=list(call.steps),
                 results=list(call.tool_results),
-                turn_start=call.turn_start if has_user_message(call) else None,
                 parent_id=call.previous_response_id,
+                **turn_link(call, parent),
             ),
         )

@@ -9,11 +9,13 @@ and every error names the field and the source it came from.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -210,6 +212,11 @@ class Settings(BaseModel):
         split_host_port(v)
         return v
 
+    def viewer_run_url(self, run_id: str) -> str:
+        """A run's page in the viewer, on the admin listener."""
+        host, port = split_host_port(self.admin_listen)
+        return f"http://{url_host(host)}:{port}/?run={run_id}"
+
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser().resolve()
 
@@ -222,6 +229,13 @@ def split_host_port(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def url_host(host: str) -> str:
+    """The host as it goes in a URL: a wildcard bind is reached on loopback; IPv6 in brackets."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def is_loopback(host: str) -> bool:
@@ -292,12 +306,26 @@ def yaml_source(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(yaml_error_line(path, e)) from e
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return normalise_file(data)
+
+
+def yaml_error_line(path: Path, e: yaml.YAMLError) -> str:
+    """One line: `file:line:column: not valid YAML: what was expected` (PyYAML's own text spans
+    several lines and names the input "<unicode string>")."""
+    if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
+        return f"{path}: not valid YAML: {' '.join(str(e).split())}"
+    mark = e.problem_mark
+    text = f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {e.problem}"
+    if e.context:
+        started = e.context_mark
+        where = f" at {started.line + 1}:{started.column + 1}" if started is not None else ""
+        text += f" ({e.context}{where})"
+    return text
 
 
 def normalise_file(data: dict[str, Any]) -> dict[str, Any]:
@@ -361,13 +389,81 @@ def load_settings(
     try:
         return Settings.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, sources=[name for name, _ in layers])) from e
+        used = [(name, layer) for name, layer in layers if layer]  # an empty source set nothing
+        raise ConfigError(format_validation_error(e, sources=used)) from e
 
 
-def format_validation_error(e: ValidationError, sources: list[str] | None = None) -> str:
+def format_validation_error(
+    e: ValidationError,
+    sources: list[tuple[str, dict[str, Any]]] | None = None,
+    model: type[BaseModel] | None = None,
+) -> str:
+    """Every error on one line naming the field; an unknown key gets the nearest known one
+    ("loop_detecton: unknown key; did you mean loop_detection?"); with several `sources` (name,
+    what it set), each line starts with the one that set the field."""
+    root = model or Settings
     lines = []
     for err in e.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"{field}: {err['msg']}")
-    where = f" (sources: {', '.join(sources)})" if sources else ""
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden" and loc:
+            line = f"{field}: unknown key{_suggestion(str(loc[-1]), known_keys(root, loc[:-1]))}"
+        else:
+            line = f"{field}: {err['msg'].removeprefix('Value error, ')}"
+        if sources and len(sources) > 1:
+            origin = next((name for name, layer in reversed(sources) if _sets(layer, loc)), None)
+            if origin is not None:
+                line = f"{origin}: {line}"
+        lines.append(line)
+    where = f" (sources: {', '.join(name for name, _ in sources)})" if sources else ""
     return "invalid configuration" + where + ":\n  " + "\n  ".join(lines)
+
+
+def known_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The keys the model accepts at `path` (a dict's keys in the path are skipped); [] if unknown."""
+    current: Any = model
+    for part in path:
+        current = _field_type(current, part)
+        if current is None:
+            return []
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return []
+    keys = list(current.model_fields)
+    if current is Settings:
+        keys += GUARD_SECTIONS  # accepted at the top level, the LangSight shape
+    return keys
+
+
+def _field_type(current: Any, part: Any) -> Any:
+    """The type one step into `current` (a model's field, or a dict's value type)."""
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        info = current.model_fields.get(str(part))
+        return None if info is None else _unwrap(info.annotation)
+    if get_origin(current) is dict:
+        return _unwrap(get_args(current)[1])
+    return None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """`X | None` -> X (the one model among a union's members, if there is one)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+    return annotation
+
+
+def _suggestion(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"; did you mean {close[0]}?"
+    return f" (known: {', '.join(sorted(known))})" if known else ""
+
+
+def _sets(layer: Mapping[str, Any], loc: tuple[Any, ...]) -> bool:
+    node: Any = layer
+    for part in loc:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True

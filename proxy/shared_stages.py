@@ -272,6 +272,8 @@ def pending_calls(session: Session, result: Any, llm_event_id: str | None) -> di
     (and drops one already recorded as an MCP call: its signatures)."""
     out: dict[str, PendingCall] = {}
     for tc in getattr(result, "tool_calls", None) or []:
+        if tc.hosted:  # recorded with its answer (record_hosted_calls): no result will come for it
+            continue
         local = session.conversation.pending_tool_calls.get(tc.id)
         detail = {
             "name": tc.name,

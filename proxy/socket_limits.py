@@ -1,4 +1,4 @@
-"""Bounds on the relayed WebSockets (proxy/websocket.py): how many one agent holds open, and how long
+"""Bounds on the relayed WebSockets (proxy/websocket/): how many one agent holds open, and how long
 one may sit idle (settings `websocket_max_per_agent`, `websocket_idle_timeout_s`; docs/configuration.md).
 
 Idle means no message (text or binary) either way and no Responses call waiting for its answer. Pings
@@ -33,7 +33,7 @@ REFUSED_STATUS = 426
 
 
 class IdleWatched(Protocol):
-    """What the watchdog reads of a relayed socket (proxy.websocket.SocketRelay)."""
+    """What the watchdog reads of a relayed socket (proxy.websocket.relay.SocketRelay)."""
 
     closing: bool
     last_message: float  # time.monotonic() of the last text or binary message, either way

@@ -7,13 +7,16 @@ from typing import TYPE_CHECKING
 
 from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED
+from proxy.dialects import of_call
 from proxy.exchange import Exchange
 from proxy.forward import request_headers
 from proxy.guard_events import refuse_unavailable
 from proxy.guards.decision import Action, Decision
+from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import synthetic_id_of
 from proxy.routing import join_upstream
+from proxy.run_names import run_name
 from proxy.sessions import Refused
 from proxy.state.base import StateUnavailable
 from proxy.state.service import TERMINATED
@@ -57,16 +60,31 @@ class SessionStage(BaseStage):
             Refused(None, "session terminated")
             if run_id == TERMINATED
             else self.engine.open_session(
-                ex.route.agent, ex.route.session, wall=ex.started_wall, episode=episode, run_id=run_id
+                ex.route.agent,
+                ex.route.session,
+                wall=ex.started_wall,
+                episode=episode,
+                run_id=run_id,
+                run_name=lambda: run_name(
+                    ex.request.headers,
+                    getattr(ex.call, "messages", None),
+                    record_content=self.engine.settings.record_content,
+                ),
             )
         )
         if isinstance(opened, Refused):
-            decision = Decision(
-                Action.TERMINATE,
-                guard=GUARD_SESSION_TERMINATED,
-                message="this session was terminated by a guard; start a new session",
+            settings = self.engine.settings
+            text = describe_ended(
+                ex.route.agent,
+                ex.route.session,
+                idle_timeout_s=settings.session_idle_timeout_s,
+                terminated_ttl_s=settings.terminated_ttl_s,
+                run_url=settings.viewer_run_url(opened.session.run_id)
+                if opened.session is not None
+                else None,
             )
-            ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")
+            decision = Decision(Action.TERMINATE, guard=GUARD_SESSION_TERMINATED, message=text)
+            ex.answer = ex.protocol.render_refusal(ex, decision, text)
             self.engine.metrics.observe_decision(decision.guard, "terminate")
             return
         ex.session = opened
@@ -78,7 +96,8 @@ class SessionStage(BaseStage):
             return
         session.inflight -= 1
         session.last_seen = time.monotonic()
-        if getattr(ex.call, "dialect", None) == "openai_responses" and not session.explicit:
+        dialect = of_call(ex.call)
+        if dialect is not None and dialect.CHAINS_RESPONSES and not session.explicit:
             # a later request naming this answer as previous_response_id continues this run
             result = ex.result
             response_id = getattr(result, "response_id", None)

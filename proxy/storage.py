@@ -2,18 +2,21 @@
 
 Layout (AgentDbg's, plus tripwire.json): `<data_dir>/runs/<run_id>/{run.json, events.jsonl, tripwire.json}`.
 Sync file I/O in small functions: the recorder's writer calls the writers (appends and rewrites on the
-event loop, where page-cache writes take microseconds; anything that fsyncs in a worker thread), the
-viewer API calls the readers (via `asyncio.to_thread`). A run id is validated and its resolved path checked to be
+event loop, where page-cache writes take microseconds; anything that fsyncs in the writer's thread), the
+viewer API calls the readers (in its own thread pool). A run id is validated and its resolved path checked to be
 inside the runs base before any path is built from it, so an API argument can never name another file.
+Every read of a run's file opens it through `open_run_file`: regular files only (no symlink, FIFO, device).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections import deque
 from collections.abc import Collection
@@ -215,28 +218,91 @@ def encode_line(obj: dict[str, Any]) -> bytes:
 # --- readers ---------------------------------------------------------------------------------------
 
 
-def open_no_follow(path: Path) -> BinaryIO:
-    """Open a file of a run for reading, refusing a symlink (OSError ELOOP): a link planted in a run
-    dir must not make the viewer serve a file from elsewhere (`/etc/shadow` as events.jsonl)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+class NotRegularFile(OSError):
+    """A run's file that is not a regular file (a symlink, a FIFO, a device, a directory): never read.
+
+    Its message names the file (`events.jsonl is a FIFO, not a regular file`)."""
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def open_run_file(path: Path) -> BinaryIO:
+    """Open a file of a run for reading, only when it is a regular file (NotRegularFile otherwise).
+
+    Every read of run.json, events.jsonl and tripwire.json comes here. O_NOFOLLOW: a link planted in
+    a run dir must not make the viewer serve a file from elsewhere (`/etc/shadow`, `/dev/zero`).
+    O_NONBLOCK: opening a FIFO must not wait for a writer (a worker thread held forever); the fstat
+    after the open then refuses it, as it refuses a device (no read ever blocks on a regular file).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotRegularFile(
+                errno.ELOOP, f"{path.name} is a symlink, not a regular file", str(path)
+            ) from e
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(
+            errno.EINVAL, f"{path.name} is {_file_kind(mode)}, not a regular file", str(path)
+        )
     return os.fdopen(fd, "rb")
 
 
-def read_no_follow(path: Path) -> bytes:
-    with open_no_follow(path) as f:
+def regular_stat(path: Path) -> os.stat_result | None:
+    """The lstat of a run file, None when missing; NotRegularFile when it is not a regular file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else _file_kind(st.st_mode)
+        raise NotRegularFile(errno.EINVAL, f"{path.name} is {kind}, not a regular file", str(path))
+    return st
+
+
+def read_run_file(path: Path) -> bytes:
+    """A run file's bytes (see open_run_file)."""
+    with open_run_file(path) as f:
         return f.read()
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object file, or None when missing, unreadable (a symlink too) or not an object."""
+def load_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file; None when missing, not JSON or not an object; NotRegularFile when it is not
+    a regular file and OSError when it cannot be read (for callers that say so, as the API does)."""
     try:
-        data = orjson.loads(read_no_follow(path))
+        data = orjson.loads(read_run_file(path))
     except FileNotFoundError:
         return None
-    except (OSError, orjson.JSONDecodeError) as e:
+    except orjson.JSONDecodeError as e:
         logger.warning("cannot read %s: %s", path, e)
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when missing, unreadable (not a regular file too) or not an object."""
+    try:
+        return load_json(path)
+    except OSError as e:
+        logger.warning("cannot read %s: %s", path, e)
+        return None
 
 
 def _with_tripwire(d: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -273,12 +339,15 @@ def list_runs(data_dir: Path, limit: int | None = None) -> list[dict[str, Any]]:
 
 
 def iter_event_lines(path: Path) -> list[tuple[bytes, bool]]:
-    """The non-blank lines of a JSONL file as (line, ends_with_newline); [] when the file is missing."""
+    """The non-blank lines of a JSONL file as (line, ends_with_newline); [] when the file is missing,
+    NotRegularFile when it is not a regular file."""
     try:
-        data = read_no_follow(path)
+        data = read_run_file(path)
     except FileNotFoundError:
         return []
-    except OSError as e:  # a symlink (ELOOP), or unreadable
+    except NotRegularFile:  # the caller says so (a FIFO, a symlink)
+        raise
+    except OSError as e:  # unreadable
         logger.warning("cannot read %s: %s", path, e)
         return []
     lines = data.split(b"\n")

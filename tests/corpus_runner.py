@@ -5,7 +5,11 @@ Two ways, as Tripwire sees traffic:
   JSON-RPC reader after); the calls of a `Parallel` step are all sent before any answer comes back;
   a user turn is a pause longer than `turn_gap_s` (an MCP-only session has no other sign of one);
 - `fc`: function-calling; after each assistant step the agent sends the whole history with the
-  step's results, and the request is judged (the decision lands on that step's calls).
+  step's results, and the request is judged (the decision lands on that step's calls). The request
+  is a real body of the session's dialect (`Session.dialect`), read by Tripwire's own parser: Chat
+  Completions (the whole history), Anthropic Messages (tool results, and the user's words with
+  them, in user messages) or a Responses chain (each request carries the step's outputs and the
+  user's words that follow, naming the answer before; `ResponsesChains` gives the history).
 A refused call stops the agent (it got a blocked answer or a refusal); a warning lets it go on.
 
 `python tests/corpus_runner.py` prints the accuracy tables of docs/guards.md (a test checks they
@@ -27,11 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loop_corpus import SESSIONS, Call, Parallel, Pause, Session, User  # noqa: E402
 
+from proxy.dialects import anthropic, openai_chat, openai_responses  # noqa: E402
+from proxy.dialects.base import LLMRequest, ToolCall  # noqa: E402
 from proxy.guards.config import GuardConfig  # noqa: E402
 from proxy.guards.decision import Action, Decision  # noqa: E402
 from proxy.guards.session import SessionGuards  # noqa: E402
 from proxy.guards.signatures import result_fingerprint  # noqa: E402
 from proxy.mcp.jsonrpc import tool_result  # noqa: E402
+from proxy.responses_chain import ResponsesChains  # noqa: E402
+
+AGENT_OF_CHAIN = "corpus"  # chains are kept per agent; a corpus session is one agent's
 
 SECONDS_PER_CALL = 0.5  # agents take a moment between calls; turns of the corpus stay realistic
 USER_PAUSE_S = 90.0  # a person reading and answering: longer than turn_gap_s
@@ -109,7 +118,7 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
     now = 0.0
     for step in _steps(session):
         if isinstance(step, User):
-            now += USER_PAUSE_S
+            now += USER_PAUSE_S if step.seconds is None else step.seconds
             continue
         if isinstance(step, Pause):
             now += step.seconds
@@ -142,34 +151,105 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
     return out
 
 
+# a step of the history so far: the user's words before it, then its calls with their ids
+Segment = tuple[list[str], list[tuple[str, Call]]]
+TASK = "Here is your task."
+
+
+def _content(call: Call) -> str:
+    return _fc_content(call)
+
+
+def chat_body(segments: list[Segment]) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    for users, row in segments:
+        messages += [{"role": "user", "content": text} for text in users]
+        calls = [
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": c.tool, "arguments": orjson.dumps(c.args).decode()},
+            }
+            for cid, c in row
+        ]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages += [{"role": "tool", "tool_call_id": cid, "content": _content(c)} for cid, c in row]
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def anthropic_body(segments: list[Segment]) -> dict[str, Any]:
+    """Claude Code's shape: the user's words go with the previous step's tool results."""
+    messages: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = [{"type": "text", "text": TASK}]
+    for users, row in segments:
+        pending += [{"type": "text", "text": text} for text in users]
+        messages.append({"role": "user", "content": pending})
+        uses = [{"type": "tool_use", "id": cid, "name": c.tool, "input": c.args} for cid, c in row]
+        messages.append({"role": "assistant", "content": uses})
+        pending = [
+            {
+                "type": "tool_result",
+                "tool_use_id": cid,
+                "content": _content(c),
+                "is_error": c.error is not None,
+            }
+            for cid, c in row
+        ]
+    messages.append({"role": "user", "content": pending})
+    return {"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": messages}
+
+
+def responses_input(users: list[str], row: list[tuple[str, Call]]) -> list[dict[str, Any]]:
+    """A chained request's input: the outputs of the step before, then the user's words."""
+    outputs = [{"type": "function_call_output", "call_id": cid, "output": _content(c)} for cid, c in row]
+    return [*outputs, *({"role": "user", "content": text} for text in users)]
+
+
+def _segments(session: Session) -> Iterator[tuple[list[str], Call | Parallel, float]]:
+    """(the user's words before a step, the step, seconds paused before it)."""
+    users: list[str] = []
+    paused = 0.0
+    for step in _steps(session):
+        if isinstance(step, User):
+            users.append(step.text)
+            paused += USER_PAUSE_S if step.seconds is None else step.seconds
+        elif isinstance(step, Pause):
+            paused += step.seconds
+        else:
+            yield users, step, paused
+            users, paused = [], 0.0
+
+
 def run_fc(session: Session, config: GuardConfig) -> Outcome:
     guards = SessionGuards(config, started_at=0.0)
     out = Outcome(session, "fc")
-    steps: list[list[tuple[str, str, str]]] = []
-    results: dict[str, tuple[str, str | None]] = {}
-    turn_start = 0
+    segments: list[Segment] = []
+    marks: dict[str, tuple[str, str | None]] = {}  # chat and Responses: errors as the agent knows them
+    chains = ResponsesChains()
     now = 0.0
     _events(out, guards, "LLM_CALL", "gpt-4o", 0)  # the request that asked for the first step
-    for step in _steps(session):
-        if isinstance(step, User):
-            now += USER_PAUSE_S
-            turn_start = len(steps)
+    plan = list(_segments(session))
+    if session.dialect == "responses":  # the first request: the task and the user's first words
+        first = openai_responses.parse_request(
+            {"input": responses_input([TASK, *plan[0][0]], [])} if plan else {}
+        )
+        chains.remember_answer(AGENT_OF_CHAIN, first, "resp_0", [])
+    for k, (users, step, paused) in enumerate(plan):
+        now += paused
+        for _ in users:
             _events(out, guards, "LLM_CALL", "gpt-4o", out.calls)
-            continue
-        if isinstance(step, Pause):
-            now += step.seconds
-            continue
         batch = step.calls if isinstance(step, Parallel) else (step,)
         row = []
         for call in batch:
             out.calls += 1
             call_id = f"call_{out.calls}"
-            row.append((call_id, call.tool, orjson.dumps(call.args).decode()))
+            row.append((call_id, call))
             content = _fc_content(call)
-            results[call_id] = (result_fingerprint(content), content if call.error is not None else None)
+            marks[call_id] = (result_fingerprint(content), content if call.error is not None else None)
             _events(out, guards, "TOOL_CALL", call.tool, out.calls)
-        steps.append(row)
+        segments.append((users, row))
         now += SECONDS_PER_CALL * len(batch)
+        steps, turn_start, results = _request(session, segments, plan, k, chains, marks)
         verdict = guards.before_llm_call(steps, turn_start, results, estimate_usd=0.0, now=now)
         out.fired += [(out.calls, d) for d in verdict.decisions]
         if verdict.refused:
@@ -177,6 +257,44 @@ def run_fc(session: Session, config: GuardConfig) -> Outcome:
         guards.after_llm_call(verdict.reservation, cost_usd=0.0, tokens=0, now=now)
         _events(out, guards, "LLM_CALL", "gpt-4o", out.calls)
     return out
+
+
+def _answer(step: Call | Parallel, first: int) -> list[ToolCall]:
+    """The model's answer that asked for `step`, its calls numbered from `first` as the runner does."""
+    calls = step.calls if isinstance(step, Parallel) else (step,)
+    return [ToolCall(f"call_{first + i}", c.tool, c.args) for i, c in enumerate(calls)]
+
+
+def _request(
+    session: Session,
+    segments: list[Segment],
+    plan: list[tuple[list[str], Call | Parallel, float]],
+    k: int,
+    chains: ResponsesChains,
+    marks: dict[str, tuple[str, str | None]],
+) -> tuple[Any, int, Any]:
+    """The guards' inputs of the request sent after step k, read from its body by the dialect."""
+    if session.dialect == "anthropic":
+        req: LLMRequest = anthropic.parse_request(anthropic_body(segments))
+        return req.steps, req.turn_start, req.tool_results
+    if session.dialect == "responses":
+        # the step's outputs and the user's words before the next step go in one request, which
+        # continues the answer that asked for the step (its calls were remembered with it)
+        row = segments[-1][1]
+        following = plan[k + 1][0] if k + 1 < len(plan) else []
+        body = {"input": responses_input(following, row), "previous_response_id": f"resp_{k}"}
+        call = openai_responses.parse_request(body)
+        history = chains.history(AGENT_OF_CHAIN, call)
+        if k + 1 < len(plan):
+            first = sum(len(r) for _, r in segments) + 1
+            chains.remember_answer(AGENT_OF_CHAIN, call, f"resp_{k + 1}", _answer(plan[k + 1][1], first))
+        return (
+            history.steps,
+            history.turn_start,
+            {r.tool_call_id: marks[r.tool_call_id] for r in history.results},
+        )
+    req = openai_chat.parse_request(chat_body(segments))
+    return req.steps, req.turn_start, {cid: marks[cid] for _, row in segments for cid, _ in row}
 
 
 RUNNERS = {"mcp": run_mcp, "fc": run_fc}

@@ -52,6 +52,8 @@ class Reply:
     resume: asyncio.Event | None = None
     # SSE streams: after this many frames, send nothing more until `resume` is set
     pause_after_chunks: int | None = None
+    # Responses: output items sent as they are, after the text and tool calls (local_shell_call, ...)
+    output_items: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -279,6 +281,7 @@ class FakeUpstream:
                     "status": "completed",
                 }
             )
+        output.extend(reply.output_items)
         response = {
             "id": response_id,
             "object": "response",

@@ -40,9 +40,11 @@ class Parallel:
 
 @dataclass(frozen=True)
 class User:
-    """A new user message: a new turn (MCP-only: a pause longer than turn_gap_s)."""
+    """A new user message: a new turn (MCP-only: a pause longer than turn_gap_s), unless it repeats
+    the words that began the turn in force (a harness's nudge, SPEC §5.1)."""
 
     text: str = "next request"
+    seconds: float | None = None  # how long it took to come; None: a person reading (USER_PAUSE_S)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Session:
     loop_start: int | None = None
     round_len: int | None = None
     transport: Literal["both", "mcp", "fc"] = "both"
+    # function-calling: the protocol the agent speaks (the requests are read by Tripwire's own parser)
+    dialect: Literal["chat", "anthropic", "responses"] = "chat"
     shape: str = ""  # the family it belongs to, for the accuracy table in docs/guards.md
     notes: str = ""
 
@@ -1850,4 +1854,482 @@ _STUCK: list[Session] = [
     ),
 ]
 
-SESSIONS: list[Session] = _HONEST + _STUCK
+# --- what counts as news (issue 21): counters and measurements, ids in any alphabet, results folded
+# as arguments, harness nudges, and shapes the corpus lacked (Anthropic and Responses-chain dialects,
+# writes inside cycles, oscillating patches, results that are only identifiers) ------------------
+
+_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+
+def _rid(alphabet: str, salt: str, i: int, n: int = 22) -> str:
+    """A random-looking but deterministic id in `alphabet` (a trace or request id, a cursor)."""
+    digest = hashlib.sha256(f"{salt}:{i}".encode()).digest() * 2
+    return "".join(alphabet[b % len(alphabet)] for b in digest[:n])
+
+
+def _nudged(calls: tuple[Step, ...], nudge: str = "Continue.") -> tuple[Step, ...]:
+    """A harness that answers every step with the same words, at once."""
+    return tuple(x for call in calls for x in (call, User(nudge, seconds=0.5)))
+
+
+_NEWS_HONEST = [
+    Session(
+        name="poll_percentages_with_poll_counter_and_trace_id",
+        stuck=False,
+        shape="poll (changing)",
+        steps=tuple(
+            Call(
+                "get_job_status",
+                {"job": "etl-2026-03-01"},
+                f"job etl-2026-03-01: running {pct}% (poll {n + 1}, trace {_rid(_B62, 'poll', n)})",
+            )
+            for n, pct in enumerate((5, 20, 20, 35, 60, 60, 75, 90, 100))
+        ),
+        notes="the percentage is news; the poll counter and the trace id are not (20% twice in a row is"
+        " one poll without progress, well under any threshold)",
+    ),
+    Session(
+        name="training_iterations_jump",
+        stuck=False,
+        shape="poll (changing)",
+        steps=tuple(
+            Call(
+                "get_training_run",
+                {"run": "bert-ft-7"},
+                {"state": "training", "iteration": 500 * n, "tick": n},
+            )
+            for n in range(1, 11)
+        ),
+        notes="`iteration` is named like a counter but jumps by 500: a measurement (a `tick` steps by one)",
+    ),
+    Session(
+        name="queue_drain_depth_goes_down",
+        stuck=False,
+        shape="queue drain",
+        steps=tuple(
+            Call("pop_message", {"queue": "invoices"}, f"processed message #{41 + n}; depth {17 - n}")
+            for n in range(15)
+        ),
+        notes="the message number is a counter, the depth a measurement that moves: every pop is news",
+    ),
+    Session(
+        name="rollout_pods_ready_step_by_one",
+        stuck=False,
+        shape="poll (changing)",
+        steps=tuple(
+            Call("get_rollout", {"deployment": "api"}, f"{n} of 8 pods ready (attempt {n + 1})")
+            for n in range(9)
+        ),
+        notes="a measurement that happens to step by one per call is news; only a number named as a count"
+        " of calls is a counter",
+    ),
+    Session(
+        name="price_and_depth_readings",
+        stuck=False,
+        shape="sensor readings",
+        steps=tuple(
+            Call("read_gauges", {"site": "tank-3"}, {"depth_cm": depth, "price_usd_per_m3": price, "req": n})
+            for n, (depth, price) in enumerate(
+                ((212, 1.43), (209, 1.43), (205, 1.44), (201, 1.44), (198, 1.45), (194, 1.45), (190, 1.46))
+            )
+        ),
+    ),
+    Session(
+        name="paging_results_that_are_only_ids",
+        stuck=False,
+        shape="results only ids",
+        steps=tuple(
+            Call(
+                "list_object_ids",
+                {"bucket": "scans", "cursor": _rid(_B62, "cursor", p - 1) if p else None},
+                {"ids": [_rid(_B58, "obj", 10 * p + j) for j in range(10)], "next": _rid(_B62, "cursor", p)},
+            )
+            for p in range(12)
+        ),
+        notes="a page of bare ids and an opaque cursor: a value that is only an id names a thing",
+    ),
+    Session(
+        name="create_records_answered_with_only_ids",
+        stuck=False,
+        shape="results only ids",
+        steps=tuple(
+            Call(
+                "create_record", {"table": "leads", "email": f"lead{i}@example.com"}, _rid(_B62, "rec", i, 16)
+            )
+            for i in range(12)
+        ),
+    ),
+    Session(
+        name="check_objects_by_url_all_ok",
+        stuck=False,
+        shape="identical answers",
+        steps=tuple(
+            Call(
+                "http_get",
+                {"url": f"https://api.example.com/v1/objects/{_rid(_B62, 'obj-url', i)}"},
+                {"status": 200, "body": "ok"},
+            )
+            for i in range(12)
+        ),
+        notes="12 objects, one answer: an id in a path names what the call is about",
+    ),
+    Session(
+        name="identical_answers_to_distinct_searches",
+        stuck=False,
+        shape="identical answers",
+        steps=tuple(
+            Call("search_code", {"query": q}, f'No results for "{q}" (request {_rid(_B32, "sr", i, 26)})')
+            for i, q in enumerate(
+                (
+                    "parse_duration",
+                    "DurationError",
+                    "units.get",
+                    "def parse(",
+                    "import re",
+                    "timedelta(",
+                    "1h30m",
+                    "TIMEOUT_S",
+                )
+            )
+        ),
+        notes="distinct calls whose answers differ only by the query they echo and a request id",
+    ),
+    Session(
+        name="new_question_at_every_step",
+        stuck=False,
+        shape="harness nudges",
+        transport="fc",
+        steps=tuple(
+            x
+            for i in range(8)
+            for x in (
+                User(f"Question {i + 1}: is the payments service healthy now?"),
+                Call("get_service_status", {"service": "payments"}, {"status": "healthy"}),
+            )
+        ),
+        notes="the same status check, each time for a new question: each begins a turn",
+    ),
+    Session(
+        name="nudged_poll_that_moves",
+        stuck=False,
+        shape="harness nudges",
+        transport="fc",
+        steps=(
+            User("Wait for the export and tell me when it is done."),
+            *_nudged(
+                tuple(
+                    Call("get_export", {"export": "q1-report"}, f"export q1-report: {pct}% written")
+                    for pct in (0, 10, 25, 40, 55, 70, 85, 95)
+                )
+            ),
+        ),
+        notes="the harness answers every step with the same words; the export is moving: no loop",
+    ),
+    Session(
+        name="anthropic_coding_session",
+        stuck=False,
+        shape="coding session",
+        transport="fc",
+        dialect="anthropic",
+        steps=(
+            Call("Read", {"file_path": "src/duration.py"}, "def parse_duration(s):\n    return int(s)\n"),
+            Call(
+                "Grep",
+                {"pattern": "parse_duration", "path": "."},
+                "src/duration.py:1\ntests/test_duration.py:3",
+            ),
+            Call(
+                "Read",
+                {"file_path": "tests/test_duration.py"},
+                "def test_parse():\n    assert parse('1h30m')",
+            ),
+            Call("Bash", {"command": "pytest -q"}, error=_pytest_fail("ValueError: '1h30m'", 0.41)),
+            Call(
+                "Edit",
+                {"file_path": "src/duration.py", "old_string": "int(s)", "new_string": "_parse(s)"},
+                "ok",
+            ),
+            Call(
+                "Bash",
+                {"command": "pytest -q"},
+                error=_pytest_fail("NameError: name '_parse' is not defined", 0.38),
+            ),
+            Call(
+                "Edit",
+                {"file_path": "src/duration.py", "old_string": "def parse", "new_string": "def _parse"},
+                "ok",
+            ),
+            Call("Bash", {"command": "pytest -q"}, error=_pytest_fail("KeyError: 'm'", 0.40)),
+            Call(
+                "Edit",
+                {"file_path": "src/duration.py", "old_string": "units[u]", "new_string": "UNITS[u]"},
+                "ok",
+            ),
+            Call("Bash", {"command": "pytest -q"}, "14 passed in 0.33s"),
+            Call("Bash", {"command": "git diff --stat"}, " src/duration.py | 9 ++++++---"),
+        ),
+    ),
+    Session(
+        name="responses_chain_research",
+        stuck=False,
+        shape="research",
+        transport="fc",
+        dialect="responses",
+        steps=tuple(
+            x
+            for i, topic in enumerate(("pricing", "limits", "regions", "sla", "support", "roadmap"))
+            for x in (
+                Call("web_search", {"q": f"tripwire {topic}"}, [f"https://tripwire.dev/{topic}"]),
+                Call(
+                    "fetch",
+                    {"url": f"https://tripwire.dev/{topic}"},
+                    f"# {topic}\n{100 + 7 * i} words about {topic}",
+                ),
+            )
+        ),
+    ),
+]
+
+_NEWS_STUCK = [
+    Session(
+        name="retry_with_base62_trace_and_attempt_counter",
+        stuck=True,
+        shape="retry",
+        loop_start=1,
+        round_len=1,
+        steps=tuple(
+            Call(
+                "deploy",
+                {"service": "api", "version": "2.4.1"},
+                error=f"Internal error (trace {_rid(_B62, 'dep', n)}, attempt {n + 1} of 10)",
+            )
+            for n in range(10)
+        ),
+    ),
+    Session(
+        name="retry_with_base32_request_id_and_retry_number",
+        stuck=True,
+        shape="retry",
+        loop_start=1,
+        round_len=1,
+        steps=tuple(
+            Call(
+                "publish_package",
+                {"name": "tripwire-sdk", "version": "0.9.0", "dry_run": n % 2 == 0},
+                error=f"Retry #{n + 1}: registry answered 503 Service Unavailable, request {_rid(_B32, 'pub', n, 26)}",
+            )
+            for n in range(10)
+        ),
+        notes="the arguments change (dry_run toggles) but the same failure comes back: no progress",
+    ),
+    Session(
+        name="poll_with_base58_trace_and_poll_counter",
+        stuck=True,
+        shape="poll (stuck)",
+        loop_start=1,
+        round_len=1,
+        steps=tuple(
+            Call(
+                "get_job_status",
+                {"job": "etl-2026-03-01"},
+                f"job etl-2026-03-01: running 40% (poll {n + 1}, trace {_rid(_B58, 'stuck-poll', n)})",
+            )
+            for n in range(10)
+        ),
+    ),
+    Session(
+        name="decimal_trace_ids_in_errors",
+        stuck=True,
+        shape="retry",
+        loop_start=1,
+        round_len=1,
+        steps=tuple(
+            Call(
+                "query_metrics",
+                {"query": "sum(rate(http_requests_total[5m]))"},
+                error=f"upstream timeout, dd.trace_id={_rid('123456789', 'dd', n, 19)}"
+                f" span_id={_rid('123456789', 'span', n, 19)}",
+            )
+            for n in range(10)
+        ),
+    ),
+    Session(
+        name="search_echo_case_variations",
+        stuck=True,
+        shape="near-duplicate queries",
+        loop_start=1,
+        round_len=1,
+        steps=tuple(
+            Call("search_docs", {"query": q}, {"query": q, "hits": [], "message": f'No results for "{q}".'})
+            for q in (
+                "tripwire rate limits",
+                "Tripwire rate limits",
+                "tripwire  rate limits?",
+                "TRIPWIRE RATE LIMITS",
+                "Tripwire Rate Limits.",
+                "tripwire rate  limits",
+                "Tripwire rate limits?",
+                "tripwire RATE limits",
+            )
+        ),
+        notes="the same search re-sent in other case and spacing; the tool echoes the query",
+    ),
+    Session(
+        name="counter_phrase_in_arguments",
+        stuck=True,
+        shape="volatile ids",
+        loop_start=1,
+        round_len=1,
+        steps=tuple(
+            Call(
+                "ask_support_bot",
+                {"message": f"Is the refund for order 1182 done? (attempt {n + 1})"},
+                "Still processing.",
+            )
+            for n in range(8)
+        ),
+    ),
+    Session(
+        name="harness_continue_repetition",
+        stuck=True,
+        shape="harness nudges",
+        transport="fc",
+        loop_start=1,
+        round_len=1,
+        steps=(
+            User("Find out why checkout is slow."),
+            *_nudged(
+                _same_call_loop(Call("get_trace_summary", {"service": "checkout"}, "p99 2.4s, 91% in db"), 9)
+            ),
+        ),
+        notes="every step answered with 'Continue.': one turn from the first nudge on",
+    ),
+    Session(
+        name="harness_nudge_anthropic_ping_pong",
+        stuck=True,
+        shape="harness nudges",
+        transport="fc",
+        dialect="anthropic",
+        loop_start=1,
+        round_len=2,
+        steps=(
+            User("Fix the failing test."),
+            *_nudged(
+                _cycle(
+                    (
+                        Call(
+                            "Read",
+                            {"file_path": "src/duration.py"},
+                            "def parse_duration(s):\n    return int(s)\n",
+                        ),
+                        Call(
+                            "Bash", {"command": "pytest -q"}, error=_pytest_fail("ValueError: '1h30m'", 0.41)
+                        ),
+                    ),
+                    6,
+                ),
+                "Keep going until the tests pass.",
+            ),
+        ),
+    ),
+    Session(
+        name="harness_nudge_responses_chain",
+        stuck=True,
+        shape="harness nudges",
+        transport="fc",
+        dialect="responses",
+        loop_start=1,
+        round_len=1,
+        steps=(
+            User("Is the nightly export done?"),
+            *_nudged(
+                _same_call_loop(Call("get_export", {"export": "nightly"}, "export nightly: 40% written"), 9)
+            ),
+        ),
+        notes="a Responses chain: each request carries the output and the nudge, naming the answer before",
+    ),
+    Session(
+        name="anthropic_repeated_read",
+        stuck=True,
+        shape="repetition",
+        dialect="anthropic",
+        loop_start=1,
+        round_len=1,
+        steps=_same_call_loop(Call("Read", {"file_path": "docs/guards.md"}, "# Guards\n..."), 8),
+    ),
+    Session(
+        name="responses_chain_ping_pong",
+        stuck=True,
+        shape="cycle 2",
+        dialect="responses",
+        loop_start=1,
+        round_len=2,
+        steps=_cycle(
+            (
+                Call("web_search", {"q": "tripwire sla"}, ["https://tripwire.dev/sla"]),
+                Call("fetch", {"url": "https://tripwire.dev/sla"}, "# SLA\nSee the pricing page."),
+            ),
+            6,
+        ),
+    ),
+    Session(
+        name="write_inside_cycle_same_content",
+        stuck=True,
+        shape="write in cycle",
+        loop_start=1,
+        round_len=3,
+        steps=_cycle(
+            (
+                Call("read_file", {"path": "deploy/values.yaml"}, "replicas: 3\nimage: api:2.4.1\n"),
+                Call(
+                    "write_file",
+                    {"path": "deploy/values.yaml", "content": "replicas: 3\nimage: api:2.4.2\n"},
+                    "ok",
+                ),
+                Call("helm_lint", {"chart": "deploy"}, error="Error: values.yaml: image api:2.4.2 not found"),
+            ),
+            5,
+        ),
+        notes="the write changes the file each round, but to the same content it already wrote",
+    ),
+    Session(
+        name="oscillating_patches",
+        stuck=True,
+        shape="edit-test",
+        loop_start=1,
+        round_len=4,
+        steps=tuple(
+            call
+            for r in range(4)
+            for call in (
+                Call("edit_file", _FAILING_EDIT_A, "ok"),
+                Call(
+                    "run_tests",
+                    {"path": "tests/test_duration.py"},
+                    error=_pytest_fail("KeyError: 'm'", _TIMINGS[r]),
+                ),
+                Call("edit_file", _FAILING_EDIT_B, "ok"),
+                Call(
+                    "run_tests",
+                    {"path": "tests/test_duration.py"},
+                    error=_pytest_fail("ValueError: '1h30m'", _TIMINGS[r + 4]),
+                ),
+            )
+        ),
+        notes="patch A, test, patch B (A undone), test: the same two failures forever",
+    ),
+    Session(
+        name="same_id_looked_up_again_and_again",
+        stuck=True,
+        shape="results only ids",
+        loop_start=1,
+        round_len=1,
+        steps=_same_call_loop(
+            Call("lookup_user_id", {"email": "ana@example.com"}, "usr_8fK2mZpQ7xL1vN3aR"), 8
+        ),
+    ),
+]
+
+SESSIONS: list[Session] = _HONEST + _NEWS_HONEST + _STUCK + _NEWS_STUCK

@@ -325,6 +325,57 @@ async def test_agent_running_through_the_proxy(
     save_copy(shot)
 
 
+async def test_a_looping_agents_run_is_named_by_its_ask_and_its_loop_says_why(
+    browser: Browser, start_tripwire: Any, fake_upstream: Any, tmp_path: Path
+) -> None:
+    """Issue 25: runs were listed as `AGENT auto-337769a72f30`, and a LOOP_WARNING row showed only
+    its kind, count and window, not what repeated and why that is no progress."""
+    fake, url = fake_upstream
+    guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, admin_token="hunter2", guards=guards)
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/weather-bot/v1", api_key=AGENT_KEY, max_retries=0)
+    history: list[Any] = [{"role": "user", "content": "What is the weather in Paris today?"}]
+    for i in range(3):  # the model asks for the same tool call again and again; each answer is the same
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=history)
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+        }
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny, 21C"},
+        ]
+    blocked = await llm.chat.completions.create(model="gpt-4o-mini", messages=history)
+    assert (blocked.choices[0].message.content or "").startswith("[tripwire] blocked:")
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    (warning,) = [
+        e
+        for e in tw.events(run_id)
+        if e["event_type"] == "LOOP_WARNING" and e["payload"]["kind"] == "repetition"
+    ]
+    sentence = warning["payload"]["message"]
+    assert "get_weather" in sentence and "nothing new came back" in sentence
+
+    page = await new_page(browser)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    await page.add_init_script("sessionStorage.setItem('tripwire_admin_token', 'hunter2')")
+    await page.goto(tw.admin_url + f"/?run={run_id}")
+    item = page.locator(f'.run-item[data-run-id="{run_id}"] .run-item-name')
+    await expect(item).to_have_text("What is the weather in Paris today?")
+    await expect(page.locator("#run-name")).to_contain_text("What is the weather in Paris today?")
+    row = page.locator(f'.event[data-event-id="{warning["event_id"]}"]')
+    await expect(row.locator(".ev-sentence")).to_have_text(sentence)
+    shot = tmp_path / "loop-warning.png"
+    await row.scroll_into_view_if_needed()
+    await page.screenshot(path=str(shot))
+    print("screenshot:", shot)
+    save_copy(shot)
+    assert errors == []
+
+
 async def test_polling_pauses_when_hidden_and_stops_for_finished_runs(
     browser: Browser, tmp_path: Path
 ) -> None:

@@ -13,6 +13,14 @@ from canned_server import Canned, canned_app
 
 from proxy.dialects import anthropic as dialect
 from proxy.dialects.base import ToolCall, ToolResult, Usage
+from tests.dialect_cases import Case
+from tests.factories import anthropic_message, anthropic_request
+
+# this dialect's sample for tests/test_dialect_contract.py
+CONTRACT_CASES = {
+    "anthropic": Case("/v1/messages", anthropic_request("hi"), anthropic_message("Hello"), True)
+}
+
 
 HISTORY: dict[str, Any] = {
     "model": "claude-sonnet-4-5",

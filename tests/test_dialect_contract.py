@@ -2,63 +2,22 @@
 module `dialect_for` can return: a request parses as its own dialect, an upstream answer (whole
 or streamed through its accumulator) reads back with its usage, the blocked answer it renders
 carries the guard's text in a shape its own parser and accumulator read, and a prompt is
-estimated. A new dialect joins by a line in DIALECTS below."""
+estimated. A new dialect joins by its `CONTRACT_CASES` in its own test file (tests/dialect_cases.py)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import pytest
 
 from proxy.dialects import dialect_for
 from proxy.dialects.contract import Dialect
+from tests.dialect_cases import contract_cases
 from tests.factories import (
-    anthropic_message,
-    anthropic_request,
-    chat_completion,
     chat_completion_sse,
     chat_request,
-    responses_answer,
-    responses_request,
 )
 
-
-@dataclass(frozen=True)
-class Case:
-    path: str
-    request: dict[str, Any]
-    answer: dict[str, Any]
-    streams: bool  # the blocked answer of a streamed request is a stream
-
-
-EMBEDDINGS_ANSWER = {
-    "object": "list",
-    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
-    "model": "text-embedding-3-small",
-    "usage": {"prompt_tokens": 5, "total_tokens": 5},
-}
-COMPLETIONS_ANSWER = {
-    "id": "cmpl-fake",
-    "object": "text_completion",
-    "created": 1700000000,
-    "model": "gpt-3.5-turbo-instruct",
-    "choices": [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-}
-
-DIALECTS = {
-    "openai_chat": Case("/v1/chat/completions", chat_request(), chat_completion("Hello"), True),
-    "openai_responses": Case("/v1/responses", responses_request("hi"), responses_answer("Hello"), True),
-    "anthropic": Case("/v1/messages", anthropic_request("hi"), anthropic_message("Hello"), True),
-    "embeddings": Case(
-        "/v1/embeddings", {"model": "text-embedding-3-small", "input": "hi"}, EMBEDDINGS_ANSWER, False
-    ),
-    "completions": Case(
-        "/v1/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "Say hi"}, COMPLETIONS_ANSWER, True
-    ),
-}
+DIALECTS = contract_cases()
 
 
 def dialect(name: str) -> Dialect:
@@ -68,9 +27,9 @@ def dialect(name: str) -> Dialect:
 
 
 def test_every_routed_dialect_has_a_case() -> None:
-    from proxy.dialects import _EXACT
+    from proxy.dialects import registry
 
-    assert set(_EXACT.values()) == set(DIALECTS)
+    assert set(registry().modules) == set(DIALECTS)
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
@@ -82,6 +41,54 @@ def test_a_request_parses_as_its_own_dialect(name: str) -> None:
     assert d.estimate_prompt_tokens(req) > 0
     body = d.upstream_body(req, dict(DIALECTS[name].request))
     assert body is None or isinstance(body, dict)
+
+
+# each dialect's own way to declare a tool "search" (and a hosted or server tool where it has one)
+DECLARED = {
+    "openai_chat": (
+        {
+            "tools": [{"type": "function", "function": {"name": "search", "parameters": {}}}],
+            "functions": [{"name": "legacy", "parameters": {}}],
+        },
+        ["search", "legacy"],
+    ),
+    "openai_responses": (
+        {
+            "tools": [{"type": "function", "name": "search", "parameters": {}}, {"type": "web_search"}],
+            "input": [
+                {
+                    "type": "additional_tools",
+                    "role": "developer",
+                    "tools": [
+                        {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "exec"}]}
+                    ],
+                }
+            ],
+        },
+        ["search", "web_search", "exec"],
+    ),
+    "anthropic": (
+        {
+            "tools": [
+                {"name": "search", "input_schema": {}},
+                {"type": "web_search_20250305", "name": "web_search"},
+            ]
+        },
+        ["search", "web_search"],
+    ),
+    "embeddings": ({"tools": [{"name": "search"}]}, []),
+    "completions": ({"tools": [{"name": "search"}]}, []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_the_tools_a_request_declares_are_listed(name: str) -> None:
+    from proxy.dialects.base import tool_name
+
+    tools, names = DECLARED[name]
+    declared = dialect(name).declared_tools({**DIALECTS[name].request, **tools})
+    assert [tool_name(t) for t in declared] == names
+    assert dialect(name).declared_tools({**DIALECTS[name].request, "tools": "junk"}) == []
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
@@ -144,3 +151,73 @@ def test_a_streamed_answer_reads_as_the_whole_one() -> None:
     acc.status = 200
     acc.feed(chat_completion_sse("Hello there"))
     assert acc.finish(True).text == "Hello there"
+
+
+# --- what the rest of Tripwire asks of a dialect instead of testing its name ----------------------
+
+CONTRACT_MEMBERS = sorted(
+    ({n for n in vars(Dialect) if not n.startswith("_")} | set(Dialect.__annotations__)) - {"__name__"}
+)
+# OpenTelemetry's gen_ai.operation.name values (semantic conventions for generative AI)
+GEN_AI_OPERATIONS = {"chat", "text_completion", "embeddings", "generate_content", "create_agent"}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_every_dialect_answers_every_contract_member(name: str) -> None:
+    d = dialect(name)
+    missing = [m for m in CONTRACT_MEMBERS if not hasattr(d, m)]
+    assert not missing
+    for flag in ("CONVERSATIONAL", "CHAINS_RESPONSES", "WEBSOCKET_CALLS", "MAX_TOKENS_RECOVERY"):
+        assert type(getattr(d, flag)) is bool, flag
+    assert isinstance(d.PROVIDER, str) and d.PROVIDER
+    assert d.OPERATION in GEN_AI_OPERATIONS
+    assert d.REFUSAL_REASON_HEADER is None or d.REFUSAL_REASON_HEADER.islower()
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+@pytest.mark.parametrize("status", [400, 429, 502, 503])
+def test_an_error_body_carries_tripwires_fields_where_the_sdk_reads_them(name: str, status: int) -> None:
+    d = dialect(name)
+    error = {"message": "why", "type": "tripwire_guard", "code": "budget", "guardrail": "budget"}
+    body = orjson.loads(d.error_body(status, error))
+    # both SDK families read `error.message` (Anthropic's inside `{"type": "error", ...}`)
+    assert body["error"]["message"] == "why" and body["error"]["guardrail"] == "budget"
+    bad = d.bad_request_error("unreadable")
+    assert orjson.loads(d.error_body(400, bad))["error"]["message"] == "unreadable"
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_dialect_that_chains_responses_reads_the_parent_id(name: str) -> None:
+    d = dialect(name)
+    body = {**DIALECTS[name].request, "previous_response_id": "resp_parent"}
+    parent = d.parse_request(body).previous_response_id
+    assert (parent == "resp_parent") is d.CHAINS_RESPONSES
+    assert not d.WEBSOCKET_CALLS or d.CHAINS_RESPONSES  # a socket's calls chain (proxy/websocket/)
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_conversational_dialect_reads_the_conversation(name: str) -> None:
+    d = dialect(name)
+    assert bool(d.parse_request(DIALECTS[name].request).messages) or not d.CONVERSATIONAL
+
+
+def test_each_dialect_is_found_by_its_recorded_name() -> None:
+    from proxy.dialects import named, of_call
+
+    for name in DIALECTS:
+        d = dialect(name)
+        assert named(name) is d and of_call(d.parse_request(DIALECTS[name].request)) is d
+    assert named("mcp") is None and of_call(object()) is None
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_dialect_is_routed_by_the_paths_it_declares(name: str) -> None:
+    from proxy.dialects import dialect_name
+
+    d = dialect(name)
+    assert d.PATHS and d.DIALECT == name
+    for path in d.PATHS:
+        assert dialect_name(path, "POST") == dialect_name(f"/v1{path}", "post") == name
+        assert dialect_name(f"/v1{path}", "GET") is None
+    for suffix in d.PATH_SUFFIXES:
+        assert dialect_name(f"/openai/deployments/mine{suffix}", "POST") == name

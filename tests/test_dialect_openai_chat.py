@@ -13,6 +13,12 @@ from openai.types.chat import ChatCompletion
 
 from proxy.dialects import openai_chat as chat
 from proxy.dialects.base import ToolCall, ToolResult, Usage
+from tests.dialect_cases import Case
+from tests.factories import chat_completion, chat_request
+
+# this dialect's sample for tests/test_dialect_contract.py
+CONTRACT_CASES = {"openai_chat": Case("/v1/chat/completions", chat_request(), chat_completion("Hello"), True)}
+
 
 HISTORY: dict[str, Any] = {
     "model": "gpt-4o",

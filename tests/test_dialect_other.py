@@ -13,6 +13,31 @@ from openai.types import Completion
 
 from proxy.dialects import completions, embeddings
 from proxy.dialects.base import Usage
+from tests.dialect_cases import Case
+
+EMBEDDINGS_ANSWER = {
+    "object": "list",
+    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+    "model": "text-embedding-3-small",
+    "usage": {"prompt_tokens": 5, "total_tokens": 5},
+}
+COMPLETIONS_ANSWER = {
+    "id": "cmpl-fake",
+    "object": "text_completion",
+    "created": 1700000000,
+    "model": "gpt-3.5-turbo-instruct",
+    "choices": [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+}
+# these dialects' samples for tests/test_dialect_contract.py
+CONTRACT_CASES = {
+    "embeddings": Case(
+        "/v1/embeddings", {"model": "text-embedding-3-small", "input": "hi"}, EMBEDDINGS_ANSWER, False
+    ),
+    "completions": Case(
+        "/v1/completions", {"model": "gpt-3.5-turbo-instruct", "prompt": "Say hi"}, COMPLETIONS_ANSWER, True
+    ),
+}
 
 
 def frame(data: Any) -> bytes:

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
+from aiohttp.test_utils import TestServer
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire, serve_fake
 from tests.fakes import FakeUpstream, Reply
@@ -84,6 +87,45 @@ async def test_cost_budget_refuses_with_429_and_ends_the_session(
     assert len(fake.calls(CHAT)) == 3
 
 
+async def test_the_refusal_of_a_stopped_session_says_how_to_go_on_and_where_to_look(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Issue 25: 'this session was terminated by a guard; start a new session' said neither how
+    (which header, or how long the refusal lasts) nor where to see why."""
+    _, url = fake_upstream
+    tw = await start_tripwire(
+        upstream={"url": url}, guards={"limits": {"max_llm_calls": 1}}, session_idle_timeout_s=300
+    )
+
+    async def stop_then_refusal(llm: openai.AsyncOpenAI) -> str:
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        with pytest.raises(openai.RateLimitError):  # the limit stops the session
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        with pytest.raises(openai.RateLimitError) as caught:
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        error = caught.value.response.json()["error"]
+        assert error["guardrail"] == "session_terminated"
+        return str(error["message"])
+
+    explicit = await stop_then_refusal(client(tw, session="s1"))
+    (run_id,) = tw.run_ids()
+    assert explicit == (
+        "[tripwire] refused: session 's1' of agent 'spender' was stopped and stays refused for 24 h. "
+        "To go on, start a new session: send another session id (the X-Tripwire-Session header, or "
+        "/agents/spender/sessions/<new id>/ in the base URL). "
+        f"Why it was stopped: http://127.0.0.1:8714/?run={run_id}"
+    )
+    automatic = openai.AsyncOpenAI(base_url=tw.url + "/agents/auto/v1", api_key=AGENT_KEY, max_retries=0)
+    text = await stop_then_refusal(automatic)
+    (auto_run,) = set(tw.run_ids()) - {run_id}
+    assert text == (
+        "[tripwire] refused: this conversation's session was stopped and stays refused until it has sent "
+        "nothing for 5 min (each refused call starts that wait again). To go on, start a new conversation "
+        "(it is recorded in a new run), or name a new session with the X-Tripwire-Session header. "
+        f"Why it was stopped: http://127.0.0.1:8714/?run={auto_run}"
+    )
+
+
 async def test_unknown_model_is_charged_the_fallback_and_trips_the_budget(
     start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
 ) -> None:
@@ -98,6 +140,38 @@ async def test_unknown_model_is_charged_the_fallback_and_trips_the_budget(
     _, events = await trace(tw)
     (call,) = only(events, "LLM_CALL")
     assert call["payload"]["cost_usd"] == pytest.approx(10_000 * 10 / 1e6 + 1_000 * 30 / 1e6)
+
+
+async def test_unknown_model_warning_logs_the_calls_own_cost_once(
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 25: the warning said estimated_cost_usd=10.000000 (the reservation's 1M-token probe)
+    for every unknown model, and fired for calls the upstream never answered."""
+    fake, url = fake_upstream
+    fake.default = Reply(text="who am I", prompt_tokens=10_000, completion_tokens=1_000)
+    tw = await start_tripwire(
+        upstream={"url": url},
+        llm={"gone": {"url": "http://127.0.0.1:9"}},  # nothing listens on the discard port
+        guards={"limits": {"max_llm_calls": 2}},
+    )
+    with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
+        # refused by a guard (never forwarded) and unreachable (never answered): no warning
+        gone = client(tw, "/llm/gone/v1", session="s0", max_retries=0)
+        with pytest.raises(openai.APIStatusError):
+            await gone.chat.completions.create(model="acme-never-answered", messages=HELLO)
+        llm = client(tw, max_retries=0)
+        await llm.chat.completions.create(model="acme-private-7b", messages=HELLO)  # $0.10 + $0.03
+        await llm.chat.completions.create(model="acme-private-7b", messages=HELLO)
+        with pytest.raises(openai.RateLimitError):
+            await llm.chat.completions.create(model="acme-refused-9b", messages=HELLO)
+        await tw.flush()
+    lines = [r.getMessage() for r in caplog.records if r.name == "tripwire.pricing"]
+    assert lines == [
+        "budget.unknown_model_cost_estimated model_id=acme-private-7b estimated_cost_usd=0.130000 "
+        'hint="Add this model to pricing_table to get accurate cost tracking"'
+    ]
 
 
 async def test_max_llm_calls_lets_exactly_n_through(
@@ -198,6 +272,78 @@ async def test_circuit_opens_half_opens_and_closes(
     assert all(e["payload"]["retry_after"] is not None for e in errors)
     assert "circuit_breaker_open" in tw.tripwire_json(run_id)["health_tags"]
     assert tw.run_json(run_id)["status"] == "running"  # a circuit refusal does not end the session
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_unreachable_upstream_is_named_and_logged_once_per_outage(
+    start_tripwire: StartTripwire, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25: the agent got `Tripwire could not reach the upstream: ClientConnectorError`, the
+    log said nothing, and the circuit opened silently."""
+    port = free_port()  # nothing listens there until the fake starts below
+    cb = {"open_after_failures": 2, "cooldown_seconds": 0.2, "half_open_max_calls": 1}
+    tw = await start_tripwire(
+        llm={"flaky": {"url": f"http://127.0.0.1:{port}"}}, guards={"circuit_breaker": cb}
+    )
+    llm = client(tw, path="/llm/flaky/v1", max_retries=0)
+    with caplog.at_level(logging.INFO, logger="tripwire"):
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as caught:
+                await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            assert caught.value.status_code == 502
+            assert caught.value.response.json()["error"]["message"] == (
+                f"Tripwire could not reach the upstream 'flaky' at 127.0.0.1:{port}: "
+                "connection refused (ClientConnectorError)"
+            )
+        with pytest.raises(openai.RateLimitError):  # the circuit is open
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        fake = FakeUpstream(default=Reply(text="back again"))
+        server = TestServer(fake.app, host="127.0.0.1", port=port)
+        await server.start_server()
+        try:
+            answer = None
+            for _ in range(200):  # the cooldown passes, then the trial call closes the circuit
+                try:
+                    answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+                    break
+                except openai.RateLimitError:
+                    await asyncio.sleep(0.05)
+            assert answer is not None and answer.choices[0].message.content == "back again"
+        finally:
+            await server.close()
+    lines = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name in ("tripwire.forward", "tripwire.breaker")
+    ]
+    assert lines == [
+        (
+            "WARNING",
+            f"Tripwire could not reach the upstream 'flaky' at 127.0.0.1:{port}: connection refused "
+            "(ClientConnectorError); further failures are not logged until it answers again",
+        ),
+        (
+            "WARNING",
+            "circuit open for agent 'spender' calling upstream 'flaky': 2 consecutive failures; "
+            "its calls are refused for 0.2s, then trial calls go through",
+        ),
+        (
+            "INFO",
+            "circuit half-open for agent 'spender' calling upstream 'flaky': cooldown elapsed; "
+            "it lets 1 trial call through",
+        ),
+        ("INFO", "upstream 'flaky' answers again (2 calls failed to reach it)"),
+        (
+            "INFO",
+            "circuit closed for agent 'spender' calling upstream 'flaky': trial call succeeded; "
+            "calls go through again",
+        ),
+    ]
 
 
 async def test_concurrent_calls_cannot_all_slip_past_a_limit(

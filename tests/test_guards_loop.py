@@ -12,7 +12,8 @@ import pytest
 
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision, strictest
-from proxy.guards.loop import LoopDetector, classify_tool
+from proxy.guards.loop.detector import LoopDetector
+from proxy.guards.loop.per_tool import classify_tool
 
 # per-tool escalation and the no-progress poll out of the way, for the tests of the other patterns
 QUIET: dict[str, Any] = {

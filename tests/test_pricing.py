@@ -63,6 +63,23 @@ def test_unknown_model_fallback_is_exact_and_warned_once(caplog: pytest.LogCaptu
     assert [r.levelno for r in caplog.records if r.name == "tripwire.pricing"] == [logging.WARNING]
 
 
+def test_estimate_probes_do_not_warn_a_real_call_does(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 25: the reservation's 1M-token probe logged estimated_cost_usd=10.000000 on every
+    model; the warning now waits for the first real call and carries its own cost."""
+    pricing = Pricing()
+    with caplog.at_level(logging.WARNING, logger="tripwire.pricing"):
+        assert pricing.estimate_tokens(1000, 500, "my-custom-model") == pytest.approx(0.025)
+        assert pricing.cost(Usage(), ["my-custom-model"], warn=False).cost_usd == 0.0
+        assert [r for r in caplog.records if r.name == "tripwire.pricing"] == []
+        pricing.cost(Usage(prompt_tokens=2000, completion_tokens=100), ["my-custom-model"])
+        pricing.cost(Usage(prompt_tokens=1), ["my-custom-model"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "tripwire.pricing"]
+    assert lines == [
+        "budget.unknown_model_cost_estimated model_id=my-custom-model estimated_cost_usd=0.023000 "
+        'hint="Add this model to pricing_table to get accurate cost tracking"'
+    ]
+
+
 def test_unknown_model_warnings_are_capped(caplog: pytest.LogCaptureFixture) -> None:
     from proxy.pricing import UNKNOWN_MODEL_WARNINGS
 

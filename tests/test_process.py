@@ -196,6 +196,35 @@ async def test_off_loopback_admin_without_token_is_refused(tmp_path: Path) -> No
     assert proc.returncode == 2 and "admin-token" in err
 
 
+@pytest.mark.parametrize(("flag", "name"), [("--listen", "proxy"), ("--admin-listen", "admin")])
+async def test_a_port_in_use_names_the_listener_and_its_flag(tmp_path: Path, flag: str, name: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        other = "--admin-listen" if flag == "--listen" else "--listen"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            flag,
+            busy,
+            other,
+            f"127.0.0.1:{free_port()}",
+            "--data-dir",
+            str(tmp_path),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=str(tmp_path),
+        )
+        err = (await asyncio.wait_for(proc.communicate(), 60))[1].decode()
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        f"tripwire: cannot start: {name} listener {busy} is in use; choose another with {flag}"
+    )
+
+
 async def test_retention_prunes_old_finished_runs(start_tripwire, fake_upstream) -> None:
     fake, url = fake_upstream
     tw = await start_tripwire(upstream={"url": url}, retention={"max_age_days": 1})

@@ -33,7 +33,7 @@ async def outcome(c: openai.AsyncOpenAI) -> str:
 
 
 def run_of(tw: Running, session: str) -> str:
-    (run_id,) = [r for r in tw.run_ids() if tw.run_json(r)["run_name"] == f"{AGENT} {session}"]
+    (run_id,) = [r for r in tw.run_ids() if tw.tripwire_json(r)["session_id"] == session]
     return run_id
 
 

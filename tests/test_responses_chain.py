@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy.dialects import openai_responses
-from proxy.dialects.base import ToolCall
+from proxy.dialects.base import ToolCall, ToolResult
 from proxy.responses_chain import ResponsesChains, synthetic_id_of
 
 A = "bot"  # the agent the chains belong to
@@ -118,3 +120,17 @@ def test_chains_are_kept_per_agent() -> None:
     assert chains.missing("other", "resp_1") == "resp_1" and chains.missing(A, "resp_1") is None
     body = {"model": "gpt-4o", "previous_response_id": "resp_tripwire_1", "input": "ok"}
     assert chains.rewrite("other", body) == {"model": "gpt-4o", "input": "ok"}  # dropped, as unknown
+
+
+def test_a_hosted_call_in_an_answer_brings_its_own_result_to_the_chain() -> None:
+    """A web search the provider ran has no output item to come: the chain holds what the answer
+    said it gave, so a chained request is judged as the whole history sent over HTTP would be."""
+    chains = ResponsesChains()
+    item = {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": "x"}}
+    answer = openai_responses.parse_response(200, orjson.dumps({"id": "resp_1", "output": [item]}))
+    first = req({"input": "go"})
+    chains.remember_answer(A, first, "resp_1", answer.tool_calls)
+    chained = chains.history(A, req({"previous_response_id": "resp_1", "input": "again"}))
+    whole = req({"input": [{"role": "user", "content": "go"}, item, {"role": "user", "content": "again"}]})
+    assert chained.steps == whole.steps
+    assert chained.results == whole.tool_results == [ToolResult("ws_1", "completed")]

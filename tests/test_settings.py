@@ -67,6 +67,41 @@ def test_invalid_values_name_the_field(tmp_path: Path) -> None:
         load(tmp_path / "z")
 
 
+def test_invalid_yaml_is_one_line_with_file_line_and_column(tmp_path: Path) -> None:
+    f = write(tmp_path / "proj/.tripwire/config.yaml", "budget:\n  max_cost_usd: [1\nlimits: {}\n")
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path)
+    assert str(caught.value) == (
+        f"{f}:3:7: not valid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence at 2:17)"
+    )
+
+
+def test_an_unknown_key_gets_the_nearest_known_one(tmp_path: Path) -> None:
+    f = write(
+        tmp_path / "proj/.tripwire/config.yaml",
+        "loop_detecton: {threshold: 4}\nlimits: {max_llm_call: 3}\nllm: {a: {url: 'http://x', api_key_envv: K}}\n",
+    )
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path)  # the environment and the command line set nothing: not listed
+    assert str(caught.value) == (
+        f"invalid configuration (sources: {f}):\n"
+        "  llm.a.api_key_envv: unknown key; did you mean api_key_env?\n"
+        "  guards.limits.max_llm_call: unknown key; did you mean max_llm_calls?\n"
+        "  loop_detecton: unknown key; did you mean loop_detection?"
+    )
+
+
+def test_with_several_sources_each_error_names_its_own(tmp_path: Path) -> None:
+    f = write(tmp_path / "proj/.tripwire/config.yaml", "budget: {max_cost_usd: 1}\nfsync: sometimes\n")
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, cli={"agent": "a"}, env={"TRIPWIRE_LISTEN": "nope"})
+    assert str(caught.value) == (
+        f"invalid configuration (sources: {f}, environment, command line):\n"
+        "  environment: listen: expected HOST:PORT, got 'nope'\n"
+        f"  {f}: fsync: Input should be 'never', 'run_end' or 'always'"
+    )
+
+
 def test_cli_flags_map_to_settings(tmp_path: Path) -> None:
     args = build_parser().parse_args(
         [

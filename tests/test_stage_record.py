@@ -147,7 +147,7 @@ async def test_the_llm_call_payload_built_sanitised_is_sanitize_of_the_raw_one(e
     payload and meta, secrets, long text and a prompt nested past DEPTH_LIMIT included."""
     from proxy import jsonparse
     from proxy.constants import DEPTH_LIMIT, TRUNCATED_MARKER
-    from proxy.llm import llm_call_payload
+    from proxy.llm_trace import llm_call_payload
     from proxy.redact import is_secret_key, sanitize
 
     secret = "sk-proj-" + "Z9y8X7w6V5" * 3
@@ -198,7 +198,7 @@ async def test_a_sanitised_payload_is_refused_when_content_is_stripped(engine_fa
 def test_clean_names_is_sanitize_of_each_name() -> None:
     """The names an LLM_CALL repeats are remembered cleaned; each is what sanitize makes of it,
     seen once or again, whatever its type, length or cap (1, 1.0 and True are not mixed up)."""
-    from proxy import llm
+    from proxy import llm_trace as llm
     from proxy.redact import sanitize
 
     secret = "sk-proj-" + "Z9y8X7w6V5" * 3
@@ -222,7 +222,7 @@ def test_clean_names_is_sanitize_of_each_name() -> None:
 
 
 def test_clean_names_is_bounded() -> None:
-    from proxy import llm
+    from proxy import llm_trace as llm
 
     llm._NAMES.clear()
     for i in range(llm._NAMES_KEPT + 10):

@@ -16,6 +16,7 @@ from tests.factories import (
     CHAT,
     MESSAGES,
     RESPONSES,
+    EngineFactory,
     anthropic_request,
     chat_request,
     kinds,
@@ -58,13 +59,51 @@ async def test_the_first_call_starts_the_run_and_inflight_counts_the_call(engine
     assert session.inflight == 0 and session.last_seen >= seen
     events = await read_events(engine, session.run_id)
     assert kinds(events) == ["RUN_START"]
-    assert events[0]["payload"]["run_name"] == "bot s1"
+    assert events[0]["payload"]["run_name"] == "weather in Paris?"  # what the run is about
 
     again = await parsed(engine, EXPLICIT + CHAT, chat_request())
     await stage.request(again)
     assert again.session is session and session.inflight == 1  # the same run, no second RUN_START
     await stage.finish(again)
     assert kinds(await read_events(engine, session.run_id)) == ["RUN_START"]
+
+
+async def test_the_run_is_named_by_the_clients_title_or_else_the_users_ask(
+    engine_factory: EngineFactory,
+) -> None:
+    """Issue 25: runs were all named `AGENT auto-337769a72f30`."""
+    engine = await engine_factory()
+    stage = SessionStage(engine)
+
+    async def name_of(path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
+        ex = await parsed(engine, path, body, headers)
+        await stage.request(ex)
+        assert ex.session is not None
+        await stage.finish(ex)
+        (start,) = await read_events(engine, ex.session.run_id)
+        assert start["name"] == start["payload"]["run_name"]
+        return str(start["payload"]["run_name"])
+
+    asked = [
+        {"role": "user", "content": "Fix the failing test in tests/test_api.py and explain why it broke"}
+    ]
+    assert await name_of("/agents/a/sessions/1" + CHAT, chat_request(asked)) == (
+        "Fix the failing test in tests/test_api.py and explain why…"
+    )
+    titled = {"X-Tripwire-Run-Name": "nightly eval #12"}
+    assert await name_of("/agents/a/sessions/2" + CHAT, chat_request(asked), titled) == "nightly eval #12"
+    # no conversation to read: the session's id, as before
+    assert await name_of(
+        "/agents/a/sessions/3" + CHAT, chat_request([{"role": "system", "content": "x"}])
+    ) == ("a 3")
+    quiet = await engine_factory(record_content=False)  # a prompt's words stay out of run.json
+    quiet_stage = SessionStage(quiet)
+    ex = await parsed(quiet, "/agents/q/sessions/1" + CHAT, chat_request(asked))
+    await quiet_stage.request(ex)
+    assert ex.session is not None
+    await quiet_stage.finish(ex)
+    (start,) = await read_events(quiet, ex.session.run_id)
+    assert start["payload"]["run_name"] == "q 1"
 
 
 async def test_a_terminated_session_refuses_in_the_protocols_shape(engine: Engine) -> None:

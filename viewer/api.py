@@ -8,6 +8,11 @@ and filters and paging that only change the answer when their parameters are giv
 `POST /api/runs/{run_id}/replay` runs `tripwire replay` on one run (SPEC §5.7) for the UI's
 guard replay: under the recorded config, the config in force now, or a config in the body.
 
+Run files are read (and replayed) in this listener's own bounded thread pool, never the loop's
+default executor: whatever a request waits on, the trace writer and the rest of the process don't.
+A run file that is not a regular file (a FIFO, a symlink) or an event replay cannot read is a 422
+naming the run, the file and the line.
+
 `setup_admin(app, engine)` reads from the engine what `viewer.engine_view.EngineView` lists:
 `data_dir`, `recorder`, `guard_store`, `metrics`, `admin_token`, `health()` (`/metrics` takes the
 trace-store gauges and live sessions from it), `await terminate_run(run_id) -> bool` and
@@ -17,10 +22,12 @@ trace-store gauges and live sessions from it), `await terminate_run(run_id) -> b
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +49,8 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 READER: web.AppKey[RunReader] = web.AppKey("tripwire_run_reader", RunReader)
 ENGINE_VIEW: web.AppKey[EngineView] = web.AppKey("tripwire_engine_view", EngineView)
+IO_POOL: web.AppKey[ThreadPoolExecutor] = web.AppKey("tripwire_admin_io", ThreadPoolExecutor)
+IO_THREADS = 4  # the admin listener's file reads and replays at once (more wait their turn)
 
 DEFAULT_RUNS_LIMIT = 50  # AgentDbg's list size
 MAX_RUNS_LIMIT = 1000
@@ -71,6 +80,28 @@ def _engine(request: web.Request) -> EngineView:
 
 def _reader(request: web.Request) -> RunReader:
     return request.app[READER]
+
+
+async def _in_pool(request: web.Request, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in the admin listener's own threads (see the module docstring)."""
+    return await asyncio.get_running_loop().run_in_executor(
+        request.app[IO_POOL], functools.partial(fn, *args)
+    )
+
+
+def _not_regular(run_id: str, e: storage.NotRegularFile) -> web.HTTPException:
+    """A 422 naming the run and the file that is not a regular file (never read, never waited on)."""
+    file = Path(e.filename).name if e.filename else None
+    body = {"detail": f"run {run_id}: {e.strerror}", "run_id": run_id, "file": file, "line": None}
+    return web.HTTPUnprocessableEntity(text=orjson.dumps(body).decode(), content_type="application/json")
+
+
+async def _read_run(request: web.Request, run_id: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """A RunReader call on one run, in the pool; a run file that is not a regular file is a 422."""
+    try:
+        return await _in_pool(request, fn, *args)
+    except storage.NotRegularFile as e:
+        raise _not_regular(run_id, e) from None
 
 
 # --- token and cross-site checks ------------------------------------------------------------
@@ -176,7 +207,7 @@ def _run_id(request: web.Request) -> str:
 
 async def _load_run(request: web.Request, run_id: str) -> dict[str, Any]:
     try:
-        return await asyncio.to_thread(_reader(request).load_run, run_id)
+        return await _read_run(request, run_id, _reader(request).load_run, run_id)
     except FileNotFoundError:
         raise _error(web.HTTPNotFound, "run not found") from None
     except ValueError:  # well-formed, but its directory resolves outside the runs base (a symlink)
@@ -208,7 +239,7 @@ async def list_runs(request: web.Request) -> web.Response:
     paged = any(k in q for k in ("limit", "offset", "agent", "status", "tag"))
     limit = _int_param(request, "limit", DEFAULT_RUNS_LIMIT, MAX_RUNS_LIMIT) or 0
     offset = _int_param(request, "offset", 0, 10**9) or 0
-    runs = await asyncio.to_thread(_reader(request).list_runs)
+    runs = await _in_pool(request, _reader(request).list_runs)
     runs = filter_runs(runs, q.get("agent"), q.get("status"), q.get("tag"))
     body: dict[str, Any] = {"spec_version": SPEC_VERSION, "runs": runs[offset : offset + limit]}
     if paged:
@@ -219,7 +250,7 @@ async def list_runs(request: web.Request) -> web.Response:
 async def get_run(request: web.Request) -> web.Response:
     run_id = _run_id(request)
     meta = await _load_run(request, run_id)
-    meta["tripwire"] = await asyncio.to_thread(_reader(request).load_tripwire, run_id)
+    meta["tripwire"] = await _read_run(request, run_id, _reader(request).load_tripwire, run_id)
     return _json(meta)
 
 
@@ -234,7 +265,7 @@ async def get_events(request: web.Request) -> web.Response:
     paged = "offset" in request.query or "limit" in request.query
     offset = _int_param(request, "offset", 0, 10**9) or 0
     limit = _int_param(request, "limit", None, MAX_EVENTS_LIMIT)
-    events, total = await asyncio.to_thread(_reader(request).read_events, run_id, offset, limit)
+    events, total = await _read_run(request, run_id, _reader(request).read_events, run_id, offset, limit)
     body: dict[str, Any] = {"spec_version": SPEC_VERSION, "run_id": run_id, "events": events}
     if paged:
         body.update(total=total, offset=offset, limit=limit)
@@ -245,7 +276,7 @@ async def get_cost_series(request: web.Request) -> web.Response:
     """Cumulative LLM cost over time, thinned, for the run list's sparkline."""
     run_id = _run_id(request)
     await _load_run(request, run_id)
-    points = await asyncio.to_thread(_reader(request).cost_series, run_id)
+    points = await _read_run(request, run_id, _reader(request).cost_series, run_id)
     return _json({"run_id": run_id, "points": [{"ts": ts, "cost_usd": c} for ts, c in points]})
 
 
@@ -288,7 +319,7 @@ async def delete_run(request: web.Request) -> web.Response:
         return _detail(409, "run is live: terminate it first")
     await recorder.discard_run(run_id)  # drop queued writes and wait out one in flight: no race with rmtree
     try:
-        await asyncio.to_thread(_reader(request).delete, run_id)
+        await _in_pool(request, _reader(request).delete, run_id)
     except FileNotFoundError:
         return _detail(404, "run not found")
     except OSError as e:
@@ -410,20 +441,22 @@ async def replay_run(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     reader = _reader(request)
-    tw = await asyncio.to_thread(reader.load_tripwire, run_id)
+    tw = await _read_run(request, run_id, reader.load_tripwire, run_id)
     chosen = _replay_config(body, _engine(request), tw.get("agent_name"))
     if isinstance(chosen, web.Response):
         return chosen
     label, override = chosen
     try:
-        result = await asyncio.to_thread(replay.replay_dir, reader.run_dir(run_id), override)
+        result = await _in_pool(request, replay.replay_dir, reader.run_dir(run_id), override)
+    except replay.BadRecord as e:  # a file or a line replay cannot read: said, never a traceback
+        log.warning("replay.refused %s", e)
+        return _detail(422, str(e), run_id=run_id, file=e.file, line=e.line)
     except FileNotFoundError:
         return _detail(404, "run not found")
     except OSError as e:
         return _detail(503, f"run not replayed: {e.strerror or e}")
-    except (ValueError, KeyError, TypeError) as e:  # a trace this version cannot read (ValidationError too)
-        log.warning("replay.failed run_id=%s error=%r", run_id, e, exc_info=True)
-        return _detail(422, f"run cannot be replayed: {e}")
+    except replay.ReplayError as e:
+        return _detail(422, f"run {run_id}: cannot be replayed: {e}", run_id=run_id, file=None, line=None)
     return _json(_replay_answer(run_id, label, result))
 
 
@@ -463,11 +496,13 @@ async def _config_from_request(request: web.Request) -> Any:
         return _detail(422, errors, message=validation_message(e))
 
 
-async def _store_write(store: GuardConfigStore, write: Callable[..., Any], *args: Any) -> None:
+async def _store_write(
+    request: web.Request, store: GuardConfigStore, write: Callable[..., Any], *args: Any
+) -> None:
     """Run a guard-store write off the loop; a disk that refuses it is a 503 and the old config stays.
     With shared state the new values are then published to the other replicas (SPEC §8)."""
     try:
-        await asyncio.to_thread(write, *args)
+        await _in_pool(request, write, *args)
     except OSError as e:
         log.error("guard_config.save_failed error=%r", e)
         raise _error(
@@ -486,7 +521,7 @@ async def put_agent_config(request: web.Request) -> web.Response:
     if isinstance(cfg, web.Response):
         return cfg
     engine = _engine(request)
-    await _store_write(engine.guard_store, engine.guard_store.put_agent, name, cfg)
+    await _store_write(request, engine.guard_store, engine.guard_store.put_agent, name, cfg)
     log.info("guard_config.agent_saved agent=%s", name)
     return _json(_agent_config_body(engine, name))
 
@@ -494,7 +529,7 @@ async def put_agent_config(request: web.Request) -> web.Response:
 async def delete_agent_config(request: web.Request) -> web.Response:
     name = _agent_name(request)
     engine = _engine(request)
-    await _store_write(engine.guard_store, engine.guard_store.delete_agent, name)
+    await _store_write(request, engine.guard_store, engine.guard_store.delete_agent, name)
     log.info("guard_config.agent_reset agent=%s", name)
     return _json(_agent_config_body(engine, name))
 
@@ -508,14 +543,14 @@ async def put_project_config(request: web.Request) -> web.Response:
     if isinstance(cfg, web.Response):
         return cfg
     engine = _engine(request)
-    await _store_write(engine.guard_store, engine.guard_store.put_project, cfg)
+    await _store_write(request, engine.guard_store, engine.guard_store.put_project, cfg)
     log.info("guard_config.project_saved")
     return _json(_project_config_body(engine))
 
 
 async def delete_project_config(request: web.Request) -> web.Response:
     engine = _engine(request)
-    await _store_write(engine.guard_store, engine.guard_store.delete_project)
+    await _store_write(request, engine.guard_store, engine.guard_store.delete_project)
     log.info("guard_config.project_reset")
     return _json(_project_config_body(engine))
 
@@ -544,7 +579,7 @@ def agents_overview(runs: list[dict[str, Any]], store: GuardConfigStore) -> list
 
 
 async def list_agents(request: web.Request) -> web.Response:
-    runs = await asyncio.to_thread(_reader(request).list_runs)
+    runs = await _in_pool(request, _reader(request).list_runs)
     return _json({"agents": agents_overview(runs, _engine(request).guard_store)})
 
 
@@ -570,6 +605,7 @@ async def metrics(request: web.Request) -> web.Response:
         int(store.get("queue_depth") or 0),
         int(store.get("write_errors") or 0),
         _store_ok(store),
+        stalled=bool(store.get("writer_stalled")),
     )
     if isinstance(store.get("open_runs"), int):  # a terminated or deleted run leaves the gauge at once
         engine.metrics.set_live_sessions(store["open_runs"])
@@ -616,6 +652,12 @@ def setup_admin(app: web.Application, engine: EngineView) -> None:
     """Add the admin routes and the token/cross-site middleware to `app` (before it starts)."""
     app[ENGINE_VIEW] = engine
     app[READER] = RunReader(Path(engine.data_dir))
+    app[IO_POOL] = pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="tripwire-admin-io")
+
+    async def close_pool(_: web.Application) -> None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(close_pool)
     app.middlewares.append(admin_guard)
     app.middlewares.append(static_no_cache)
     r = app.router

@@ -4,14 +4,13 @@ The viewer polls every few seconds and a run may hold 100,000 events, so nothing
 what it has already read: run metadata is cached by file mtime, and each run's events.jsonl gets a
 byte-offset index of its complete lines (extended as the file grows), so a page is one seek and
 `limit` line parses. The same pass keeps the run's cumulative LLM cost for the sparkline.
-Sync file I/O: the API calls these through `asyncio.to_thread`.
+Sync file I/O: the API calls these in its own bounded thread pool (viewer.api).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
 import threading
 from array import array
 from collections import OrderedDict
@@ -91,14 +90,16 @@ class RunReader:
     # --- run metadata ------------------------------------------------------------------------
 
     def load_run(self, run_id: str) -> dict[str, Any]:
-        """run.json as written (AgentDbg's fields); FileNotFoundError when there is none."""
-        meta = read_json(self.run_dir(run_id) / RUN_JSON)
+        """run.json as written (AgentDbg's fields); FileNotFoundError when there is none,
+        NotRegularFile when it is not a regular file (a FIFO must not hold a worker thread)."""
+        meta = storage.load_json(self.run_dir(run_id) / RUN_JSON)
         if meta is None:
             raise FileNotFoundError(run_id)
         return meta
 
     def load_tripwire(self, run_id: str) -> dict[str, Any]:
-        return run_summary(read_json(self.run_dir(run_id) / TRIPWIRE_JSON))
+        """tripwire.json's run fields; NotRegularFile when it is a FIFO, a symlink..."""
+        return run_summary(storage.load_json(self.run_dir(run_id) / TRIPWIRE_JSON))
 
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run, newest first: run.json plus a `tripwire` object."""
@@ -151,10 +152,11 @@ class RunReader:
         else:
             self._indexes.move_to_end(run_id)
         try:
-            st = path.lstat()
-        except FileNotFoundError:
-            st = None
-        if st is None or stat.S_ISLNK(st.st_mode):  # a planted symlink is no run file: nothing to read
+            st = storage.regular_stat(path)
+        except storage.NotRegularFile:  # a planted symlink or FIFO is no run file: never read
+            del self._indexes[run_id]
+            raise
+        if st is None:
             self._indexes[run_id] = _EventIndex()
             return self._indexes[run_id], path
         if st.st_ino != idx.inode or st.st_size < idx.scanned:
@@ -166,7 +168,7 @@ class RunReader:
 
     @staticmethod
     def _extend(idx: _EventIndex, path: Path, size: int) -> None:
-        with storage.open_no_follow(path) as f:
+        with storage.open_run_file(path) as f:
             f.seek(idx.scanned)
             chunk = f.read(size - idx.scanned)
         pos = 0
@@ -188,7 +190,8 @@ class RunReader:
             return len(idx.offsets)
 
     def read_events(self, run_id: str, offset: int = 0, limit: int | None = None) -> tuple[list[dict], int]:
-        """Events [offset, offset+limit) in write order, and how many the run has in total."""
+        """Events [offset, offset+limit) in write order, and how many the run has in total;
+        NotRegularFile when events.jsonl is not a regular file."""
         with self._lock:
             idx, path = self._index(run_id)
             total = len(idx.offsets)
@@ -197,7 +200,7 @@ class RunReader:
                 return [], total
             start_byte = idx.offsets[offset]
             end_byte = idx.offsets[end] if end < total else idx.scanned
-        with storage.open_no_follow(path) as f:
+        with storage.open_run_file(path) as f:
             f.seek(start_byte)
             data = f.read(end_byte - start_byte)
         events = []

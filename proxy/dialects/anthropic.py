@@ -9,18 +9,20 @@ nothing is rewritten and every chunk passes through unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    OP_CHAT,
     BodySniffer,
     LLMRequest,
     LLMResult,
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -28,6 +30,7 @@ from proxy.dialects.base import (
     estimate_prompt_tokens,
     estimate_usage,
     http_error,
+    listed_tools,
     loads_or_none,
     new_id,
     sse_frame,
@@ -37,8 +40,20 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
+    "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_response",
@@ -49,8 +64,43 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "anthropic"
+PATHS: tuple[str, ...] = ("/messages",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
+PROVIDER = "anthropic"
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = None  # its SDKs show an error's message
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+# Anthropic's error type per HTTP status (its SDK picks the exception class by status; the body's
+# `type` is what a client shows)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int, error: dict[str, Any]) -> bytes:
+    """`{"type": "error", "error": {"type": ..., "message": ..., ...}}` with Tripwire's fields inside
+    `error` (their OpenAI-style `type` replaced by Anthropic's for the status)."""
+    fields = {k: v for k, v in error.items() if k != "type"}
+    kind = ERROR_TYPES.get(status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, **fields}})
+
+
+def bad_request_error(message: str) -> dict[str, Any]:
+    return {"message": message}
 
 
 def _blocks(content: Any) -> list[dict]:
@@ -64,7 +114,7 @@ def parse_request(body: dict) -> LLMRequest:
     raw_messages = raw_messages if isinstance(raw_messages, list) else []
     steps: list[list[ToolCall]] = []
     results: list[ToolResult] = []
-    turn_start = 0
+    turns = Turns()
     for message in raw_messages:
         if not isinstance(message, dict):
             continue
@@ -90,7 +140,7 @@ def parse_request(body: dict) -> LLMRequest:
                     )
                 )
             if len(tool_results) < len(blocks) or not blocks:
-                turn_start = len(steps)
+                turns.user([b for b in blocks if b.get("type") != "tool_result"], len(steps))
     messages: list[Any] = list(raw_messages)
     system = body.get("system")
     if system:
@@ -104,9 +154,16 @@ def parse_request(body: dict) -> LLMRequest:
         max_tokens=as_int(body.get("max_tokens")) or None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         client_asked_usage=True,  # Anthropic streams always carry usage
     )
+
+
+def declared_tools(body: dict) -> list[dict]:
+    """The tools the request makes available (client tools and server tools alike)."""
+    return listed_tools(body, "tools")
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:
@@ -301,3 +358,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str) -> tuple[str, bytes]:
         ("message_stop", {"type": "message_stop"}),
     ]
     return SSE_TYPE, b"".join(sse_frame(data, event) for event, data in frames)
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import anthropic as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

@@ -6,6 +6,7 @@ the recorder never look at raw JSON. The shapes are the seam described in docs/a
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -24,21 +25,25 @@ TOKENS_PER_MESSAGE = 4
 
 
 @dataclass
-class ToolCall:
-    """A tool call the model asked for."""
-
-    id: str
-    name: str
-    arguments: Any  # parsed JSON when it parses, else the raw string
-
-
-@dataclass
 class ToolResult:
     """A tool result the agent sends back in a later request."""
 
     tool_call_id: str
     content: Any
     is_error: bool = False
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: Any  # parsed JSON when it parses, else the raw string
+    # a tool the provider ran itself (Responses web search, MCP, image generation): no result comes
+    # back from the agent; `result` is what the answer says it gave
+    hosted: bool = False
+    result: ToolResult | None = None
 
 
 @dataclass
@@ -62,6 +67,7 @@ class ParseState:
     steps: list[list[ToolCall]]
     tool_results: list[ToolResult]
     turn_start: int
+    turn_said: str | None = None  # `Turns.said` of the turn in force
     # tool_call_id -> its last result / the position of its first result (readers differ on
     # duplicate ids); built on first use, from the prior request's when it built them
     last_result: dict[str, ToolResult] | None = field(default=None, repr=False)
@@ -104,6 +110,11 @@ class LLMRequest:
     steps: list[list[ToolCall]]
     turn_start: int  # index into steps where the current turn begins (last real user message)
     previous_response_id: str | None = None
+    # what the user message that began the current turn said (`said`), and how many of the request's
+    # user messages began a turn (`Turns`): a chained request (Responses) whose only one repeats the
+    # chain's turn goes on with that turn
+    turn_said: str | None = None
+    turns_opened: int = 0
     client_asked_usage: bool = False
     # values derived from the request, computed once for all the stages that need them (the prompt
     # estimate, the conversation's digests): a long history is walked once per call, not per use
@@ -112,6 +123,40 @@ class LLMRequest:
     # request's reading this one went on from (its first steps and results are that one's)
     parsed: ParseState | None = field(default=None, repr=False, compare=False)
     continues: ParseState | None = field(default=None, repr=False, compare=False)
+
+
+def said(content: Any) -> str:
+    """What a user message says, as a short hash: its words (its text parts, spaces folded; other
+    parts, such as images, by their type alone: re-reading every image of a long history on every
+    request would cost more than the words are worth). Two messages that say the same give the same."""
+    parts = content if isinstance(content, list) else [content]
+    texts = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict):
+            text, kind = part.get("text"), part.get("type")
+            texts.append(text if isinstance(text, str) else f"<{kind if isinstance(kind, str) else 'part'}>")
+    words = " ".join(" ".join(texts).split())
+    return hashlib.blake2b(words.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+@dataclass(slots=True)
+class Turns:
+    """Where a conversation's current turn begins (SPEC §5.1), read message by message: at the last
+    real user message, except one that repeats word for word the message that began the turn in
+    force (a harness answering "Continue." after every step), which goes on with that turn."""
+
+    start: int = 0  # index into the steps read so far
+    said: str | None = None  # `said()` of the message that began it
+    opened: int = 0  # user messages that began a turn
+
+    def user(self, content: Any, steps: int) -> None:
+        words = said(content)
+        if words == self.said:
+            return
+        self.start, self.said = steps, words
+        self.opened += 1
 
 
 @dataclass
@@ -152,6 +197,44 @@ def parse_arguments(raw: Any) -> Any:
         return jsonparse.loads(raw)
     except ValueError:
         return raw
+
+
+def tool_name(tool: dict) -> str:
+    """A declared tool's name, whatever the dialect: its `name` (Anthropic, Responses), its
+    `function.name` (chat), or for a hosted tool without one its type (`web_search`)."""
+    function = tool.get("function")
+    name = tool.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return str(name or tool.get("type") or "")
+
+
+def listed_tools(body: dict, *keys: str) -> list[dict]:
+    """The tool definitions (objects) of the lists a body holds under `keys`, in order."""
+    found: list[dict] = []
+    for key in keys:
+        tools = body.get(key)
+        if isinstance(tools, list):
+            found += [tool for tool in tools if isinstance(tool, dict)]
+    return found
+
+
+def no_declared_tools(body: dict) -> list[dict]:
+    """A protocol without tools (embeddings, legacy completions)."""
+    return []
+
+
+# What most dialects answer to the contract's questions (proxy/dialects/contract.py): the OpenAI API's
+PROVIDER_OPENAI = "openai"
+OP_CHAT = "chat"  # OpenTelemetry's gen_ai.operation.name of a chat call
+CODEX_REASON_HEADER = "x-request-id"  # Codex CLI shows a 429's request id, never its body
+
+
+def openai_error_body(status: int, error: dict[str, Any]) -> bytes:
+    """The OpenAI API's error shape, `{"error": {...}}` (Tripwire's own errors have it already)."""
+    return orjson.dumps({"error": error})
+
+
+def openai_bad_request_error(message: str) -> dict[str, Any]:
+    return {"message": message, "type": "invalid_request_error", "param": None, "code": None}
 
 
 def loads_or_none(body: bytes | str) -> Any:

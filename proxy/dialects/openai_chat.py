@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    OP_CHAT,
+    PROVIDER_OPENAI,
     BodySniffer,
     LLMRequest,
     LLMResult,
@@ -25,6 +28,7 @@ from proxy.dialects.base import (
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -32,8 +36,11 @@ from proxy.dialects.base import (
     estimate_prompt_tokens,
     estimate_usage,
     http_error,
+    listed_tools,
     loads_or_none,
     new_id,
+    openai_bad_request_error,
+    openai_error_body,
     openai_usage,
     parse_arguments,
     sse_frame,
@@ -43,8 +50,20 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
+    "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "parse_request",
     "parse_request_from",
@@ -56,6 +75,19 @@ __all__ = [
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_chat"
+PATHS: tuple[str, ...] = ("/chat/completions",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = (
+    "/chat/completions",
+)  # deployment-style prefixes (Azure: /openai/deployments/NAME/...)
+PROVIDER = PROVIDER_OPENAI
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = False
+WEBSOCKET_CALLS = False
+MAX_TOKENS_RECOVERY = True
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 
@@ -70,11 +102,12 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     if prior is not None and prior.messages <= len(messages):
-        steps, results, turn_start = prior.steps[:], prior.tool_results[:], prior.turn_start
+        steps, results = prior.steps[:], prior.tool_results[:]
+        turns = Turns(prior.turn_start, prior.turn_said)
         new = messages[prior.messages :]
     else:
         prior = None
-        steps, results, turn_start = [], [], 0
+        steps, results, turns = [], [], Turns()
         new = messages
     for message in new:
         if not isinstance(message, dict):
@@ -89,7 +122,7 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
                 )
             )
         elif role == "user":
-            turn_start = len(steps)
+            turns.user(message.get("content"), len(steps))
     options = body.get("stream_options")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     temperature = body.get("temperature")
@@ -103,9 +136,11 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
         max_tokens=(as_int(max_tokens) or None) if max_tokens is not None else None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         client_asked_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        parsed=ParseState(len(messages), steps, results, turn_start),
+        parsed=ParseState(len(messages), steps, results, turns.start, turns.said),
         continues=prior,
     )
 
@@ -136,6 +171,11 @@ _KEPT_ARGUMENTS = 4096
 @lru_cache(maxsize=4096)
 def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=parse_arguments(raw))
+
+
+def declared_tools(body: dict) -> list[dict]:
+    """The tools the request makes available: `tools`, then the legacy `functions`."""
+    return listed_tools(body, "tools", "functions")
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:
@@ -421,3 +461,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = N
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         frames.append({**chunk({}, None), "choices": [], "usage": usage})
     return SSE_TYPE, b"".join(sse_frame(f) for f in frames) + sse_frame("[DONE]")
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import openai_chat as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

@@ -1,9 +1,19 @@
 """OpenAI Responses API (`POST /v1/responses`), plain JSON and SSE streams.
 
-The input is a flat list of items: messages, `function_call`s the model made earlier and the
-`function_call_output`s that answer them. Consecutive assistant-side items (assistant message,
-reasoning, function calls) form one step. A request that continues a chain with
-`previous_response_id` carries no history; the pipeline keeps the chain's tool calls itself.
+The input is a flat list of items: messages, the tool calls the model made earlier and the outputs
+that answer them. Consecutive assistant-side items (assistant message, reasoning, tool calls) form one
+step. A request that continues a chain with `previous_response_id` carries no history; the pipeline
+keeps the chain's tool calls itself.
+
+Tool calls come in two kinds. The agent runs `function_call`, `custom_tool_call`, `local_shell_call`,
+`shell_call`, `apply_patch_call`, `computer_call` and a client `tool_search_call`, and answers each
+with its `*_output` item in a later request (Codex answers a `local_shell_call` with a
+`function_call_output`). The provider runs the hosted ones (`web_search_call`, `file_search_call`,
+`code_interpreter_call`, `image_generation_call`, `mcp_call`, a server `tool_search_call`): the item
+itself carries the outcome, so their `ToolCall`s are `hosted` with their `result`. Tools are declared
+in `tools`, in `additional_tools` input items (Codex's default model declares them only there) and by
+a `tool_search_output`; `declared_tools` lists them all. `additional_tools` and `compaction` items are
+context: they end a step without starting a turn.
 Streams always end with `response.completed` (or `.incomplete` / `.failed`) carrying usage, so
 nothing is rewritten and every chunk passes through unchanged.
 """
@@ -13,18 +23,22 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
+    CODEX_REASON_HEADER,
+    OP_CHAT,
+    PROVIDER_OPENAI,
     BodySniffer,
     LLMRequest,
     LLMResult,
     ToolCall,
     ToolCallBuilder,
     ToolResult,
+    Turns,
     Usage,
     as_float,
     as_int,
@@ -34,34 +48,92 @@ from proxy.dialects.base import (
     http_error,
     loads_or_none,
     new_id,
+    openai_bad_request_error,
+    openai_error_body,
     parse_arguments,
     sse_frame,
     stream_incomplete,
+    tool_name,
 )
 from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CHAINS_RESPONSES",
+    "CONVERSATIONAL",
     "DIALECT",
+    "MAX_TOKENS_RECOVERY",
+    "OPERATION",
+    "PATHS",
+    "PATH_SUFFIXES",
+    "PROVIDER",
+    "REFUSAL_REASON_HEADER",
     "SYNTHETIC_PREFIX",
+    "WEBSOCKET_CALLS",
     "StreamAccumulator",
+    "bad_request_error",
+    "declared_tools",
+    "error_body",
     "estimate_prompt_tokens",
     "is_synthetic_response_id",
     "parse_request",
     "parse_response",
     "render_blocked",
     "rewrite_previous_response",
+    "tool_name",
     "upstream_body",
 ]
 
 # HTTP status to send render_blocked()'s body with
 BLOCKED_STATUS = 200
 DIALECT = "openai_responses"
+PATHS: tuple[str, ...] = ("/responses",)  # upstream-relative, after an optional /v1; POSTs only
+PATH_SUFFIXES: tuple[str, ...] = ()
+PROVIDER = PROVIDER_OPENAI
+OPERATION = OP_CHAT
+CONVERSATIONAL = True
+CHAINS_RESPONSES = True
+WEBSOCKET_CALLS = True
+MAX_TOKENS_RECOVERY = False
+REFUSAL_REASON_HEADER: str | None = CODEX_REASON_HEADER
+error_body = openai_error_body
+bad_request_error = openai_bad_request_error
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream; charset=utf-8"
 SYNTHETIC_PREFIX = "resp_tripwire_"
-_CALL_TYPES = ("function_call", "custom_tool_call")
-_OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
+# call item type -> (tool name, or None for the item's own `name`; the fields holding its arguments)
+_AGENT_CALLS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "function_call": (None, ("arguments",)),
+    "custom_tool_call": (None, ("input",)),
+    "local_shell_call": ("local_shell", ("action",)),
+    "shell_call": ("shell", ("action",)),
+    "apply_patch_call": ("apply_patch", ("operation",)),
+    "computer_call": ("computer", ("action", "actions")),
+    "tool_search_call": ("tool_search", ("arguments",)),
+}
+_HOSTED_CALLS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "web_search_call": ("web_search", ("action",)),
+    "file_search_call": ("file_search", ("queries",)),
+    "code_interpreter_call": ("code_interpreter", ("code",)),
+    "image_generation_call": ("image_generation", ("revised_prompt", "action")),
+    "mcp_call": (None, ("arguments",)),
+}
+_CALL_TYPES = frozenset((*_AGENT_CALLS, *_HOSTED_CALLS))
+_OUTPUT_TYPES = frozenset(
+    (
+        "function_call_output",
+        "custom_tool_call_output",
+        "local_shell_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "computer_call_output",
+        "tool_search_output",
+    )
+)
+# items that are context, neither a turn's start nor a step: declared tools, a compacted history
+_CONTEXT_TYPES = frozenset(("additional_tools", "compaction", "compaction_trigger"))
+# (a hosted MCP call's arguments stream too, but its whole item is what is kept)
+_ARGUMENT_DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 # an oversized event's type, from its first bytes when it has no `event:` line
 _TYPE = re.compile(rb'"type"\s*:\s*"([A-Za-z0-9_.]+)"')
@@ -75,13 +147,88 @@ def is_synthetic_response_id(response_id: str | None) -> bool:
     return isinstance(response_id, str) and response_id.startswith(SYNTHETIC_PREFIX)
 
 
+def _type(item: dict) -> str:
+    """An item's type ("" when it is not a string: a hostile body's list is no set member)."""
+    kind = item.get("type")
+    return kind if isinstance(kind, str) else ""
+
+
+def _is_hosted(item: dict) -> bool:
+    kind = _type(item)
+    return kind in _HOSTED_CALLS or (kind == "tool_search_call" and item.get("execution") == "server")
+
+
 def _tool_call(item: dict) -> ToolCall:
-    raw = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
-    return ToolCall(
+    """The ToolCall of a call item (one of `_CALL_TYPES`)."""
+    kind = _type(item)
+    name, fields = _AGENT_CALLS.get(kind) or _HOSTED_CALLS[kind]
+    raw: Any = None
+    for key in fields:
+        if item.get(key) is not None:
+            raw = item[key]
+            break
+    call = ToolCall(
         id=str(item.get("call_id") or item.get("id") or ""),
-        name=str(item.get("name") or ""),
-        arguments=parse_arguments(raw),
+        name=name or str(item.get("name") or ""),
+        arguments=parse_arguments(raw) if raw is not None else {},
     )
+    if _is_hosted(item):
+        call.hosted = True
+        call.result = _hosted_result(item, call.id)
+    return call
+
+
+def _hosted_result(item: dict, call_id: str) -> ToolResult:
+    """What a hosted call's item says it gave (an image's bytes left out: its status stands for it)."""
+    kind = item.get("type")
+    failed = item.get("status") == "failed" or bool(item.get("error"))
+    if kind == "mcp_call":
+        content = item.get("error") or item.get("output")
+    elif kind == "file_search_call":
+        content = item.get("results")
+    elif kind == "code_interpreter_call":
+        content = item.get("outputs")
+    else:
+        content = item.get("status")
+    return ToolResult(call_id, content, failed)
+
+
+def _result_of(item: dict) -> ToolResult:
+    """The ToolResult of an output item (one of `_OUTPUT_TYPES`)."""
+    kind = item.get("type")
+    # the SDK's local_shell_call_output names its call by `id`; the others by `call_id`
+    call_id = item.get("call_id") or (item.get("id") if kind == "local_shell_call_output" else None)
+    content = item.get("tools") if kind == "tool_search_output" else item.get("output")
+    failed = kind == "apply_patch_call_output" and item.get("status") == "failed"
+    return ToolResult(tool_call_id=str(call_id or ""), content=content, is_error=failed)
+
+
+def declared_tools(body: dict) -> list[dict]:
+    """Every tool the request makes available, in order: its `tools`, those of its `additional_tools`
+    items and those a `tool_search_output` loaded, a namespace's tools in its place. The definitions
+    themselves, as they are in the body (what a tool permission filter acts on)."""
+    sources: list[Any] = [body.get("tools")]
+    raw_input = body.get("input")
+    for item in raw_input if isinstance(raw_input, list) else []:
+        if isinstance(item, dict) and item.get("type") in ("additional_tools", "tool_search_output"):
+            sources.append(item.get("tools"))
+    found: list[dict] = []
+    # an explicit stack of iterators, not recursion: namespaces may nest as deep as a body does
+    stack = [iter(tools) for tools in reversed(sources) if isinstance(tools, list)]
+    while stack:
+        tool = next(stack[-1], _END)
+        if tool is _END:
+            stack.pop()
+        elif (
+            isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list)
+        ):
+            stack.append(iter(tool["tools"]))
+        elif isinstance(tool, dict):
+            found.append(tool)
+    return found
+
+
+_END = object()
 
 
 def parse_request(body: dict) -> LLMRequest:
@@ -92,28 +239,31 @@ def parse_request(body: dict) -> LLMRequest:
         items = list(raw_input) if isinstance(raw_input, list) else []
     steps: list[list[ToolCall]] = []
     results: list[ToolResult] = []
-    turn_start = 0
+    turns = Turns()
     current: list[ToolCall] | None = None
     for item in items:
         if not isinstance(item, dict):
             continue
-        kind = item.get("type") or "message"
+        kind = _type(item) if item.get("type") else "message"
         role = item.get("role")
         if kind in _OUTPUT_TYPES:
-            results.append(
-                ToolResult(tool_call_id=str(item.get("call_id") or ""), content=item.get("output"))
-            )
+            results.append(_result_of(item))
+            current = None
+        elif kind in _CONTEXT_TYPES:
             current = None
         elif kind == "message" and role != "assistant":
             if role == "user":
-                turn_start = len(steps)
+                turns.user(item.get("content"), len(steps))
             current = None
-        else:  # assistant message, reasoning, function calls, hosted tool calls
+        else:  # assistant message, reasoning, tool calls (the agent's and hosted ones)
             if current is None:
                 current = []
                 steps.append(current)
             if kind in _CALL_TYPES:
-                current.append(_tool_call(item))
+                call = _tool_call(item)
+                current.append(call)
+                if call.result is not None:  # hosted: its outcome is in the item, no output answers it
+                    results.append(call.result)
     messages: list[Any] = list(items)
     instructions = body.get("instructions")
     if instructions:
@@ -128,7 +278,9 @@ def parse_request(body: dict) -> LLMRequest:
         max_tokens=as_int(body.get("max_output_tokens")) or None,
         tool_results=results,
         steps=steps,
-        turn_start=turn_start,
+        turn_start=turns.start,
+        turn_said=turns.said,
+        turns_opened=turns.opened,
         previous_response_id=previous if isinstance(previous, str) else None,
         client_asked_usage=True,  # the final response event always carries usage
     )
@@ -185,7 +337,7 @@ def _output(items: Any) -> tuple[str, list[ToolCall]]:
                     and isinstance(part.get("text"), str)
                 ):
                     text.append(part["text"])
-        elif item.get("type") in _CALL_TYPES:
+        elif _type(item) in _CALL_TYPES:
             calls.append(_tool_call(item))
     return "".join(text), calls
 
@@ -245,7 +397,8 @@ class StreamAccumulator:
         self._text = BoundedText()
         self._big_kind: str | None = None  # the type of the oversized event being skipped
         self._big_tail = b""
-        self._calls: dict[int, ToolCallBuilder] = {}
+        self._calls: dict[int, ToolCallBuilder] = {}  # calls whose arguments are streaming
+        self._done: dict[int, ToolCall] = {}  # whole call items (output_item.done; hosted ones as added)
         self._model: str | None = None
         self._id: str | None = None
         self._final: LLMResult | None = None
@@ -276,7 +429,7 @@ class StreamAccumulator:
         final = self._final
         ok = complete and final is not None
         if final is None:
-            calls = [self._calls[i].build() for i in sorted(self._calls)]
+            calls = self._streamed_calls()
             text = "".join(self._text)
             final = LLMResult(self._model, text, calls, self._estimate(text, calls), None, self._id, None, ok)
         final.complete = ok
@@ -285,6 +438,12 @@ class StreamAccumulator:
         if not ok and final.error is None:
             final.error = stream_incomplete(self.terminator)
         return final
+
+    def _streamed_calls(self) -> list[ToolCall]:
+        """The calls the events announced, in output order: whole items where they came, else what
+        the argument deltas said."""
+        indexes = sorted(self._calls.keys() | self._done.keys())
+        return [self._done[i] if i in self._done else self._calls[i].build() for i in indexes]
 
     def _estimate(self, text: str, calls: list[ToolCall]) -> Usage:
         usage = estimate_usage(self.req, text, calls)
@@ -313,7 +472,7 @@ class StreamAccumulator:
 
     def _oversized_final(self, kind: str, tail: bytes) -> LLMResult:
         text = "".join(self._text)
-        calls = [self._calls[i].build() for i in sorted(self._calls)]
+        calls = self._streamed_calls()
         usage = usage_of(_usage_in(tail)) or self._estimate(text, calls)
         error = None
         if kind == "response.failed":
@@ -336,20 +495,25 @@ class StreamAccumulator:
             final = _result(response, self.req)
             if not final.text and not final.tool_calls:  # a terminal event without output: use ours
                 final.text = "".join(self._text)
-                final.tool_calls = [self._calls[i].build() for i in sorted(self._calls)]
+                final.tool_calls = self._streamed_calls()
             self._final = final
         elif kind == "response.output_item.added" and isinstance(data.get("item"), dict):
             item = data["item"]
-            if item.get("type") in _CALL_TYPES:
+            if _is_hosted(item):  # nothing of it streams but an MCP call's arguments
+                self._done[as_int(data.get("output_index"))] = _tool_call(item)
+            elif _type(item) in _CALL_TYPES:
                 started = ToolCallBuilder(
-                    id=str(item.get("call_id") or ""),
-                    name=str(item.get("name") or ""),
+                    id=str(item.get("call_id") or item.get("id") or ""),
+                    name=_tool_call(item).name,
                     parts=BoundedText(self._text.limit),
                 )
                 if isinstance(item.get("arguments"), str) and item["arguments"]:
                     started.parts.append(item["arguments"])
                 self._calls[as_int(data.get("output_index"))] = started
-        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
+        elif kind == "response.output_item.done" and isinstance(data.get("item"), dict):
+            if _type(data["item"]) in _CALL_TYPES:  # the whole call, whatever its deltas said
+                self._done[as_int(data.get("output_index"))] = _tool_call(data["item"])
+        elif kind in _ARGUMENT_DELTAS:
             builder = self._calls.get(as_int(data.get("output_index")))
             if builder is not None and isinstance(data.get("delta"), str):
                 builder.parts.append(data["delta"])
@@ -442,3 +606,10 @@ def render_blocked(req: LLMRequest, text: str, guard: str, now: float | None = N
         sse_frame({**event, "sequence_number": n}, event["type"]) for n, event in enumerate(events)
     )
     return SSE_TYPE, body
+
+
+if TYPE_CHECKING:  # mypy checks this module against the contract
+    from proxy.dialects import openai_responses as _this
+    from proxy.dialects.contract import Dialect
+
+    _checked: Dialect = _this

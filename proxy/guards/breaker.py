@@ -86,7 +86,6 @@ class CircuitBreaker:
         # bumped on every state change, so an answer to a call admitted in an older state
         # (e.g. a slow closed-state call that fails after the circuit re-opened) changes nothing
         self.generation = 0
-        self.last_transition: Transition | None = None
         self._closed: Ticket | None = None  # see _closed_ticket
 
     def configure(self, config: CircuitBreakerConfig) -> None:
@@ -99,7 +98,6 @@ class CircuitBreaker:
         self.generation += 1
         self.trials_admitted = 0
         self.trials_in_flight = 0
-        self.last_transition = t
         return t
 
     def retry_after(self, now: float) -> float:

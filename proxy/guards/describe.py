@@ -21,16 +21,8 @@ from proxy.constants import (
     GUARD_SOFT_ALERT_THRESHOLD_USD,
 )
 from proxy.guards.decision import Action, Decision, retry_after_seconds
+from proxy.guards.loop.detector import LOOP_KINDS
 
-_LOOP_KINDS = {
-    "repetition": "the same tool call was repeated",
-    "ping_pong": "the same tool calls keep alternating in a cycle",
-    "retry_no_progress": "a failing tool call is being retried without progress",
-    "identical_step": "the same set of tool calls was repeated step after step",
-    "cycle": "the run keeps repeating the same sequence of calls",
-    "per_tool": "one tool was called too many times in this turn",
-    "no_progress": "a call keeps returning the same result",
-}
 _BUDGET = {
     GUARD_MAX_COST_USD: "the session's cost budget is spent",
     GUARD_MAX_TOKENS: "the session's token budget is spent",
@@ -48,8 +40,8 @@ _LIMITS = {
 
 
 def _summary(d: Decision) -> str:
-    if d.kind in _LOOP_KINDS:
-        return f"loop detected: {_LOOP_KINDS[d.kind]}"
+    if d.kind in LOOP_KINDS:
+        return f"loop detected: {LOOP_KINDS[d.kind]}"
     if d.guard in _BUDGET:
         return _BUDGET[d.guard]
     if d.guard in _LIMITS:
@@ -89,3 +81,38 @@ def describe(decision: Decision, expose_details: bool) -> str:
         text += f" ({', '.join(details)})"
     advice = _advice(decision)
     return f"{text}. {advice}" if advice else f"{text}."
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def describe_ended(
+    agent: str,
+    session_id: str | None,
+    *,
+    idle_timeout_s: float,
+    terminated_ttl_s: float,
+    run_url: str | None,
+) -> str:
+    """The refusal of a call to a session that was stopped (SPEC §3: it stays refused), saying how
+    to go on and where to see why. `session_id`: the explicit session's id; None for an automatic
+    one, whose conversation stays refused until it goes quiet for a whole idle timeout."""
+    if session_id is not None:
+        text = (
+            f"[tripwire] refused: session {session_id!r} of agent {agent!r} was stopped and stays refused "
+            f"for {_duration(terminated_ttl_s)}. To go on, start a new session: send another session id "
+            f"(the X-Tripwire-Session header, or /agents/{agent}/sessions/<new id>/ in the base URL)."
+        )
+    else:
+        text = (
+            "[tripwire] refused: this conversation's session was stopped and stays refused until it has "
+            f"sent nothing for {_duration(idle_timeout_s)} (each refused call starts that wait again). To go "
+            "on, start a new conversation (it is recorded in a new run), or name a new session with the "
+            "X-Tripwire-Session header."
+        )
+    return f"{text} Why it was stopped: {run_url}" if run_url else text

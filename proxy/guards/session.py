@@ -21,7 +21,8 @@ from proxy.constants import EventType
 from proxy.guards.budget import CallKind, Reservation, SessionBudget
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
-from proxy.guards.loop import HistoryCall, HistoryResults, LoopDetector
+from proxy.guards.loop.detector import LoopDetector
+from proxy.guards.loop.history import HistoryCall, HistoryResults
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)

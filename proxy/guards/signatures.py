@@ -19,7 +19,7 @@ import orjson
 
 from proxy import jsonparse
 from proxy.guards.tree import rebuild
-from proxy.guards.volatile import stable_text, stable_value
+from proxy.guards.volatile import fold_text, result_slots, stable_text, stable_value
 
 FLOAT_DIGITS = 6
 
@@ -103,14 +103,25 @@ def stable_signature(tool: str, args: Any) -> str:
 
 
 def result_fingerprint(content: Any) -> str:
-    """A short stable hash of a tool result, without per-call noise (ids, times, timings).
+    """A short stable hash of a tool result, without per-call noise (ids, times, timings), folded
+    as arguments are (case and spaces of short strings), then the counters it names (`slotted`).
 
     Loop detection compares these, never the content: a status that differs only by its
     `checked_at`, or a test run only by "in 0.31s", is the same result.
     """
     parsed = _parse_if_json(content)
-    value = stable_value(parsed, leaf=_canonical_scalar)
-    return fingerprint_text(_dumps(value))
+    value = stable_value(parsed, fold_case=True, leaf=_canonical_scalar, result=True)
+    return slotted(_dumps(value))
+
+
+def slotted(text: str) -> str:
+    """`<24-hex hash>` of a stable text, or `<hash of the text with its counters replaced>|n|n...`
+    when it names counters ("attempt 3", "retry #4": `volatile.result_slots`), so the detector can
+    tell a counter that went up by one from a result that changed (`loop.turn.Turn.same_as`)."""
+    skeleton, slots = result_slots(text)
+    if not slots:
+        return fingerprint_text(text)
+    return "|".join((fingerprint_text(skeleton), *slots))
 
 
 class Fingerprinted(NamedTuple):
@@ -151,7 +162,7 @@ def error_fingerprint(text: str | None) -> str | None:
         return None
     if isinstance(text, RecordedError):
         return str(text)
-    return fingerprint_text(stable_text(text))
+    return slotted(fold_text(stable_text(text)))
 
 
 def content_text(content: Any, limit: int = 500) -> str:

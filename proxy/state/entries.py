@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from proxy.guards.loop import HistoryCall, HistoryResults, call_tuple, results_map
+from proxy.guards.loop.history import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
 
 

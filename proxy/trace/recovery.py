@@ -80,6 +80,8 @@ def recover(
                     entry, rid, meta, tw, fsync=fsync, clock=clock, max_field_bytes=max_field_bytes
                 )
                 closed.append(rid)
+            except storage.NotRegularFile as e:  # a FIFO or a symlink planted as a run file: left alone
+                logger.warning("run %s not recovered: %s", rid, e.strerror)
             except Exception:
                 logger.exception("could not recover interrupted run %s", rid)
         gone = {o for o, live in alive.items() if not live}
@@ -169,9 +171,10 @@ async def watch_owners(interval_s: float, recover_dead_owners: Callable[[], list
 
 
 def repair_tail(path: Path) -> None:
-    """Make events.jsonl end on a line boundary after a crash: cut a torn last line, or end a whole one."""
+    """Make events.jsonl end on a line boundary after a crash: cut a torn last line, or end a whole one.
+    NotRegularFile when it is not a regular file (a FIFO would hold start-up forever)."""
     try:
-        data = path.read_bytes()
+        data = storage.read_run_file(path)
     except FileNotFoundError:
         return
     if not data or data.endswith(b"\n"):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.constants import EventType
+from proxy.dialects import named
 
 AttributeValue = str | bool | int | float | list[str]
 
@@ -58,14 +59,14 @@ GUARD = "tripwire.guard"
 GUARD_ACTION = "tripwire.guard.action"
 
 OP_CHAT, OP_TOOL, OP_AGENT = "chat", "execute_tool", "invoke_agent"
-# the recorded endpoint (the API dialect) -> gen_ai.operation.name
-OPERATIONS = {
-    "openai_chat": OP_CHAT,
-    "openai_responses": OP_CHAT,
-    "anthropic": OP_CHAT,
-    "completions": "text_completion",
-    "embeddings": "embeddings",
-}
+
+
+def operation_of(endpoint: Any) -> str:
+    """gen_ai.operation.name of a recorded endpoint (the API dialect): its dialect's, else chat."""
+    dialect = named(endpoint) if isinstance(endpoint, str) else None
+    return dialect.OPERATION if dialect is not None else OP_CHAT
+
+
 _LOW_64 = (1 << 64) - 1
 
 
@@ -158,7 +159,7 @@ def span_for(event: Mapping[str, Any], ts: float, *, agent: str, session_id: str
 def llm_attributes(
     payload: Mapping[str, Any], meta: Mapping[str, Any]
 ) -> tuple[dict[str, AttributeValue], str]:
-    operation = OPERATIONS.get(str(payload.get("endpoint")), OP_CHAT)
+    operation = operation_of(payload.get("endpoint"))
     response_model = payload.get("model")
     request_model = payload.get("request_model") or response_model or "unknown"
     attrs: dict[str, AttributeValue] = {OPERATION: operation, REQUEST_MODEL: str(request_model)}
@@ -228,7 +229,7 @@ def refused_call(payload: Mapping[str, Any]) -> tuple[dict[str, AttributeValue],
         )
         client = True
     else:
-        operation = OPERATIONS.get(str(call.get("endpoint")), OP_CHAT)
+        operation = operation_of(call.get("endpoint"))
         model = str(call.get("model") or "unknown")
         attrs = {OPERATION: operation, REQUEST_MODEL: model}
         if call.get("upstream"):

@@ -3,7 +3,9 @@ disk off the request path. One background task makes passes; each pass takes eve
 every run and appends each run's new lines with one `write()`, on the event loop itself (a page-cache
 write takes microseconds, where a worker thread under load waits milliseconds for the GIL on every
 system call: measured, with 300 busy sessions the thread fell seconds behind). Only writes that fsync
-go to a worker thread. run.json and tripwire.json are rewritten atomically at most once per run per
+go to a worker thread: the writer's own (never the loop's default executor, which request work may
+fill: the trace would stop behind it). A writer that has events queued and has not finished a pass
+for `stall_after_s` reports itself stalled (`health()`, /healthz, a metric). run.json and tripwire.json are rewritten atomically at most once per run per
 `meta_interval_s` while the run is live (at once when it starts and ends, and on `flush()`), so a
 burst of events costs one rewrite. Out of space (ENOSPC, EDQUOT) keeps a run's lines in memory, in
 order, and retries them every `RETRY_S` (and on flush); any other error drops the failed lines but
@@ -19,6 +21,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -52,6 +55,8 @@ _RUN_END: str = EventType.RUN_END.value
 _new_line = tuple.__new__  # Line(...) without NamedTuple's Python-level __new__ (one per event)
 _LINGER_EVENTS = 16  # this many events queued: no more lingering (under load passes fill anyway)
 _END_SIZE = 600  # bytes reserved in the queue for a RUN_END line encoded when written
+# events queued and no pass finished for this long: the writer is stuck (a hung fsync, a dead disk)
+STALL_AFTER_S = 30.0
 
 
 @dataclass(slots=True)
@@ -175,6 +180,7 @@ class TraceWriter:
         max_pending_events: int,
         max_pending_bytes: int,
         meta_interval_s: float,
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         self.registry = registry
         self.owner = owner
@@ -210,6 +216,9 @@ class TraceWriter:
         self.last_error_ts: float | None = None
         self._last_logged = float("-inf")
         self._unlogged = 0
+        self.stall_after_s = stall_after_s
+        self.progress_at = time.monotonic()  # a pass ended, or the queue stopped being empty
+        self._threads: ThreadPoolExecutor | None = None  # the writer's own, for writes that fsync
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -246,6 +255,20 @@ class TraceWriter:
             self._timer_due = None
         await self.drain(force=True, final=True)
         self._closed = True
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
+            self._threads = None
+
+    def stalled_for(self) -> float:
+        """Seconds the queued events have waited with no pass finished (0 when nothing is queued)."""
+        if not self.pending_events:
+            return 0.0
+        return max(0.0, time.monotonic() - self.progress_at)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tripwire-trace-writer")
+        return self._threads
 
     async def flush(self) -> None:
         """Return once everything queued so far is on disk, run.json and tripwire.json included
@@ -300,6 +323,8 @@ class TraceWriter:
                 data = encode(event)
                 line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
             run.pending.append(line)
+            if not self.pending_events:
+                self.progress_at = time.monotonic()  # a stall counts from when events wait
             self.pending_events += 1
             self.pending_bytes += line.size
             if self.pending_events >= _LINGER_EVENTS:
@@ -554,7 +579,8 @@ class TraceWriter:
                     if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # a pass over thousands of runs lets requests through
                 if threaded:
-                    results = await asyncio.to_thread(write_jobs, threaded)
+                    loop = asyncio.get_running_loop()
+                    results = await loop.run_in_executor(self._thread(), write_jobs, threaded)
                     for job, res in zip(threaded, results, strict=True):
                         self._apply(job, res, now, final)
                         run = self.registry.get(job.run_id)
@@ -568,6 +594,7 @@ class TraceWriter:
                 if force or not self._waiting:
                     self._synced_seq = max(self._synced_seq, target)
                 self.passes += 1
+                self.progress_at = time.monotonic()
                 self.owner.progress(self.passes, self.done_seq)
             self._schedule()
         if self._flushing:

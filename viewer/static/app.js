@@ -269,7 +269,7 @@ function runItem(run) {
   },
   el('div', { class: 'run-line1' },
     el('span', { class: 'status-dot ' + (running ? 'running' : run.status), title: run.status }),
-    el('span', { class: 'run-item-name', text: run.run_name || run.run_id.slice(0, 8) }),
+    el('span', { class: 'run-item-name', text: run.run_name || run.run_id.slice(0, 8), title: run.run_name || run.run_id }),
     el('span', { class: 'run-item-cost', text: fmtCost(tw.cost_usd) })),
   el('div', { class: 'run-line2 muted small' },
     el('span', { text: tw.agent_name || '—' }),
@@ -355,6 +355,13 @@ function renderRunHead() {
     reason && !running ? el('div', { class: 'callout muted small', text: 'Ended: ' + reason }) : '');
 }
 
+/* What repeated and why it counts as no progress: Tripwire's guards write it as the payload's
+   message; a run AgentDbg wrote has only the pattern and its counts. */
+function loopSentence(p) {
+  if (p.message) return p.message;
+  return `the pattern repeated ${p.repetitions} times within the last ${p.window_size} events`;
+}
+
 function eventSummary(ev) {
   const p = ev.payload || {};
   switch (ev.event_type) {
@@ -381,9 +388,10 @@ function eventSummary(ev) {
       return el('div', { class: 'ev-sum' },
         el('strong', { text: 'Loop detected' }),
         p.kind ? el('span', { class: 'chip chip-warn', text: p.kind }) : null,
-        el('span', { text: `×${p.repetitions}` }),
-        el('span', { class: 'muted', text: `window ${p.window_size}` }),
-        el('div', { class: 'ev-preview mono', text: preview(p.pattern, 200) }));
+        p.action ? el('span', { class: 'muted', text: p.shadow ? `${p.action} (shadow)` : p.action }) : null,
+        el('span', { class: 'muted', text: `×${p.repetitions} · window ${p.window_size}` }),
+        el('div', { class: 'ev-sentence', text: loopSentence(p) }),
+        el('div', { class: 'ev-preview mono muted', text: preview(p.pattern, 200) }));
     case 'ERROR':
       return el('div', { class: 'ev-sum' },
         el('strong', { text: p.guardrail ? 'Guard fired: ' + p.guardrail : (p.error_type || 'Error') }),
