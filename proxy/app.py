@@ -130,7 +130,11 @@ async def handle_call(request: CallRequest, route: Route, answer_maker: AnswerMa
     )
     engine.call_started()
     try:
-        await request.app[PIPELINES][route.kind].run(ex)
+        try:
+            await request.app[PIPELINES][route.kind].run(ex)
+        finally:
+            if ex.held_end is not None:  # the call is settled: its answer may end (SPEC §8)
+                await ex.held_end()
     finally:
         engine.call_finished()
     if ex.response is not None:

@@ -124,10 +124,12 @@ class Engine:
                 await asyncio.wait_for(self._idle_drained.wait(), DRAIN_FINISH_S)
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        sweeper = self._sweeper
+        while sweeper is not None and not sweeper.done():
+            # cancelled until it stops: on Python 3.11 a cancellation that lands as one of its state
+            # backend calls completes can be swallowed (asyncio.wait_for's race), and it sweeps on
+            sweeper.cancel()
+            await asyncio.wait({sweeper}, timeout=1.0)
         for session in self.sessions.live():
             self.end_session(session, status="ok", reason="shutdown")
         if self.shared is not None:

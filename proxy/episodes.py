@@ -7,9 +7,12 @@ conversation of an SDK script. This module reads what a request says about its e
 - an **announced** id: a session or conversation id the client sends with every request of the
   episode. It alone decides: same id, same run (sub-agents and compaction included); new id, new
   run. `EXTRACTORS` is the table of where clients put it, first match wins;
-- **lineage**, only when nothing is announced: digests of every prefix of the request's
-  conversation (a request whose history extends one a live run has seen continues that run), and
-  the Responses API `previous_response_id` (a response the run produced).
+- **lineage**, only when nothing is announced: the newest answer the request's history carries
+  (`answer`: a key of that answer and of the conversation before it; the run that gave the answer
+  is the request's run), the Responses API `previous_response_id` (a response the run produced),
+  and digests of every prefix of the conversation. A request whose history carries no answer is a
+  conversation's first request: it starts a run of its own, even when another conversation began
+  with the same words (an evaluation batch running one task six times is six runs).
 
 A call that carries no conversation (an MCP tool call, embeddings, legacy completions, a body
 too broken to read its history) has neither; it joins the agent's most recently used automatic run.
@@ -19,8 +22,9 @@ Pure: headers, the parsed body and the parsed `LLMRequest` in, an `Episode` out.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +49,19 @@ class Episode:
     # request's whole history, which the run remembers for the requests that continue it
     history: tuple[bytes, ...] = ()
     previous_response_id: str | None = None
+    # the newest answer the history carries (`answer_key`), and how many messages precede it; None:
+    # the history carries no answer (a conversation's first request)
+    answer: bytes | None = None
+    answer_at: int = 0
 
     @property
     def has_lineage(self) -> bool:
         return bool(self.history) or self.previous_response_id is not None
+
+    @property
+    def first(self) -> bool:
+        """A conversation's first request: no earlier answer in its history, no previous response."""
+        return self.answer is None and self.previous_response_id is None
 
 
 NO_CONVERSATION = Episode()
@@ -263,6 +276,98 @@ def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
     return tuple(digest_chains(messages).lineage[1:])
 
 
+# --- answers: what ties a conversation's later requests to the run that answered it ------------
+
+# Responses items of the model's own making that name a function call (the ids its result reports)
+_CALL_ITEMS = ("function_call", "custom_tool_call")
+
+
+def _is_answer(message: Any) -> bool:
+    """A message (or Responses item) the model wrote: an assistant message, a call, reasoning."""
+    if not isinstance(message, dict):
+        return False
+    role = message.get("role")
+    if role is not None:
+        return role == "assistant"
+    kind = message.get("type")  # Responses items without a role: calls and reasoning, not their outputs
+    return (
+        isinstance(kind, str) and kind not in ("message", "item_reference") and not kind.endswith("_output")
+    )
+
+
+def fingerprint(call_ids: Iterable[str], text: str) -> str:
+    """What identifies one answer, as its result reports it and as the client sends it back: the
+    ids of the tool calls it asked for (unique per answer from real providers; arguments a client
+    may re-serialise), else its text."""
+    ids = [i for i in call_ids if i]
+    return "ids:" + ",".join(ids) if ids else "text:" + text.strip()
+
+
+def _fingerprint_of(messages: list[Any]) -> str:
+    """`fingerprint` of an answer as a history carries it (one or more consecutive messages)."""
+    ids: list[str] = []
+    texts: list[str] = []
+    for message in messages:
+        for tc in message.get("tool_calls") or ():  # chat
+            if isinstance(tc, dict) and isinstance(tc.get("id"), str):
+                ids.append(tc["id"])
+        if message.get("type") in _CALL_ITEMS:  # Responses
+            ids.append(str(message.get("call_id") or message.get("id") or ""))
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for block in content:
+                if not isinstance(block, dict):
+                    continue
+                if block.get("type") == "tool_use" and isinstance(block.get("id"), str):  # Anthropic
+                    ids.append(block["id"])
+                elif block.get("type") in ("text", "output_text") and isinstance(block.get("text"), str):
+                    texts.append(block["text"])
+    return fingerprint(ids, "".join(texts))
+
+
+def answer_key(prefix: bytes, answer_fingerprint: str) -> bytes:
+    """The key of an answer given to a conversation whose history digest (lineage) was `prefix`."""
+    data = prefix + answer_fingerprint.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def last_answer(messages: list[Any]) -> tuple[int, str] | None:
+    """(how many messages precede the newest answer the history carries, its fingerprint), or None
+    when it carries none. Walks back from the end: only the messages after that answer are read."""
+    i = len(messages) - 1
+    while i >= 0 and not _is_answer(messages[i]):
+        i -= 1
+    if i < 0:
+        return None
+    start = i
+    while start > 0 and _is_answer(messages[start - 1]):
+        start -= 1
+    return start, _fingerprint_of(messages[start : i + 1])
+
+
+def given_answer_key(call: Any, result: Any, block_text: str | None) -> bytes | None:
+    """The key of the answer a conversational request was given (`result`, the upstream's, or a
+    BLOCK's synthetic answer `block_text`): a later request whose history carries that answer
+    (`Episode.answer`) finds the run by it. None: no answer a client goes on from (an error)."""
+    dialect = of_call(call)
+    if dialect is None or not dialect.CONVERSATIONAL:
+        return None
+    memo = call.memo
+    if "answer_key" not in memo:
+        if result is not None and result.error is None:
+            answered = fingerprint((tc.id for tc in result.tool_calls), result.text)
+        elif result is None and block_text is not None:
+            answered = fingerprint((), block_text)
+        else:
+            memo["answer_key"] = None
+            return None
+        memo["answer_key"] = answer_key(call_digests(call).lineage[-1], answered)
+    key: bytes | None = memo["answer_key"]
+    return key
+
+
 def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) -> Episode:
     """The episode evidence of an LLM request (`call`: its parsed `LLMRequest`)."""
     found = announced(headers, body)
@@ -277,7 +382,11 @@ def for_llm(headers: Mapping[str, str], body: dict[str, Any] | None, call: Any) 
     if len(history) < 2 and previous is None:
         # an empty conversation (an unreadable body judged without its history) continues nothing
         return NO_CONVERSATION
-    return Episode(None, None, tuple(history[1:]), previous)
+    last = last_answer(call.messages)
+    if last is None:
+        return Episode(None, None, tuple(history[1:]), previous)
+    at, answered = last
+    return Episode(None, None, tuple(history[1:]), previous, answer_key(history[at], answered), at)
 
 
 def for_mcp(headers: Mapping[str, str]) -> Episode:

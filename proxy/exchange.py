@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -125,6 +126,10 @@ class Exchange:
     # answering
     answer: Answer | None = None  # set to answer without the upstream
     response: ClientAnswer | None = None  # what the client received (forwarded)
+    # shared guard state (SPEC §8): the relayed answer's end (its last bytes, its clean end or cut) is
+    # held until the pipeline's finish hooks have settled the call; the handler then runs `held_end`
+    hold_end: bool = False
+    held_end: Callable[[], Awaitable[None]] | None = None
 
     # forward: what the upstream did
     forwarded: bool = False  # the upstream was called (even if it then failed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import random
@@ -324,24 +325,36 @@ class Forwarder:
             if client is not None:
                 await client.close()
 
-    async def _relay(self, ex: Exchange, upstream: Upstream, response: ClientAnswer) -> None:
+    async def _relay(self, ex: Exchange, upstream: Upstream, response: ClientAnswer, *, whole: bool) -> bytes:
         """Copy the answer chunk by chunk through the observer to the client.
 
         A client that hangs up is not an upstream failure (it must not trip the breaker): stop
         reading (the upstream stops generating) and let the call be recorded as incomplete.
+        With `ex.hold_end`, returns the bytes kept back for the answer's end (`_end`): a whole
+        answer's last piece, or an MCP stream from the call's result on; a stream keeps back only
+        its clean end.
         """
         tap = Tap(ex.observer, content_codings(upstream.headers), self.max_decoded_bytes)
         chunks = upstream if isinstance(upstream, UpstreamResponse) else upstream.content.iter_any()
+        hold, mcp = ex.hold_end, getattr(ex.protocol, "kind", None) == "mcp"
+        held = b""
         try:
             async for chunk in chunks:
                 out = tap.feed(chunk)
+                if hold and (whole or (mcp and ex.result is not None)):
+                    if whole and not (mcp and ex.result is not None):
+                        out, held = held, out  # the previous piece goes; this one may be the last
+                    else:
+                        out, held = b"", held + out  # the client must not have the result yet
                 if out and not await self._write(ex, response, out):
                     break
                 if tap.backlog and not await self._read_backlog(ex, response, tap):
                     break
             else:
                 tail = tap.flush()
-                if tail:
+                if hold:
+                    held += tail
+                elif tail:
                     await self._write(ex, response, tail)
         except (aiohttp.ClientError, TimeoutError) as e:
             # The upstream broke mid-answer: record an error; forward() ends the client's stream
@@ -363,6 +376,7 @@ class Forwarder:
             ex.stream_complete = False
             ex.upstream_error = None
             ex.incomplete_reason = DRAIN_CUT_REASON
+        return held
 
     async def _read_backlog(self, ex: Exchange, response: ClientAnswer, tap: Tap) -> bool:
         """The rest of a chunk that decodes large, a slice per event-loop turn so that other calls
@@ -515,6 +529,7 @@ class Forwarder:
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
         response: ClientAnswer | None = None
+        held = b""
         try:
             async with await self.send(ex, request.method, url, headers, body) as upstream:
                 ex.upstream_status = upstream.status
@@ -543,7 +558,7 @@ class Forwarder:
                     return
                 self._active[id(ex)] = (ex, upstream)
                 try:
-                    await self._relay(ex, upstream, response)
+                    held = await self._relay(ex, upstream, response, whole=not is_sse)
                 finally:
                     self._active.pop(id(ex), None)
         except TimeoutError:
@@ -564,13 +579,25 @@ class Forwarder:
         finally:
             ex.upstream_done = time.monotonic()
         if response is not None and not ex.client_disconnected:
-            if self._broken(ex):
-                # a head still held back goes out first: the client sees the answer break, as direct
-                with contextlib.suppress(ConnectionResetError, RuntimeError):
-                    await response.write(b"")
-                self._cut(ex, response)
+            # written by the handler once the call is settled (SPEC §8); not an MCP answer that did
+            # not carry the call's result (legacy's 202, a stream the client resumes on a GET): the
+            # client needs its end to go on
+            if ex.hold_end and (ex.result is not None or getattr(ex.protocol, "kind", None) != "mcp"):
+                ex.held_end = functools.partial(self._end, ex, response, held)
                 return
-            try:
-                await response.write_eof()
-            except (ConnectionResetError, RuntimeError):
-                ex.client_disconnected = True
+            await self._end(ex, response, held)
+
+    async def _end(self, ex: Exchange, response: ClientAnswer, held: bytes) -> None:
+        """The answer's end: what was kept back, then the clean end, or the cut of a broken answer."""
+        if held and not await self._write(ex, response, held):
+            return
+        if self._broken(ex):
+            # a head still held back goes out first: the client sees the answer break, as direct
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await response.write(b"")
+            self._cut(ex, response)
+            return
+        try:
+            await response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            ex.client_disconnected = True

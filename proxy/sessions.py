@@ -6,9 +6,11 @@ Otherwise a call belongs to an automatic session, one per episode of the agent (
 live at once), found from what the request says about its episode (proxy/episodes.py):
 
 1. an announced episode id decides alone: the run that has that id, else a new run;
-2. else lineage: the run that produced the `previous_response_id` it names, or the run that saw
-   the longest prefix of its conversation; else the agent's latest run if that has seen no
-   conversation yet (only MCP calls so far); else a new run;
+2. else lineage: the run that produced the `previous_response_id` it names, or the run that gave
+   the newest answer its history carries (else the run that saw the longest prefix of its
+   conversation holding that answer); a conversation's first request (no answer in its history)
+   continues nothing. Then the agent's latest run if that has seen no conversation yet (only MCP
+   calls so far); else a new run;
 3. a call with no conversation (MCP, embeddings) joins the agent's most recently used automatic
    run, else a new run.
 
@@ -76,10 +78,14 @@ class Lineage:
     source: str | None = None
     histories: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # whole-history digests
     responses: OrderedDict[str, None] = field(default_factory=OrderedDict)  # Responses ids it produced
+    answers: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # keys of answers it gave
+    # its newest answer, until a request carrying it comes: among runs that gave the same answer to
+    # the same conversation (an evaluation batch), a continuation goes to one still waiting for it
+    waiting: bytes | None = None
 
     def is_empty(self) -> bool:
         """No conversation seen yet (only calls with none, e.g. MCP tool calls)."""
-        return self.announced is None and not self.histories and not self.responses
+        return self.announced is None and not self.histories and not self.responses and not self.answers
 
 
 @dataclass
@@ -130,6 +136,8 @@ class SessionManager:
         self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
         self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
         self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
+        # (agent, answer key) -> the runs that gave that answer, oldest first
+        self._by_answer: dict[tuple[str, bytes], list[Session]] = {}
 
     # --- finding the run of a call -----------------------------------------------------------
 
@@ -145,10 +153,16 @@ class SessionManager:
                 parent = self._by_response.get(episode.previous_response_id)
                 if parent is not None and parent.agent == agent:
                     return parent
-            for digest in reversed(episode.history):  # the longest prefix seen wins
-                found = self._by_history.get((agent, digest))
+            if episode.answer is not None:
+                found = self._answered(agent, episode.answer)
                 if found is not None:
                     return found
+                # the answer as the client sent it back differs from what the run recorded (an
+                # edited message): the longest prefix a run has seen that holds that answer
+                for digest in reversed(episode.history[episode.answer_at :]):
+                    found = self._by_history.get((agent, digest))
+                    if found is not None:
+                        return found
             # a new conversation; the agent's latest run may have had only calls with no
             # conversation (MCP tool calls before the first LLM call): it is this episode's
             latest = self._latest(agent)
@@ -156,6 +170,14 @@ class SessionManager:
                 return latest
             return None
         return self._latest(agent)
+
+    def _answered(self, agent: str, key: bytes) -> Session | None:
+        """The run that gave this answer; of several (the same answer to the same words), the
+        oldest still waiting for its conversation to go on, else the newest."""
+        runs = self._by_answer.get((agent, key))
+        if not runs:
+            return None
+        return next((s for s in runs if s.lineage.waiting == key), runs[-1])
 
     def _latest(self, agent: str) -> Session | None:
         """The agent's most recently used automatic session."""
@@ -249,6 +271,8 @@ class SessionManager:
         if not (recent and next(reversed(recent)) == run_id and recent[run_id] is session):
             recent[run_id] = session
             recent.move_to_end(run_id)
+        if episode.answer is not None and session.lineage.waiting == episode.answer:
+            session.lineage.waiting = None  # its conversation went on
         if not episode.history:
             return
         own = session.lineage.histories
@@ -276,6 +300,29 @@ class SessionManager:
             old, _ = own.popitem(last=False)
             if self._by_response.get(old) is session:
                 del self._by_response[old]
+
+    def note_answer(self, session: Session, key: bytes) -> None:
+        """An automatic session answered a conversation (`episodes.given_answer_key`): a request
+        whose history carries that answer continues this session."""
+        if session.explicit or self._by_run.get(session.run_id) is not session:
+            return
+        lineage = session.lineage
+        lineage.waiting = key
+        if key in lineage.answers:
+            return
+        lineage.answers[key] = None
+        self._by_answer.setdefault((session.agent, key), []).append(session)
+        while len(lineage.answers) > MAX_HISTORIES_PER_RUN:
+            old, _ = lineage.answers.popitem(last=False)
+            self._drop_answer(session, old)
+
+    def _drop_answer(self, session: Session, key: bytes) -> None:
+        runs = self._by_answer.get((session.agent, key))
+        if runs is None:
+            return
+        runs[:] = [s for s in runs if s is not session]  # (by identity: sessions compare by value)
+        if not runs:
+            del self._by_answer[(session.agent, key)]
 
     # --- ending ------------------------------------------------------------------------------
 
@@ -386,3 +433,5 @@ class SessionManager:
         for response_id in lineage.responses:
             if self._by_response.get(response_id) is session:
                 del self._by_response[response_id]
+        for key in lineage.answers:
+            self._drop_answer(session, key)

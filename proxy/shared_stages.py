@@ -4,8 +4,10 @@ Same decisions, same events, same answers as `GuardStage` / `BreakerStage`; what
 the state lives. Before forwarding, the call's check goes into its run's shared guard log and its
 circuit is admitted, in ONE round trip (proxy/state/shared.py); the verdict is read from this
 replica's copy of the run's guards once it has applied everything the log holds before the check.
-After the answer, the settle (and the function-calling tool calls the answer asked for) is queued
-and appended in the background, off the response path.
+After the answer, the settle (and the function-calling tool calls the answer asked for) is appended
+in a second round trip, overlapping the relay: the answer's end (its last bytes, or a stream's clean
+end) reaches the client only once the log has it, so replicas decide exactly as one process however
+fast the agent's calls come (SPEC §8, docs/scaling.md).
 
 Backend unreachable: `fail_open` decides from this replica's copy (and its own circuits);
 `fail_closed` refuses with guard code `state_unavailable` (503 + Retry-After, in the protocol's
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy import guard_trace
+from proxy import episodes, guard_trace
 from proxy.breaker_stage import BreakerStage
 from proxy.constants import EventType
 from proxy.exchange import Exchange
@@ -34,7 +36,7 @@ from proxy.llm import ToolResultsStage, record_tool_results, write_tool_result
 from proxy.responses_chain import link_blob, link_from_blob, synthetic_id_of
 from proxy.responses_stage import ResponsesChainStage, is_responses
 from proxy.sessions import Session
-from proxy.state import entries
+from proxy.state import entries, keys
 from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
 from proxy.state.replica import Applied
 
@@ -162,6 +164,7 @@ class SharedGuardStage(GuardStage):
         assert guards is not None
         session.guards = guards  # stats, the breaker's config, the trace read this replica's copy
         ex.shared_check = cid
+        ex.hold_end = True  # the answer ends once its settle is in the shared log (settle below)
         ex.breaker_admission = admission.breaker
         if not is_tool_call(ex):
             if admission.shared:
@@ -255,8 +258,15 @@ class SharedGuardStage(GuardStage):
                 put = pending_calls(session, result, ex.llm_event_id)
                 if result.response_id:
                     links = shared.response_link(session, result.response_id)
-        channel.queue(
-            [body], put=put, signatures=signatures, links=links, on_applied=lambda a: self.settled(session, a)
+        if not session.explicit and session.lineage.announced is None:
+            # the conversation's next request, on any replica, finds this run by the answer (SPEC §3)
+            given = episodes.given_answer_key(ex.call, ex.result if ex.forwarded else None, ex.block_text)
+            if given is not None:
+                links = {**links, keys.slot_history(session.agent, given.hex()): session.run_id}
+        # awaited: the handler ends the answer after this, so whichever replica the agent's next
+        # call reaches judges it with this one (SPEC §8)
+        await channel.settle(
+            body, put=put, signatures=signatures, links=links, on_applied=lambda a: self.settled(session, a)
         )
 
     def settled(self, session: Session, applied: Applied) -> None:

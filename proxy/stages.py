@@ -105,6 +105,11 @@ class SessionStage(BaseStage):
                 response_id = synthetic_id_of(ex.answer.body)  # a blocked answer's own id
             if response_id:
                 self.engine.sessions.note_response(session, response_id)
+        if not session.explicit and session.lineage.announced is None and ex.protocol is not None:
+            # a later request whose history carries this answer continues this run (SPEC §3)
+            key = episodes.given_answer_key(ex.call, ex.result if ex.forwarded else None, ex.block_text)
+            if key is not None:
+                self.engine.sessions.note_answer(session, key)
 
 
 # characters a stream observer keeps beyond max_field_bytes (see ForwardStage.request)

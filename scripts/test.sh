@@ -65,7 +65,7 @@ make_env .venv-wheel .
 echo "== lowest versions"
 # the runtime pins' lowest bounds, exactly (scripts/lowest_constraints.py): the lanes, which lean on
 # aiohttp's internals (proxy/aiohttp_compat.py) and on llhttp, must answer as aiohttp on all of them
-make_env .venv-lowest -e ".[test]" "hypothesis>=6.100" \
+make_env .venv-lowest -e ".[test]" \
   --constraint <(.venv/bin/python scripts/lowest_constraints.py)
 run_pytest .venv-lowest tests/test_lean_http.py tests/test_upstream_http.py tests/test_upstream_differential.py "$@"
 

@@ -13,7 +13,9 @@ import pytest
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream
-from tests.mcp_servers import MCP_MAJOR, serve
+
+pytest.importorskip("mcp")  # the mitmproxy environment has no mcp
+from tests.mcp_servers import MCP_MAJOR, serve  # noqa: E402
 
 
 def runs_by_agent(tw: Running) -> dict[str, dict[str, Any]]:

@@ -370,6 +370,37 @@ async def test_two_interleaved_conversations_are_two_runs_each_with_its_own_even
         assert_run_valid(tw.data_dir, run_id)
 
 
+@pytest.mark.parametrize("same_answers", [True, False], ids=["same-answers", "own-answers"])
+async def test_an_evaluation_batch_is_one_run_per_conversation(
+    start_tripwire: StartTripwire, fake_upstream: Any, same_answers: bool
+) -> None:
+    """SPEC §3: six conversations that start with the same system and user message (one task run
+    six times, no session named) are six runs, each with its own two calls, interleaved; whether
+    the model answers each the same (temperature 0) or not."""
+    fake, url = fake_upstream
+    if same_answers:
+        fake.default = Reply(text="the same first answer")
+    else:
+        fake.replies = [Reply(text=f"answer number {i}") for i in range(6)]
+    tw = await start_tripwire(upstream={"url": url})
+    batch = [Conversation(tw, "solve task 17") for _ in range(6)]
+    for i, chat in enumerate(batch):
+        await chat.turn(f"and check it (conversation {i})")
+    if not same_answers:
+        fake.default = Reply(text="done")
+    for chat in batch:
+        await chat.turn("thanks")
+    await tw.flush()
+    runs = runs_by_marker(tw, [f"conversation {i})" for i in range(6)])
+    assert len(tw.run_ids()) == 6
+    for i, run_id in runs.items():
+        calls = llm_calls(tw, run_id)
+        assert len(calls) == 2, i
+        # each run's second call continues its own conversation: only what is new is recorded
+        assert [c["payload"]["prompt_messages_total"] for c in calls] == [2, 4]
+        assert_run_valid(tw.data_dir, run_id)
+
+
 async def test_responses_chains_by_previous_response_id_are_one_run_each(
     start_tripwire: StartTripwire, fake_upstream: Any
 ) -> None:

@@ -22,7 +22,10 @@ ONE_FAILURE_OPENS = {"circuit_breaker": {"open_after_failures": 1, "cooldown_sec
 
 
 def llm(tw: Running) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, max_retries=0)
+    # one run for a test's calls: each sends the same first request (alone, a run each: SPEC §3)
+    return openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, max_retries=0, default_headers={"X-Tripwire-Session": "s"}
+    )
 
 
 def test_backoff_doubles_with_jitter_and_a_cap() -> None:

@@ -33,12 +33,12 @@ async def test_client_hang_up_is_recorded_and_never_trips_the_breaker(
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "stream": True}
     for _ in range(4):
         async with aiohttp.ClientSession() as http:
-            async with http.post(tw.url + "/v1/chat/completions", json=body) as r:
+            async with http.post(tw.url + "/agents/default/sessions/s/v1/chat/completions", json=body) as r:
                 await r.content.readany()  # take the first chunk, then hang up
         await asyncio.sleep(0.1)
-    # four hang-ups: the circuit (2 failures) must still be closed. The same conversation again,
-    # so the same automatic run (a new conversation would be a new episode, a new run: SPEC §3)
-    resp = await client(tw.url + "/v1").chat.completions.create(
+    # four hang-ups: the circuit (2 failures) must still be closed. The same session (each first
+    # request of a conversation alone would start a run of its own: SPEC §3)
+    resp = await client(tw.url + "/agents/default/sessions/s/v1").chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
     )
     assert resp.choices[0].message.content
@@ -102,6 +102,7 @@ async def test_hang_up_before_the_answer_head_never_trips_the_breaker(start_trip
         body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}).encode()
         head = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            "X-Tripwire-Session: s\r\n"  # one run for the test's calls (each a first request: SPEC §3)
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         for _ in range(3):
@@ -118,7 +119,7 @@ async def test_hang_up_before_the_answer_head_never_trips_the_breaker(start_trip
             release.set()  # the answer comes: its head has nowhere to go
             await _wait_for(lambda: tw.engine.inflight == 0, "the call to finish")
         release.set()
-        resp = await client(base + "/v1").chat.completions.create(
+        resp = await client(base + "/agents/default/sessions/s/v1").chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )
         assert resp.choices[0].message.content == "hi", "three hang-ups must not open a 2-failure circuit"

@@ -485,7 +485,7 @@ def test_identical_steps_that_learn_something_new_are_progress() -> None:
 
 
 def test_max_time_per_turn_refuses_further_calls_of_a_long_turn() -> None:
-    d, c = det(threshold=100), Conversation()
+    d, c = det(threshold=100, max_time_per_turn=120), Conversation()
     c.send(d, now=0.0)
     c.step(("read_file", {"p": 1}))
     assert "max_time_per_turn" not in c.send(d, now=120.0)
@@ -640,3 +640,13 @@ def test_a_batch_of_new_calls_gives_one_decision_per_streak() -> None:
     out = d.check_llm_history(c.steps, 0, c.results, 0.0)
     reps = [x for x in out if x.kind == "repetition"]
     assert len(reps) == 1 and reps[0].actual == 5 and reps[0].new_finding
+
+
+def test_max_time_per_turn_is_opt_in() -> None:
+    """Default null (SPEC §5.2): an honest turn of twenty minutes is not refused."""
+    assert LoopDetectionConfig().max_time_per_turn is None
+    d, c = det(threshold=100), Conversation()
+    c.send(d, now=0.0)
+    c.step(("read_file", {"p": 1}))
+    assert "max_time_per_turn" not in c.send(d, now=1200.0)
+    assert "max_time_per_turn" not in kinds(d.check_tool_call("read_file", {"p": 2}, 1201.0))

@@ -56,7 +56,10 @@ async def test_metrics_match_the_trace(start_tripwire: StartTripwire, fake_upstr
         )
     # agent 2: an unknown model, capped at two LLM calls
     fake.default = Reply(text="fine", prompt_tokens=1000, completion_tokens=100, model="my-custom-model")
-    capped = openai.AsyncOpenAI(base_url=tw.url + "/agents/capped/v1", api_key=AGENT_KEY, max_retries=0)
+    # one session for its three calls (alone, each first request would start a run: SPEC §3)
+    capped = openai.AsyncOpenAI(
+        base_url=tw.url + "/agents/capped/sessions/c/v1", api_key=AGENT_KEY, max_retries=0
+    )
     for _ in range(2):
         await capped.chat.completions.create(
             model="my-custom-model", messages=[{"role": "user", "content": "x"}]
@@ -184,7 +187,7 @@ async def test_read_only_runs_dir_reported_while_traffic_goes_on(
     """The same with a real filesystem refusal (an immutable runs/ directory: no run dir can be made)."""
     _, url = fake_upstream
     tw = await start_tripwire(upstream={"url": url})
-    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/a/v1", api_key=AGENT_KEY, max_retries=0)
+    llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/a/sessions/s/v1", api_key=AGENT_KEY, max_retries=0)
     ask = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
     runs = tw.data_dir / "runs"
     runs.mkdir(exist_ok=True)
@@ -204,8 +207,8 @@ async def test_read_only_runs_dir_reported_while_traffic_goes_on(
             and "Operation not permitted" in health["trace_store"]["last_error"]
         )
         assert health["trace_store"]["write_errors"] >= 1
-        # writable again: the run is written from here on (the same conversation, so the same
-        # automatic run: a new one would be a new episode, SPEC §3)
+        # writable again: the run is written from here on (the same session: each first request
+        # alone would start a run of its own, SPEC §3)
         await llm.chat.completions.create(**ask)
         await tw.flush()
         async with s.get("/healthz") as r:

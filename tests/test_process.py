@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -152,6 +153,45 @@ async def test_sigterm_drains_an_inflight_stream(tmp_path: Path, fake_upstream) 
     assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL", "RUN_END"]
     assert events[1]["payload"]["status"] == "ok"
     assert events[-1]["payload"]["reason"] == "shutdown"
+
+
+async def test_readyz_answers_503_from_the_moment_the_drain_starts(tmp_path: Path, fake_upstream) -> None:
+    """SPEC §6: SIGTERM makes /readyz 503 at once (a load balancer stops sending calls) while the
+    call in flight still completes."""
+    fake, url = fake_upstream
+    resume = asyncio.Event()
+    fake.replies = [Reply(text="an answer held open by the upstream", pause_after_chunks=1, resume=resume)]
+    proc, base, banner = await start_serve(tmp_path / "data", url)
+    admin = banner.split("viewer: ", 1)[1].split()[0].rstrip("/")
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(admin + "/readyz") as r:
+                assert r.status == 200
+            c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+            stream = await c.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+            parts = [await stream.__anext__()]  # in flight: the upstream holds the rest back
+            proc.send_signal(signal.SIGTERM)
+            statuses: list[int] = []
+            deadline = asyncio.get_running_loop().time() + 30
+            while not statuses or statuses[-1] != 503:
+                assert asyncio.get_running_loop().time() < deadline, statuses
+                async with s.get(admin + "/readyz") as r:
+                    statuses.append(r.status)
+                    body = await r.json()
+                await asyncio.sleep(0.02)
+            assert body == {"status": "draining"}
+            resume.set()  # only now does the call in flight go on, and it completes
+            async for chunk in stream:
+                parts.append(chunk)
+        text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+        assert text == "an answer held open by the upstream"
+        out = await stop(proc)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])

@@ -26,7 +26,10 @@ async def test_messages_streamed_and_not(start_tripwire: StartTripwire, fake_ups
         ),
     ]
     tw = await start_tripwire(llm={"anthropic": {"url": url}})
-    c = anthropic.AsyncAnthropic(base_url=tw.url + "/llm/anthropic", api_key=AGENT_KEY, max_retries=0)
+    # one session for both calls (each a first request, alone a run of its own: SPEC §3)
+    c = anthropic.AsyncAnthropic(
+        base_url=tw.url + "/agents/default/sessions/s/llm/anthropic", api_key=AGENT_KEY, max_retries=0
+    )
     msg = await c.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "hi"}])
     assert msg.content[0].text == "plain answer"
     async with c.messages.stream(

@@ -335,8 +335,16 @@ async def test_sessions_by_header_and_agent_path(start_tripwire: StartTripwire, 
     tw = await start_tripwire(upstream={"url": url})
     a = client(tw.url + "/agents/research-agent/v1")
     b = client(tw.url + "/v1", default_headers={"X-Tripwire-Session": "s-1", "X-Tripwire-Agent": "writer"})
-    for c in (a, a, b):
-        await c.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}])
+    first = [{"role": "user", "content": "x"}]
+    answer = await a.chat.completions.create(model="gpt-4o-mini", messages=first)
+    # the same conversation goes on: the same automatic run (SPEC §3)
+    went_on = [
+        *first,
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "y"},
+    ]
+    await a.chat.completions.create(model="gpt-4o-mini", messages=went_on)
+    await b.chat.completions.create(model="gpt-4o-mini", messages=first)
     await tw.flush()
     runs = {tw.tripwire_json(r)["agent_name"]: r for r in tw.run_ids()}
     assert set(runs) == {"research-agent", "writer"}

@@ -49,12 +49,19 @@ ONE_FAILURE_OPENS = {"circuit_breaker": {"open_after_failures": 1, "cooldown_sec
 MiB = 1024 * 1024
 
 
+# one run for a test's calls: each sends the same first request, which alone would start a run of
+# its own (SPEC §3)
+SESSION = {"X-Tripwire-Session": "reliability"}
+
+
 def oai(base: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0, default_headers=SESSION
+    )
 
 
 def claude(base: str) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=base, api_key=AGENT_KEY, max_retries=0)
+    return anthropic.AsyncAnthropic(base_url=base, api_key=AGENT_KEY, max_retries=0, default_headers=SESSION)
 
 
 def llm_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -64,7 +71,9 @@ def llm_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def raw_post(url: str, body: dict[str, Any]) -> tuple[dict[str, str], bytes]:
     """The answer's bytes and headers exactly as they came over the wire (nothing decoded)."""
     async with aiohttp.ClientSession(auto_decompress=False) as http:
-        async with http.post(url, json=body, headers={"Authorization": f"Bearer {AGENT_KEY}"}) as r:
+        async with http.post(
+            url, json=body, headers={"Authorization": f"Bearer {AGENT_KEY}", **SESSION}
+        ) as r:
             return dict(r.headers), await r.read()
 
 
@@ -471,14 +480,14 @@ async def measure_peak(url: str, body: dict[str, Any]) -> tuple[int, int, bytes]
     A first small call warms Tripwire up (the one-off set-up of a first call is slow under tracemalloc
     and is not what is measured); the fake upstream answers it with its scripted `replies` first.
     """
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=SESSION) as http:
         async with http.post(url, json=body) as r:
             assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
     received = 0
     tail = b""
     tracemalloc.start()
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=SESSION) as http:
             async with http.post(url, json=body) as r:
                 assert r.status == 200
                 async for chunk in r.content.iter_any():

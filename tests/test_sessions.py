@@ -1,5 +1,9 @@
+from typing import Any
+
+from proxy import episodes
+from proxy.dialects.base import LLMRequest, LLMResult
 from proxy.episodes import Episode, history_digests
-from proxy.sessions import MAX_HISTORIES_PER_RUN, Refused, SessionManager
+from proxy.sessions import MAX_HISTORIES_PER_RUN, Refused, Session, SessionManager
 
 
 def mgr() -> SessionManager:
@@ -88,8 +92,27 @@ def said(episode_id: str) -> Episode:
     return Episode(announced=episode_id, source="test")
 
 
-def chat(*messages: str) -> Episode:
-    return Episode(history=history_digests([{"role": "user", "content": m} for m in messages]))
+def chat_messages(*texts: str) -> list[dict[str, Any]]:
+    """A chat history as a client sends it: the user's messages and the answers, in turn."""
+    return [{"role": "assistant" if i % 2 else "user", "content": t} for i, t in enumerate(texts)]
+
+
+def request(*texts: str) -> LLMRequest:
+    return LLMRequest("openai_chat", "m", False, chat_messages(*texts), None, None, [], [], 0)
+
+
+def chat(*texts: str) -> Episode:
+    """The episode evidence of a chat request whose history is `texts` (user first, then in turn)."""
+    return episodes.for_llm({}, {}, request(*texts))
+
+
+def answered(m: SessionManager, session: Session, *texts: str) -> None:
+    """`session` answered the request whose history is texts[:-1] with texts[-1] (as the session
+    stage notes it after the answer)."""
+    result = LLMResult(model="m", text=texts[-1], tool_calls=[], usage=None, stop_reason="stop")
+    key = episodes.given_answer_key(request(*texts[:-1]), result, None)
+    assert key is not None
+    m.note_answer(session, key)
 
 
 def test_an_announced_episode_id_alone_decides_the_run() -> None:
@@ -110,17 +133,38 @@ def test_an_announced_episode_id_alone_decides_the_run() -> None:
 def test_lineage_a_conversation_that_continues_joins_its_run_and_a_new_one_starts_a_run() -> None:
     m = mgr()
     a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task A"))
+    answered(m, a, "task A", "answer")
     b, created = m.lookup("a", None, now=1, wall=0, episode=chat("task B"))
     assert created and b is not a
-    # A goes on (its history extends A's first request), interleaved with B going on
+    answered(m, b, "task B", "answer")
+    # A goes on (its history carries the answer A's run gave), interleaved with B going on
     a2, created = m.lookup("a", None, now=2, wall=0, episode=chat("task A", "answer", "more A"))
     assert a2 is a and not created
+    answered(m, a, "task A", "answer", "more A", "x")
     b2, created = m.lookup("a", None, now=3, wall=0, episode=chat("task B", "answer", "more B"))
     assert b2 is b and not created
     a3, _ = m.lookup("a", None, now=4, wall=0, episode=chat("task A", "answer", "more A", "x", "y"))
     assert a3 is a
-    # a retry of the same history is the same conversation
-    assert m.lookup("a", None, now=5, wall=0, episode=chat("task B"))[0] is b
+    # a retry of a later request is the same conversation
+    assert m.lookup("a", None, now=5, wall=0, episode=chat("task B", "answer", "more B"))[0] is b
+
+
+def test_identical_first_requests_start_a_run_each_and_each_goes_on_in_its_own() -> None:
+    """An evaluation batch (SPEC §3): the same first request six times is six runs, even when every
+    answer is the same; each conversation's next request goes to a run still waiting for it."""
+    m = mgr()
+    runs = []
+    for i in range(6):
+        s, created = m.lookup("a", None, now=i, wall=0, episode=chat("solve the task"))
+        assert created
+        answered(m, s, "solve the task", "the same answer")
+        runs.append(s)
+    assert len({s.run_id for s in runs}) == 6
+    went_on = [
+        m.lookup("a", None, now=10 + i, wall=0, episode=chat("solve the task", "the same answer", "go on"))[0]
+        for i in range(6)
+    ]
+    assert [s.run_id for s in went_on] == [s.run_id for s in runs]
 
 
 def test_lineage_by_previous_response_id() -> None:
@@ -158,11 +202,14 @@ def test_a_call_with_no_conversation_joins_the_agents_most_recently_used_run() -
 def test_a_terminated_episode_refuses_its_own_calls_while_a_new_episode_is_served() -> None:
     m = mgr()
     a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task A"))
+    answered(m, a, "task A", "ans")
     m.terminate(a, now=10)
     assert isinstance(m.lookup("a", None, now=11, wall=0, episode=chat("task A", "ans", "again")), Refused)
-    assert isinstance(m.lookup("a", None, now=12, wall=0, episode=chat("task A")), Refused)
     fresh, created = m.lookup("a", None, now=13, wall=0, episode=chat("task B"))
     assert created and fresh is not a
+    # a first request continues no conversation: served in a run of its own, whatever its words
+    again, created = m.lookup("a", None, now=14, wall=0, episode=chat("task A"))
+    assert created and again is not a
     # the announced kind: the same id refused, a new id served
     e, _ = m.lookup("a", None, now=20, wall=0, episode=said("e1"))
     m.terminate(e, now=20)
@@ -192,10 +239,17 @@ def test_an_idle_episode_ends_and_the_same_episode_starts_a_new_run() -> None:
 def test_a_runs_lineage_memory_is_bounded() -> None:
     m = mgr()
     a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("m0"))
-    for i in range(1, MAX_HISTORIES_PER_RUN + 10):
-        assert m.lookup("a", None, now=0, wall=0, episode=chat(*[f"m{j}" for j in range(i + 1)]))[0] is a
+    answered(m, a, "m0", "m1")
+    for i in range(2, 2 * MAX_HISTORIES_PER_RUN + 20, 2):
+        texts = [f"m{j}" for j in range(i + 1)]
+        assert m.lookup("a", None, now=0, wall=0, episode=chat(*texts))[0] is a
+        answered(m, a, *texts, f"m{i + 1}")
     assert len(a.lineage.histories) == MAX_HISTORIES_PER_RUN
     assert len(m._by_history) == MAX_HISTORIES_PER_RUN
+    assert len(a.lineage.answers) == MAX_HISTORIES_PER_RUN
+    assert len(m._by_answer) == MAX_HISTORIES_PER_RUN
+    m.idle_sessions(now=1000)  # forgotten with its run
+    assert not m._by_history and not m._by_answer
 
 
 def test_an_explicit_session_ignores_the_episode() -> None:
@@ -224,13 +278,15 @@ def test_the_first_conversation_adopts_a_run_that_had_only_calls_with_no_convers
 def test_take_live_goes_on_exactly_where_lookup_would_go_on_with_the_same_session() -> None:
     """The engine's short way for a live session: it takes the call (attached, clock moved) where
     `lookup` answers (that session, not created), and leaves every other case to `lookup`."""
-    history = Episode(history=history_digests([{"role": "user", "content": "hi"}]))
+    history = chat("hi", "hello", "more")
 
     def both(setup: object, explicit: str | None, now: float) -> tuple[bool, object]:
         fast, slow = mgr(), mgr()
         first = []
         for m in (fast, slow):
-            s, _ = m.lookup("a", explicit, now=0, wall=0, episode=history)
+            s, _ = m.lookup("a", explicit, now=0, wall=0, episode=chat("hi"))
+            answered(m, s, "hi", "hello")
+            m.lookup("a", explicit, now=0, wall=0, episode=history)
             setup(m, s)  # type: ignore[operator]
             first.append(s)
         current = fast.match("a", explicit, history)
@@ -240,7 +296,7 @@ def test_take_live_goes_on_exactly_where_lookup_would_go_on_with_the_same_sessio
         if took:
             assert current is first[0] and current.last_seen == now
             if explicit is None:  # (explicit sessions keep no lineage)
-                assert fast._by_history == {("a", history.history[-1]): current}
+                assert fast._by_history[("a", history.history[-1])] is current
         return took, went_on
 
     def nothing(m: SessionManager, s: object) -> None: ...

@@ -152,6 +152,24 @@ async def test_automatic_sessions_follow_episode_and_lineage(backend: StateBacke
     assert (await backend.resolve("solo", "none", "run-y", idle_s=60)).run_id == "run-mcp"  # latest used
 
 
+async def test_a_first_request_continues_no_run(backend: StateBackend) -> None:
+    """SPEC §3: a conversation's first request (mode `first`) starts a run even when another run
+    was attached to the same words; it still adopts a run that has seen no conversation yet."""
+    mcp = await backend.resolve("batch", "none", "run-mcp", idle_s=60)
+    one = await backend.resolve("batch", "first", "run-1", idle_s=60, history=["same"])
+    assert (one.outcome, one.run_id) == ("existing", mcp.run_id)  # the MCP-only run is its episode
+    two = await backend.resolve("batch", "first", "run-2", idle_s=60, history=["same"])
+    three = await backend.resolve("batch", "first", "run-3", idle_s=60, history=["same"])
+    assert (two.outcome, two.run_id) == ("created", "run-2")
+    assert (three.outcome, three.run_id) == ("created", "run-3")
+    # a later request finds its run by the answer it carries (linked on settle)
+    await backend.append(
+        "batch", "run-2", [], since=0, idle_s=60, links={keys.slot_history("batch", "a2"): "run-2"}
+    )
+    later = await backend.resolve("batch", "lineage", "run-x", idle_s=60, history=["a2", "same"])
+    assert later.run_id == "run-2"
+
+
 async def test_a_terminated_automatic_run_refuses_its_episode(backend: StateBackend) -> None:
     await backend.resolve(AGENT, "episode", "run-ep", idle_s=60, name="e1")
     await backend.terminate(AGENT, "run-ep", "terminated")

@@ -9,6 +9,7 @@ recover when it is back.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -380,6 +381,40 @@ async def test_an_automatic_session_is_one_run_across_replicas(
     await clients[1].chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "other"}])
     await settle_all(replicas)
     assert len(set(replicas[1].run_ids())) == 2
+
+
+async def test_an_evaluation_batch_over_three_replicas_is_one_run_per_conversation(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    """SPEC §3: six conversations that start with the same words are six runs, each conversation's
+    second call (served by another replica than its first) in its own run."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(text=f"answer number {i}") for i in range(6)]
+    replicas = await start_replicas(start_tripwire, url, redis_url)
+    clients = [client(r, session=None, agent="batch") for r in replicas]
+    histories = [[{"role": "user", "content": "solve task 17"}] for _ in range(6)]
+    for i, messages in enumerate(histories):
+        answer = await clients[i % 3].chat.completions.create(model="gpt-4o", messages=messages)
+        messages += [
+            answer.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": f"and check it (conversation {i})"},
+        ]
+    for i, messages in enumerate(histories):
+        await clients[(i + 1) % 3].chat.completions.create(model="gpt-4o", messages=messages)
+    await settle_all(replicas)
+    calls: dict[str, list[str]] = {}
+    for r in replicas:
+        for run_id in r.run_ids():
+            for e in r.events(run_id):
+                if e["event_type"] == "LLM_CALL":
+                    calls.setdefault(run_id, []).append(json.dumps(e["payload"]["prompt"]))
+    assert len(calls) == 6 and all(len(c) == 2 for c in calls.values())
+    # each run's second call is its own conversation's
+    marked = sorted(
+        next(f"conversation {i})" for i in range(6) if f"conversation {i})" in "".join(c))
+        for c in calls.values()
+    )
+    assert marked == [f"conversation {i})" for i in range(6)]
 
 
 def test_the_state_flag_and_its_url_are_checked() -> None:

@@ -208,6 +208,7 @@ class FakeEngine:
         self.guard_store = GuardConfigStore(data_dir / FILE_NAME, GuardConfig(), {})
         self.metrics = Metrics()
         self.admin_token = admin_token
+        self.draining = False
         self.live: dict[str, dict] = {}
         self.terminated: list[str] = []
         self.store_health: dict[str, Any] = {"ok": True, "queue_depth": 0, "write_errors": 0}

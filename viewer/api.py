@@ -636,7 +636,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready once the listeners are up (the engine started before them); trace-store trouble never fails it."""
+    """Ready once the listeners are up (the engine started before them), not ready (503) from the moment
+    the drain starts, so a load balancer stops sending calls while in-flight ones finish (SPEC §6);
+    trace-store trouble never fails it."""
+    if _engine(request).draining:
+        return _json({"status": "draining"}, status=503)
     return _json({"status": "ready"})
 
 

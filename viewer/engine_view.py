@@ -51,6 +51,11 @@ class EngineView(Protocol):
     def metrics(self) -> Metrics: ...
 
     @property
+    def draining(self) -> bool:
+        """SIGTERM started the drain: `/readyz` answers 503 from then on."""
+        ...
+
+    @property
     def admin_token(self) -> str | None:
         """None: the admin API asks for no token."""
         ...

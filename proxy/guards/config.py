@@ -39,7 +39,8 @@ class LoopDetectionConfig(_Section):
     mutating: tuple[PositiveInt, PositiveInt, PositiveInt] = (3, 5, 7)
     idempotent_tools: tuple[str, ...] = ()
     mutating_tools: tuple[str, ...] = ()
-    max_time_per_turn: PositiveFloat | None = 120
+    # opt-in (SPEC §5.2): Loop Guard's 120 s stops honest agent-CLI turns, which routinely run longer
+    max_time_per_turn: PositiveFloat | None = None
     turn_gap_s: PositiveFloat = 30
     # an agent loop that repeats its whole step: identical tool-call sets in consecutive LLM steps
     max_repeated_tool_steps: PositiveInt = 3

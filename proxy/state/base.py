@@ -27,8 +27,9 @@ from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Decision
 
 # how a call names its run (SPEC §3): explicit session id, announced episode, conversation lineage,
-# or nothing at all (MCP calls, embeddings: the agent's latest automatic run)
-ResolveMode = Literal["explicit", "episode", "lineage", "none"]
+# a conversation's first request (continues no run: a new one, unless the agent's latest has seen
+# no conversation yet), or nothing at all (MCP calls, embeddings: the agent's latest automatic run)
+ResolveMode = Literal["explicit", "episode", "lineage", "first", "none"]
 
 
 class StateUnavailable(Exception):
@@ -187,7 +188,9 @@ class StateBackend(Protocol):
         idle_s: float,
         name: str | None = None,  # the explicit session id or the announced episode id
         previous_response_id: str | None = None,
-        history: Sequence[str] = (),  # whole-history digests, longest first
+        # lineage: the keys a run is found by (the answer the history carries, then whole-history
+        # digests, longest first); the first one is attached to the run. `first`: only attached
+        history: Sequence[str] = (),
     ) -> Resolved: ...
 
     async def terminate(

@@ -57,8 +57,9 @@ return redis.call('GET', KEYS[1])
 
 # The run of a call (SPEC §3), found or created in one step so two replicas never start two runs
 # for one session. ARGV: 1 key prefix of the agent, 2 mode, 3 new run id, 4 idle ms, 5 slot ms,
-# 6 explicit session id or announced episode id, 7 previous_response_id, 8.. history digests,
-# longest first. Returns {outcome, run id, started}.
+# 6 explicit session id or announced episode id, 7 previous_response_id, 8.. lineage keys (the
+# answer the history carries, whole-history digests longest first; mode 'first': the one to attach,
+# never looked up). Returns {outcome, run id, started}.
 RESOLVE = r"""
 local p, mode, new, idle, slot_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local name, prev = ARGV[6], ARGV[7]
@@ -75,9 +76,10 @@ if mode == 'explicit' then
   found = live(redis.call('GET', p .. 'x:' .. name))
 elseif mode == 'episode' then
   found = live(redis.call('GET', p .. 'ep:' .. name))
-elseif mode == 'lineage' then
+elseif mode == 'lineage' or mode == 'first' then
   if prev ~= '' then found = live(redis.call('GET', p .. 'resp:' .. prev)) end
   local i = 8
+  if mode == 'first' then i = #ARGV + 1 end  -- a first request continues no conversation
   while not found and i <= #ARGV do
     found = live(redis.call('GET', p .. 'h:' .. ARGV[i]))
     i = i + 1

@@ -229,10 +229,10 @@ class MemoryBackend:
         elif mode == "episode":
             assert name is not None
             found = live(get(keys.slot_episode(agent, name)))
-        elif mode == "lineage":
+        elif mode in ("lineage", "first"):
             if previous_response_id:
                 found = live(get(keys.slot_response(agent, previous_response_id)))
-            for digest in history:
+            for digest in history if mode == "lineage" else ():  # a first request continues nothing
                 if found is not None:
                     break
                 found = live(get(keys.slot_history(agent, digest)))

@@ -172,11 +172,20 @@ class SharedState:
             mode, name = "explicit", explicit_id
         elif episode.announced is not None:
             mode, name = "episode", episode.announced
+        elif episode.first and episode.history:
+            mode = "first"
         elif episode.has_lineage:
             mode = "lineage"
         else:
             mode = "none"
-        history = [d.hex() for d in reversed(episode.history[-MAX_HISTORY_DIGESTS:])]
+        if mode == "first":  # looked up nowhere: attached to the run, as its conversation's start
+            history = [episode.history[-1].hex()]
+        else:  # the answer the history carries finds its run; else the longest prefix holding it
+            prefixes = episode.history[episode.answer_at :][-MAX_HISTORY_DIGESTS:]
+            history = [
+                *([episode.answer.hex()] if episode.answer else []),
+                *(d.hex() for d in reversed(prefixes)),
+            ]
         candidate = str(uuid.uuid4())
         try:
             resolved = await self.link.call(

@@ -5,8 +5,10 @@ Admitting a call puts its check in the outbox and waits for the append that carr
 round trip appends it (with the settles and events still queued before it) and returns what the
 other replicas appended since, which the replica applies in log order before reading its own
 verdict. Calls of one run arriving together share a round trip (group commit), so a burst costs
-one round trip per batch, not per call. Settles and events are queued and sent in the background
-(or with the next check, whichever comes first): off the response path, and in order.
+one round trip per batch, not per call. Events are queued and sent in the background (or with the
+next check or settle, whichever comes first), in order. A call's settle is sent at once, with what
+is queued before it, and the guard stage waits for it before the answer's end goes to the client
+(SPEC §8): the agent's next call, on whichever replica, is judged with that answer.
 
 Backend unavailable (proxy/state/link.py): under `fail_open` the entries are applied to the local
 replica at once (guarded from this replica's memory) and kept; when the backend is back they are
@@ -39,10 +41,12 @@ from proxy.state.replica import Applied, SessionReplica
 
 log = logging.getLogger("tripwire.state")
 
-# Settles and events wait this long for a check to ride along with (the agent's next call, often
-# right after the answer): one round trip per call instead of two. Other replicas see a settle
-# at most this much later; until then they count the call's reservation instead of its cost.
+# Events wait this long for a check or a settle to ride along with (the call's own settle, usually):
+# fewer round trips. A settle does not wait (see `RunChannel.settle`).
 SETTLE_DELAY_S = 0.005
+# A settle the backend does not confirm in this long lets the answer end anyway (the link's own
+# timeouts come first; this is the bound that keeps a client from waiting on a bug)
+SETTLE_WAIT_S = 30.0
 
 
 @dataclass
@@ -67,6 +71,7 @@ class _Item:
     event_ids: Mapping[str, str] | None = None
     breaker: BreakerRequest | None = None
     on_applied: Callable[[Applied], None] | None = None  # a queued entry's outcome (soft alert, cycle)
+    done: asyncio.Future[None] | None = None  # a settle: appended (or kept, backend down)
 
 
 @dataclass
@@ -150,6 +155,29 @@ class RunChannel:
         elif self._delayed is None and (self._flusher is None or self._flusher.done()):
             self._delayed = asyncio.get_running_loop().call_later(self.owner.settle_delay_s, self._kick)
 
+    async def settle(
+        self,
+        body: bytes,
+        *,
+        put: Mapping[str, PendingCall] | None = None,
+        signatures: Sequence[str] = (),
+        links: Mapping[str, str] | None = None,
+        on_applied: Callable[[Applied], None] | None = None,
+    ) -> None:
+        """Append a call's settle now, with everything queued before it, and return once the log has
+        it (or, backend down, once the failure policy kept it): the caller ends the answer after
+        this, so the agent's next call is judged with it whichever replica serves it (SPEC §8)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(body, on_applied=on_applied, done=done))
+        self._extras.put.update(put or {})
+        self._extras.signatures.extend(signatures)
+        self._extras.links.update(links or {})
+        self._kick()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), SETTLE_WAIT_S)
+        except TimeoutError:
+            log.error("state.settle_slow run_id=%s: the answer ends before its settle is shared", self.run_id)
+
     async def flush(self) -> None:
         """Wait until everything queued has been appended (or the backend was found down)."""
         if self._queue:
@@ -183,6 +211,7 @@ class RunChannel:
                 for item in batch:
                     if item.waiter is not None and not item.waiter.done():
                         item.waiter.set_exception(e)
+                    _settled(item)
 
     def resend(self) -> None:
         """The backend is back: send what was kept, without waiting for the run's next call."""
@@ -270,6 +299,8 @@ class RunChannel:
             if mine is not None and applied is not None:
                 self._deliver(mine, applied, admitted.get(id(mine)))
         self.shared_seq = self.replica.applied
+        for item in batch:
+            _settled(item)  # (each one the log has by now, applied or not)
 
     @staticmethod
     def _deliver(item: _Item, applied: Applied, admitted: BreakerAdmission | None) -> None:
@@ -280,6 +311,7 @@ class RunChannel:
                 item.on_applied(applied)
             except Exception:
                 log.exception("state.on_applied_failed")
+        _settled(item)
 
     async def _load_configs(self, entries: Sequence[LogEntry]) -> None:
         configs = self.owner.configs
@@ -299,6 +331,7 @@ class RunChannel:
                         item.waiter.set_exception(StateUnavailable("state backend unavailable"))
                 else:
                     self.backlog.append(item.body)  # a settle or an event: sent when it is back
+                    _settled(item)
             return
         revision = (
             self.replica.config_rev if self.replica.config_rev is not None else self.owner.configs.current
@@ -311,6 +344,12 @@ class RunChannel:
             self.dirty = True
             if applied is not None:
                 self._deliver(item, applied, None)  # the circuit: this replica's own meanwhile
+            _settled(item)
+
+
+def _settled(item: _Item) -> None:
+    if item.done is not None and not item.done.done():
+        item.done.set_result(None)
 
 
 class SharedGuards:

@@ -96,6 +96,9 @@ class Lanes(Generic[C]):
 
     def __init__(self) -> None:
         self.by_id: dict[str | None, deque[C]] = {}
+        # the call the last observed event settled (any terminal event), else None: with shared
+        # state its terminal event is relayed only once the call is settled there (SPEC §8)
+        self.settled: C | None = None
 
     def lane(self, stream_id: str | None) -> deque[C]:
         lane = self.by_id.get(stream_id)
@@ -111,6 +114,7 @@ class Lanes(Generic[C]):
     def observe(self, text: str) -> C | None:
         """Feed an upstream event to the call it belongs to; settle the call on its last event.
         Returns the call a `response.completed` settled (a warm-up's links its chain), else None."""
+        self.settled = None
         kind, stream_id, status, response_id = event_head(text)
         lane = self.by_id.get(stream_id)
         if not lane:
@@ -140,6 +144,7 @@ class Lanes(Generic[C]):
         if kind in TERMINAL:
             lane.popleft()
             call.settle()
+            self.settled = call
             if kind == "response.completed":
                 return call
         return None

@@ -142,7 +142,9 @@ class SocketRelay:
             msg = await upstream.receive()
             if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                 self.last_message = time.monotonic()
-                self.observe(msg.data)  # read on the way (no waiting), then relayed at once
+                settled = self.observe(msg.data)  # read on the way (no waiting), then relayed at once
+                if settled is not None:
+                    await self.settled_before_end(settled)
                 if not await self.send(self.client, msg, self.client_lock):
                     return
             elif msg.type in (WSMsgType.PING, WSMsgType.PONG):
@@ -228,8 +230,13 @@ class SocketRelay:
         """A client's text or binary message; False when the socket is over."""
         return await self.send(self.upstream, msg, self.upstream_lock)
 
-    def observe(self, data: str | bytes) -> None:
-        """An upstream message, about to be relayed to the client."""
+    def observe(self, data: str | bytes) -> Any:
+        """An upstream message, about to be relayed to the client; the call it ended, if any
+        (`settled_before_end` is awaited with it before the message is relayed)."""
+        return None
+
+    async def settled_before_end(self, call: Any) -> None:
+        """Hook: wait until the call an upstream message ended is settled (ResponsesSocket)."""
 
     def upstream_ended(self, why: str) -> None:
         """The upstream's socket closed or broke: no answer still awaited will come."""

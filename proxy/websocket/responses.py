@@ -199,7 +199,7 @@ class ResponsesSocket(SocketRelay):
 
     # --- events (upstream -> client) -----------------------------------------------------------
 
-    def observe(self, data: str | bytes) -> None:
+    def observe(self, data: str | bytes) -> SocketCall | None:
         """Feed an upstream event to the call it belongs to (proxy/websocket/matching.py).
 
         Synchronous: the event is relayed right after, and a call is settled before the client can
@@ -209,6 +209,16 @@ class ResponsesSocket(SocketRelay):
         completed = self.lanes.observe(text)
         if completed is not None and completed.warmup is not None:
             self.link_warmup(completed)
+        return self.lanes.settled
+
+    async def settled_before_end(self, call: SocketCall) -> None:
+        """With shared guard state, a response's terminal event reaches the client once its call is
+        settled in the shared log (the pipeline's finish hooks ran): the agent's next call, sent over
+        any replica, is judged with it (SPEC §8). The same socket's next call waits for that anyway
+        (`finish_settled`)."""
+        ex = call.ex
+        if ex is not None and ex.hold_end and call.task is not None and not call.task.done():
+            await asyncio.wait({call.task})
 
     # --- warm-ups (generate: false) -------------------------------------------------------------
 
