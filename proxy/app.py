@@ -12,15 +12,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-import aiohttp.http_exceptions
 import orjson
 from aiohttp import web
 
+from proxy.aiohttp_compat import HttpProcessingError
 from proxy.appkeys import ENGINE
+from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
-from proxy.lean_http import ClientAnswer, LeanAppRunner
+from proxy.lean_http import LeanAppRunner
 from proxy.lifecycle import running_engine
 from proxy.llm_errors import shaped
 from proxy.mcp import jsonrpc
@@ -34,6 +35,11 @@ from proxy.websocket.handshake import is_websocket_upgrade
 log = logging.getLogger("tripwire")
 
 RUNNER_SHUTDOWN_S = 2.0
+# how `serve` runs both listeners' runners (the tests run theirs the same way, tests/conftest.py):
+# no access log; the engine's drain already gave in-flight calls their grace, the runner only closes
+# sockets; and no handler cancellation (aiohttp's default): a client that hangs up is noticed at the
+# next write, or by a watcher (proxy.mcp.hub.client_gone)
+RUNNER_ARGS: dict[str, Any] = {"access_log": None, "shutdown_timeout": RUNNER_SHUTDOWN_S}
 PROXY_MAX_FIELD_SIZE = 65536  # agents send long headers (cookies, tokens): aiohttp's 8190 is short
 PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
 
@@ -72,24 +78,29 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         return web.Response(
             status=route.status, body=orjson.dumps(error_body), content_type="application/json"
         )
-    answer = await handle_call(request, route)
+    engine = request.app[ENGINE]
+    # what only aiohttp's lane serves (the lean lane hands these over): while draining, every call
+    # is refused alike (handle_call)
+    if not engine.draining:
+        if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
+            return await handle_websocket_within_limits(request, route, request.app[PIPELINES]["llm"])
+        # long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline
+        streaming_handler = engine.stream_handler(route, request)
+        if streaming_handler is not None:
+            return await streaming_handler(request, route)
+    answer = await handle_call(request, route, aiohttp_answer)
     assert isinstance(answer, web.StreamResponse), "aiohttp's lane answers with aiohttp's responses"
     return answer
 
 
-async def handle_call(request: Any, route: Route) -> ClientAnswer:
+async def handle_call(request: CallRequest, route: Route, answer_maker: AnswerMaker) -> ClientAnswer:
     """A routed call, on either lane (aiohttp's `web.Request`, or the lean lane's
-    `proxy.lean_http.LeanRequest` for plain LLM calls: see `proxy_runner`)."""
+    `proxy.lean_http.LeanRequest` for plain LLM calls: see `proxy_runner`); a forwarded answer is
+    relayed into what the lane's `answer_maker` makes."""
     engine = request.app[ENGINE]
     started, started_wall = time.monotonic(), time.time()
     if engine.draining:
         return (await draining_answer(request, route)).to_response()
-    if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
-        return await handle_websocket_within_limits(request, route, request.app[PIPELINES]["llm"])
-    # long-lived streams that are not one call (MCP GET streams, legacy SSE) bypass the pipeline
-    streaming_handler = engine.stream_handler(route, request)
-    if streaming_handler is not None:
-        return await streaming_handler(request, route)
     try:
         body = await read_body(request, engine.settings.max_body_bytes, engine.settings.body_idle_timeout_s)
     except web.HTTPRequestEntityTooLarge:
@@ -105,11 +116,18 @@ async def handle_call(request: Any, route: Route) -> ClientAnswer:
         answer = json_error(408, "request body timed out", "tripwire_request_timeout", "body_timeout")
         answer.headers["Connection"] = "close"
         return answer.to_response()
-    except (ConnectionError, aiohttp.ClientPayloadError, aiohttp.http_exceptions.HttpProcessingError) as e:
+    except (ConnectionError, aiohttp.ClientPayloadError, HttpProcessingError) as e:
         # the client hung up (or broke its framing) mid-body: nobody to answer, nothing to record
         log.debug("client went away while sending its body: %r", e)
         return web.Response(status=400, text="incomplete request body")
-    ex = Exchange(request=request, route=route, body=body, started=started, started_wall=started_wall)
+    ex = Exchange(
+        request=request,
+        route=route,
+        body=body,
+        started=started,
+        started_wall=started_wall,
+        answer_maker=answer_maker,
+    )
     engine.call_started()
     try:
         try:
@@ -126,7 +144,7 @@ async def handle_call(request: Any, route: Route) -> ClientAnswer:
     return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
 
 
-async def read_body(request: web.Request, limit: int, idle_timeout: float) -> bytes:
+async def read_body(request: CallRequest, limit: int, idle_timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (413 past it), each read waiting at most `idle_timeout`
     (TimeoutError): a client that trickles or stalls its body cannot hold a handler forever."""
     if request.content_length is not None and request.content_length > limit:
@@ -150,7 +168,7 @@ async def read_body(request: web.Request, limit: int, idle_timeout: float) -> by
         chunks.append(chunk)
 
 
-async def draining_answer(request: web.Request, route: Route) -> Answer:
+async def draining_answer(request: CallRequest, route: Route) -> Answer:
     """SIGTERM: no new calls. MCP clients get a JSON-RPC error (SDKs tear a session down on HTTP errors)."""
     if route.kind == "mcp" and request.method == "POST":
         parsed = jsonrpc.parse_body(await request.read())
@@ -272,8 +290,7 @@ async def serve(
                 (proxy_runner, make_proxy_app(engine), settings.listen, "proxy"),
                 (web.AppRunner, make_admin_app(engine), settings.admin_listen, "admin"),
             ):
-                # the engine's drain already gave in-flight calls their grace; the runner only closes sockets
-                runner = runner_for(app, access_log=None, shutdown_timeout=RUNNER_SHUTDOWN_S)
+                runner = runner_for(app, **RUNNER_ARGS)
                 await runner.setup()
                 runners.append(runner)
                 host, port = split_host_port(listen)

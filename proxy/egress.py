@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from urllib.request import proxy_bypass
 
 from aiohttp import BasicAuth
-from aiohttp.helpers import ProxyInfo, basicauth_from_netrc, netrc_from_env, proxies_from_env
 from yarl import URL
+
+from proxy.aiohttp_compat import ProxyInfo, basicauth_from_netrc, netrc_from_env, proxies_from_env
 
 _HOSTS_KEPT = 1024  # hosts come from configuration (and MCP legacy endpoints): few; bounded anyway
 

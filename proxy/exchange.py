@@ -8,10 +8,10 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
 from proxy.guards.breaker import Ticket
 from proxy.guards.budget import Reservation
 from proxy.guards.decision import Decision
-from proxy.lean_http import ClientAnswer
 from proxy.responses_chain import History
 from proxy.routing import Route
 from proxy.sessions import Session
@@ -69,12 +69,14 @@ class Exchange:
     instance's own when a stage sets them: a call's exchange is made per request, and the
     dataclass's generated __init__ assigned all of them."""
 
-    request: web.Request
+    request: CallRequest  # aiohttp's web.Request or the lean lane's (proxy/call_request.py)
     route: Route
     body: bytes
     started: float  # monotonic, for durations and proxy overhead
     started_wall: float  # epoch seconds, for event timestamps
     session: Session | None = None
+    # the call's lane makes the answer a forwarded call is relayed into (proxy/call_request.py)
+    answer_maker: AnswerMaker = aiohttp_answer
 
     # `protocol` and `observer` are typed by the Protocols above; readers of one kind's own members
     # (`dialect`, `pending`, an accumulator's `finish`) narrow with isinstance. The fields still typed
@@ -170,12 +172,13 @@ class Exchange:
 
     def __init__(
         self,
-        request: web.Request,
+        request: CallRequest,
         route: Route,
         body: bytes,
         started: float,
         started_wall: float,
         session: Session | None = None,
+        answer_maker: AnswerMaker = aiohttp_answer,
     ) -> None:
         self.request = request
         self.route = route
@@ -183,6 +186,7 @@ class Exchange:
         self.started = started
         self.started_wall = started_wall
         self.session = session
+        self.answer_maker = answer_maker
         self.decisions = []  # the only fields whose default is not shared: made per call
         self.after_decisions = []
 

@@ -33,14 +33,13 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.call_request import ClientAnswer
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.egress import Egress, Route
 from proxy.exchange import Answer, Exchange
-from proxy.lean_http import ClientAnswer, LeanRequest, LeanResponse
 from proxy.outages import OutageLog, unreachable_message
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
 from proxy.settings import UpstreamConfig
@@ -240,23 +239,6 @@ class Tap:
 
 
 _NOTHING: Iterator[bytes] = iter(())  # (an empty iterator stays empty: one serves every Tap)
-
-
-class WholeAnswer(web.StreamResponse):
-    """A non-streamed answer: its head goes out together with the first body bytes, in one write
-    (aiohttp's own `Response` does the same), instead of a write of its own. An SSE stream's head
-    goes at once (`web.StreamResponse`), as the upstream sent it."""
-
-    _send_headers_immediately = False
-
-
-def client_answer(
-    request: Any, is_sse: bool, status: int, reason: str | None, headers: CIMultiDict[str]
-) -> ClientAnswer:
-    """The answer object for the client's lane: aiohttp's, or the lean lane's (proxy/lean_http.py)."""
-    if isinstance(request, LeanRequest):
-        return LeanResponse(status=status, reason=reason, headers=headers, whole=not is_sse)
-    return (web.StreamResponse if is_sse else WholeAnswer)(status=status, reason=reason, headers=headers)
 
 
 RETRY_STATUSES = frozenset({502, 503})
@@ -564,7 +546,7 @@ class Forwarder:
                     out_headers["X-Accel-Buffering"] = "no"
                 for name, value in extra_response_headers:
                     out_headers[name] = value
-                response = client_answer(request, is_sse, upstream.status, upstream.reason, out_headers)
+                response = ex.answer_maker(upstream.status, upstream.reason, out_headers, is_sse)
                 ex.response = response
                 try:
                     await response.prepare(request)

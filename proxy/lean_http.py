@@ -31,11 +31,19 @@ from typing import Any
 
 import httptools
 from aiohttp import web
-from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
-from aiohttp.http import SERVER_SOFTWARE  # the Server header aiohttp sends: both lanes answer alike
-from aiohttp.http_writer import _serialize_headers  # aiohttp's own head writer: the lanes' heads agree
-from aiohttp.web_server import Server
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.aiohttp_compat import (
+    SERVER_SOFTWARE,
+    AiohttpServer,
+    WrappingAppRunner,
+    hand_over,
+    must_be_empty_body,
+    rfc822_formatted_time,
+    serialize_head,
+    should_remove_content_length,
+)
+from proxy.call_request import AnswerMaker, ClientAnswer
 
 log = logging.getLogger("tripwire.lean_http")
 
@@ -55,6 +63,9 @@ SINGLETON_HEADERS = (
     "Transfer-Encoding",
     "User-Agent",
 )
+
+
+_SINGLETONS = frozenset(name.lower() for name in SINGLETON_HEADERS)
 
 
 class _Handover(Exception):
@@ -190,7 +201,7 @@ def _head(status: int, reason: str, headers: CIMultiDict[str], keep_alive: bool)
     # as aiohttp writes it: a control byte in the reason or a header (an upstream's, relayed) raises
     # ValueError (a 500, no header injection); bytes an upstream sent that are not UTF-8 (kept as
     # surrogates) are left out
-    return _serialize_headers(f"HTTP/1.1 {status} {reason}", headers)
+    return serialize_head(f"HTTP/1.1 {status} {reason}", headers)
 
 
 def _internal_error() -> web.Response:
@@ -280,8 +291,14 @@ class LeanResponse:
             await conn.write(data)
 
 
-ClientAnswer = web.StreamResponse | LeanResponse  # what a client is answered with, on either lane
-Handler = Callable[[LeanRequest, Any], Awaitable[web.StreamResponse | LeanResponse]]
+def lean_answer(status: int, reason: str | None, headers: CIMultiDict[str], stream: bool) -> LeanResponse:
+    """The lean lane's answer maker (`proxy.call_request.AnswerMaker`): a stream's head goes out at
+    prepare, a whole answer's with its body."""
+    return LeanResponse(status=status, reason=reason, headers=headers, whole=not stream)
+
+
+# the call handler: (the request, its route, the lane's answer maker) -> what the client is answered
+Handler = Callable[[LeanRequest, Any, AnswerMaker], Awaitable[ClientAnswer]]
 Router = Callable[[str, CIMultiDictProxy[str]], Any]
 
 
@@ -295,6 +312,7 @@ class LeanConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._buf: bytes | bytearray = b""
         self._scanned = 0  # bytes of _buf searched for the head's end without finding it
+        self._checked = 0  # bytes of an unfinished head whose lines were checked (_aiohttps_already)
         self._discard = 0  # bytes of an unread body still to come, to drop
         self._task: asyncio.Task[None] | None = None  # the request being answered
         self._busy = False  # a request is being answered
@@ -410,8 +428,11 @@ class LeanConnection(asyncio.Protocol):
             self._scanned = max(0, len(buf) - 3)
             if len(buf) > MAX_REQUEST_LINE + self.server.max_field_size:
                 self._hand_over()  # a head this long is aiohttp's to refuse (or take), not ours to hold
+            elif self._aiohttps_already(buf):
+                self._hand_over()
             return
         self._scanned = 0
+        self._checked = 0
         if buf.find(b"\n\n", 0, end + 2) >= 0 or buf.find(b"\n\r\n", 0, end) >= 0:
             self._hand_over()  # a line ended by a bare LF: aiohttp's rules (the framing must agree)
             return
@@ -446,6 +467,29 @@ class LeanConnection(asyncio.Protocol):
         if request.content._left > 0:
             self._request = request
         self._task = self._loop.create_task(self._answer(request, route))
+
+    def _aiohttps_already(self, buf: bytes | bytearray) -> bool:
+        """Whether the lines of a head still arriving already make it aiohttp's. aiohttp reads a head
+        line by line and refuses some before its end (a duplicate Content-Length or other singleton,
+        a malformed line, too many fields): handed over now, the client gets that answer at once, as
+        from aiohttp alone, instead of the silence of a lane waiting for an end that may not come."""
+        lines_end = buf.rfind(b"\r\n") + 2
+        if lines_end < 2 or lines_end <= self._checked:
+            return False
+        self._checked = lines_end  # (each line is looked at once a new one completes: few parses)
+        self._headers, self._url = [], b""
+        try:
+            httptools.HttpRequestParser(self).feed_data(bytes(buf[:lines_end]))
+        except (_Handover, httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return True
+        seen: set[str] = set()
+        for name, _ in self._headers:
+            low = name.lower()
+            if low in _SINGLETONS:
+                if low in seen:
+                    return True
+                seen.add(low)
+        return len(self._headers) > MAX_HEADERS
 
     def _lean_request(self) -> tuple[LeanRequest, Any] | None:
         """The request and its route, if the lean lane serves it exactly as aiohttp would; None:
@@ -493,7 +537,7 @@ class LeanConnection(asyncio.Protocol):
         self.keep_alive = request.keep_alive
         try:
             try:
-                response: web.StreamResponse | LeanResponse | None = await self.server.handler(request, route)
+                response: ClientAnswer | None = await self.server.handler(request, route, lean_answer)
             except Exception:
                 log.exception("error handling a request")
                 response = None
@@ -561,15 +605,11 @@ class LeanConnection(asyncio.Protocol):
             return
         self._stop_idle_timer()
         self.server.forget(self)
-        handler = self.server.aiohttp_handler()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
         if self._reading_paused:
             transport.resume_reading()
         buf, self._buf = bytes(self._buf), b""
         self.transport = None
-        if buf:
-            handler.data_received(buf)
+        hand_over(transport, self.server.inner.protocol(), buf)
 
     # --- the idle timer (no request head within keepalive_timeout: close)
     # One timer per connection, moved lazily: a request only stamps when the connection went idle
@@ -613,12 +653,12 @@ class LeanConnection(asyncio.Protocol):
 
 class LeanServer:
     """What `AppRunner` hands the listening socket: a factory of connections that start on the lean
-    lane. It wraps aiohttp's own `Server`, which makes the handlers connections are handed over to
+    lane. It wraps aiohttp's own server, which makes the handlers connections are handed over to
     and which the runner's shutdown reaches through `pre_shutdown` / `shutdown`."""
 
     def __init__(
         self,
-        inner: Server,
+        inner: AiohttpServer,
         *,
         app: web.Application,
         handler: Handler,
@@ -651,9 +691,6 @@ class LeanServer:
         """Open connections, on either lane (aiohttp's `Server.connections`)."""
         return [*self.lean_connections, *self.inner.connections]
 
-    def aiohttp_handler(self) -> asyncio.Protocol:
-        return self.inner()
-
     def pre_shutdown(self) -> None:
         self.closing = True
         for conn in list(self.lean_connections):
@@ -681,9 +718,9 @@ class LeanServer:
         await self.inner.shutdown(timeout)
 
 
-class LeanAppRunner(web.AppRunner):
-    """`web.AppRunner` whose listener serves plain calls on the lean lane (`handler(request, route)`
-    for requests `route(raw_path, headers)` gives a route for) and the rest with the app."""
+class LeanAppRunner(WrappingAppRunner):
+    """`web.AppRunner` whose listener serves plain calls on the lean lane (`handler(request, route,
+    answer)` for requests `route(raw_path, headers)` gives a route for) and the rest with the app."""
 
     def __init__(
         self,
@@ -696,15 +733,15 @@ class LeanAppRunner(web.AppRunner):
         keepalive_timeout: float,
         **kwargs: Any,
     ) -> None:
-        super().__init__(app, **kwargs)
-        self._lean = {
-            "handler": handler,
-            "route": route,
-            "max_body": max_body,
-            "max_field_size": max_field_size,
-            "keepalive_timeout": keepalive_timeout,
-        }
+        def wrap(inner: AiohttpServer) -> LeanServer:
+            return LeanServer(
+                inner,
+                app=app,
+                handler=handler,
+                route=route,
+                max_body=max_body,
+                max_field_size=max_field_size,
+                keepalive_timeout=keepalive_timeout,
+            )
 
-    async def _make_server(self) -> Server:
-        inner = await super()._make_server()
-        return LeanServer(inner, app=self.app, **self._lean)  # type: ignore[return-value,arg-type]
+        super().__init__(app, wrap=wrap, **kwargs)

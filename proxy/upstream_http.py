@@ -51,20 +51,23 @@ from aiohttp import (
     ClientResponseError,
     ConnectionTimeoutError,
     InvalidUrlClientError,
+    RequestInfo,
     ServerDisconnectedError,
     SocketTimeoutError,
     hdrs,
 )
-from aiohttp.client_reqrep import ConnectionKey, RequestInfo
-from aiohttp.http_exceptions import (
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+from yarl import URL
+
+from proxy.aiohttp_compat import (
     BadHttpMessage,
     ContentLengthError,
     HttpProcessingError,
+    InvalidHeader,
     LineTooLong,
     TransferEncodingError,
+    connection_key,
 )
-from multidict import CIMultiDict, CIMultiDictProxy, istr
-from yarl import URL
 
 # methods aiohttp sends without Content-Length when they carry no body
 _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -253,6 +256,11 @@ class _Connection(asyncio.Protocol):
         self.loop = pool.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
+        # as lenient as aiohttp's own response parser (outside its debug mode): obs-fold and other
+        # loose field syntax, a bare LF as a line end, spaces after a chunk size
+        self.parser.set_dangerous_leniencies(
+            lenient_headers=True, lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True
+        )
         self.response: UpstreamResponse | None = None
         self.closed = False
         self.reusable = True  # False once the byte stream's state is unsure (HEAD, upgrade, garbage)
@@ -270,6 +278,7 @@ class _Connection(asyncio.Protocol):
         self._body_received = 0
         self._header_count = 0
         self._interim = False  # a 1xx answer before the real one
+        self._trailers = False  # the head is done: fields now are a chunked body's trailer
 
     # --- the request ----------------------------------------------------------------------------
 
@@ -316,7 +325,8 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         self.last_read = self.loop.time()
         response = self.response
-        if response is not None and not response.head_done:
+        head_before = response is None or response.head_done
+        if not head_before:
             self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
@@ -328,7 +338,7 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             # a limit of ours raised inside a callback comes back wrapped: say what it said
             cause = e.__context__
-            self._parse_failed(cause if isinstance(cause, BadHttpMessage) else e)
+            self._parse_failed(cause if isinstance(cause, BadHttpMessage) else e, head_before)
             return
         if (
             response is not None
@@ -384,8 +394,14 @@ class _Connection(asyncio.Protocol):
             raise LineTooLong(self._reason[:100] + b"...", _MAX_LINE_SIZE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._trailers:
+            return  # a chunked body's trailer fields: read and dropped, as aiohttp does
         if len(name) + len(value) > _MAX_FIELD_SIZE:
             raise LineTooLong((name + b": " + value)[:100] + b"...", _MAX_FIELD_SIZE)
+        # as aiohttp's parser: llhttp strips the whitespace before a value, not after; a NUL is refused
+        value = value.rstrip(b" \t")
+        if b"\x00" in value:
+            raise InvalidHeader(value)
         self._header_count += 1
         if self._header_count > _MAX_HEADERS:
             raise BadHttpMessage("Too many headers received")
@@ -411,6 +427,7 @@ class _Connection(asyncio.Protocol):
             # a switch nobody asked for: what follows the head is not HTTP. llhttp ends the message
             # before it raises HttpParserUpgrade, so the connection is marked now, never pooled
             self.reusable = False
+        self._trailers = True
         response.status = status
         response.reason = self._reason.decode("utf-8", "surrogateescape")
         response.headers = CIMultiDictProxy(self._headers)
@@ -439,6 +456,7 @@ class _Connection(asyncio.Protocol):
 
     def _start_message(self) -> None:
         self._reason = b""
+        self._trailers = False
         self._headers = CIMultiDict()
         self._chunked = False
         self._content_length = None
@@ -460,13 +478,18 @@ class _Connection(asyncio.Protocol):
         else:
             self.close()
 
-    def _parse_failed(self, e: Exception) -> None:
+    def _parse_failed(self, e: Exception, head_before: bool = True) -> None:
+        """The answer cannot be parsed. As aiohttp: one refused in the read that brought its head
+        fails at its start (aiohttp's parser hands nothing of that read over), one refused later
+        fails in its body. `head_before`: the head had arrived in an earlier read."""
         response = self.response
         self.response = None
         self.reusable = False
         self.close()
         if response is None:
             return
+        if not head_before:
+            response.head_done = False  # (its caller, woken for the head, has not run yet)
         if not response.head_done:
             # what aiohttp's ClientResponse.start raised for a head its parser refused
             url = response.url
@@ -664,4 +687,4 @@ class UpstreamPool:
 
 def _connection_key(url: URL, tls: bool) -> Any:
     """What aiohttp's connector errors print: host, port and `ssl:default`."""
-    return ConnectionKey(url.raw_host or "", url.port, tls, True, None, None, None)
+    return connection_key(url.raw_host or "", url.port, tls)

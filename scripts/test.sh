@@ -3,6 +3,7 @@
 #   .venv        the main environment: tripwire[dev,browser] (mcp 2.x, openai, anthropic, playwright)
 #   .venv-mcp1   mcp<2 (FastMCP, streamablehttp_client, legacy SSE), whose pins clash with mcp 2.x
 #   .venv-mitm   mitmproxy, which pins its own dependencies tightly
+#   .venv-lowest the lowest versions the runtime pins allow, for the lanes' tests
 # Each pytest run must collect and pass tests: exit 5 (no tests) is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +61,13 @@ make_env .venv-wheel .
 (cd /tmp && "$OLDPWD/.venv-wheel/bin/python" -c "import proxy.app, proxy.replay, proxy.websocket, viewer.api; print('imports ok')")
 .venv-wheel/bin/tripwire serve --help >/dev/null
 .venv-wheel/bin/tripwire replay --help >/dev/null
+
+echo "== lowest versions"
+# the runtime pins' lowest bounds, exactly (scripts/lowest_constraints.py): the lanes, which lean on
+# aiohttp's internals (proxy/aiohttp_compat.py) and on llhttp, must answer as aiohttp on all of them
+make_env .venv-lowest -e ".[test]" \
+  --constraint <(.venv/bin/python scripts/lowest_constraints.py)
+run_pytest .venv-lowest tests/test_lean_http.py tests/test_upstream_http.py tests/test_upstream_differential.py "$@"
 
 echo "== mcp<2 environment"
 make_env .venv-mcp1 -e ".[test]" "mcp<2"

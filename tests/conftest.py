@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from aiohttp.web_runner import BaseRunner
 
-from proxy.app import make_admin_app, make_proxy_app, proxy_runner
+from proxy.app import RUNNER_ARGS, make_admin_app, make_proxy_app, proxy_runner
 from proxy.engine import Engine
 from proxy.settings import Settings
 from tests.fakes import FakeUpstream, Reply
@@ -97,19 +98,34 @@ def pytest_asyncio_loop_factories(item: pytest.Item) -> dict[str, Callable[[], a
     return _both_loops() if item.get_closest_marker("both_loops") else ASYNCIO_ONLY
 
 
+def as_serve_runs_it(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A runner's arguments as `serve` gives them (proxy.app.RUNNER_ARGS): aiohttp's TestServer asks
+    for handler cancellation, which `serve` does not use."""
+    kwargs.pop("handler_cancellation", None)
+    return {**RUNNER_ARGS, **kwargs}
+
+
 class ProxyTestServer(TestServer):
     """The proxy app on the listener `tripwire serve` runs: plain LLM calls on the lean lane
-    (proxy/lean_http.py), the rest on aiohttp's."""
+    (proxy/lean_http.py), the rest on aiohttp's, with serve's runner arguments."""
 
     async def _make_runner(self, **kwargs: Any) -> BaseRunner:
-        return proxy_runner(self.app, **kwargs)
+        return proxy_runner(self.app, **as_serve_runs_it(kwargs))
+
+
+class AppTestServer(TestServer):
+    """An app on aiohttp's own runner, with serve's runner arguments (the admin listener; the proxy
+    app alone, for the differential tests of the lean lane)."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return web.AppRunner(self.app, **as_serve_runs_it(kwargs))
 
 
 @dataclass
 class Running:
     engine: Engine
-    proxy: TestServer
-    admin: TestServer
+    proxy: ProxyTestServer
+    admin: AppTestServer
     data_dir: Path
 
     @property
@@ -179,7 +195,7 @@ async def start_tripwire(tmp_path: Path) -> AsyncIterator[StartTripwire]:
         engine = Engine(settings, argv=["tripwire", "serve", "--admin-token", "hunter2"])
         await engine.start()
         proxy = ProxyTestServer(make_proxy_app(engine), host="127.0.0.1")
-        admin = TestServer(make_admin_app(engine), host="127.0.0.1")
+        admin = AppTestServer(make_admin_app(engine), host="127.0.0.1")
         await proxy.start_server()
         await admin.start_server()
         r = Running(engine, proxy, admin, Path(data_dir))

@@ -70,4 +70,11 @@ CASES = [
         upstream_answer(b"HTTP/1.1 200 OK\r\nX-Bad: a\xff\xfeb\r\nX-Good: caf\xc3\xa9\r\n"),
     ),
     Case("upstream-reason-not-utf8", chat_request(), upstream_answer(b"HTTP/1.1 200 O\xffK\r\n")),
+    # what aiohttp refuses (400) or, in older releases, serves: either way both lanes answer alike
+    # (the lean lane hands these heads to aiohttp)
+    Case("no-host", b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"),
+    Case("two-hosts", chat_request(extra="Host: twice\r\n")),
+    Case("two-content-types", chat_request(extra="Content-Type: text/plain\r\n")),
+    Case("130-headers", chat_request(extra="".join(f"X-{i}: v\r\n" for i in range(130)))),
+    Case("bare-lf", b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}"),
 ]

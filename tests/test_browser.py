@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import AGENT_KEY
+from tests.fakes import Reply
 from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
 from viewer.api import setup_admin
 
@@ -335,7 +336,10 @@ async def test_a_looping_agents_run_is_named_by_its_ask_and_its_loop_says_why(
     tw = await start_tripwire(upstream={"url": url}, admin_token="hunter2", guards=guards)
     llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/weather-bot/v1", api_key=AGENT_KEY, max_retries=0)
     history: list[Any] = [{"role": "user", "content": "What is the weather in Paris today?"}]
-    for i in range(3):  # the model asks for the same tool call again and again; each answer is the same
+    # the model asks for the same tool call again and again (the history carries its answers, so the
+    # calls are one conversation, one run: SPEC §3); each tool result is the same
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": "Paris"})]) for i in range(3)]
+    for i in range(3):
         await llm.chat.completions.create(model="gpt-4o-mini", messages=history)
         call = {
             "id": f"call_{i}",

@@ -98,11 +98,15 @@ async def test_the_refusal_of_a_stopped_session_says_how_to_go_on_and_where_to_l
     )
 
     async def stop_then_refusal(llm: openai.AsyncOpenAI) -> str:
-        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        # the conversation goes on (its history carries the answer), so an automatic session
+        # continues too; a first request again would start a run of its own (SPEC §3)
+        said = {"role": "assistant", "content": answer.choices[0].message.content}
+        more = [*HELLO, said, {"role": "user", "content": "and then?"}]
         with pytest.raises(openai.RateLimitError):  # the limit stops the session
-            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=more)
         with pytest.raises(openai.RateLimitError) as caught:
-            await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+            await llm.chat.completions.create(model="gpt-4o-mini", messages=more)
         error = caught.value.response.json()["error"]
         assert error["guardrail"] == "session_terminated"
         return str(error["message"])

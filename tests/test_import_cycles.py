@@ -66,3 +66,23 @@ def test_no_import_circle_in_proxy_viewer_addons() -> None:
     modules = set(graph.modules)
     adjacency = {m: set(graph.find_modules_directly_imported_by(m)) & modules for m in modules}
     assert cycles(adjacency) == []
+
+
+def test_the_layers_contract_names_every_module() -> None:
+    """Issue 20: a module the layers contract does not name is checked by none of its rules."""
+    import pkgutil
+    import tomllib
+    from pathlib import Path
+
+    import proxy
+
+    config = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    (layers,) = [
+        c
+        for c in config["tool"]["importlinter"]["contracts"]
+        if "containers" not in c and c["type"] == "layers"
+    ]
+    named = {part.strip() for layer in layers["layers"] for part in layer.replace("|", ":").split(":")}
+    modules = {f"proxy.{m.name}" for m in pkgutil.iter_modules(proxy.__path__)}
+    assert sorted(modules - named) == []
+    assert {"viewer", "addons"} <= named

@@ -426,7 +426,9 @@ async def test_intercept_https_through_mitmproxy_ca(launch: Any, tmp_path: Path)
         async with openai.DefaultAsyncHttpxClient(proxy=named, verify=verify) as http:
             llm = sdk(f"https://localhost:{port}/v1", session=None, http_client=http)
             answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
-            stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True)
+            # the conversation goes on (its history carries the answer): the same run (SPEC §3)
+            more = [*HELLO, {"role": "assistant", "content": answer.choices[0].message.content}, *HELLO]
+            stream = await llm.chat.completions.create(model="gpt-4o-mini", messages=more, stream=True)
             text = "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices])
         assert answer.choices[0].message.content == TEXT and text == TEXT
         # an agent configured by its environment only (no proxy or CA in its code)

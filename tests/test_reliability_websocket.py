@@ -59,6 +59,10 @@ async def test_an_idle_socket_is_closed_with_1001_and_nothing_is_recorded_wrong(
     assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL"]
     assert events[1]["payload"]["status"] == "ok"
     assert not tw.engine.sessions.by_run_id(run_id).terminated  # the session goes on
+    for _ in range(int(WAIT_S / 0.01)):  # the handler ends after the client saw the close
+        if not tw.engine.socket_slots.open:
+            break
+        await asyncio.sleep(0.01)
     assert tw.engine.socket_slots.open == {}  # its slot given back
 
 

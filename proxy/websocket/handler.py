@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from proxy.aiohttp_compat import upgrade_headers
 from proxy.appkeys import ENGINE
 from proxy.dialects import dialect_for
 from proxy.forward import json_error
@@ -82,7 +83,7 @@ async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pi
         timeout=CLOSE_TIMEOUT_S,
         max_msg_size=engine.settings.max_body_bytes,
     )
-    client.headers.extend(client_handshake_headers(getattr(getattr(up, "_response", None), "headers", None)))
+    client.headers.extend(client_handshake_headers(upgrade_headers(up)))
     try:
         await client.prepare(request)
     except BaseException:

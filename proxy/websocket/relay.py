@@ -73,6 +73,10 @@ class SocketRelay:
         )
         try:
             _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            if pending and self.closing:
+                # a close handshake under way (the other pump passes a close frame on, then answers
+                # it with the same code): let it end before shut() says 1001 to what is left open
+                await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
             # the side that ended has closed both sockets (else this does): the other pump ends
             await self.shut()
             if pending:
