@@ -108,7 +108,7 @@ class Exchange:
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
     guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay
-    # shared guard state (proxy/guard_backend.py): the name of the call's check in the run's guard
+    # shared guard state (proxy/guard_backend/): the name of the call's check in the run's guard
     # log (its settle names it), and the circuit's admission made in the same round trip
     # (a proxy.state.base.BreakerAdmission, read by the shared breaker stage)
     shared_check: str | None = None

@@ -5,7 +5,7 @@ force) and ends (RUN_END: idle, shutdown, terminated), where the events of a ses
 and handed to its guards (`write_event` then `observe_event`), and where what AgentDbg's cycle
 detector concludes after the fact is carried out (`on_cycle`: a LOOP_WARNING, an ERROR, maybe the
 end of the session). A terminated session whose calls are still in flight ends once the last one is
-recorded (`end_if_pending`). The guard state itself is the backend's (proxy/guard_backend.py).
+recorded (`end_if_pending`). The guard state itself is the backend's (proxy/guard_backend/).
 """
 
 from __future__ import annotations

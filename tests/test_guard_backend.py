@@ -1,4 +1,4 @@
-"""`proxy/guard_backend.py` alone: the engine chooses one backend at start; the local one judges a
+"""`proxy/guard_backend/` alone: the engine chooses one backend at start; the local one judges a
 call with the session's own guards (a session ended meanwhile is refused without reading the call);
 the shared one puts the call's check into the run's guard log and, after the answer, its settle."""
 

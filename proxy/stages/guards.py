@@ -105,7 +105,7 @@ class GuardStage(BaseStage):
 
     def __init__(self, services: Services) -> None:
         self.services = services
-        self.guards = services.guards  # where the guard state lives (proxy/guard_backend.py)
+        self.guards = services.guards  # where the guard state lives (proxy/guard_backend/)
         self.policy = services.policy
 
     # --- before forwarding -------------------------------------------------------------------

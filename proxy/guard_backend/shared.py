@@ -1,49 +1,25 @@
-"""Where a session's guard state lives: this process, or a log shared by replicas (`--state`).
-
-One strategy chosen once at start (`guard_backend_for`, in the engine's composition); the stages and
-the session policy ask it and never test which one it is. Both decide alike (same decisions, events
-and answers, SPEC §8); what differs is where the state is kept:
-
-- `LocalGuardBackend`: the session's `SessionGuards` in this process; a call is judged and settled
-  in place, its circuit is this process's.
-- `SharedGuardBackend`: the run's shared guard log (proxy/state/). Before forwarding, the call's
-  check goes into the log and its circuit is admitted, in ONE round trip; the verdict is read from
-  this replica's copy of the run's guards once it has applied everything the log holds before the
-  check (the function-calling results the request brings are taken in that round trip too). After
-  the answer, the settle (and the tool calls the answer asked for) is appended in a second round
-  trip, overlapping the relay: the answer's end (its last bytes, or a stream's clean end) reaches
-  the client only once the log has it (`ex.hold_end`), so replicas decide exactly as one process
-  however fast the agent's calls come (SPEC §8, docs/scaling.md). Backend unreachable:
-  `fail_open` decides from this replica's copy, `fail_closed` raises `StateUnavailable` (the stage
-  refuses with guard code `state_unavailable`).
-
-The stages write the events and render the answers; a backend only keeps state and says what the
-guards decided (`Admitted`).
-"""
+"""`SharedGuardBackend`: the guard state in the run's shared guard log (several replicas,
+docs/scaling.md); see the package's docstring for the round trips."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from proxy import episodes
-from proxy.constants import GUARD_SESSION_TERMINATED, EventType
-from proxy.dialects.base import ToolCall, ToolResult
+from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
+from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
 from proxy.guard_events import is_tool_call
-from proxy.guard_store import GuardConfigStore
 from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
-from proxy.guards.decision import Action, Decision
-from proxy.guards.loop.history import HistoryResults
-from proxy.guards.session import SessionGuards, Verdict
+from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
 from proxy.sessions import Session, SessionManager
@@ -51,239 +27,6 @@ from proxy.state import entries, keys
 from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
 from proxy.state.replica import Applied
 from proxy.state.service import SharedState
-
-OnCycle = Callable[[Session, Decision], None]
-# what settling concluded (the soft budget alert), written by the guard stage
-OnSettled = Callable[[Session, SessionGuards, list[Decision]], None]
-
-CHAIN_FETCH_LIMITS = (8, 256, 2048)  # links fetched per round trip, growing while the gap lasts
-ENDED_BY_GUARD = Decision(
-    Action.TERMINATE, GUARD_SESSION_TERMINATED, "this session was terminated by a guard"
-)
-
-
-@dataclass(slots=True)
-class CallInputs:
-    """What the guards judge of a call (the guard stage reads them from the exchange)."""
-
-    estimate: float  # USD reserved
-    trace: dict[str, Any]  # what the call's event keeps of them, for replay
-    # LLM calls: the history as judged, and the tokens reserved
-    steps: list[list[ToolCall]] = field(default_factory=list)
-    turn_start: int = 0
-    results: list[ToolResult] | HistoryResults = field(default_factory=list)
-    tokens: int = 0
-
-
-@dataclass(slots=True)
-class Admitted:
-    """What the guards made of a call before it is forwarded."""
-
-    guards: SessionGuards
-    verdict: Verdict | None = None
-    inputs: CallInputs | None = None
-    seen: tuple[int, int] = (0, 0)  # (events, settles) the guards had seen when they judged
-    # the session ended before the call was judged: refused like every later call; `elsewhere`:
-    # ended on another replica (or in the log), so this replica's copy ends too
-    ended: Decision | None = None
-    elsewhere: bool = False
-    # the function-calling results the request brings, matched in the admit's round trip (shared):
-    # (call id, what the answer that asked for it said) to write, and the ids that were asked
-    taken: list[tuple[str, bytes]] | None = None
-    asked: list[str] = field(default_factory=list)
-    record_results: bool = False  # the backend was down: the calls this replica asked for are written
-
-
-class GuardBackend(Protocol):
-    # True: the function-calling results a request brings are matched in the guards' round trip
-    # (`Admitted.taken`), not by the tool results stage before it
-    results_at_admit: bool
-
-    async def start(self) -> None: ...
-    async def close(self) -> None: ...
-    async def keep_alive(self, sessions: SessionManager, now: float) -> None: ...
-    def health(self) -> dict[str, Any] | None: ...
-    def retry_after_s(self) -> float: ...
-    def config(self, agent: str) -> GuardConfig: ...
-
-    # sessions
-    async def resolve_run(
-        self,
-        sessions: SessionManager,
-        agent: str,
-        explicit_id: str | None,
-        episode: Episode | None,
-        now: float,
-    ) -> str | None: ...
-    def observe(
-        self, session: Session, event_type: str, name: str, event_id: str, on_cycle: OnCycle
-    ) -> None: ...
-    def ended(self, session: Session) -> None: ...
-    def terminated(self, session: Session, reason: str, *, kill: bool = False) -> None: ...
-
-    # Responses chains
-    async def fetch_chain(
-        self, chains: ResponsesChains, agent: str, previous_response_id: str | None
-    ) -> None: ...
-    async def share_chain(self, chains: ResponsesChains, agent: str, response_id: str) -> None: ...
-
-    # a call
-    async def admit(self, ex: Exchange, inputs: Callable[[], CallInputs], now: float) -> Admitted: ...
-    def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None: ...
-    async def settle(self, ex: Exchange, on_settled: OnSettled) -> None: ...
-    async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None: ...
-    async def circuit_report(
-        self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
-    ) -> Transition | None: ...
-
-
-def session_guards(config: GuardConfig, session: Session) -> SessionGuards:
-    """The session's guards under the config in force now (an admin API change applies to the next call)."""
-    guards: SessionGuards | None = session.guards
-    if guards is None:
-        guards = session.guards = SessionGuards(config, started_at=session.started_mono)
-        # RUN_START was written before the session had guards: it counts toward max_events
-        guards.budget.count_event()
-    elif config is not guards.config:  # (the same object on almost every call)
-        guards.configure(config)
-    return guards
-
-
-class LocalGuardBackend:
-    """The guard state of this process (one replica, or none configured)."""
-
-    results_at_admit = False
-
-    def __init__(self, guard_store: GuardConfigStore) -> None:
-        self.guard_store = guard_store
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def keep_alive(self, sessions: SessionManager, now: float) -> None:
-        return None
-
-    def health(self) -> dict[str, Any] | None:
-        return None  # nothing outside the process to report
-
-    def retry_after_s(self) -> float:
-        return 0.0
-
-    def config(self, agent: str) -> GuardConfig:
-        return self.guard_store.effective(agent)[0]
-
-    async def resolve_run(
-        self,
-        sessions: SessionManager,
-        agent: str,
-        explicit_id: str | None,
-        episode: Episode | None,
-        now: float,
-    ) -> str | None:
-        return None  # the session manager decides alone
-
-    def observe(self, session: Session, event_type: str, name: str, event_id: str, on_cycle: OnCycle) -> None:
-        assert session.guards is not None
-        decision = session.guards.observe_event(event_type, name, event_id)
-        if decision is not None:
-            on_cycle(session, decision)
-
-    def ended(self, session: Session) -> None:
-        return None
-
-    def terminated(self, session: Session, reason: str, *, kill: bool = False) -> None:
-        return None  # the session manager refuses its calls
-
-    async def fetch_chain(
-        self, chains: ResponsesChains, agent: str, previous_response_id: str | None
-    ) -> None:
-        return None  # every link is this process's
-
-    async def share_chain(self, chains: ResponsesChains, agent: str, response_id: str) -> None:
-        return None
-
-    async def admit(self, ex: Exchange, inputs: Callable[[], CallInputs], now: float) -> Admitted:
-        session = ex.session
-        assert session is not None
-        guards = session_guards(self.config(session.agent), session)
-        call = ex.call
-        if is_tool_call(ex):
-            judged = inputs()
-            seen = (guards.events_seen, guards.calls_settled)
-            verdict = guards.before_tool_call(
-                call.tool_name,
-                call.arguments,
-                now=now,
-                server=ex.route.upstream,
-                estimate_usd=judged.estimate,
-            )
-            return Admitted(guards, verdict, judged, seen)
-        if session.terminated:  # a result it brings ended the session (stop_on_loop): refused
-            return Admitted(guards, ended=guards.terminated_by or ENDED_BY_GUARD)
-        judged = inputs()
-        conversation = session.conversation
-        seen = (guards.events_seen, guards.calls_settled)
-        verdict = guards.before_llm_call(
-            judged.steps,
-            judged.turn_start,
-            judged.results,
-            estimate_usd=judged.estimate,
-            estimate_tokens=judged.tokens,
-            now=now,
-            event_ids=conversation.tool_event_ids,
-            reading=conversation.guard_state,
-            read_from=getattr(call, "continues", None),
-        )
-        return Admitted(guards, verdict, judged, seen)
-
-    def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None:
-        """A refused call's budget reservation goes back."""
-        guards.release(reservation)
-
-    async def settle(self, ex: Exchange, on_settled: OnSettled) -> None:
-        """Settle the call with this process's guards: its reservation, what its answer brought."""
-        session = ex.session
-        if ex.protocol is None or session is None or session.guards is None or ex.guards_skipped:
-            return
-        guards = session.guards
-        now = time.monotonic()
-        trace = ex.guard_trace
-        if trace is not None:
-            now = mark_settled(ex, trace, now)
-        if not ex.forwarded:  # refused, or never sent
-            guards.release(ex.reservation)
-            return
-        if trace.tool if trace is not None else is_tool_call(ex):
-            result = ex.result
-            decisions = guards.after_tool_call(
-                ex.reservation,
-                ex.call.tool_name,
-                ex.call.arguments,
-                result_fingerprint=(result.fingerprint or "") if result is not None else "",
-                error=result.error_text if result is not None and result.status == "error" else None,
-                now=now,
-                event_id=ex.tool_event_id,
-            )
-        else:
-            decisions = guards.after_llm_call(
-                ex.reservation,
-                cost_usd=float(ex.cost_usd),
-                tokens=int(ex.tokens),
-                now=now,
-            )
-        if decisions:  # (most calls conclude nothing)
-            on_settled(session, guards, decisions)
-
-    async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None:
-        return None  # circuits here are admitted by the breaker stage itself (no admission)
-
-    async def circuit_report(
-        self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
-    ) -> Transition | None:
-        return None
 
 
 class SharedGuardBackend:
@@ -522,8 +265,3 @@ def pending_calls(session: Session, result: Any, llm_event_id: str | None) -> di
             orjson.dumps(detail),
         )
     return out
-
-
-def guard_backend_for(state: SharedState | None, guard_store: GuardConfigStore) -> GuardBackend:
-    """The one strategy of this process: shared when replicas share guard state (`--state`)."""
-    return SharedGuardBackend(state) if state is not None else LocalGuardBackend(guard_store)
