@@ -369,8 +369,6 @@ class Forwarder:
                 ex.incomplete_reason = "the client disconnected before the answer ended"
             raise
         finally:
-            if tap.decode_error is not None:
-                ex.content_decode_error = tap.decode_error
             ex.content_truncated = tap.truncated
         if ex.drain_aborted:
             ex.stream_complete = False
@@ -423,7 +421,6 @@ class Forwarder:
         transport = ex.request.transport
         if transport is not None:
             transport.close()
-        ex.client_cut = True
 
     def abort_all(self) -> int:
         """Drain grace is over: cut the streams still relaying; each records itself as incomplete
