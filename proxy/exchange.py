@@ -103,7 +103,6 @@ class Exchange:
 
     # guards
     decisions: list[Decision] = field(default_factory=list)
-    after_decisions: list[Decision] = field(default_factory=list)
     reservation: Reservation | None = None  # the budget's hold, settled or released after the call
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
@@ -183,8 +182,7 @@ class Exchange:
         self.started_wall = started_wall
         self.session = session
         self.answer_maker = answer_maker
-        self.decisions = []  # the only fields whose default is not shared: made per call
-        self.after_decisions = []
+        self.decisions = []  # the only field whose default is not shared: made per call
 
     @property
     def refused(self) -> bool:
