@@ -286,7 +286,7 @@ class Forwarder:
         # (proxy, ~/.netrc) is read once, at start
         self.http: aiohttp.ClientSession | None = None
         self.egress: Egress | None = None
-        # WebSocket upgrades (proxy/websocket.py) read the way out from the environment per
+        # WebSocket upgrades (proxy/websocket/handler.py) read the way out from the environment per
         # connection (trust_env): long-lived, so the lookup does not matter there
         self.session: aiohttp.ClientSession | None = None
         # answers being relayed right now, so a drain that runs out of grace can end them cleanly
