@@ -137,7 +137,7 @@ def test_json_error_is_openai_shaped() -> None:
     }
 
 
-def test_the_tap_decodes_for_the_observer_and_relays_the_upstreams_bytes() -> None:
+def test_the_observer_feed_decodes_for_the_observer_and_relays_the_upstreams_bytes() -> None:
     body = orjson.dumps({"hello": "world" * 100})
     compressed = gzip.compress(body)
     collector = BodyCollector(1 << 20)
@@ -147,7 +147,7 @@ def test_the_tap_decodes_for_the_observer_and_relays_the_upstreams_bytes() -> No
     assert collector.body() == body
 
 
-def test_the_tap_passes_bytes_on_when_it_cannot_decode() -> None:
+def test_the_observer_feed_passes_bytes_on_when_it_cannot_decode() -> None:
     collector = BodyCollector(1 << 20)
     tap = ObserverFeed(collector, ["gzip"])
     assert tap.feed(b"not gzip at all") == b"not gzip at all"

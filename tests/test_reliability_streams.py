@@ -155,7 +155,7 @@ async def test_compressed_streams_are_read_for_the_trace(
     assert "usage_estimated" not in calls[2]
 
 
-def test_tap_decodes_for_the_observer_and_relays_the_bytes() -> None:
+def test_the_observer_feed_decodes_for_the_observer_and_relays_the_bytes() -> None:
     """Every split of a gzip stream, with and without a rewriting observer; a corrupt one is relayed."""
     plain = b"".join(f"data: {{'n': {n}}}\n\n".encode() for n in range(200))
     packed = gzip.compress(plain) + gzip.compress(b"data: tail\n\n")  # two members, as allowed
@@ -276,7 +276,7 @@ def test_concatenated_gzip_members_larger_than_a_piece() -> None:
     assert tap.feed(packed) + tap.flush() == packed and bytes(keep.seen) == b"".join(plain)
 
 
-def test_the_tap_reads_a_bomb_a_slice_at_a_time_up_to_its_limit() -> None:
+def test_the_observer_feed_reads_a_bomb_a_slice_at_a_time_up_to_its_limit() -> None:
     from proxy.forward import DECODE_SLICE
 
     class Keep:
