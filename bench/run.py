@@ -118,7 +118,13 @@ wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
+wrk.headers["X-Tripwire-Session"] = "bench"
 """
+
+# The latency and throughput phases send one prompt again and again: named as one session, the calls
+# are one run, as an agent's calls are. Unnamed, each would be a conversation's first request, and
+# each starts a run of its own (SPEC §3): that measures run creation, not a call's path.
+SESSION = {"X-Tripwire-Session": "bench"}
 
 
 async def wrk(port: int, script: Path, seconds: float, conns: int) -> dict[str, float]:
@@ -170,7 +176,7 @@ async def throughput(
             if use_wrk:
                 run = await wrk(t.port, script, seconds, conns)
             else:
-                run = await py_load(t.port, request_bytes(t.port, PATH, body), seconds, conns)
+                run = await py_load(t.port, request_bytes(t.port, PATH, body, SESSION), seconds, conns)
             if cpu_before is not None and t.pid and run["requests"] > 0:
                 # the proxy process's own CPU per call (all its threads): what bounds its throughput
                 run["cpu_us"] = (procs.cpu_seconds(t.pid) - cpu_before) / run["requests"] * 1e6
@@ -435,7 +441,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 targets.append(t)
         by = {t.name: t for t in targets}
         small = bodies.encoded(bodies.SMALL)
-        raws = {t.name: request_bytes(t.port, PATH, small) for t in targets}
+        raws = {t.name: request_bytes(t.port, PATH, small, SESSION) for t in targets}
 
         def step(what: str) -> None:
             print(f"[{time.perf_counter() - t_start:6.1f}s] {what}", file=sys.stderr, flush=True)

@@ -60,7 +60,7 @@ __all__ = [
     "ProxyInfo",
     "Server",
     "TransferEncodingError",
-    "WholeAnswer",
+    "OneWriteResponse",
     "WrappingAppRunner",
     "basicauth_from_netrc",
     "connection_key",
@@ -104,7 +104,7 @@ def upgrade_headers(ws: ClientWebSocketResponse) -> Mapping[str, str] | None:
     return getattr(response, "headers", None)
 
 
-class WholeAnswer(web.StreamResponse):
+class OneWriteResponse(web.StreamResponse):
     """A non-streamed answer on aiohttp's lane: its head goes out with the first body bytes, in one
     write (aiohttp's own `Response` does the same, through the private class attribute
     `_send_headers_immediately`), instead of a write of its own."""

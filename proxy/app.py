@@ -23,7 +23,7 @@ from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.lean_http import LeanAppRunner
 from proxy.lifecycle import running_engine
-from proxy.llm_errors import shaped
+from proxy.llm_errors import error_in_dialect
 from proxy.mcp import jsonrpc
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
@@ -140,7 +140,7 @@ async def handle_call(request: CallRequest, route: Route, answer_maker: AnswerMa
     if ex.response is not None:
         return ex.response
     if ex.answer is not None:
-        return shaped(ex, ex.answer).to_response()  # Tripwire's own errors in the agent's protocol
+        return error_in_dialect(ex, ex.answer).to_response()  # Tripwire's own errors in the agent's protocol
     return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
 
 

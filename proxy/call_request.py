@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.aiohttp_compat import WholeAnswer
+from proxy.aiohttp_compat import OneWriteResponse
 
 
 class RawQuery(Protocol):
@@ -95,5 +95,5 @@ AnswerMaker = Callable[[int, "str | None", CIMultiDict[str], bool], ClientAnswer
 
 def aiohttp_answer(status: int, reason: str | None, headers: CIMultiDict[str], stream: bool) -> ClientAnswer:
     """aiohttp's lane: a `web.StreamResponse` (an SSE stream's head goes out as the upstream sent
-    it), or one that sends a whole answer's head with its body (`WholeAnswer`)."""
-    return (web.StreamResponse if stream else WholeAnswer)(status=status, reason=reason, headers=headers)
+    it), or one that sends a whole answer's head with its body (`OneWriteResponse`)."""
+    return (web.StreamResponse if stream else OneWriteResponse)(status=status, reason=reason, headers=headers)

@@ -2,10 +2,10 @@
 and encoded again when an observer rewrites the stream.
 
 Tripwire asks upstreams for `identity`; an answer compressed anyway is decoded here for the observer
-(proxy/forward.py `Tap`). A few KB of gzip can expand a thousandfold, so no call to a decoder
+(proxy/forward.py `ObserverFeed`). A few KB of gzip can expand a thousandfold, so no call to a decoder
 produces more than `DECODE_PIECE` bytes (zlib's `max_length`, brotli's `output_buffer_limit`), and
 `Codec.decode` is lazy: its consumer takes pieces as it can afford them and stops when it has read
-enough (the Tap bounds both the work per event-loop turn and the total). Pure: no I/O.
+enough (the ObserverFeed bounds both the work per event-loop turn and the total). Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ _HOSTS_KEPT = 1024  # hosts come from configuration (and MCP legacy endpoints): 
 
 
 @dataclass(frozen=True)
-class Route:
+class WayOut:
     """How a request to one scheme and host goes out: through `proxy` or not, with which credentials."""
 
     proxy: URL | None = None
@@ -37,28 +37,28 @@ class Route:
     auth: BasicAuth | None = None  # the host's own, from ~/.netrc
 
 
-DIRECT = Route()
+DIRECT = WayOut()
 
 
 class Egress:
     def __init__(self) -> None:
         self._proxies: dict[str, ProxyInfo] = proxies_from_env()
         self._netrc: netrc.netrc | None = netrc_from_env()
-        self._routes: dict[tuple[str, str], Route] = {}
+        self._ways: dict[tuple[str, str], WayOut] = {}
 
-    def route(self, url: URL) -> Route:
+    def way_out(self, url: URL) -> WayOut:
         key = (url.scheme, url.raw_host or "")
-        found = self._routes.get(key)
+        found = self._ways.get(key)
         if found is None:
-            if len(self._routes) >= _HOSTS_KEPT:
-                self._routes.clear()
-            found = self._routes[key] = self._resolve(url)
+            if len(self._ways) >= _HOSTS_KEPT:
+                self._ways.clear()
+            found = self._ways[key] = self._resolve(url)
         if found.auth is not None and url.raw_user is not None:
             # credentials in the URL win over ~/.netrc, as in aiohttp
-            return Route(found.proxy, found.proxy_headers, found.headers)
+            return WayOut(found.proxy, found.proxy_headers, found.headers)
         return found
 
-    def _resolve(self, url: URL) -> Route:
+    def _resolve(self, url: URL) -> WayOut:
         host = url.host
         if not host:
             return DIRECT
@@ -80,4 +80,4 @@ class Egress:
                 auth = None
         if proxy is None and auth is None:
             return DIRECT
-        return Route(proxy, proxy_headers, headers, auth)
+        return WayOut(proxy, proxy_headers, headers, auth)

@@ -264,13 +264,6 @@ PRIOR = "prior"  # memo key: the kept request a call's messages were proven to c
 find_prior = RECENT.find
 
 
-def prefix_digests(messages: list[Any], *, normalise: bool = False) -> list[bytes]:
-    """The digest of every prefix of a conversation, from the empty one to the whole
-    (`normalise`: without Anthropic's `cache_control` markers, which move between requests)."""
-    chains = digest_chains(messages)
-    return chains.lineage if normalise else chains.sent
-
-
 def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
     """The digest of every non-empty prefix of a conversation, shortest first, in one pass."""
     return tuple(digest_chains(messages).lineage[1:])

@@ -83,27 +83,26 @@ class Exchange:
     # Any hold objects of the layers above (proxy.mcp, proxy.guard_trace, proxy.websocket), which this
     # module must not import.
 
-    # parse (proxy.llm.ParseLLM, proxy.stages.mcp_parse.ParseMCP): the protocol adapter for this call and
+    # parse (LLMParseStage, MCPParseStage): the protocol adapter for this call and
     # what it understood of the request
     protocol: CallProtocol | None = None  # None: forwarded unrecorded
     call: Any = None  # LLMRequest (proxy.dialects.base), or proxy.mcp.jsonrpc.MCPToolCall
     upstream_body: bytes | None = None  # a rewritten body to send instead of `body`
-    # set by ParseLLM; read by the session stage (proxy.stages) for the client's episode id
+    # set by LLMParseStage; read by the session stage (proxy.stages) for the client's episode id
     request_json: dict[str, Any] | None = None
-    # set by ParseMCP for a legacy SSE server's POST; read by the forward stage instead of the route's URL
+    # set by MCPParseStage for a legacy SSE server's POST; read by the forward stage instead of the route's URL
     upstream_url: str | None = None
-    # set by ParseMCP: the JSON-RPC messages of the POST; read by its finish (an error for a server down)
+    # set by MCPParseStage: the JSON-RPC messages of the POST; read by its finish (an error for a server down)
     mcp_messages: list[Any] | None = None
-    # set by ParseMCP: the hub's key for the client's MCP session; read by its finish (hub.forget)
+    # set by MCPParseStage: the hub's key for the client's MCP session; read by its finish (hub.forget)
     mcp_session_key: str | None = None
-    # set by ParseMCP for a batch: its tools/calls as (MCPToolCall, proxy.mcp.hub.Pending); read by its finish
+    # set by MCPParseStage for a batch: its tools/calls as (MCPToolCall, proxy.mcp.hub.Pending); read by its finish
     mcp_batch: list[tuple[Any, Any]] | None = None
     # set by proxy.websocket.responses.ResponsesSocket: the WebSocket call (SocketCall) it carries; read there
     ws_call: Any = None
 
     # guards
     decisions: list[Decision] = field(default_factory=list)
-    after_decisions: list[Decision] = field(default_factory=list)
     reservation: Reservation | None = None  # the budget's hold, settled or released after the call
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
@@ -148,16 +147,12 @@ class Exchange:
     # set by the forwarder / the WebSocket relay: why an answer ended short that is not the
     # upstream's failure; read by proxy.llm.llm_result (an "Incomplete" error)
     incomplete_reason: str | None = None
-    # set by the forwarder: a content coding that would not decode (diagnostics; not read)
-    content_decode_error: str | None = None
     # set by the forwarder: a compressed answer decoded past `max_decoded_bytes`, the observer read
     # only its start; read by proxy.llm.llm_result (recorded truncated)
     content_truncated: bool = False
     # set by Forwarder.abort_all when drain grace is over; read by the forwarder (end the answer abnormally)
     drain_aborted: bool = False
-    # set by the forwarder when it closed the client's connection short (diagnostics; not read)
-    client_cut: bool = False
-    # set by ParseMCP's observer / MCPProtocol when the tool result arrived; read by MCPProtocol.record
+    # set by MCPParseStage's observer / MCPProtocol when the tool result arrived; read by MCPProtocol.record
     mcp_result_at: float | None = None
 
     # record: what the call's events said
@@ -168,7 +163,7 @@ class Exchange:
     llm_event_id: str | None = None  # the LLM_CALL's id (proxy.llm_trace sets it; tests read it)
     # set by MCPProtocol.record: the TOOL_CALL event's id; read by the guards' after-stage
     tool_event_id: str | None = None
-    mcp_recorded: bool = False  # set by MCPProtocol.record; ParseMCP's finish records it otherwise
+    mcp_recorded: bool = False  # set by MCPProtocol.record; MCPParseStage's finish records it otherwise
 
     def __init__(
         self,
@@ -187,8 +182,7 @@ class Exchange:
         self.started_wall = started_wall
         self.session = session
         self.answer_maker = answer_maker
-        self.decisions = []  # the only fields whose default is not shared: made per call
-        self.after_decisions = []
+        self.decisions = []  # the only field whose default is not shared: made per call
 
     @property
     def refused(self) -> bool:

@@ -38,7 +38,7 @@ from yarl import URL
 
 from proxy.call_request import ClientAnswer
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
-from proxy.egress import Egress, Route
+from proxy.egress import Egress, WayOut
 from proxy.exchange import Answer, Exchange
 from proxy.outages import OutageLog, unreachable_message
 from proxy.routing import TRIPWIRE_HEADER_PREFIX
@@ -134,7 +134,7 @@ DRAIN_CUT_REASON = "Tripwire shut down before the answer ended (drain grace over
 DECODE_SLICE = 256 * 1024
 
 
-class Tap:
+class ObserverFeed:
     """Feeds the observer the answer as it arrives (decoded) and says what the client gets.
 
     Without a content coding the observer's output is what the client gets, as always. With one
@@ -238,7 +238,7 @@ class Tap:
         self._pieces = _NOTHING
 
 
-_NOTHING: Iterator[bytes] = iter(())  # (an empty iterator stays empty: one serves every Tap)
+_NOTHING: Iterator[bytes] = iter(())  # (an empty iterator stays empty: one serves every ObserverFeed)
 
 
 RETRY_STATUSES = frozenset({502, 503})
@@ -278,7 +278,7 @@ class Forwarder:
         self.ca_bundle = ca_bundle
         self.retries = retries  # opt-in (settings.upstream_retries): see send()
         self.retry_base_s = retry_base_s
-        # how much of a compressed answer the observer reads (settings.max_decoded_bytes; see Tap)
+        # how much of a compressed answer the observer reads (settings.max_decoded_bytes; see ObserverFeed)
         self.max_decoded_bytes = max_decoded_bytes
         # the upstream calls that go out directly (nearly all of them)
         self.pool: UpstreamPool | None = None
@@ -286,7 +286,7 @@ class Forwarder:
         # (proxy, ~/.netrc) is read once, at start
         self.http: aiohttp.ClientSession | None = None
         self.egress: Egress | None = None
-        # WebSocket upgrades (proxy/websocket.py) read the way out from the environment per
+        # WebSocket upgrades (proxy/websocket/handler.py) read the way out from the environment per
         # connection (trust_env): long-lived, so the lookup does not matter there
         self.session: aiohttp.ClientSession | None = None
         # answers being relayed right now, so a drain that runs out of grace can end them cleanly
@@ -334,7 +334,7 @@ class Forwarder:
         answer's last piece, or an MCP stream from the call's result on; a stream keeps back only
         its clean end.
         """
-        tap = Tap(ex.observer, content_codings(upstream.headers), self.max_decoded_bytes)
+        tap = ObserverFeed(ex.observer, content_codings(upstream.headers), self.max_decoded_bytes)
         chunks = upstream if isinstance(upstream, UpstreamResponse) else upstream.content.iter_any()
         hold, mcp = ex.hold_end, getattr(ex.protocol, "kind", None) == "mcp"
         held = b""
@@ -369,8 +369,6 @@ class Forwarder:
                 ex.incomplete_reason = "the client disconnected before the answer ended"
             raise
         finally:
-            if tap.decode_error is not None:
-                ex.content_decode_error = tap.decode_error
             ex.content_truncated = tap.truncated
         if ex.drain_aborted:
             ex.stream_complete = False
@@ -378,7 +376,7 @@ class Forwarder:
             ex.incomplete_reason = DRAIN_CUT_REASON
         return held
 
-    async def _read_backlog(self, ex: Exchange, response: ClientAnswer, tap: Tap) -> bool:
+    async def _read_backlog(self, ex: Exchange, response: ClientAnswer, tap: ObserverFeed) -> bool:
         """The rest of a chunk that decodes large, a slice per event-loop turn so that other calls
         run in between; False when the relay must stop (the client hung up, drain cut it)."""
         while tap.backlog:
@@ -423,7 +421,6 @@ class Forwarder:
         transport = ex.request.transport
         if transport is not None:
             transport.close()
-        ex.client_cut = True
 
     def abort_all(self) -> int:
         """Drain grace is over: cut the streams still relaying; each records itself as incomplete
@@ -437,7 +434,7 @@ class Forwarder:
         """Alert webhooks: best effort, short timeout, failures logged."""
         assert self.http is not None and self.egress is not None
         target = URL(url)
-        way = self.egress.route(target)
+        way = self.egress.way_out(target)
         try:
             async with self.http.post(
                 target,
@@ -465,7 +462,7 @@ class Forwarder:
         assert self.pool is not None and self.egress is not None, "Forwarder.start() not called"
         # the path and query are passed on as the client encoded them (%23 stays %23)
         target = URL(url, encoded=True)
-        way = self.egress.route(target)
+        way = self.egress.way_out(target)
         if way.headers:
             headers = headers.copy()
             headers.update(way.headers)
@@ -495,7 +492,7 @@ class Forwarder:
             await asyncio.sleep(delay)
 
     async def _via_aiohttp(
-        self, method: str, target: URL, headers: CIMultiDict[str], body: bytes, way: Route
+        self, method: str, target: URL, headers: CIMultiDict[str], body: bytes, way: WayOut
     ) -> aiohttp.ClientResponse:
         assert self.http is not None
         return await self.http.request(

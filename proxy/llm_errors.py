@@ -63,7 +63,7 @@ def header_text(text: str) -> str:
     return _NOT_HEADER_TEXT.sub(" ", folded)[:HEADER_TEXT_CHARS].strip()
 
 
-def shaped(ex: Exchange, answer: Answer) -> Answer:
+def error_in_dialect(ex: Exchange, answer: Answer) -> Answer:
     """Tripwire's own OpenAI-style error answer (502, 504, 503, ...) in the shape of the call's dialect."""
     dialect: Dialect | None = getattr(ex.protocol, "dialect", None)
     # (an OpenAI-shaped dialect's error is the answer as it is)

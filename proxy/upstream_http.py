@@ -18,7 +18,7 @@ answer: the request goes out in one write, the answer's body is handed on as it 
 - The request's bytes are what aiohttp sent for the same call: `Host` from the URL, the caller's
   headers in their order, `Accept: */*` when absent, `Content-Length` for a body (and 0 for a
   bodyless POST/PUT/PATCH/DELETE); no User-Agent, no Accept-Encoding, no Content-Type of its own.
-- The body is relayed as sent (no decompression; the Tap decodes for the observer), with flow
+- The body is relayed as sent (no decompression; the ObserverFeed decodes for the observer), with flow
   control: the socket stops being read while the consumer has `_HIGH_WATER` bytes waiting.
 - Failures raise aiohttp's own exception classes where aiohttp raised them (refused:
   ClientConnectorError; connect timeout: ConnectionTimeoutError; closed before the answer:

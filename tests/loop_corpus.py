@@ -1,7 +1,7 @@
 """The loop detector's specification: real-looking agent sessions, stuck and honest (SPEC §5.1).
 
 Every session is data: the tool calls an agent made, with their arguments and what came back,
-the user turns between them and the parallel fan-outs of one assistant step. `tests/corpus.py`
+the user turns between them and the parallel fan-outs of one assistant step. `tests/corpus_runner.py`
 feeds each one through the pure guards, as MCP traffic and as function-calling history, and
 checks the promise of SPEC §5.1 under the default config:
 

@@ -1,5 +1,5 @@
 """The Forwarder's pure parts: header filtering both ways, joining the upstream URL, retry back-off
-and which errors are retried, Tripwire's own JSON errors, and the Tap that feeds observers a
+and which errors are retried, Tripwire's own JSON errors, and the ObserverFeed that feeds observers a
 compressed answer decoded while the client gets the upstream's bytes.
 
 `Forwarder.forward` / `send` themselves need an upstream to talk to and a prepared
@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 
 from proxy.forward import (
     MAX_BACKOFF_S,
-    Tap,
+    ObserverFeed,
     backoff_delay,
     content_codings,
     json_error,
@@ -137,19 +137,19 @@ def test_json_error_is_openai_shaped() -> None:
     }
 
 
-def test_the_tap_decodes_for_the_observer_and_relays_the_upstreams_bytes() -> None:
+def test_the_observer_feed_decodes_for_the_observer_and_relays_the_upstreams_bytes() -> None:
     body = orjson.dumps({"hello": "world" * 100})
     compressed = gzip.compress(body)
     collector = BodyCollector(1 << 20)
-    tap = Tap(collector, content_codings(CIMultiDict({"Content-Encoding": "gzip"})))
+    tap = ObserverFeed(collector, content_codings(CIMultiDict({"Content-Encoding": "gzip"})))
     relayed = b"".join(tap.feed(compressed[i : i + 17]) for i in range(0, len(compressed), 17)) + tap.flush()
     assert relayed == compressed
     assert collector.body() == body
 
 
-def test_the_tap_passes_bytes_on_when_it_cannot_decode() -> None:
+def test_the_observer_feed_passes_bytes_on_when_it_cannot_decode() -> None:
     collector = BodyCollector(1 << 20)
-    tap = Tap(collector, ["gzip"])
+    tap = ObserverFeed(collector, ["gzip"])
     assert tap.feed(b"not gzip at all") == b"not gzip at all"
     assert tap.decode_error is not None and collector.body() == b""
 

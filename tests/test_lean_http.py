@@ -355,16 +355,16 @@ async def test_a_failure_after_the_head_went_out_cuts_the_answer_and_writes_no_s
     fake, url = fake_upstream
     fake.default.chunk_delay = 0.01  # the chunks arrive one by one
     tw = await start_tripwire(upstream={"url": url})
-    real_feed = proxy.forward.Tap.feed
+    real_feed = proxy.forward.ObserverFeed.feed
     fed = []
 
-    def failing_feed(self: proxy.forward.Tap, chunk: bytes) -> bytes:
+    def failing_feed(self: proxy.forward.ObserverFeed, chunk: bytes) -> bytes:
         fed.append(chunk)
         if len(fed) == 2:
             raise RuntimeError("a bug in the relay")
         return real_feed(self, chunk)
 
-    monkeypatch.setattr(proxy.forward.Tap, "feed", failing_feed)
+    monkeypatch.setattr(proxy.forward.ObserverFeed, "feed", failing_feed)
     reader, writer = await connect(tw)
     body = orjson.dumps(
         {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "s"}]}

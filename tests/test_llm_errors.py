@@ -16,7 +16,7 @@ from proxy.dialects.contract import Dialect
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
 from proxy.guards.decision import Action, Decision
-from proxy.llm_errors import bad_request, refusal_429, shaped
+from proxy.llm_errors import bad_request, error_in_dialect, refusal_429
 
 DIALECTS: list[Any] = [openai_chat, openai_responses, anthropic, embeddings, completions]
 
@@ -49,17 +49,17 @@ def test_unreachable_shared_state_is_a_503_without_the_reason_header() -> None:
 def test_an_openai_shaped_dialect_keeps_tripwires_own_error_as_it_is() -> None:
     answer = json_error(502, "upstream unreachable", "upstream_unreachable", "upstream_unreachable")
     body = answer.body
-    assert shaped(exchange_of(openai_responses), answer).body is body
-    assert shaped(exchange_of(None), answer).body is body  # not an LLM call
+    assert error_in_dialect(exchange_of(openai_responses), answer).body is body
+    assert error_in_dialect(exchange_of(None), answer).body is body  # not an LLM call
 
 
 def test_tripwires_own_error_is_reshaped_for_anthropic() -> None:
     answer = json_error(504, "too slow", "upstream_timeout", "upstream_timeout")
-    body = orjson.loads(shaped(exchange_of(anthropic), answer).body)
+    body = orjson.loads(error_in_dialect(exchange_of(anthropic), answer).body)
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
     assert body["error"]["message"] == "too slow" and body["error"]["code"] == "upstream_timeout"
     ok = Answer(200, b"{}", "application/json", {})
-    assert shaped(exchange_of(anthropic), ok).body == b"{}"  # only errors
+    assert error_in_dialect(exchange_of(anthropic), ok).body == b"{}"  # only errors
 
 
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.DIALECT)

@@ -38,7 +38,7 @@ from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects import anthropic as anthropic_dialect
 from proxy.dialects import openai_chat, openai_responses
 from proxy.dialects.base import LLMRequest, Usage
-from proxy.forward import Tap, content_codings
+from proxy.forward import ObserverFeed, content_codings
 from proxy.pricing import Pricing
 from proxy.sse import BoundedText, SSEDecoder, SSEEvent
 from proxy.stages import llm_parse
@@ -156,7 +156,7 @@ async def test_compressed_streams_are_read_for_the_trace(
     assert "usage_estimated" not in calls[2]
 
 
-def test_tap_decodes_for_the_observer_and_relays_the_bytes() -> None:
+def test_the_observer_feed_decodes_for_the_observer_and_relays_the_bytes() -> None:
     """Every split of a gzip stream, with and without a rewriting observer; a corrupt one is relayed."""
     plain = b"".join(f"data: {{'n': {n}}}\n\n".encode() for n in range(200))
     packed = gzip.compress(plain) + gzip.compress(b"data: tail\n\n")  # two members, as allowed
@@ -187,15 +187,18 @@ def test_tap_decodes_for_the_observer_and_relays_the_bytes() -> None:
     ]
     for cut in range(0, len(packed), 7):
         keep, drop = Keep(), DropTail()
-        taps = [Tap(keep, ["gzip"]), Tap(drop, ["gzip"])]
+        taps = [ObserverFeed(keep, ["gzip"]), ObserverFeed(drop, ["gzip"])]
         outs = [t.feed(packed[:cut]) + t.feed(packed[cut:]) + t.flush() for t in taps]
         assert outs[0] == packed and bytes(keep.seen) == plain + b"data: tail\n\n"
         assert zlib.decompress(outs[1], zlib.MAX_WBITS | 16) == plain  # re-compressed, tail dropped
-    broken = Tap(Keep(), ["gzip"])
+    broken = ObserverFeed(Keep(), ["gzip"])
     assert broken.feed(b"not gzip at all") == b"not gzip at all"
     assert broken.decode_error is not None and broken.feed(b"more") == b"more"
     unknown = Keep()
-    assert Tap(unknown, ["zstd-unknown"]).feed(b"\x28\xb5") == b"\x28\xb5" and unknown.seen == b"\x28\xb5"
+    assert (
+        ObserverFeed(unknown, ["zstd-unknown"]).feed(b"\x28\xb5") == b"\x28\xb5"
+        and unknown.seen == b"\x28\xb5"
+    )
 
 
 # ---- issue 26 item 2: decompression bombs ----------------------------------------------------------
@@ -270,11 +273,11 @@ def test_concatenated_gzip_members_larger_than_a_piece() -> None:
     plain = [bytes(300 * 1024), b"x" * 200_000, b"tail"]
     packed = b"".join(gzip.compress(p) for p in plain)
     keep = Keep()
-    tap = Tap(keep, ["gzip"])
+    tap = ObserverFeed(keep, ["gzip"])
     assert tap.feed(packed) + tap.flush() == packed and bytes(keep.seen) == b"".join(plain)
 
 
-def test_the_tap_reads_a_bomb_a_slice_at_a_time_up_to_its_limit() -> None:
+def test_the_observer_feed_reads_a_bomb_a_slice_at_a_time_up_to_its_limit() -> None:
     from proxy.forward import DECODE_SLICE
 
     class Keep:
@@ -289,7 +292,7 @@ def test_the_tap_reads_a_bomb_a_slice_at_a_time_up_to_its_limit() -> None:
 
     packed = bomb("gzip", 64 * MiB)
     keep = Keep()
-    tap = Tap(keep, ["gzip"], limit=3 * MiB)
+    tap = ObserverFeed(keep, ["gzip"], limit=3 * MiB)
     assert tap.feed(packed) == packed  # the client's bytes, as they came
     assert tap.backlog and sum(keep.sizes) <= DECODE_SLICE + PIECE_BOUND  # before: all 64 MiB at once
     turns = 1

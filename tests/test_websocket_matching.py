@@ -1,5 +1,5 @@
 """Which call an upstream event on a Responses socket belongs to (proxy/websocket/matching.py), with
-no socket: the relay feeds `Lanes.observe` the event's text. The whole path through real sockets is
+no socket: the relay feeds `StreamQueues.observe` the event's text. The whole path through real sockets is
 tests/test_websocket.py's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.websocket.matching import HEAD_PARSE_LIMIT, Lanes, classify, event_head
+from proxy.websocket.matching import HEAD_PARSE_LIMIT, StreamQueues, classify, event_head
 
 
 class Call:
@@ -78,45 +78,45 @@ def test_a_client_message_is_a_call_a_warmup_or_relayed(raw: bytes, kind: str) -
 
 
 def test_events_go_to_their_lanes_call_first_in_first_out() -> None:
-    lanes: Lanes[Call] = Lanes()
+    queues: StreamQueues[Call] = StreamQueues()
     a, b, c = Call("a"), Call("b"), Call("c")
-    lanes.lane("s1").extend([a, b])
-    lanes.lane("s2").append(c)
-    lanes.observe(event("response.created", "s2", "resp_c"))
-    lanes.observe(event("response.created", "s1", "resp_a"))
-    assert lanes.observe(event("response.completed", "s1", "resp_a")) is a
+    queues.queue("s1").extend([a, b])
+    queues.queue("s2").append(c)
+    queues.observe(event("response.created", "s2", "resp_c"))
+    queues.observe(event("response.created", "s1", "resp_a"))
+    assert queues.observe(event("response.completed", "s1", "resp_a")) is a
     assert a.settled == {"upstream_error": None, "reason": None} and b.settled is None
-    assert lanes.observe(event("response.incomplete", "s2", "resp_c")) is None  # settled, not completed
-    assert c.settled is not None and not lanes.lane("s2")
-    assert lanes.observe(event("response.created", "nobody", "resp_x")) is None  # no call: ignored
-    assert list(lanes.lane("s1")) == [b]
+    assert queues.observe(event("response.incomplete", "s2", "resp_c")) is None  # settled, not completed
+    assert c.settled is not None and not queues.queue("s2")
+    assert queues.observe(event("response.created", "nobody", "resp_x")) is None  # no call: ignored
+    assert list(queues.queue("s1")) == [b]
 
 
 def test_a_request_error_answers_the_oldest_call_not_started() -> None:
-    lanes: Lanes[Call] = Lanes()
+    queues: StreamQueues[Call] = StreamQueues()
     running, waiting = Call("running"), Call("waiting")
-    lanes.lane(None).extend([running, waiting])
-    lanes.observe(event("response.created", rid="resp_1"))
-    lanes.observe(event("error", status=429))
+    queues.queue(None).extend([running, waiting])
+    queues.observe(event("response.created", rid="resp_1"))
+    queues.observe(event("error", status=429))
     assert waiting.failed == 429 and running.settled is None
-    lanes.observe(event("error"))  # a stream error: the running response's, its terminal follows
+    queues.observe(event("error"))  # a stream error: the running response's, its terminal follows
     assert running.fed[-1] == "error" and running.settled is None
 
 
 def test_a_new_response_breaks_the_running_one() -> None:
-    lanes: Lanes[Call] = Lanes()
+    queues: StreamQueues[Call] = StreamQueues()
     first, second = Call("first"), Call("second")
-    lanes.lane(None).extend([first, second])
-    lanes.observe(event("response.created", rid="resp_1"))
-    lanes.observe(event("response.created", rid="resp_2"))
+    queues.queue(None).extend([first, second])
+    queues.observe(event("response.created", rid="resp_1"))
+    queues.observe(event("response.created", rid="resp_2"))
     assert first.settled is not None and "new response" in (first.settled["upstream_error"] or "")
     assert second.response_id == "resp_2"
 
 
 def test_an_upstream_gone_fails_every_call_waiting() -> None:
-    lanes: Lanes[Call] = Lanes()
+    queues: StreamQueues[Call] = StreamQueues()
     calls = [Call("a"), Call("b")]
-    lanes.lane("s1").append(calls[0])
-    lanes.lane(None).append(calls[1])
-    lanes.fail_all("gone")
+    queues.queue("s1").append(calls[0])
+    queues.queue(None).append(calls[1])
+    queues.fail_all("gone")
     assert all(c.settled == {"upstream_error": "gone", "reason": None} for c in calls)

@@ -1,7 +1,7 @@
 """Which call an upstream event on a Responses socket belongs to, and what a client message is.
 
-Pure (no sockets): the relay feeds it text. Events are matched to calls by lane: the `stream_id` a
-`response.create` named (events echo it), each lane first in, first out, one response at a time, as
+Pure (no sockets): the relay feeds it text. Events are matched to calls by stream: the `stream_id` a
+`response.create` named (events echo it), each stream's queue first in, first out, one response at a time, as
 the server runs them. An event is read cheaply: parsed whole up to HEAD_PARSE_LIMIT, else its type,
 stream id and status found by regex in its head and tail (a final event repeats the whole output,
 megabytes, and is relayed as it is).
@@ -34,22 +34,22 @@ def event_head(text: str) -> tuple[str | None, str | None, int | None, str | Non
             return None, None, None, None
         if not isinstance(data, dict):
             return None, None, None, None
-        kind, lane, status = data.get("type"), data.get("stream_id"), data.get("status")
+        kind, stream_id, status = data.get("type"), data.get("stream_id"), data.get("status")
         response = data.get("response")
         rid = response.get("id") if isinstance(response, dict) else None
         return (
             kind if isinstance(kind, str) else None,
-            lane if isinstance(lane, str) else None,
+            stream_id if isinstance(stream_id, str) else None,
             status if isinstance(status, int) and not isinstance(status, bool) else None,
             rid if isinstance(rid, str) else None,
         )
     head, tail = text[:4096], text[-4096:]
     kind_m = _TYPE.search(head)
-    lane_m = _STREAM_ID.search(head) or _STREAM_ID.search(tail)
+    stream_m = _STREAM_ID.search(head) or _STREAM_ID.search(tail)
     status_m = _STATUS.search(head) if kind_m and kind_m.group(1) == "error" else None
     return (
         kind_m.group(1) if kind_m else None,
-        lane_m.group(1) if lane_m else None,
+        stream_m.group(1) if stream_m else None,
         int(status_m.group(1)) if status_m else None,
         None,
     )
@@ -91,7 +91,7 @@ class Matched(Protocol):
 C = TypeVar("C", bound=Matched)
 
 
-class Lanes(Generic[C]):
+class StreamQueues(Generic[C]):
     """The calls sent upstream and not yet answered, per `stream_id`, oldest first."""
 
     def __init__(self) -> None:
@@ -100,49 +100,49 @@ class Lanes(Generic[C]):
         # state its terminal event is relayed only once the call is settled there (SPEC §8)
         self.settled: C | None = None
 
-    def lane(self, stream_id: str | None) -> deque[C]:
-        lane = self.by_id.get(stream_id)
-        if lane is None:
-            lane = self.by_id[stream_id] = deque()
-        return lane
+    def queue(self, stream_id: str | None) -> deque[C]:
+        queue = self.by_id.get(stream_id)
+        if queue is None:
+            queue = self.by_id[stream_id] = deque()
+        return queue
 
     def fail_all(self, why: str) -> None:
-        for lane in self.by_id.values():
-            while lane:
-                lane.popleft().settle(upstream_error=why)
+        for queue in self.by_id.values():
+            while queue:
+                queue.popleft().settle(upstream_error=why)
 
     def observe(self, text: str) -> C | None:
         """Feed an upstream event to the call it belongs to; settle the call on its last event.
         Returns the call a `response.completed` settled (a warm-up's links its chain), else None."""
         self.settled = None
         kind, stream_id, status, response_id = event_head(text)
-        lane = self.by_id.get(stream_id)
-        if not lane:
+        queue = self.by_id.get(stream_id)
+        if not queue:
             self.by_id.pop(stream_id, None)
             return None
         if kind == "error":
             # a request-level error (it has an HTTP status) answers the oldest response.create
             # not yet started; a stream error belongs to the response running (its terminal follows)
-            target = lane[0]
+            target = queue[0]
             if status is not None:
-                target = next((c for c in lane if not c.started), lane[0])
+                target = next((c for c in queue if not c.started), queue[0])
             if target.started:
                 target.feed(text, kind, None)
                 return None
-            lane.remove(target)
+            queue.remove(target)
             target.fail_with(text, status)
             return None
-        call = lane[0]
+        call = queue[0]
         if response_id is not None and call.response_id not in (None, response_id):
             # another response's events: the running one never ended, it broke
-            lane.popleft()
+            queue.popleft()
             call.settle(upstream_error="the upstream started a new response before this one ended")
-            if not lane:
+            if not queue:
                 return None
-            call = lane[0]
+            call = queue[0]
         call.feed(text, kind, response_id)
         if kind in TERMINAL:
-            lane.popleft()
+            queue.popleft()
             call.settle()
             self.settled = call
             if kind == "response.completed":

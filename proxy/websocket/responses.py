@@ -34,7 +34,7 @@ from proxy.pipeline import Pipeline
 from proxy.routing import Route
 from proxy.stages.responses_chain import ResponsesChainStage
 from proxy.websocket.calls import SocketCall, refusal_messages
-from proxy.websocket.matching import Lanes, classify
+from proxy.websocket.matching import StreamQueues, classify
 from proxy.websocket.relay import SocketRelay
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class ResponsesSocket(SocketRelay):
         self.pipeline = pipeline
         self.post_view = post_view  # the handshake request as the parse stage knows a call: a POST
         self.chains = next((s for s in pipeline.stages if isinstance(s, ResponsesChainStage)), None)
-        self.lanes: Lanes[SocketCall] = Lanes()
+        self.queues: StreamQueues[SocketCall] = StreamQueues()
         dialect = dialect_for(route.path, "POST")
         assert dialect is not None  # a socket whose calls are read (handler.is_responses_socket)
         self.dialect = dialect  # a warm-up is parsed with it
@@ -101,9 +101,9 @@ class ResponsesSocket(SocketRelay):
             assert body is not None
             call.warmup = body
             self.warmup_tool_results(body, raw)
-            self.lanes.lane(stream_id).append(call)
+            self.queues.queue(stream_id).append(call)
             if not await self.send(self.upstream, msg, self.upstream_lock):
-                self.lanes.lane(stream_id).remove(call)
+                self.queues.queue(stream_id).remove(call)
                 return False
             return True
         # the calls answered so far are recorded before this one is judged (its tool outputs
@@ -177,8 +177,8 @@ class ResponsesSocket(SocketRelay):
         ex.forwarded = True
         ex.upstream_started = time.monotonic()
         ex.upstream_status = 200  # the upstream accepted the socket; an `error` event may say otherwise
-        lane = self.lanes.lane(call.stream_id)
-        lane.append(call)
+        queue = self.queues.queue(call.stream_id)
+        queue.append(call)
         try:
             async with self.upstream_lock:
                 if isinstance(frame, str):
@@ -186,8 +186,8 @@ class ResponsesSocket(SocketRelay):
                 else:
                     await self.upstream.send_bytes(frame)
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
-            if call in lane:
-                lane.remove(call)
+            if call in queue:
+                queue.remove(call)
             ex.upstream_status = None
             call.settle(upstream_error=f"the upstream WebSocket is closed: {type(e).__name__}")
             return
@@ -195,7 +195,7 @@ class ResponsesSocket(SocketRelay):
         await call.done
 
     def upstream_ended(self, why: str) -> None:
-        self.lanes.fail_all(why)
+        self.queues.fail_all(why)
 
     # --- events (upstream -> client) -----------------------------------------------------------
 
@@ -206,10 +206,10 @@ class ResponsesSocket(SocketRelay):
         see its final event (so the client's next `response.create` finds it recorded).
         """
         text = data if isinstance(data, str) else data.decode("utf-8", "replace")
-        completed = self.lanes.observe(text)
+        completed = self.queues.observe(text)
         if completed is not None and completed.warmup is not None:
             self.link_warmup(completed)
-        return self.lanes.settled
+        return self.queues.settled
 
     async def settled_before_end(self, call: SocketCall) -> None:
         """With shared guard state, a response's terminal event reaches the client once its call is
