@@ -13,7 +13,7 @@ from typing import Any
 import proxy.app
 from proxy.cli import main
 from proxy.pipeline import Pipeline
-from proxy.stages import ForwardStage
+from proxy.stages.forward import ForwardStage
 
 
 def forward_only(engine: Any) -> dict[str, Pipeline]:

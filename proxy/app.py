@@ -199,7 +199,7 @@ def make_proxy_app(engine: Engine) -> web.Application:
         handler_args=proxy_handler_args(engine.settings),
     )
     app[ENGINE] = engine
-    app[PIPELINES] = pipelines(engine)
+    app[PIPELINES] = pipelines(engine.services)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
 

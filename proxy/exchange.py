@@ -107,12 +107,12 @@ class Exchange:
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
     guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay
-    # shared guard state (proxy/shared_stages.py): the name of the call's check in the run's guard
+    # shared guard state (proxy/guard_backend/): the name of the call's check in the run's guard
     # log (its settle names it), and the circuit's admission made in the same round trip
     # (a proxy.state.base.BreakerAdmission, read by the shared breaker stage)
     shared_check: str | None = None
     breaker_admission: Any = None
-    # set by the Responses chain stage (proxy.responses_stage): the request body as sent, read when a
+    # set by the Responses chain stage (proxy.stages.responses_chain): the request body as sent, read when a
     # block is remembered; and the history its previous_response_id stands for (a
     # proxy.responses_chain.History), read by the guard stage instead of the request's own
     responses_body: dict[str, Any] | None = None

@@ -2,9 +2,9 @@
 
 The dialect modules (proxy/dialects/) know the wire formats; this module is the protocol adapter
 the pipeline asks of an LLM call (`LLMProtocol`: refusals in the dialect's shape, proxy/llm_errors.py;
-the budget reservation; the result), the parse stage, and the tool-results stage (the results a
-request brings complete the tool calls an earlier answer asked for). What a call writes to the
-trace is proxy/llm_trace.py's.
+the budget reservation; the result), reading a body, and writing the TOOL_CALLs of the tool results a
+request brings (the parse and tool-results stages are proxy/stages/llm_parse.py and tool_results.py).
+What a call writes to the trace is proxy/llm_trace.py's.
 """
 
 from __future__ import annotations
@@ -17,21 +17,19 @@ import orjson
 
 from proxy import jsonparse
 from proxy.constants import TRUNCATED_MARKER, EventType
-from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest, LLMResult, ToolResult, Usage, estimate_prompt_tokens
 from proxy.dialects.contract import Accumulator, Dialect
 from proxy.episodes import PRIOR, call_digests, find_prior
 from proxy.exchange import Answer, Exchange
 from proxy.guards.decision import Decision
 from proxy.guards.signatures import signature
-from proxy.llm_errors import bad_request, refusal_429
+from proxy.llm_errors import refusal_429
 from proxy.llm_trace import record_llm_call, write_tool_result
-from proxy.pipeline import BaseStage
 from proxy.redact import valid_unicode
-from proxy.sessions import PendingToolCall, Refused, Session
+from proxy.sessions import PendingToolCall, Session
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.llm")
 
@@ -67,9 +65,9 @@ class LLMProtocol:
 
     kind = "llm"
 
-    def __init__(self, dialect: Dialect, engine: Engine) -> None:
+    def __init__(self, dialect: Dialect, services: Services) -> None:
         self.dialect = dialect
-        self.engine = engine
+        self.services = services
 
     def continues(self, ex: Exchange) -> bool:
         return False  # every LLM request is a call of its own
@@ -92,7 +90,7 @@ class LLMProtocol:
 
     def render_refusal(self, ex: Exchange, decision: Decision, text: str) -> Answer:
         return refusal_429(
-            decision, valid_unicode(text), self.engine.settings.expose_guard_details, self.dialect
+            decision, valid_unicode(text), self.services.settings.expose_guard_details, self.dialect
         )
 
     def prompt_tokens(self, call: LLMRequest) -> int:
@@ -110,7 +108,7 @@ class LLMProtocol:
         call: LLMRequest = ex.call
         prompt = self.prompt_tokens(call)
         completion = call.max_tokens or DEFAULT_RESERVED_COMPLETION_TOKENS
-        return self.engine.pricing.estimate_tokens(prompt, completion, call.model)
+        return self.services.pricing.estimate_tokens(prompt, completion, call.model)
 
     def after_forward(self, ex: Exchange) -> None:
         result = llm_result(ex)
@@ -119,15 +117,15 @@ class LLMProtocol:
         # (cost() skips a missing name; the pair is its cache key as it is)
         # a call the upstream never answered (connection failed) costs nothing and warns of nothing
         answered = ex.upstream_status is not None
-        quote = self.engine.pricing.cost(result.usage or Usage(), (result.model, call.model), warn=answered)
+        quote = self.services.pricing.cost(result.usage or Usage(), (result.model, call.model), warn=answered)
         ex.cost_usd = quote.cost_usd
         ex.priced_model = quote.model
         ex.tokens = result.usage.total_tokens if result.usage else 0
 
-    def record(self, ex: Exchange, engine: Engine) -> None:
+    def record(self, ex: Exchange, services: Services) -> None:
         if ex.refused or ex.result is None:
             return
-        record_llm_call(ex, engine)
+        record_llm_call(ex, services)
 
 
 def read_body(raw: bytes) -> tuple[Any, bool]:
@@ -174,94 +172,6 @@ def parse(dialect: Dialect, body: dict[str, Any]) -> LLMRequest:
     call: LLMRequest = parse_from(body, state)
     call.memo[PRIOR] = prior  # the digests go on from the same request, without comparing again
     return call
-
-
-class LLMParseStage(BaseStage):
-    """Find the dialect from the path and parse the body; unknown endpoints forward unrecorded.
-
-    A call of a known endpoint is never forwarded unjudged (SPEC §4.2): a body `json.loads` would
-    refuse (or that is not a JSON object) is answered 400 here and recorded as an ERROR; one the
-    dialect fails to read is judged as a call without history.
-    """
-
-    name = "parse_llm"
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        # one adapter per dialect: it holds nothing of a call (the dialect and the engine only)
-        self._protocols: dict[Dialect, LLMProtocol] = {}
-
-    def protocol(self, dialect: Dialect) -> LLMProtocol:
-        found = self._protocols.get(dialect)
-        if found is None:
-            found = self._protocols[dialect] = LLMProtocol(dialect, self.engine)
-        return found
-
-    async def request(self, ex: Exchange) -> None:
-        dialect = dialect_for(ex.route.path, ex.request.method)
-        if dialect is None:
-            return
-        try:
-            body, exact = read_body(ex.body)
-        except ValueError as e:  # invalid UTF-8, an integer beyond the digit limit, not JSON
-            self.refuse(ex, dialect, f"the request body is not valid JSON: {str(e)[:300]}")
-            return
-        if not isinstance(body, dict):
-            self.refuse(ex, dialect, "the request body must be a JSON object")
-            return
-        try:
-            call: LLMRequest = parse(dialect, body)
-        except Exception:
-            log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
-            call = fallback_request(dialect, body)
-        ex.protocol = self._protocols.get(dialect) or self.protocol(dialect)
-        ex.call = call
-        ex.request_json = body  # the session stage reads the client's episode id in it
-        rewritten = dialect.upstream_body(call, body)
-        if rewritten is not None:
-            # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
-            ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
-        ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
-
-    def refuse(self, ex: Exchange, dialect: Dialect, message: str) -> None:
-        """Answer 400 and record an ERROR in the session's run, when the call names one."""
-        text = f"[tripwire] {message}"
-        ex.answer = bad_request(dialect, text)
-        route = ex.route
-        session: Session | None = None
-        if route.session is not None:
-            opened = self.engine.open_session(route.agent, route.session, wall=ex.started_wall)
-            session = None if isinstance(opened, Refused) else opened
-        else:  # the agent's automatic session, when there is exactly one to speak of
-            live = [
-                s
-                for s in self.engine.sessions.live()
-                if s.agent == route.agent and not s.explicit and not s.terminated
-            ]
-            session = live[0] if len(live) == 1 else None
-        if session is None or session.ended:
-            log.warning(
-                "refused an unreadable %s request of agent %s: %s", dialect.__name__, route.agent, message
-            )
-            return
-        event_id = self.engine.write_event(
-            session,
-            EventType.ERROR,
-            "invalid_request_body",
-            {
-                "error_type": "invalid_request_body",
-                "message": text,
-                "stack": None,
-                "guardrail": None,
-                "threshold": None,
-                "actual": None,
-                "http_status": 400,
-                "endpoint": getattr(dialect, "DIALECT", None),
-                "upstream": route.upstream,
-            },
-            ts=ex.started_wall,
-        )
-        self.engine.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
 
 
 def llm_result(ex: Exchange) -> LLMResult:
@@ -336,29 +246,7 @@ def mcp_already_recorded(session: Session, name: str, arguments: Any) -> bool:
     return False
 
 
-class ToolResultsStage(BaseStage):
-    """Function-calling tools: the results a request brings complete calls an earlier answer asked
-    for. They happened before this call, so their TOOL_CALLs are written before the guards judge it
-    (a LOOP_WARNING / ERROR they cause follows them, as in AgentDbg), and the guards observe them."""
-
-    name = "tool_results"
-    fail_open = True  # a bug here must not drop the agent's call
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def request(self, ex: Exchange) -> None:
-        session = ex.session
-        # a result completes a call an earlier answer asked for: with none pending, nothing to do
-        if (
-            session is not None
-            and session.conversation.pending_tool_calls
-            and isinstance(ex.protocol, LLMProtocol)
-        ):
-            record_tool_results(ex, self.engine)
-
-
-def record_tool_results(ex: Exchange, engine: Engine) -> None:
+def record_tool_results(ex: Exchange, services: Services) -> None:
     """Function-calling tools: a result in this request completes a call an earlier answer asked for."""
     session = ex.session
     call: LLMRequest = ex.call
@@ -368,9 +256,9 @@ def record_tool_results(ex: Exchange, engine: Engine) -> None:
         if pending is None or mcp_already_recorded(session, pending.name, pending.arguments):
             continue
         event_id = write_tool_result(
-            ex, engine, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
+            ex, services, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
         )
-        engine.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
+        services.policy.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
 
 
 def results_to_record(call: LLMRequest, pending: dict[str, PendingToolCall]) -> list[ToolResult]:

@@ -7,7 +7,7 @@ itself. proxy/llm.py's protocol adapter and tool-results stage call it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy import guard_trace, jsonparse
 from proxy.constants import DEPTH_LIMIT, TRUNCATED_MARKER, EventType
@@ -19,7 +19,24 @@ from proxy.redact import PLAIN, sanitize, sanitize_text
 from proxy.sessions import Conversation, PendingToolCall, Session
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.metrics import Metrics
+    from proxy.recorder import TraceRecorder
+    from proxy.session_policy import SessionPolicy
+    from proxy.settings import Settings
+
+
+class Engine(Protocol):
+    """What the trace of an LLM call uses of the engine (proxy/engine.py satisfies it): no import of it."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def recorder(self) -> TraceRecorder: ...
+    @property
+    def policy(self) -> SessionPolicy: ...
+
 
 _LLM_CALL: str = EventType.LLM_CALL.value  # a plain str: an enum member's lookup costs more (per call)
 
@@ -93,7 +110,7 @@ def write_tool_result(
     """The TOOL_CALL of one function-calling result (the caller lets the guards observe it)."""
     session = ex.session
     assert session is not None
-    event_id = engine.write_event(
+    event_id = engine.policy.write_event(
         session,
         EventType.TOOL_CALL,
         name,
@@ -129,7 +146,7 @@ def record_hosted_calls(ex: Exchange, engine: Engine, result: LLMResult, llm_eve
         event_id = write_tool_result(
             ex, engine, tc.result, tc.name, tc.arguments, ex.started_wall, llm_event_id, meta=HOSTED_META
         )
-        engine.observe_event(session, EventType.TOOL_CALL, tc.name, event_id)
+        engine.policy.observe_event(session, EventType.TOOL_CALL, tc.name, event_id)
 
 
 HOSTED_META = {"hosted": True}
@@ -279,11 +296,11 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
         ts=ex.started_wall,
         sanitized=recorder.record_content,
     )
-    engine.observe_event(session, _LLM_CALL, model, event_id)
+    engine.policy.observe_event(session, _LLM_CALL, model, event_id)
     ex.llm_event_id = event_id
     if ex.upstream_failed():
         # SPEC §4.1: an upstream failure is also an ERROR event (counts.errors)
-        error_id = engine.write_event(
+        error_id = engine.policy.write_event(
             session,
             EventType.ERROR,
             "upstream_error",
@@ -299,7 +316,7 @@ def record_llm_call(ex: Exchange, engine: Engine) -> None:
             },
             parent_id=event_id,
         )
-        engine.observe_event(session, EventType.ERROR, "upstream_error", error_id)
+        engine.policy.observe_event(session, EventType.ERROR, "upstream_error", error_id)
     recorder.add_usage(session.run_id, ex.cost_usd, usage.total_tokens if usage else 0)
     session.conversation.prompt_messages_seen = len(call.messages)
     session.conversation.prompt_digest = prompt_digest

@@ -10,55 +10,50 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from proxy.breaker_stage import BreakerStage
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage, ToolResultsStage
-from proxy.mcp_stages import mcp_parse_stage
 from proxy.pipeline import Pipeline, Stage
-from proxy.recovery import MaxTokensRecoveryStage
-from proxy.responses_stage import ResponsesChainStage
-from proxy.shared_stages import (
-    SharedBreakerStage,
-    SharedGuardStage,
-    SharedResponsesChainStage,
-    SharedToolResultsStage,
-)
-from proxy.stages import ForwardStage, RecordStage, SessionStage
+from proxy.stages.breaker import BreakerStage
+from proxy.stages.forward import ForwardStage
+from proxy.stages.guards import GuardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.mcp_parse import mcp_parse_stage
+from proxy.stages.record import RecordStage
+from proxy.stages.recovery import MaxTokensRecoveryStage
+from proxy.stages.responses_chain import ResponsesChainStage
+from proxy.stages.session import SessionStage
+from proxy.stages.tool_results import ToolResultsStage
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 
-def llm_stages(engine: Engine) -> list[Stage]:
-    shared = engine.shared is not None  # guard state shared by replicas (--state, docs/scaling.md)
+def llm_stages(services: Services) -> list[Stage]:
     return [
-        LLMParseStage(engine),  # the dialect reads the body; unreadable: a 400 in its shape
-        SessionStage(engine),  # the call's run (explicit session, episode, lineage)
+        LLMParseStage(services),  # the dialect reads the body; unreadable: a 400 in its shape
+        SessionStage(services),  # the call's run (explicit session, episode, lineage)
         # previous_response_id: synthetic parents rewritten, history found (shared: links fetched/shared)
-        SharedResponsesChainStage(engine) if shared else ResponsesChainStage(),
+        ResponsesChainStage(services.guards),
         # TOOL_CALLs of the function-calling results the request brings (shared: in the guards' round trip)
-        (SharedToolResultsStage if shared else ToolResultsStage)(engine),
-        # loop, limits, budgets (pure guards); settles after the answer
-        (SharedGuardStage if shared else GuardStage)(engine),
-        (SharedBreakerStage if shared else BreakerStage)(engine),  # the circuit of agent x upstream
-        MaxTokensRecoveryStage(engine),  # opt-in: continues a chat answer cut at its token limit
-        ForwardStage(engine),  # the upstream call, streams relayed chunk by chunk
-        RecordStage(engine),  # LLM_CALL with call_seq and guard_input
+        ToolResultsStage(services),
+        # loop, limits, budgets (pure guards, state where services.guards keeps it); settles after the answer
+        GuardStage(services),
+        BreakerStage(services),  # the circuit of agent x upstream
+        MaxTokensRecoveryStage(services),  # opt-in: continues a chat answer cut at its token limit
+        ForwardStage(services),  # the upstream call, streams relayed chunk by chunk
+        RecordStage(services),  # LLM_CALL with call_seq and guard_input
     ]
 
 
-def mcp_stages(engine: Engine) -> list[Stage]:
-    shared = engine.shared is not None
+def mcp_stages(services: Services) -> list[Stage]:
     return [
-        mcp_parse_stage(engine),  # JSON-RPC; tools/call matched to its result across streams
-        SessionStage(engine),
-        (SharedGuardStage if shared else GuardStage)(engine),
-        (SharedBreakerStage if shared else BreakerStage)(engine),
-        ForwardStage(engine),
-        RecordStage(engine),  # TOOL_CALL
+        mcp_parse_stage(services),  # JSON-RPC; tools/call matched to its result across streams
+        SessionStage(services),
+        GuardStage(services),
+        BreakerStage(services),
+        ForwardStage(services),
+        RecordStage(services),  # TOOL_CALL
     ]
 
 
-def pipelines(engine: Engine) -> dict[str, Pipeline]:
+def pipelines(services: Services) -> dict[str, Pipeline]:
     """One pipeline per call kind (Route.kind)."""
-    return {"llm": Pipeline(llm_stages(engine)), "mcp": Pipeline(mcp_stages(engine))}
+    return {"llm": Pipeline(llm_stages(services)), "mcp": Pipeline(mcp_stages(services))}

@@ -51,7 +51,7 @@ from proxy.storage import EVENTS_JSONL, parse_iso, run_dir
 
 __all__ = ["BadRecord", "ReplayError", "RunReplay", "replay_dir"]
 
-# events the live guards never observed (not handed to `Engine.observe_event`): the session's
+# events the live guards never observed (not handed to `SessionPolicy.observe_event`): the session's
 # start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
 # wrote after the fact
 NOT_OBSERVED_GUARDRAILS = frozenset({GUARD_STOP_ON_LOOP, GUARD_KILL_SWITCH})

@@ -40,7 +40,7 @@ class Link:
     real_parent: str | None = None
     input_items: list[Any] = field(default_factory=list)
     text: str | None = None
-    parent_id: str | None = None  # the request's previous_response_id (shared chains: proxy/shared_stages.py)
+    parent_id: str | None = None  # the request's previous_response_id (shared chains: proxy/guard_backend/)
     complete: bool = False  # every ancestor is linked here (`ResponsesChains.missing` walks no further)
 
 

@@ -155,7 +155,7 @@ async def engine(engine_factory: EngineFactory) -> Engine:
 
 def make_session(engine: Engine, agent: str = "bot", session_id: str | None = "s1") -> Session:
     """The session (and its run) as the session stage opens it; `session_id=None`: automatic."""
-    opened = engine.open_session(agent, session_id)
+    opened = engine.policy.open(agent, session_id)
     assert not isinstance(opened, Refused), opened
     return opened
 

@@ -56,36 +56,36 @@ async def test_guard_config_resolution_per_agent(engine_factory: EngineFactory) 
 
 async def test_terminate_session_ends_the_run_and_refuses_later_calls(engine: Engine) -> None:
     session = make_session(engine, "bot", "s1")
-    engine.terminate_session(session, reason="guard:test", own_call=False)
+    engine.policy.terminate(session, reason="guard:test", own_call=False)
     assert session.terminated and session.ended
     events = await read_events(engine, session.run_id)
     assert kinds(events) == ["RUN_START", "RUN_END"]
     assert events[-1]["payload"]["status"] == "error"
     assert "terminated" in (await read_tripwire_json(engine, session.run_id))["health_tags"]
-    refused = engine.open_session("bot", "s1")
+    refused = engine.policy.open("bot", "s1")
     assert isinstance(refused, Refused)
 
 
 async def test_a_terminated_run_ends_after_the_calls_still_in_flight(engine: Engine) -> None:
     session = make_session(engine, "bot", "s1")
     session.inflight = 3  # the terminating call and two others
-    engine.terminate_session(session, reason="guard:test", tag=None, own_call=True)
+    engine.policy.terminate(session, reason="guard:test", tag=None, own_call=True)
     assert session.terminated and not session.ended
-    engine.end_if_pending(session)  # one of the others finishes (its own call still counted)
+    engine.policy.end_if_pending(session)  # one of the others finishes (its own call still counted)
     assert not session.ended
     session.inflight = 1
-    engine.end_if_pending(session)  # the last one
+    engine.policy.end_if_pending(session)  # the last one
     assert session.ended
     end = (await read_events(engine, session.run_id))[-1]
     assert end["event_type"] == "RUN_END" and end["payload"]["status"] == "error"
     assert "terminated" not in (await read_tripwire_json(engine, session.run_id))["health_tags"]
-    engine.end_if_pending(session)  # once only
+    engine.policy.end_if_pending(session)  # once only
     assert kinds(await read_events(engine, session.run_id)).count("RUN_END") == 1
 
 
 async def test_end_if_pending_leaves_a_live_session_alone(engine: Engine) -> None:
     session = make_session(engine, "bot", "s1")
-    engine.end_if_pending(session)
+    engine.policy.end_if_pending(session)
     assert not session.ended and not session.terminated
 
 

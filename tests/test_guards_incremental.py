@@ -136,7 +136,7 @@ async def run_session(tmp_path: Path, requests: list[list[Any]]) -> list[dict[st
     """Every request through the pipeline's stages (the upstream played), as in the proxy; the
     LLM_CALL events' guard fields and decisions."""
     async with make_engine(tmp_path) as engine:
-        stages = llm_stages(engine)
+        stages = llm_stages(engine.services)
         run_id = None
         for k, messages in enumerate(requests):
             ex = make_exchange(body={"model": "gpt-4o-mini", "messages": messages}, engine=engine)

@@ -15,7 +15,7 @@ from proxy.exchange import Exchange
 from proxy.guards.decision import Action, Decision
 from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol, record_tool_call, waiting_key
-from proxy.mcp_stages import MCPParseStage
+from proxy.stages.mcp_parse import MCPParseStage
 from tests.factories import (
     EngineFactory,
     kinds,
@@ -33,7 +33,7 @@ async def parsed(
 ) -> tuple[Engine, Exchange]:
     engine = await engine_factory(mcp={"demo": {"url": "http://127.0.0.1:9/mcp"}}, **settings)
     ex = make_exchange("POST", URL, body=mcp_tools_call(msg_id=msg_id), engine=engine)
-    await MCPParseStage(engine).request(ex)
+    await MCPParseStage(engine.services).request(ex)
     assert isinstance(ex.protocol, MCPProtocol)
     return engine, ex
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 
-from proxy.recovery import CONTINUE_PROMPT, stitch, sum_usage, truncated_text
+from proxy.stages.recovery import CONTINUE_PROMPT, stitch, sum_usage, truncated_text
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)

@@ -41,6 +41,7 @@ from proxy.dialects.base import LLMRequest, Usage
 from proxy.forward import ObserverFeed, content_codings
 from proxy.pricing import Pricing
 from proxy.sse import BoundedText, SSEDecoder, SSEEvent
+from proxy.stages import llm_parse
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import Reply
 
@@ -365,7 +366,7 @@ async def test_a_decompression_bomb_is_relayed_whole_and_recorded_truncated(
             self.largest = max(self.largest, len(chunk))
             return super().feed(chunk)
 
-    monkeypatch.setattr(llm, "BodyCollector", Recording)
+    monkeypatch.setattr(llm_parse, "BodyCollector", Recording)  # where the parse stage makes one
     body = {"model": "gpt-4o-mini", "messages": MESSAGES}
     async with bomb_upstream(packed, coding, first=len(packed) // 2) as (bomb_url, go_on):
         tw = await start_tripwire(upstream={"url": url}, llm={"bomb": {"url": bomb_url}})

@@ -4,10 +4,10 @@ reached the upstream is released, not counted as a failure, and calls no guard j
 
 from __future__ import annotations
 
-from proxy.breaker_stage import BreakerStage
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage
-from proxy.stages import SessionStage
+from proxy.stages.breaker import BreakerStage
+from proxy.stages.guards import GuardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from tests.factories import EngineFactory, chat_request, make_exchange, read_events
 
 CHAT_URL = "/agents/bot/sessions/s1/v1/chat/completions"
@@ -27,7 +27,12 @@ async def test_a_failure_opens_the_circuit_and_the_next_call_is_refused(
     engine_factory: EngineFactory,
 ) -> None:
     engine = await engine_factory(guards=BREAKER)
-    stages = [LLMParseStage(engine), SessionStage(engine), GuardStage(engine), BreakerStage(engine)]
+    stages = [
+        LLMParseStage(engine.services),
+        SessionStage(engine.services),
+        GuardStage(engine.services),
+        BreakerStage(engine.services),
+    ]
     breaker_stage = stages[-1]
     first = await judged(engine, stages)
     assert first.answer is None and first.breaker_ticket is not None
@@ -56,7 +61,12 @@ async def test_a_call_that_never_reached_the_upstream_gives_its_trial_back(
     engine_factory: EngineFactory,
 ) -> None:
     engine = await engine_factory(guards=BREAKER)
-    stages = [LLMParseStage(engine), SessionStage(engine), GuardStage(engine), BreakerStage(engine)]
+    stages = [
+        LLMParseStage(engine.services),
+        SessionStage(engine.services),
+        GuardStage(engine.services),
+        BreakerStage(engine.services),
+    ]
     ex = await judged(engine, stages)
     assert ex.breaker_ticket is not None
     await stages[-1].finish(ex)  # not forwarded (e.g. a connect error before any byte)
@@ -69,7 +79,7 @@ async def test_a_call_that_never_reached_the_upstream_gives_its_trial_back(
 async def test_calls_no_guard_judged_have_no_breaker(engine_factory: EngineFactory) -> None:
     engine = await engine_factory(guards=BREAKER)
     unparsed = make_exchange("GET", "/v1/models", engine=engine)
-    stage = BreakerStage(engine)
+    stage = BreakerStage(engine.services)
     await stage.request(unparsed)
     await stage.finish(unparsed)
     assert unparsed.breaker_ticket is None and unparsed.answer is None

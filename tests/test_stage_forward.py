@@ -14,8 +14,9 @@ from multidict import CIMultiDict
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage
-from proxy.stages import TEXT_MARGIN, ForwardStage, SessionStage
+from proxy.stages.forward import TEXT_MARGIN, ForwardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from tests.factories import CHAT, EngineFactory, chat_completion, chat_request, make_exchange, play_upstream
 
 
@@ -38,8 +39,8 @@ class FakeForwarder:
 
 async def parsed(engine: Engine, path: str, headers: dict[str, str] | None = None) -> Exchange:
     ex = make_exchange("POST", path, headers, body=chat_request(), engine=engine)
-    await LLMParseStage(engine).request(ex)
-    await SessionStage(engine).request(ex)
+    await LLMParseStage(engine.services).request(ex)
+    await SessionStage(engine.services).request(ex)
     return ex
 
 
@@ -51,7 +52,7 @@ async def test_the_call_goes_to_the_routes_upstream_without_tripwires_headers(
     monkeypatch.setattr(engine.forwarder, "forward", fake.forward)
     headers = {"Authorization": "Bearer sk-1", "X-Tripwire-Agent": "bot", "Accept-Encoding": "gzip"}
     ex = await parsed(engine, CHAT + "?api-version=1", headers)
-    await ForwardStage(engine).request(ex)
+    await ForwardStage(engine.services).request(ex)
     url, sent_headers, body = fake.sent[0]
     assert url == "http://127.0.0.1:1/base/v1/chat/completions?api-version=1"
     assert sent_headers["Authorization"] == "Bearer sk-1"
@@ -71,7 +72,7 @@ async def test_a_rewritten_body_wins_and_the_observer_text_is_capped(
     ex.upstream_body = b'{"rewritten": true}'
     capped: list[int] = []
     ex.observer.limit_text = capped.append  # type: ignore[union-attr]
-    await ForwardStage(engine).request(ex)
+    await ForwardStage(engine.services).request(ex)
     assert fake.sent[0][2] == b'{"rewritten": true}'
     assert capped == [1000 + TEXT_MARGIN]
 
@@ -82,7 +83,7 @@ async def test_a_cancelled_call_still_has_its_result_read(
     fake = FakeForwarder(None)
     monkeypatch.setattr(engine.forwarder, "forward", fake.forward)
     ex = await parsed(engine, CHAT)
-    task = asyncio.create_task(ForwardStage(engine).request(ex))
+    task = asyncio.create_task(ForwardStage(engine.services).request(ex))
     async with asyncio.timeout(30):
         await fake.called.wait()
     task.cancel()

@@ -12,14 +12,15 @@ from typing import Any
 
 import orjson
 
-from proxy.breaker_stage import BreakerStage
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.guard_stage import GuardStage
-from proxy.llm import LLMParseStage
-from proxy.mcp_stages import MCPParseStage
 from proxy.pipeline import Pipeline
-from proxy.stages import RecordStage, SessionStage
+from proxy.stages.breaker import BreakerStage
+from proxy.stages.guards import GuardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.mcp_parse import MCPParseStage
+from proxy.stages.record import RecordStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     CHAT,
     CannedUpstream,
@@ -42,19 +43,25 @@ DEMO = {"demo": {"url": "http://127.0.0.1:9/mcp"}}
 
 
 def mcp_pipeline(engine: Engine, upstream: CannedUpstream) -> tuple[Pipeline, GuardStage]:
-    guards = GuardStage(engine)
-    stages = [MCPParseStage(engine), SessionStage(engine), guards, upstream, RecordStage(engine)]
+    guards = GuardStage(engine.services)
+    stages = [
+        MCPParseStage(engine.services),
+        SessionStage(engine.services),
+        guards,
+        upstream,
+        RecordStage(engine.services),
+    ]
     return Pipeline(stages), guards  # type: ignore[list-item]
 
 
 def llm_pipeline(engine: Engine, upstream: CannedUpstream) -> Pipeline:
     stages = [
-        LLMParseStage(engine),
-        SessionStage(engine),
-        GuardStage(engine),
-        BreakerStage(engine),
+        LLMParseStage(engine.services),
+        SessionStage(engine.services),
+        GuardStage(engine.services),
+        BreakerStage(engine.services),
         upstream,
-        RecordStage(engine),
+        RecordStage(engine.services),
     ]
     return Pipeline(stages)  # type: ignore[arg-type]
 
@@ -197,14 +204,14 @@ async def test_finish_moves_the_breaker_and_an_open_circuit_refuses(engine_facto
 
 async def test_no_protocol_or_no_session_means_nothing_to_judge(engine_factory: EngineFactory) -> None:
     engine = await engine_factory()
-    stage = GuardStage(engine)
+    stage = GuardStage(engine.services)
     unparsed = make_exchange("GET", "/v1/models", engine=engine)
     await stage.request(unparsed)
     await stage.finish(unparsed)
     assert unparsed.answer is None and unparsed.decisions == []
 
     ex = make_exchange("POST", CHAT_URL, body=chat_request(), engine=engine)
-    await LLMParseStage(engine).request(ex)  # parsed, but no session attached
+    await LLMParseStage(engine.services).request(ex)  # parsed, but no session attached
     await stage.request(ex)
     assert ex.answer is None and ex.guard_trace is None
 
@@ -213,9 +220,9 @@ async def test_finish_ends_a_terminated_run_once_its_last_call_is_done(engine_fa
     engine = await engine_factory()
     session = make_session(engine, "bot", "s1")
     session.inflight = 2  # this call and another one in flight
-    engine.terminate_session(session, reason="guard:test", own_call=True)
+    engine.policy.terminate(session, reason="guard:test", own_call=True)
     assert session.terminated and not session.ended  # RUN_END waits for the other call
-    stage = GuardStage(engine)
+    stage = GuardStage(engine.services)
     ex = make_exchange("POST", CHAT_URL, body=chat_request(), engine=engine)
     ex.session = session
     await stage.finish(ex)  # (its own call is still counted in flight: the session stage finishes later)

@@ -10,7 +10,7 @@ from proxy.engine import Engine
 from proxy.forward import json_error
 from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol
-from proxy.mcp_stages import MCPParseStage, tool_call
+from proxy.stages.mcp_parse import MCPParseStage, tool_call
 from tests.factories import (
     EngineFactory,
     kinds,
@@ -34,7 +34,7 @@ async def test_a_tools_call_gets_the_adapter_and_its_result_is_matched_on_the_an
     engine_factory: EngineFactory,
 ) -> None:
     engine = await mcp_engine(engine_factory)
-    stage = MCPParseStage(engine)
+    stage = MCPParseStage(engine.services)
     headers = {"Mcp-Session-Id": "abc", "MCP-Protocol-Version": "2025-06-18"}
     ex = make_exchange(
         "POST", URL, headers, mcp_tools_call("echo", {"text": "hi"}, msg_id="r1"), engine=engine
@@ -62,7 +62,7 @@ async def test_a_tools_call_gets_the_adapter_and_its_result_is_matched_on_the_an
 
 async def test_other_messages_are_forwarded_unrecorded(engine_factory: EngineFactory) -> None:
     engine = await mcp_engine(engine_factory)
-    stage = MCPParseStage(engine)
+    stage = MCPParseStage(engine.services)
     for body in (
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
@@ -80,7 +80,7 @@ async def test_other_messages_are_forwarded_unrecorded(engine_factory: EngineFac
 async def test_a_body_that_is_not_json_is_a_jsonrpc_parse_error(engine_factory: EngineFactory) -> None:
     engine = await mcp_engine(engine_factory)
     ex = make_exchange("POST", URL, body=b"{nope", engine=engine)
-    await MCPParseStage(engine).request(ex)
+    await MCPParseStage(engine.services).request(ex)
     assert ex.answer is not None and ex.answer.status == 400
     error = orjson.loads(ex.answer.body)
     assert error["id"] is None and error["error"]["code"] == jsonrpc.PARSE_ERROR
@@ -90,7 +90,7 @@ async def test_a_batch_is_forwarded_unguarded_and_its_tool_calls_are_recorded(
     engine_factory: EngineFactory,
 ) -> None:
     engine = await mcp_engine(engine_factory)
-    stage = MCPParseStage(engine)
+    stage = MCPParseStage(engine.services)
     batch = [mcp_tools_call("echo", {"text": "a"}, msg_id=1), mcp_tools_call("echo", {"text": "b"}, msg_id=2)]
     ex = make_exchange("POST", URL, {"Mcp-Session-Id": "abc"}, batch, engine=engine)
     await stage.request(ex)
@@ -108,7 +108,7 @@ async def test_a_server_that_is_down_is_a_jsonrpc_error_for_a_waiting_request(
     engine_factory: EngineFactory,
 ) -> None:
     engine = await mcp_engine(engine_factory)
-    stage = MCPParseStage(engine)
+    stage = MCPParseStage(engine.services)
     ex = make_exchange("POST", URL, body={"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, engine=engine)
     await stage.request(ex)
     # what the forward stage leaves when the connection failed

@@ -8,9 +8,10 @@ from typing import Any
 
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
-from proxy.llm import LLMParseStage
-from proxy.mcp_stages import MCPParseStage
-from proxy.stages import RecordStage, SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.mcp_parse import MCPParseStage
+from proxy.stages.record import RecordStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     CHAT,
     MESSAGES,
@@ -34,9 +35,9 @@ SESSION = "/agents/bot/sessions/s1"
 async def attached(engine: Engine, path: str, body: Any) -> Exchange:
     """Parsed and attached to its session, as the stages before the forward stage leave it."""
     ex = make_exchange("POST", path, body=body, engine=engine)
-    parse = MCPParseStage(engine) if "/mcp/" in path else LLMParseStage(engine)
+    parse = MCPParseStage(engine.services) if "/mcp/" in path else LLMParseStage(engine.services)
     await parse.request(ex)
-    await SessionStage(engine).request(ex)
+    await SessionStage(engine.services).request(ex)
     assert ex.session is not None
     return ex
 
@@ -45,7 +46,7 @@ async def test_a_chat_call_is_one_llm_call_event(engine_factory: EngineFactory) 
     engine = await engine_factory(pricing_table={"gpt-4o-mini": (1.0, 2.0)})
     ex = await attached(engine, SESSION + CHAT, chat_request())
     play_upstream(ex, chat_completion("Sunny", prompt_tokens=1000, completion_tokens=500))
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     events = await read_events(engine, ex.session.run_id)
     assert kinds(events) == ["RUN_START", "LLM_CALL"]
@@ -63,7 +64,7 @@ async def test_a_streamed_answer_is_read_through_its_accumulator(engine: Engine)
     ex = await attached(engine, SESSION + CHAT, chat_request(stream=True))
     relayed = play_upstream(ex, chat_completion_sse("Hello there"), chunks=7)
     assert relayed == chat_completion_sse("Hello there")  # the client gets the stream unchanged
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     (call,) = [e for e in await read_events(engine, ex.session.run_id) if e["event_type"] == "LLM_CALL"]
     assert call["payload"]["response"]["text"] == "Hello there" and call["payload"]["stream"] is True
@@ -73,7 +74,7 @@ async def test_a_streamed_answer_is_read_through_its_accumulator(engine: Engine)
 async def test_a_stream_without_its_terminator_is_an_error(engine: Engine) -> None:
     ex = await attached(engine, SESSION + CHAT, chat_request(stream=True))
     play_upstream(ex, chat_completion_sse("Hello", done=False))
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     events = await read_events(engine, ex.session.run_id)
     assert kinds(events) == ["RUN_START", "LLM_CALL", "ERROR"]
@@ -84,7 +85,7 @@ async def test_a_stream_without_its_terminator_is_an_error(engine: Engine) -> No
 async def test_an_anthropic_message_names_its_provider(engine: Engine) -> None:
     ex = await attached(engine, SESSION + MESSAGES, anthropic_request())
     play_upstream(ex, anthropic_message("Bonjour"))
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     call = (await read_events(engine, ex.session.run_id))[-1]
     assert call["event_type"] == "LLM_CALL" and call["payload"]["provider"] == "anthropic"
@@ -94,7 +95,7 @@ async def test_an_anthropic_message_names_its_provider(engine: Engine) -> None:
 async def test_an_upstream_5xx_is_an_llm_call_in_error_and_an_error_event(engine: Engine) -> None:
     ex = await attached(engine, SESSION + CHAT, chat_request())
     play_upstream(ex, {"error": {"message": "boom", "type": "server_error"}}, status=500)
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     events = await read_events(engine, ex.session.run_id)
     assert kinds(events) == ["RUN_START", "LLM_CALL", "ERROR"]
@@ -104,16 +105,16 @@ async def test_an_upstream_5xx_is_an_llm_call_in_error_and_an_error_event(engine
 async def test_a_refused_call_writes_no_call_event(engine: Engine) -> None:
     ex = await attached(engine, SESSION + CHAT, chat_request())
     ex.answer = Answer(429, b"{}")  # a guard answered; the upstream never saw it
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     assert kinds(await read_events(engine, ex.session.run_id)) == ["RUN_START"]
 
 
 async def test_a_call_without_a_session_writes_nothing(engine: Engine) -> None:
     ex = make_exchange("POST", SESSION + CHAT, body=chat_request(), engine=engine)
-    await LLMParseStage(engine).request(ex)
+    await LLMParseStage(engine.services).request(ex)
     play_upstream(ex, chat_completion())
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert engine.sessions.live() == []
     assert not (engine.data_dir / "runs").exists() or not any((engine.data_dir / "runs").iterdir())
 
@@ -123,7 +124,7 @@ async def test_an_mcp_tools_call_is_one_tool_call_event(engine_factory: EngineFa
     ex = await attached(engine, SESSION + "/mcp/demo", mcp_tools_call("echo", {"text": "hi"}, msg_id=7))
     play_upstream(ex, mcp_tool_result("hi", msg_id=7))
     await ex.protocol.await_result(ex)
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     events = await read_events(engine, ex.session.run_id)
     assert kinds(events) == ["RUN_START", "TOOL_CALL"]
@@ -158,9 +159,9 @@ async def test_the_llm_call_payload_built_sanitised_is_sanitize_of_the_raw_one(e
     ex = await attached(
         engine, SESSION + CHAT, chat_request(messages, temperature={"password": "p", "t": [0.5]})
     )
-    from proxy.guard_stage import GuardStage
+    from proxy.stages.guards import GuardStage
 
-    await GuardStage(engine).request(ex)
+    await GuardStage(engine.services).request(ex)
     assert ex.guard_trace is not None  # its fields are in the payload too
     answer = chat_completion("Bearer abcdefghijklmnop " + "y" * 3000)
     answer["choices"][0]["message"]["tool_calls"] = [
@@ -239,7 +240,7 @@ async def test_the_llm_call_event_is_named_after_its_model_sanitised(engine: Eng
     answer = chat_completion("Sunny")
     answer["model"] = f"gpt {secret}"
     play_upstream(ex, answer)
-    await RecordStage(engine).finish(ex)
+    await RecordStage(engine.services).finish(ex)
     assert ex.session is not None
     call = (await read_events(engine, ex.session.run_id))[-1]
     assert call["name"] == call["payload"]["model"] == "gpt __REDACTED__"

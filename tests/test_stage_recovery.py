@@ -15,8 +15,8 @@ from multidict import CIMultiDict
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage
-from proxy.recovery import CONTINUE_PROMPT, MaxTokensRecoveryStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.recovery import CONTINUE_PROMPT, MaxTokensRecoveryStage
 from tests.factories import (
     CHAT,
     EngineFactory,
@@ -65,7 +65,7 @@ class ScriptedForwarder:
 
 async def parsed(engine: Engine, body: dict[str, Any], path: str = CHAT) -> Exchange:
     ex = make_exchange("POST", path, body=body, engine=engine)
-    await LLMParseStage(engine).request(ex)
+    await LLMParseStage(engine.services).request(ex)
     return ex
 
 
@@ -83,7 +83,7 @@ async def test_a_cut_off_answer_is_continued_and_stitched(engine_factory: Engine
     )
     engine = await recovering(engine_factory, forwarder)
     ex = await parsed(engine, chat_request())
-    await MaxTokensRecoveryStage(engine).request(ex)
+    await MaxTokensRecoveryStage(engine.services).request(ex)
     assert [url for _, url, _ in forwarder.sent] == ["http://127.0.0.1:9/v1/chat/completions"] * 2
     continued = forwarder.sent[1][2]["messages"]
     assert continued[-2:] == [
@@ -107,7 +107,7 @@ async def test_recovery_stops_after_n_continuations(engine_factory: EngineFactor
     forwarder = ScriptedForwarder(cut, cut)
     engine = await recovering(engine_factory, forwarder, n=1)
     ex = await parsed(engine, chat_request())
-    await MaxTokensRecoveryStage(engine).request(ex)
+    await MaxTokensRecoveryStage(engine.services).request(ex)
     assert len(forwarder.sent) == 2
     assert orjson.loads(ex.answer.body)["choices"][0]["finish_reason"] == "length"  # type: ignore[union-attr]
 
@@ -116,7 +116,7 @@ async def test_a_whole_answer_is_relayed_as_it_came(engine_factory: EngineFactor
     forwarder = ScriptedForwarder((200, chat_completion("Done.")))
     engine = await recovering(engine_factory, forwarder)
     ex = await parsed(engine, chat_request())
-    await MaxTokensRecoveryStage(engine).request(ex)
+    await MaxTokensRecoveryStage(engine.services).request(ex)
     assert len(forwarder.sent) == 1
     assert ex.answer is not None and orjson.loads(ex.answer.body) == chat_completion("Done.")
     assert "X-Tripwire-Max-Tokens-Recoveries" not in ex.answer.headers
@@ -126,7 +126,7 @@ async def test_a_failed_first_request_is_a_502(engine_factory: EngineFactory) ->
     forwarder = ScriptedForwarder(aiohttp.ClientConnectionError("refused"))
     engine = await recovering(engine_factory, forwarder)
     ex = await parsed(engine, chat_request())
-    await MaxTokensRecoveryStage(engine).request(ex)
+    await MaxTokensRecoveryStage(engine.services).request(ex)
     assert ex.answer is not None and ex.answer.status == 502
     assert ex.upstream_error is not None and ex.upstream_failed()
     assert ex.result is not None and ex.result.error is not None
@@ -135,7 +135,7 @@ async def test_a_failed_first_request_is_a_502(engine_factory: EngineFactory) ->
 async def test_calls_it_does_not_take(engine_factory: EngineFactory) -> None:
     forwarder = ScriptedForwarder()
     engine = await recovering(engine_factory, forwarder)
-    stage = MaxTokensRecoveryStage(engine)
+    stage = MaxTokensRecoveryStage(engine.services)
     for ex in (
         await parsed(engine, chat_request(stream=True)),  # streams are relayed as they are
         await parsed(engine, chat_request(n=2)),
@@ -148,5 +148,5 @@ async def test_calls_it_does_not_take(engine_factory: EngineFactory) -> None:
 
     off = await engine_factory()  # max_tokens_recovery defaults to 0
     ex = await parsed(off, chat_request())
-    await MaxTokensRecoveryStage(off).request(ex)
+    await MaxTokensRecoveryStage(off.services).request(ex)
     assert ex.answer is None and not ex.forwarded

@@ -10,9 +10,9 @@ import orjson
 
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
-from proxy.llm import LLMParseStage
-from proxy.responses_stage import ResponsesChainStage
-from proxy.stages import SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.responses_chain import ResponsesChainStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     EngineFactory,
     chat_request,
@@ -45,14 +45,14 @@ async def before_guards(
     engine: Engine, chain: ResponsesChainStage, path: str, body: dict[str, Any]
 ) -> Exchange:
     ex = make_exchange("POST", path, body=body, engine=engine)
-    for stage in (LLMParseStage(engine), SessionStage(engine), chain):
+    for stage in (LLMParseStage(engine.services), SessionStage(engine.services), chain):
         await stage.request(ex)
     return ex
 
 
 async def test_a_continued_request_carries_the_chains_history(engine_factory: EngineFactory) -> None:
     engine = await engine_factory()
-    chain = ResponsesChainStage()
+    chain = ResponsesChainStage(engine.guards)
     first = await before_guards(engine, chain, RESPONSES_URL, responses_request("find paris"))
     assert first.history is not None and first.history.steps == []
     play_upstream(first, tool_answer("resp_1", "call_1"))
@@ -72,7 +72,7 @@ async def test_a_request_continuing_a_blocked_answer_goes_to_the_real_parent(
     engine_factory: EngineFactory,
 ) -> None:
     engine = await engine_factory()
-    chain = ResponsesChainStage()
+    chain = ResponsesChainStage(engine.guards)
     first = await before_guards(engine, chain, RESPONSES_URL, responses_request("go"))
     play_upstream(first, tool_answer("resp_real", "call_1"))
     await chain.finish(first)
@@ -98,7 +98,7 @@ async def test_a_request_continuing_a_blocked_answer_goes_to_the_real_parent(
 
 async def test_a_forgotten_synthetic_parent_is_dropped(engine_factory: EngineFactory) -> None:
     engine = await engine_factory()
-    chain = ResponsesChainStage()
+    chain = ResponsesChainStage(engine.guards)
     ex = await before_guards(
         engine, chain, RESPONSES_URL, responses_request("hi", previous_response_id="resp_tripwire_00ff")
     )
@@ -108,7 +108,7 @@ async def test_a_forgotten_synthetic_parent_is_dropped(engine_factory: EngineFac
 
 async def test_a_failed_answer_does_not_continue_the_chain(engine_factory: EngineFactory) -> None:
     engine = await engine_factory()
-    chain = ResponsesChainStage()
+    chain = ResponsesChainStage(engine.guards)
     ex = await before_guards(engine, chain, RESPONSES_URL, responses_request("go"))
     play_upstream(ex, {"error": {"message": "boom", "type": "server_error"}}, status=500)
     await chain.finish(ex)
@@ -117,7 +117,7 @@ async def test_a_failed_answer_does_not_continue_the_chain(engine_factory: Engin
 
 async def test_other_calls_pass_untouched(engine_factory: EngineFactory) -> None:
     engine = await engine_factory()
-    chain = ResponsesChainStage()
+    chain = ResponsesChainStage(engine.guards)
     ex = await before_guards(engine, chain, CHAT_URL, chat_request())
     assert ex.history is None and ex.upstream_body is None and ex.responses_body is None
     play_upstream(ex, {"id": "chatcmpl-1", "choices": []})

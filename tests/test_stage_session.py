@@ -10,8 +10,8 @@ import orjson
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage
-from proxy.stages import SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.session import SessionStage
 from tests.factories import (
     CHAT,
     MESSAGES,
@@ -35,20 +35,20 @@ async def parsed(
     engine: Engine, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> Exchange:
     ex = make_exchange("POST", path, headers, body, engine=engine)
-    await LLMParseStage(engine).request(ex)
+    await LLMParseStage(engine.services).request(ex)
     assert ex.protocol is not None
     return ex
 
 
 async def test_an_unparsed_call_opens_no_session(engine: Engine) -> None:
     ex = make_exchange("GET", "/v1/models", engine=engine)
-    await SessionStage(engine).request(ex)
+    await SessionStage(engine.services).request(ex)
     assert ex.session is None and ex.answer is None
     assert engine.sessions.live() == []
 
 
 async def test_the_first_call_starts_the_run_and_inflight_counts_the_call(engine: Engine) -> None:
-    stage = SessionStage(engine)
+    stage = SessionStage(engine.services)
     ex = await parsed(engine, EXPLICIT + CHAT, chat_request())
     await stage.request(ex)
     session = ex.session
@@ -73,7 +73,7 @@ async def test_the_run_is_named_by_the_clients_title_or_else_the_users_ask(
 ) -> None:
     """Issue 25: runs were all named `AGENT auto-337769a72f30`."""
     engine = await engine_factory()
-    stage = SessionStage(engine)
+    stage = SessionStage(engine.services)
 
     async def name_of(path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
         ex = await parsed(engine, path, body, headers)
@@ -97,7 +97,7 @@ async def test_the_run_is_named_by_the_clients_title_or_else_the_users_ask(
         "/agents/a/sessions/3" + CHAT, chat_request([{"role": "system", "content": "x"}])
     ) == ("a 3")
     quiet = await engine_factory(record_content=False)  # a prompt's words stay out of run.json
-    quiet_stage = SessionStage(quiet)
+    quiet_stage = SessionStage(quiet.services)
     ex = await parsed(quiet, "/agents/q/sessions/1" + CHAT, chat_request(asked))
     await quiet_stage.request(ex)
     assert ex.session is not None
@@ -108,8 +108,8 @@ async def test_the_run_is_named_by_the_clients_title_or_else_the_users_ask(
 
 async def test_a_terminated_session_refuses_in_the_protocols_shape(engine: Engine) -> None:
     session = make_session(engine, "bot", "s1")
-    engine.terminate_session(session, reason="guard:test", own_call=False)
-    stage = SessionStage(engine)
+    engine.policy.terminate(session, reason="guard:test", own_call=False)
+    stage = SessionStage(engine.services)
 
     ex = await parsed(engine, EXPLICIT + CHAT, chat_request())
     await stage.request(ex)
@@ -129,7 +129,7 @@ async def test_a_terminated_session_refuses_in_the_protocols_shape(engine: Engin
 
 
 async def test_without_an_explicit_session_the_agents_automatic_run_is_used(engine: Engine) -> None:
-    stage = SessionStage(engine)
+    stage = SessionStage(engine.services)
     ex = await parsed(engine, "/agents/bot" + CHAT, chat_request())
     await stage.request(ex)
     assert ex.session is not None and not ex.session.explicit and ex.session.agent == "bot"
@@ -137,7 +137,7 @@ async def test_without_an_explicit_session_the_agents_automatic_run_is_used(engi
 
 
 async def test_a_responses_answer_id_is_noted_for_the_call_that_continues_it(engine: Engine) -> None:
-    stage = SessionStage(engine)
+    stage = SessionStage(engine.services)
     ex = await parsed(engine, "/agents/bot" + RESPONSES, responses_request())
     await stage.request(ex)
     assert ex.session is not None

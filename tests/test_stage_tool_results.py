@@ -10,8 +10,10 @@ import orjson
 
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.llm import LLMParseStage, ToolResultsStage
-from proxy.stages import RecordStage, SessionStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.record import RecordStage
+from proxy.stages.session import SessionStage
+from proxy.stages.tool_results import ToolResultsStage
 from tests.factories import CHAT, EngineFactory, chat_completion, make_exchange, play_upstream, read_events
 
 URL = "/agents/bot/sessions/s1" + CHAT
@@ -32,8 +34,8 @@ def asking_answer() -> dict[str, Any]:
 
 async def attached(engine: Engine, messages: list[Any]) -> Exchange:
     ex = make_exchange("POST", URL, body={"model": "gpt-4o-mini", "messages": messages}, engine=engine)
-    await LLMParseStage(engine).request(ex)
-    await SessionStage(engine).request(ex)
+    await LLMParseStage(engine.services).request(ex)
+    await SessionStage(engine.services).request(ex)
     return ex
 
 
@@ -41,13 +43,13 @@ async def test_a_result_completes_the_call_its_answer_asked_for(engine_factory: 
     engine = await engine_factory()
     first = await attached(engine, ASK)
     play_upstream(first, asking_answer())
-    await RecordStage(engine).finish(first)  # the LLM_CALL that asked for get_weather
+    await RecordStage(engine.services).finish(first)  # the LLM_CALL that asked for get_weather
     assert first.session is not None and first.session.guards is None
 
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
     result = {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
     second = await attached(engine, [*history, result])
-    stage = ToolResultsStage(engine)
+    stage = ToolResultsStage(engine.services)
     await stage.request(second)
     events = await read_events(engine, first.session.run_id)
     tool = [e for e in events if e["event_type"] == "TOOL_CALL"]
@@ -69,12 +71,12 @@ async def test_a_result_for_a_call_never_seen_writes_nothing(engine: Engine) -> 
     ex = await attached(
         engine, [*ASK, {"role": "assistant", "tool_calls": [CALL | {"id": "call_9"}]}, unknown]
     )
-    await ToolResultsStage(engine).request(ex)
+    await ToolResultsStage(engine.services).request(ex)
     assert ex.session is not None
     assert [e["event_type"] for e in await read_events(engine, ex.session.run_id)] == ["RUN_START"]
 
 
 async def test_calls_without_a_session_pass(engine: Engine) -> None:
     ex = make_exchange("POST", URL, body=orjson.dumps({"model": "m", "messages": ASK}), engine=engine)
-    await ToolResultsStage(engine).request(ex)  # not parsed: no protocol, nothing to do
+    await ToolResultsStage(engine.services).request(ex)  # not parsed: no protocol, nothing to do
     assert ex.answer is None

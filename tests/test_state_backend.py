@@ -16,7 +16,7 @@ import pytest
 from proxy.guards.breaker import CircuitBreaker, State
 from proxy.guards.config import CircuitBreakerConfig, GuardConfig
 from proxy.state import entries, keys
-from proxy.state.base import PendingCall, StateBackend
+from proxy.state.base import Append, PendingCall, StateBackend
 from proxy.state.memory import MemoryBackend
 from proxy.state.redis_backend import RedisBackend
 
@@ -45,9 +45,11 @@ def pending_call(call_id: str, tool: str, sigs: tuple[str, ...] = ()) -> Pending
 
 
 async def test_append_returns_what_others_added_since_in_order(backend: StateBackend) -> None:
-    a = await backend.append(AGENT, "run-1", [b'{"k":"x","n":1}', b'{"k":"x","n":2}'], since=0, idle_s=60)
+    a = await backend.append(
+        Append(AGENT, "run-1", [b'{"k":"x","n":1}', b'{"k":"x","n":2}'], since=0, idle_s=60)
+    )
     assert [e.seq for e in a.entries] == [1, 2] and a.first_own == 1 and not a.was_live
-    b = await backend.append(AGENT, "run-1", [b'{"k":"x","n":3}'], since=1, idle_s=60)
+    b = await backend.append(Append(AGENT, "run-1", [b'{"k":"x","n":3}'], since=1, idle_s=60))
     assert [(e.seq, e.body) for e in b.entries] == [(2, b'{"k":"x","n":2}'), (3, b'{"k":"x","n":3}')]
     assert b.first_own == 3 and b.was_live
     assert b.entries[0].t <= b.entries[1].t
@@ -56,11 +58,11 @@ async def test_append_returns_what_others_added_since_in_order(backend: StateBac
 
 
 async def test_entries_carry_the_config_revision_in_force(backend: StateBackend) -> None:
-    first = await backend.append(AGENT, "run-1", [b"{}"], since=0, idle_s=60)
+    first = await backend.append(Append(AGENT, "run-1", [b"{}"], since=0, idle_s=60))
     assert first.entries[0].config_rev == 0
     rev = await backend.publish_config(b'{"version": 1, "project": null, "agents": {}}')
     assert rev == 1
-    second = await backend.append(AGENT, "run-1", [b"{}"], since=1, idle_s=60)
+    second = await backend.append(Append(AGENT, "run-1", [b"{}"], since=1, idle_s=60))
     assert second.entries[0].config_rev == 1
     assert await backend.config_snapshot() == (1, b'{"version": 1, "project": null, "agents": {}}')
     assert (await backend.config_snapshot(1))[1] is not None
@@ -69,16 +71,18 @@ async def test_entries_carry_the_config_revision_in_force(backend: StateBackend)
 
 async def test_pending_tool_calls_are_taken_once_and_logged_before_the_check(backend: StateBackend) -> None:
     await backend.append(
-        AGENT, "run-1", [b'{"k":"set"}'], since=0, idle_s=60, put={"c1": pending_call("c1", "search")}
+        Append(AGENT, "run-1", [b'{"k":"set"}'], since=0, idle_s=60, put={"c1": pending_call("c1", "search")})
     )
     got = await backend.append(
-        AGENT,
-        "run-1",
-        [b'{"k":"rel","ref":0}', b'{"k":"llm"}'],
-        since=1,
-        idle_s=60,
-        take=["c1", "c9"],
-        take_at=2,
+        Append(
+            AGENT,
+            "run-1",
+            [b'{"k":"rel","ref":0}', b'{"k":"llm"}'],
+            since=1,
+            idle_s=60,
+            take=["c1", "c9"],
+            take_at=2,
+        )
     )
     assert [e.body for e in got.entries] == [
         b'{"k":"rel","ref":0}',
@@ -87,25 +91,29 @@ async def test_pending_tool_calls_are_taken_once_and_logged_before_the_check(bac
     ]
     assert got.first_own == 2
     assert [(i, orjson.loads(d)["name"]) for i, d in got.taken] == [("c1", "search")]
-    again = await backend.append(AGENT, "run-1", [b'{"k":"llm"}'], since=4, idle_s=60, take=["c1"], take_at=1)
+    again = await backend.append(
+        Append(AGENT, "run-1", [b'{"k":"llm"}'], since=4, idle_s=60, take=["c1"], take_at=1)
+    )
     assert again.taken == [] and [e.body for e in again.entries] == [b'{"k":"llm"}']
 
 
 async def test_a_call_recorded_as_mcp_is_not_recorded_again_from_the_history(backend: StateBackend) -> None:
     await backend.append(
-        AGENT,
-        "run-1",
-        [],
-        since=0,
-        idle_s=60,
-        put={
-            "c1": pending_call("c1", "fs__read", ("sig-a", "sig-b")),
-            "c2": pending_call("c2", "fs__read", ("sig-b",)),
-        },
-        signatures=["sig-b"],
+        Append(
+            AGENT,
+            "run-1",
+            [],
+            since=0,
+            idle_s=60,
+            put={
+                "c1": pending_call("c1", "fs__read", ("sig-a", "sig-b")),
+                "c2": pending_call("c2", "fs__read", ("sig-b",)),
+            },
+            signatures=["sig-b"],
+        )
     )
     got = await backend.append(
-        AGENT, "run-1", [b'{"k":"llm"}'], since=0, idle_s=60, take=["c1", "c2"], take_at=1
+        Append(AGENT, "run-1", [b'{"k":"llm"}'], since=0, idle_s=60, take=["c1", "c2"], take_at=1)
     )
     # c1 matched the one MCP call recorded; c2 (same signature) is a second call: recorded
     assert [i for i, _ in got.taken] == ["c2"]
@@ -122,7 +130,7 @@ async def test_explicit_sessions_resolve_to_one_run_until_terminated(backend: St
     await backend.terminate(AGENT, "run-a", "guard:max_llm_calls", session_id="s:1", ttl_s=60)
     refused = await backend.resolve(AGENT, "explicit", "run-d", idle_s=60, name="s:1")
     assert (refused.outcome, refused.run_id) == ("terminated", "run-a")
-    got = await backend.append(AGENT, "run-a", [b"{}"], since=0, idle_s=60)
+    got = await backend.append(Append(AGENT, "run-a", [b"{}"], since=0, idle_s=60))
     assert got.terminated == "guard:max_llm_calls"
 
 
@@ -143,7 +151,9 @@ async def test_automatic_sessions_follow_episode_and_lineage(backend: StateBacke
     assert (other.outcome, other.run_id) == ("created", "run-other")
     # a Responses id linked to a run (on settle) finds it
     await backend.append(
-        "solo", "run-mcp", [], since=0, idle_s=60, links={keys.slot_response("solo", "resp_1"): "run-mcp"}
+        Append(
+            "solo", "run-mcp", [], since=0, idle_s=60, links={keys.slot_response("solo", "resp_1"): "run-mcp"}
+        )
     )
     chained = await backend.resolve(
         "solo", "lineage", "run-x", idle_s=60, previous_response_id="resp_1", history=["q"]
@@ -164,7 +174,7 @@ async def test_a_first_request_continues_no_run(backend: StateBackend) -> None:
     assert (three.outcome, three.run_id) == ("created", "run-3")
     # a later request finds its run by the answer it carries (linked on settle)
     await backend.append(
-        "batch", "run-2", [], since=0, idle_s=60, links={keys.slot_history("batch", "a2"): "run-2"}
+        Append("batch", "run-2", [], since=0, idle_s=60, links={keys.slot_history("batch", "a2"): "run-2"})
     )
     later = await backend.resolve("batch", "lineage", "run-x", idle_s=60, history=["a2", "same"])
     assert later.run_id == "run-2"
@@ -182,7 +192,7 @@ async def test_runs_expire_after_their_idle_time() -> None:
     backend = MemoryBackend(clock=lambda: now[0])
     await backend.resolve(AGENT, "explicit", "run-a", idle_s=10, name="s")
     await backend.append(
-        AGENT, "run-a", [b"{}"], since=0, idle_s=10, keep_alive=[keys.slot_explicit(AGENT, "s")]
+        Append(AGENT, "run-a", [b"{}"], since=0, idle_s=10, keep_alive=[keys.slot_explicit(AGENT, "s")])
     )
     now[0] += 9
     assert (await backend.resolve(AGENT, "explicit", "run-b", idle_s=10, name="s")).run_id == "run-a"
@@ -278,20 +288,22 @@ async def test_config_snapshots_round_trip(backend: StateBackend) -> None:
 
 
 async def test_a_log_that_lost_its_entries_is_seeded_again_once(backend: StateBackend) -> None:
-    first = await backend.append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60)
+    first = await backend.append(Append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60))
     copy = first.entries
     # the replica that followed this log asks beyond the end of another one: nothing is appended
-    lost = await backend.append(AGENT, "run-2", [b'{"k":"new"}'], since=2, idle_s=60, epoch=first.epoch)
+    lost = await backend.append(
+        Append(AGENT, "run-2", [b'{"k":"new"}'], since=2, idle_s=60, epoch=first.epoch)
+    )
     assert lost.lost and await backend.read(AGENT, "run-2", since=0) == []
     assert await backend.seed(AGENT, "run-2", copy, idle_s=60)
     assert not await backend.seed(AGENT, "run-2", copy, idle_s=60)  # the first seed wins
-    again = await backend.append(AGENT, "run-2", [b'{"k":"new"}'], since=2, idle_s=60)
+    again = await backend.append(Append(AGENT, "run-2", [b'{"k":"new"}'], since=2, idle_s=60))
     assert not again.lost and [e.body for e in again.entries] == [b'{"k":"new"}']
     # the same length but another epoch (the run started again): not the log it followed
-    other = await backend.append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch="1.000000")
+    other = await backend.append(Append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch="1.000000"))
     assert other.lost
     assert (
-        await backend.append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch=again.epoch)
+        await backend.append(Append(AGENT, "run-2", [b"{}"], since=1, idle_s=60, epoch=again.epoch))
     ).first_own == 4
 
 
@@ -299,15 +311,15 @@ async def test_the_longest_copy_of_a_lost_log_wins_until_the_log_goes_on(backend
     """Replicas put a lost log back from their copies (each a prefix of the one log): a longer copy
     extends a log that is still only a seed of the same epoch, never one appended to since."""
     full = (
-        await backend.append(AGENT, "run-1", [b'{"n":1}', b'{"n":2}', b'{"n":3}'], since=0, idle_s=60)
+        await backend.append(Append(AGENT, "run-1", [b'{"n":1}', b'{"n":2}', b'{"n":3}'], since=0, idle_s=60))
     ).entries
-    epoch = (await backend.append(AGENT, "run-1", [b'{"n":4}'], since=3, idle_s=60)).epoch
+    epoch = (await backend.append(Append(AGENT, "run-1", [b'{"n":4}'], since=3, idle_s=60))).epoch
     # run-2 stands for run-1 after Redis lost it: one replica saw 2 entries, another all 3
     assert await backend.seed(AGENT, "run-2", full[:2], idle_s=60, epoch=epoch)
     assert await backend.seed(AGENT, "run-2", full, idle_s=60, epoch=epoch)
     assert not await backend.seed(AGENT, "run-2", full[:1], idle_s=60, epoch=epoch)  # shorter: kept
     assert [e.body for e in await backend.read(AGENT, "run-2", since=0)] == [e.body for e in full]
-    followed = await backend.append(AGENT, "run-2", [b'{"n":5}'], since=3, idle_s=60, epoch=epoch)
+    followed = await backend.append(Append(AGENT, "run-2", [b'{"n":5}'], since=3, idle_s=60, epoch=epoch))
     assert not followed.lost and followed.epoch == epoch  # the replicas' epoch was put back too
     longer = [*full, full[0]]
     assert not await backend.seed(AGENT, "run-2", longer, idle_s=60, epoch=epoch)  # appended to since

@@ -35,7 +35,7 @@ class Log:
 
 
 def cid_of(entry: LogEntry) -> str:
-    return str(entries.decode(entry.body)["c"])
+    return str(entries.decode(entry.body).check)
 
 
 def listed(decisions: list[Any]) -> list[tuple[str, str | None, str]]:

@@ -37,7 +37,7 @@ class Dialect(Protocol):
     CHAINS_RESPONSES: bool
     # its calls also come as `response.create` messages on a WebSocket (proxy/websocket/)
     WEBSOCKET_CALLS: bool
-    # a non-streamed answer cut by its token limit may be continued upstream (proxy/recovery.py)
+    # a non-streamed answer cut by its token limit may be continued upstream (proxy/stages/recovery.py)
     MAX_TOKENS_RECOVERY: bool
     # the header a 429 refusal's reason is copied into, for clients that show only it (Codex shows
     # the request id of a 429, never its body), else None

@@ -24,6 +24,7 @@ from proxy.mcp.legacy import LegacyStream
 
 if TYPE_CHECKING:
     from proxy.metrics import Metrics
+    from proxy.session_policy import SessionPolicy
     from proxy.sessions import Session
     from proxy.settings import Settings
 
@@ -39,20 +40,8 @@ class AdapterEngine(Protocol):
     def settings(self) -> Settings: ...
     @property
     def metrics(self) -> Metrics: ...
-    def write_event(
-        self,
-        session: Session,
-        event_type: str,
-        name: str,
-        payload: dict[str, Any],
-        *,
-        duration_ms: float | None = None,
-        parent_id: str | None = None,
-        meta: dict[str, Any] | None = None,
-        ts: float | None = None,
-        sanitized: bool = False,
-    ) -> str: ...
-    def observe_event(self, session: Session, event_type: str, name: str, event_id: str) -> None: ...
+    @property
+    def policy(self) -> SessionPolicy: ...
 
 
 class MCPProtocol:
@@ -255,7 +244,7 @@ def record_tool_call(
     }
     if call.protocol_version:
         meta["mcp_protocol_version"] = call.protocol_version
-    event_id = engine.write_event(
+    event_id = engine.policy.write_event(
         session,
         EventType.TOOL_CALL,
         call.tool_name,
@@ -264,7 +253,7 @@ def record_tool_call(
         meta=meta,
         ts=started_wall,
     )
-    engine.observe_event(session, EventType.TOOL_CALL, call.tool_name, event_id)
+    engine.policy.observe_event(session, EventType.TOOL_CALL, call.tool_name, event_id)
     sigs = session.conversation.mcp_signatures
     sig = key[-1]
     sigs[sig] = sigs.get(sig, 0) + 1

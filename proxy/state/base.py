@@ -19,7 +19,7 @@ replicas on different hosts agree on elapsed times.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal, Protocol
 
 from proxy.guards.breaker import State, Ticket, Transition
@@ -115,6 +115,34 @@ class BreakerView:
     failures: int
 
 
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One atomic step on a run's guard log (`StateBackend.append`).
+
+    Before the `take_at`-th body (from 1) go the TOOL_CALL entries of the pending calls in `take`
+    whose results arrived (each taken once; one already recorded as an MCP call, per `signatures`
+    noted so far, is dropped). `put`: pending calls an answer asked for; `signatures`: MCP calls
+    recorded; `keep_alive`: slot keys renewed with the run; `links`: slot key -> run id to set
+    (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step.
+    `since`: the entries the caller has (0: none); `epoch`: the log it followed (a log started
+    anew since answers `lost`)."""
+
+    agent: str
+    run_id: str
+    bodies: Sequence[bytes]
+    _: KW_ONLY
+    since: int
+    idle_s: float
+    epoch: str = ""
+    take: Sequence[str] = ()
+    take_at: int = 0
+    put: Mapping[str, PendingCall] | None = None
+    signatures: Sequence[str] = ()
+    keep_alive: Sequence[str] = ()
+    links: Mapping[str, str] | None = None
+    breakers: Sequence[BreakerRequest] = ()
+
+
 class StateBackend(Protocol):
     """Storage primitives shared by replicas. Methods raise `StateUnavailable` when unreachable."""
 
@@ -126,31 +154,9 @@ class StateBackend(Protocol):
 
     # --- a run's guard log ---------------------------------------------------------------------
 
-    async def append(
-        self,
-        agent: str,
-        run_id: str,
-        bodies: Sequence[bytes],
-        *,
-        since: int,
-        idle_s: float,
-        epoch: str = "",
-        take: Sequence[str] = (),
-        take_at: int = 0,
-        put: Mapping[str, PendingCall] | None = None,
-        signatures: Sequence[str] = (),
-        keep_alive: Sequence[str] = (),
-        links: Mapping[str, str] | None = None,
-        breakers: Sequence[BreakerRequest] = (),
-    ) -> Appended:
-        """Append `bodies` and return every entry after `since`, in one atomic step.
-
-        Before the `take_at`-th body (from 1) go the TOOL_CALL entries of the pending calls in
-        `take` whose results arrived (each taken once; one already recorded as an MCP call, per
-        `signatures` noted so far, is dropped). `put`: pending calls an answer asked for;
-        `signatures`: MCP calls recorded; `keep_alive`: slot keys renewed with the run;
-        `links`: slot key -> run id to set (lineage); `breakers`: circuits to admit the checks
-        through (`breaker_admit`), in the same step."""
+    async def append(self, step: Append) -> Appended:
+        """Append `step.bodies` and return every entry after `step.since`, in one atomic step
+        (what else the step does: `Append`)."""
         ...
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]: ...

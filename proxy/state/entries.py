@@ -1,17 +1,26 @@
-"""Entries of a run's shared guard log: what a replica tells the others, compactly (orjson).
+"""Entries of a run's shared guard log: what a replica tells the others, compactly (orjson), and
+the typed codec that reads them back (`decode` -> one of the entry models below).
+
+Version 1 (`"v": 1`; an entry without `v`, written before the field existed, is version 1 too):
+the wire keys are short because every replica appends and reads every entry of a run; the models
+name them (`Field(alias=...)`), so the short keys live in this module only. A later version adds a
+model or a field with a default, and bumps `VERSION`; an entry of a kind this Tripwire does not know
+decodes as `UnknownEntry` and is skipped (as replay skips events it does not know).
 
 A check carries the call's guard inputs as the trace keeps them for replay (proxy/guard_trace.py):
 fingerprints of arguments and results, never their content. A settle names the check it settles
 by its sequence number. Pure: no I/O.
 
-    {"k": "tool", "c", "tool", "server", "sig", "id", "est"}     MCP tools/call, before forwarding
-    {"k": "llm", "c", "steps", "turn", "res", "est", "tok"}      LLM request, before forwarding
+    {"v": VERSION,
+            "k": "tool", "c", "tool", "server", "sig", "id", "est"}     MCP tools/call, before forwarding
+    {"v": VERSION,
+            "k": "llm", "c", "steps", "turn", "res", "est", "tok"}      LLM request, before forwarding
     {"k": "set", "ref", "cost", "tokens"} | {"k": "set", "ref", "res", "err"}   its answer
     {"k": "rel", "ref"}                                           never reached the upstream
 
 `c` names the check (unique); a settle's `ref` is that name, so a check appended later than the
 replica applied it (during an outage, fail_open) is still found.
-    {"k": "ev", "type", "name", "id"}                             an event written to the trace
+    {"v": VERSION, "k": "ev", "type", "name", "id"}                             an event written to the trace
     {"k": "kill", "reason"}                                       the kill switch
 """
 
@@ -19,12 +28,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from proxy.guards.loop.history import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
+
+VERSION = 1  # of the entries written (see the module's docstring)
 
 
 def check_id() -> str:
@@ -35,6 +47,7 @@ def tool_check(cid: str, tool: str, args: Any, server: str | None, estimate_usd:
     fp = call_fingerprints(tool, args)
     return orjson.dumps(
         {
+            "v": VERSION,
             "k": "tool",
             "c": cid,
             "tool": tool,
@@ -67,6 +80,7 @@ def llm_check(
     got = {call_id: [fp, error_fingerprint(err)] for call_id, (fp, err) in results_map(results).items()}
     return orjson.dumps(
         {
+            "v": VERSION,
             "k": "llm",
             "c": cid,
             "steps": rows,
@@ -79,27 +93,115 @@ def llm_check(
 
 
 def settle_llm(ref: str, cost_usd: float, tokens: int) -> bytes:
-    return orjson.dumps({"k": "set", "ref": ref, "cost": cost_usd, "tokens": tokens})
+    return orjson.dumps({"v": VERSION, "k": "set", "ref": ref, "cost": cost_usd, "tokens": tokens})
 
 
 def settle_tool(ref: str, result_fingerprint: str, error: str | None) -> bytes:
-    return orjson.dumps({"k": "set", "ref": ref, "res": result_fingerprint, "err": error_fingerprint(error)})
+    return orjson.dumps(
+        {"v": VERSION, "k": "set", "ref": ref, "res": result_fingerprint, "err": error_fingerprint(error)}
+    )
 
 
 def release(ref: str) -> bytes:
-    return orjson.dumps({"k": "rel", "ref": ref})
+    return orjson.dumps({"v": VERSION, "k": "rel", "ref": ref})
 
 
 def event(event_type: str, name: str, event_id: str) -> bytes:
-    return orjson.dumps({"k": "ev", "type": event_type, "name": name, "id": event_id})
+    return orjson.dumps({"v": VERSION, "k": "ev", "type": event_type, "name": name, "id": event_id})
 
 
 def kill(reason: str) -> bytes:
-    return orjson.dumps({"k": "kill", "reason": reason})
+    return orjson.dumps({"v": VERSION, "k": "kill", "reason": reason})
 
 
-def decode(body: bytes) -> dict[str, Any]:
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    version: int = Field(1, alias="v")
+
+
+class ToolCheck(_Entry):
+    """An MCP tools/call, before forwarding: the tool and its arguments' fingerprints."""
+
+    kind: Literal["tool"] = Field("tool", alias="k")
+    check: str | None = Field(None, alias="c")  # the check's name (a settle's `ref`)
+    tool: str
+    server: str | None = None
+    sig: str  # proxy.guards.signatures.call_fingerprints
+    ident: str = Field(alias="id")
+    estimate_usd: float = Field(0.0, alias="est")
+
+
+class LlmCheck(_Entry):
+    """An LLM request, before forwarding: its tool-call history and the results it carries, hashed."""
+
+    kind: Literal["llm"] = Field("llm", alias="k")
+    check: str | None = Field(None, alias="c")
+    # each step's calls: (tool_call_id, tool, sig, ident)
+    steps: list[list[tuple[str, str, str, str]]]
+    turn_start: int = Field(0, alias="turn")
+    # tool_call_id -> (result fingerprint, error fingerprint or None)
+    results: dict[str, tuple[str, str | None]] = Field(default_factory=dict, alias="res")
+    estimate_usd: float = Field(0.0, alias="est")
+    estimate_tokens: int = Field(0, alias="tok")
+
+
+class Settle(_Entry):
+    """A check's answer: an LLM call's cost and tokens, or a tool call's result fingerprints."""
+
+    kind: Literal["set"] = Field("set", alias="k")
+    ref: str  # the check settled
+    cost_usd: float = Field(0.0, alias="cost")
+    tokens: int = 0
+    result: str = Field("", alias="res")
+    error: str | None = Field(None, alias="err")
+
+
+class Release(_Entry):
+    """A check whose call never reached the upstream: its reservation goes back."""
+
+    kind: Literal["rel"] = Field("rel", alias="k")
+    ref: str
+
+
+class EventEntry(_Entry):
+    """An event written to the run's trace (max_events, AgentDbg's cycle)."""
+
+    kind: Literal["ev"] = Field("ev", alias="k")
+    event_type: str = Field(alias="type")
+    name: str
+    event_id: str = Field(alias="id")
+
+
+class Kill(_Entry):
+    """The kill switch."""
+
+    kind: Literal["kill"] = Field("kill", alias="k")
+    reason: str
+
+
+class UnknownEntry(_Entry):
+    """An entry of a kind this Tripwire does not know (a newer one wrote it): skipped."""
+
+    kind: str = Field("", alias="k")
+
+
+Entry = ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill | UnknownEntry
+_KNOWN: TypeAdapter[ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill] = TypeAdapter(
+    Annotated[ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill, Field(discriminator="kind")]
+)
+_KINDS = frozenset({"tool", "llm", "set", "rel", "ev", "kill"})
+
+
+def decode(body: bytes) -> Entry:
+    """The entry a log body holds; ValueError when it is not one (not JSON, or a known kind with
+    fields missing or of the wrong type)."""
     value = orjson.loads(body)
     if not isinstance(value, dict):
         raise ValueError("a guard log entry must be a JSON object")
-    return value
+    if value.get("k") not in _KINDS:
+        return UnknownEntry(kind=str(value.get("k")))
+    try:
+        return _KNOWN.validate_python(value)
+    except ValidationError as e:
+        raise ValueError(f"a malformed guard log entry: {e}") from e

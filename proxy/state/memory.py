@@ -15,9 +15,9 @@ from proxy.guards.breaker import CircuitBreaker, Ticket, Transition
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.state import keys
 from proxy.state.base import (
+    Append,
     Appended,
     BreakerAdmission,
-    BreakerRequest,
     BreakerView,
     LogEntry,
     PendingCall,
@@ -86,23 +86,17 @@ class MemoryBackend:
         value: dict[str, str] | None = self._keys.get(keys.run(agent, run_id))
         return value
 
-    async def append(
-        self,
-        agent: str,
-        run_id: str,
-        bodies: Sequence[bytes],
-        *,
-        since: int,
-        idle_s: float,
-        epoch: str = "",
-        take: Sequence[str] = (),
-        take_at: int = 0,
-        put: Mapping[str, PendingCall] | None = None,
-        signatures: Sequence[str] = (),
-        keep_alive: Sequence[str] = (),
-        links: Mapping[str, str] | None = None,
-        breakers: Sequence[BreakerRequest] = (),
-    ) -> Appended:
+    async def append(self, step: Append) -> Appended:
+        agent, run_id, bodies, since, idle_s, epoch = (
+            step.agent,
+            step.run_id,
+            step.bodies,
+            step.since,
+            step.idle_s,
+            step.epoch,
+        )
+        take, take_at, put, signatures = step.take, step.take_at, step.put, step.signatures
+        keep_alive, links, breakers = step.keep_alive, step.links, step.breakers
         now = self.clock()
         run_key = keys.run(agent, run_id)
         log: list[LogEntry] = self._keys.setdefault(keys.log(agent, run_id), list)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from proxy.constants import GUARD_KILL_SWITCH
 from proxy.guards.budget import Reservation
@@ -90,20 +89,20 @@ class SessionReplica:
         self.now = max(self.now, entry.t - self.t0)
         guards = self._guards(entry.config_rev)
         body = entries.decode(entry.body)
-        kind = str(body.get("k"))
-        if kind in ("tool", "llm"):
-            return self._check(entry.seq, kind, body, guards, event_ids)
-        if kind == "set":
+        kind = body.kind
+        if isinstance(body, entries.ToolCheck | entries.LlmCheck):
+            return self._check(entry.seq, body, guards, event_ids)
+        if isinstance(body, entries.Settle):
             return Applied(entry.seq, kind, decisions=self._settle(body, guards))
-        if kind == "rel":
-            opened = self._open.pop(str(body["ref"]), None)
+        if isinstance(body, entries.Release):
+            opened = self._open.pop(body.ref, None)
             if opened is not None:
                 guards.release(opened.reservation)
             return Applied(entry.seq, kind)
-        if kind == "ev":
-            d = guards.observe_event(str(body["type"]), str(body["name"]), str(body["id"]))
+        if isinstance(body, entries.EventEntry):
+            d = guards.observe_event(body.event_type, body.name, body.event_id)
             return Applied(entry.seq, kind, decisions=[d] if d is not None else [])
-        if kind == "kill":
+        if isinstance(body, entries.Kill):
             if self.killed is None and guards.terminated_by is None:
                 self.killed = KILLED
             return Applied(entry.seq, kind)
@@ -122,38 +121,39 @@ class SessionReplica:
     def _check(
         self,
         seq: int,
-        kind: str,
-        body: dict[str, Any],
+        body: entries.ToolCheck | entries.LlmCheck,
         guards: SessionGuards,
         event_ids: Mapping[str, str] | None,
     ) -> Applied:
-        applied = Applied(seq, kind, events_before=guards.events_seen, settled_before=guards.calls_settled)
+        applied = Applied(
+            seq, body.kind, events_before=guards.events_seen, settled_before=guards.calls_settled
+        )
         ended = self.ended_by
         if ended is not None:
             applied.ended_by = ended  # refused as every call of an ended session: never judged
             return applied
-        if kind == "tool":
-            args = Fingerprinted(str(body["sig"]), str(body["id"]))
-            tool = str(body["tool"])
+        if isinstance(body, entries.ToolCheck):
+            args = Fingerprinted(body.sig, body.ident)
+            tool = body.tool
             verdict = guards.before_tool_call(
-                tool, args, now=self.now, server=body.get("server"), estimate_usd=float(body.get("est", 0.0))
+                tool, args, now=self.now, server=body.server, estimate_usd=body.estimate_usd
             )
             opened = _Open(verdict.reservation, tool, args)
         else:
             steps = [
-                [(str(c[0]), str(c[1]), Fingerprinted(str(c[2]), str(c[3]))) for c in step]
-                for step in body["steps"]
+                [(call_id, name, Fingerprinted(sig, ident)) for call_id, name, sig, ident in step]
+                for step in body.steps
             ]
             results = {
-                str(call_id): (str(fp), None if err is None else RecordedError(err))
-                for call_id, (fp, err) in (body.get("res") or {}).items()
+                call_id: (fp, None if err is None else RecordedError(err))
+                for call_id, (fp, err) in body.results.items()
             }
             verdict = guards.before_llm_call(
                 steps,
-                int(body.get("turn", 0)),
+                body.turn_start,
                 results,
-                estimate_usd=float(body.get("est", 0.0)),
-                estimate_tokens=int(body.get("tok", 0)),
+                estimate_usd=body.estimate_usd,
+                estimate_tokens=body.estimate_tokens,
                 now=self.now,
                 event_ids=event_ids,
             )
@@ -161,27 +161,27 @@ class SessionReplica:
         if verdict.refused:
             guards.release(verdict.reservation)  # not forwarded: nothing will settle it
         else:
-            self._open[str(body.get("c", seq))] = opened
+            self._open[body.check if body.check is not None else str(seq)] = opened
         applied.verdict = verdict
         return applied
 
-    def _settle(self, body: dict[str, Any], guards: SessionGuards) -> list[Decision]:
-        opened = self._open.pop(str(body["ref"]), None)
+    def _settle(self, body: entries.Settle, guards: SessionGuards) -> list[Decision]:
+        opened = self._open.pop(body.ref, None)
         if opened is None:
             return []  # refused, or settled already
         if opened.tool is not None and opened.args is not None:
-            err = body.get("err")
+            err = body.error
             return guards.after_tool_call(
                 opened.reservation,
                 opened.tool,
                 opened.args,
-                result_fingerprint=str(body.get("res", "")),
+                result_fingerprint=body.result,
                 error=None if err is None else RecordedError(err),
                 now=self.now,
             )
         return guards.after_llm_call(
             opened.reservation,
-            cost_usd=float(body.get("cost", 0.0)),
-            tokens=int(body.get("tokens", 0)),
+            cost_usd=body.cost_usd,
+            tokens=body.tokens,
             now=self.now,
         )

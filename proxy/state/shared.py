@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from proxy.guards.config import GuardConfig
 from proxy.state.base import (
+    Append,
     Appended,
     BreakerAdmission,
     BreakerRequest,
@@ -240,19 +241,21 @@ class RunChannel:
         asking = [i for i in batch if i.breaker is not None and i.waiter is not None]
         appended: Appended = await owner.link.call(
             lambda: owner.backend.append(
-                self.agent,
-                self.run_id,
-                bodies,
-                since=self.shared_seq,
-                idle_s=owner.idle_s,
-                epoch=self.epoch,
-                take=take,
-                take_at=len(bodies) if take else 0,
-                put=extras.put,
-                signatures=extras.signatures,
-                keep_alive=sorted(extras.keep_alive),
-                links=extras.links,
-                breakers=[i.breaker for i in asking if i.breaker is not None],
+                Append(
+                    self.agent,
+                    self.run_id,
+                    bodies,
+                    since=self.shared_seq,
+                    idle_s=owner.idle_s,
+                    epoch=self.epoch,
+                    take=take,
+                    take_at=len(bodies) if take else 0,
+                    put=extras.put,
+                    signatures=extras.signatures,
+                    keep_alive=sorted(extras.keep_alive),
+                    links=extras.links,
+                    breakers=[i.breaker for i in asking if i.breaker is not None],
+                )
             )
         )
         if appended.lost:

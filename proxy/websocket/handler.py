@@ -90,7 +90,9 @@ async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pi
         await up.close(code=1001)
         raise
     relay = (
-        ResponsesSocket(engine, request, route, client, up, socket_pipeline(http_pipeline, engine), post_view)
+        ResponsesSocket(
+            engine, request, route, client, up, socket_pipeline(http_pipeline, engine.services), post_view
+        )
         if post_view is not None
         else SocketRelay(engine, request, client, up)
     )

@@ -31,8 +31,8 @@ from proxy.dialects.base import LLMRequest
 from proxy.exchange import Answer, Exchange
 from proxy.forward import DRAIN_CUT_REASON, json_error
 from proxy.pipeline import Pipeline
-from proxy.responses_stage import ResponsesChainStage
 from proxy.routing import Route
+from proxy.stages.responses_chain import ResponsesChainStage
 from proxy.websocket.calls import SocketCall, refusal_messages
 from proxy.websocket.matching import StreamQueues, classify
 from proxy.websocket.relay import SocketRelay
@@ -253,7 +253,7 @@ class ResponsesSocket(SocketRelay):
         )
         ex.call = req
         try:
-            llm.record_tool_results(ex, self.engine)
+            llm.record_tool_results(ex, self.engine.services)
         except Exception:
             log.exception("could not record a warm-up's tool outputs")
 

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 from proxy import llm
 from proxy.exchange import Exchange
 from proxy.pipeline import BaseStage, Pipeline
-from proxy.recovery import MaxTokensRecoveryStage
-from proxy.stages import TEXT_MARGIN, ForwardStage
+from proxy.stages.forward import TEXT_MARGIN, ForwardStage
+from proxy.stages.llm_parse import LLMParseStage
+from proxy.stages.recovery import MaxTokensRecoveryStage
 from proxy.websocket.calls import SocketCall
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 
 class SocketParseStage(BaseStage):
@@ -44,14 +45,14 @@ class SocketForwardStage(BaseStage):
 
     name = "forward"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def request(self, ex: Exchange) -> None:
         call: SocketCall = ex.ws_call
         limit_text = getattr(ex.observer, "limit_text", None)
         if limit_text is not None:
-            limit_text(self.engine.settings.max_field_bytes + TEXT_MARGIN)  # as ForwardStage
+            limit_text(self.services.settings.max_field_bytes + TEXT_MARGIN)  # as ForwardStage
         try:
             await call.forward()
         finally:
@@ -59,16 +60,16 @@ class SocketForwardStage(BaseStage):
                 ex.protocol.after_forward(ex)
 
 
-def socket_pipeline(http: Pipeline, engine: Engine) -> Pipeline:
+def socket_pipeline(http: Pipeline, services: Services) -> Pipeline:
     """The LLM pipeline's own stages (the same Responses chain stage: its chains are shared with
     HTTP calls), with the socket's parse and forward stages. Max-tokens recovery forwards over
     HTTP (and only chat completions): not on a socket."""
     stages: list[Any] = []
     for stage in http.stages:
-        if isinstance(stage, llm.LLMParseStage):
+        if isinstance(stage, LLMParseStage):
             stages.append(SocketParseStage(stage))
         elif isinstance(stage, ForwardStage):
-            stages.append(SocketForwardStage(engine))
+            stages.append(SocketForwardStage(services))
         elif not isinstance(stage, MaxTokensRecoveryStage):
             stages.append(stage)
     return Pipeline(stages)

@@ -14,6 +14,7 @@ import orjson
 from proxy.dialects import of_call
 from proxy.dialects.base import LLMRequest
 from proxy.exchange import Exchange
+from proxy.guard_backend import GuardBackend
 from proxy.guard_events import is_tool_call
 from proxy.pipeline import BaseStage
 from proxy.responses_chain import Link, ResponsesChains, synthetic_id_of, turn_link
@@ -29,13 +30,16 @@ class ResponsesChainStage(BaseStage):
     name = "responses_chain"
     fail_open = True  # a chain we cannot follow leaves the request as the client sent it
 
-    def __init__(self, chains: ResponsesChains | None = None) -> None:
+    def __init__(self, guards: GuardBackend, chains: ResponsesChains | None = None) -> None:
+        # shared guard state: a chain another replica answered is fetched, each answer's link shared
+        self.guards = guards
         self.chains = chains if chains is not None else ResponsesChains()
 
     async def request(self, ex: Exchange) -> None:
         if ex.protocol is None or ex.session is None or not is_responses(ex):
             return
         agent = ex.session.agent
+        await self.guards.fetch_chain(self.chains, agent, ex.call.previous_response_id)
         self.rewrite_synthetic_parent(ex, agent)  # first: the upstream must never see a synthetic id
         ex.history = self.chains.history(agent, ex.call)
 
@@ -50,7 +54,9 @@ class ResponsesChainStage(BaseStage):
         ex.responses_body = rewritten if rewritten is not None else body
 
     async def finish(self, ex: Exchange) -> None:
-        self.continue_chain(ex)
+        response_id = self.continue_chain(ex)
+        if response_id is not None and ex.session is not None:
+            await self.guards.share_chain(self.chains, ex.session.agent, response_id)
 
     def continue_chain(self, ex: Exchange) -> str | None:
         """Remember the answer's link; returns the response id the chain now goes on from."""

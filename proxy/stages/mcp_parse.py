@@ -22,21 +22,21 @@ from proxy.pipeline import BaseStage
 from proxy.sessions import Refused
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.mcp")
 
 
-def hub_of(engine: Engine) -> McpHub:
-    return engine.mcp
+def hub_of(services: Services) -> McpHub:
+    return services.mcp
 
 
 class MCPParseStage(BaseStage):
     name = "parse_mcp"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.hub = hub_of(engine)
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.hub = hub_of(services)
 
     async def request(self, ex: Exchange) -> None:
         request = ex.request
@@ -74,7 +74,7 @@ class MCPParseStage(BaseStage):
             call.mcp_session_id = legacy.uid
         pending = self.hub.register(session_key, call)
         ex.mcp_session_key = session_key
-        ex.protocol = MCPProtocol(self.engine, self.hub, pending, session_key, legacy)
+        ex.protocol = MCPProtocol(self.services, self.hub, pending, session_key, legacy)
         ex.call = call
         if legacy is None:
             server = route.upstream
@@ -89,7 +89,7 @@ class MCPParseStage(BaseStage):
 
             ex.observer = MessageObserver(
                 on_message,
-                limit=self.engine.settings.max_body_bytes,
+                limit=self.services.settings.max_body_bytes,
                 hold_json=lambda: call.append_text is not None,
             )
 
@@ -105,7 +105,7 @@ class MCPParseStage(BaseStage):
         ex.mcp_batch = entries
         ex.mcp_session_key = session_key
         ex.observer = MessageObserver(
-            lambda m: self.hub.deliver(server, session_key, m), limit=self.engine.settings.max_body_bytes
+            lambda m: self.hub.deliver(server, session_key, m), limit=self.services.settings.max_body_bytes
         )
 
     def record_batch(self, ex: Exchange) -> None:
@@ -117,13 +117,13 @@ class MCPParseStage(BaseStage):
             if not future.done() or future.cancelled() or future.exception() is not None:
                 continue
             if session is None:
-                opened = self.engine.open_session(ex.route.agent, ex.route.session, wall=ex.started_wall)
+                opened = self.services.policy.open(ex.route.agent, ex.route.session, wall=ex.started_wall)
                 if isinstance(opened, Refused):
                     return
                 session = opened
             end = ex.upstream_done or time.monotonic()
             result = jsonrpc.tool_result(future.result())
-            record_tool_call(self.engine, self.hub, session, call, result, ex.started, ex.started_wall, end)
+            record_tool_call(self.services, self.hub, session, call, result, ex.started, ex.started_wall, end)
 
     async def finish(self, ex: Exchange) -> None:
         if ex.mcp_batch is not None:
@@ -137,7 +137,7 @@ class MCPParseStage(BaseStage):
             if ex.result is not None and isinstance(ex.protocol, MCPProtocol) and not ex.mcp_recorded:
                 # The pipeline was cut short after the result went by (the client closed the POST's
                 # stream once it had its answer and the handler was cancelled): record it anyway.
-                ex.protocol.record(ex, self.engine)
+                ex.protocol.record(ex, self.services)
         if ex.protocol is None and ex.answer is not None and ex.upstream_error and ex.upstream_status is None:
             # the server is down: a JSON-RPC error naming it, for any request the client waits on
             messages = ex.mcp_messages or []
@@ -177,5 +177,5 @@ def tool_call(
     )
 
 
-def mcp_parse_stage(engine: Engine) -> BaseStage:
-    return MCPParseStage(engine)
+def mcp_parse_stage(services: Services) -> BaseStage:
+    return MCPParseStage(services)

@@ -1,4 +1,4 @@
-"""The pipeline stages shared by LLM and MCP traffic: session, forward, record."""
+"""The session stage: the call's session (one AgentDbg run), opened or refused."""
 
 from __future__ import annotations
 
@@ -9,20 +9,18 @@ from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import of_call
 from proxy.exchange import Exchange
-from proxy.forward import request_headers
-from proxy.guard_events import refuse_unavailable
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
+from proxy.refusals import refuse_unavailable
 from proxy.responses_chain import synthetic_id_of
-from proxy.routing import join_upstream
 from proxy.run_names import run_name
 from proxy.sessions import Refused
 from proxy.state.base import StateUnavailable
 from proxy.state.service import TERMINATED
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 
 class SessionStage(BaseStage):
@@ -36,8 +34,8 @@ class SessionStage(BaseStage):
 
     name = "session"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     async def request(self, ex: Exchange) -> None:
         if ex.protocol is None:
@@ -48,18 +46,17 @@ class SessionStage(BaseStage):
                 episode = episodes.for_llm(ex.request.headers, ex.request_json, ex.call)
             else:
                 episode = episodes.for_mcp(ex.request.headers)
-        run_id = None
-        if self.engine.shared is not None:  # several replicas: the run all of them use for the session
-            try:
-                run_id = await self.engine.shared.run_for(
-                    self.engine.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
-                )
-            except StateUnavailable:
-                return refuse_unavailable(self.engine, ex, self.engine.shared.link.retry_after_s())
+        guards = self.services.guards
+        try:  # several replicas: the run all of them use for the session (alone: None)
+            run_id = await guards.resolve_run(
+                self.services.sessions, ex.route.agent, ex.route.session, episode, time.monotonic()
+            )
+        except StateUnavailable:
+            return refuse_unavailable(self.services.policy, ex, guards.retry_after_s())
         opened = (
             Refused(None, "session terminated")
             if run_id == TERMINATED
-            else self.engine.open_session(
+            else self.services.policy.open(
                 ex.route.agent,
                 ex.route.session,
                 wall=ex.started_wall,
@@ -68,12 +65,12 @@ class SessionStage(BaseStage):
                 run_name=lambda: run_name(
                     ex.request.headers,
                     getattr(ex.call, "messages", None),
-                    record_content=self.engine.settings.record_content,
+                    record_content=self.services.settings.record_content,
                 ),
             )
         )
         if isinstance(opened, Refused):
-            settings = self.engine.settings
+            settings = self.services.settings
             text = describe_ended(
                 ex.route.agent,
                 ex.route.session,
@@ -85,7 +82,7 @@ class SessionStage(BaseStage):
             )
             decision = Decision(Action.TERMINATE, guard=GUARD_SESSION_TERMINATED, message=text)
             ex.answer = ex.protocol.render_refusal(ex, decision, text)
-            self.engine.metrics.observe_decision(decision.guard, "terminate")
+            self.services.metrics.observe_decision(decision.guard, "terminate")
             return
         ex.session = opened
         opened.inflight += 1
@@ -104,59 +101,9 @@ class SessionStage(BaseStage):
             if ex.answer is not None and not ex.forwarded:
                 response_id = synthetic_id_of(ex.answer.body)  # a blocked answer's own id
             if response_id:
-                self.engine.sessions.note_response(session, response_id)
+                self.services.sessions.note_response(session, response_id)
         if not session.explicit and session.lineage.announced is None and ex.protocol is not None:
             # a later request whose history carries this answer continues this run (SPEC §3)
             key = episodes.given_answer_key(ex.call, ex.result if ex.forwarded else None, ex.block_text)
             if key is not None:
-                self.engine.sessions.note_answer(session, key)
-
-
-# characters a stream observer keeps beyond max_field_bytes (see ForwardStage.request)
-TEXT_MARGIN = 32 * 1024
-
-
-class ForwardStage(BaseStage):
-    """Send the call upstream and relay the answer; then let the protocol read the result."""
-
-    name = "forward"
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def request(self, ex: Exchange) -> None:
-        route = ex.route
-        upstream = self.engine.upstreams.get(route.kind, route.upstream)
-        # a legacy MCP endpoint is where the server's `endpoint` event said, not under the base URL
-        url = ex.upstream_url or join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
-        headers = request_headers(
-            ex.request.headers, upstream, identity_encoding=ex.protocol is not None or ex.observer is not None
-        )
-        body = ex.upstream_body if ex.upstream_body is not None else ex.body
-        limit_text = getattr(ex.observer, "limit_text", None)
-        if limit_text is not None:
-            # the recorder cuts strings at max_field_bytes: a stream observer need keep no more
-            # (the margin leaves room for the redaction pass, which can shorten a string)
-            limit_text(self.engine.settings.max_field_bytes + TEXT_MARGIN)
-        try:
-            await self.engine.forwarder.forward(ex, url, headers, body)
-            if ex.protocol is not None:
-                await ex.protocol.await_result(ex)  # MCP: the result may come on another stream
-        finally:
-            # even when the handler is cancelled (shutdown): the upstream did the work, record it
-            if ex.forwarded and ex.protocol is not None:
-                ex.protocol.after_forward(ex)
-
-
-class RecordStage(BaseStage):
-    """Write what the call did to the trace (the protocol adapter knows the events)."""
-
-    name = "record"
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def finish(self, ex: Exchange) -> None:
-        self.engine.observe_request(ex)
-        if ex.protocol is not None and ex.session is not None:
-            ex.protocol.record(ex, self.engine)
+                self.services.sessions.note_answer(session, key)

@@ -16,15 +16,17 @@ from typing import TYPE_CHECKING
 
 from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN, EventType
 from proxy.exchange import Exchange
-from proxy.guard_events import is_tool_call, write_refusal_error
+from proxy.guard_events import is_tool_call
 from proxy.guards.breaker import CircuitBreaker, State, Ticket, Transition
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.pipeline import BaseStage
+from proxy.refusals import write_refusal_error
+from proxy.state.base import BreakerAdmission
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.breaker")
 
@@ -45,10 +47,23 @@ class BreakerStage(BaseStage):
     name = "breaker"
     fail_open = True
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.guards = services.guards  # a shared backend admits the circuit in the guards' round trip
+        self.policy = services.policy
 
     async def request(self, ex: Exchange) -> None:
+        admission: BreakerAdmission | None = ex.breaker_admission
+        if admission is not None:  # admitted with the guards' check (shared state)
+            if self.breaker_for(ex) is None:
+                return
+            ex.breaker_ticket = admission.ticket
+            if admission.ticket is not None and admission.ticket.transition is not None:
+                self.write_transition(ex, admission.ticket.transition)
+            if admission.refusal is not None:
+                self.refuse(ex, admission.refusal)
+            return
+        # this process's circuits (no shared state, or its round trip did not admit the call)
         breaker = self.breaker_for(ex)
         if breaker is None:
             return
@@ -62,17 +77,19 @@ class BreakerStage(BaseStage):
     def refuse(self, ex: Exchange, decision: Decision) -> None:
         session = ex.session
         assert session is not None and session.guards is not None
-        session.guards.release(ex.reservation)
+        if ex.breaker_admission is None:
+            session.guards.release(ex.reservation)
+        # (admitted with shared state: given back through the shared log when the guard stage settles)
         ex.reservation = None
         if ex.guard_trace is not None:
             ex.guard_trace.fields["breaker"] = True  # admitted by the guards, then refused by the circuit
         ex.decisions.append(decision)
-        self.engine.metrics.observe_decision(decision.guard, decision.action.name)
-        self.engine.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
-        write_refusal_error(self.engine, ex, decision)
+        self.services.metrics.observe_decision(decision.guard, decision.action.name)
+        self.services.recorder.add_tags(session.run_id, TAG_CIRCUIT_BREAKER_OPEN)
+        write_refusal_error(self.policy, ex, decision)
         assert ex.protocol is not None
         ex.answer = ex.protocol.render_refusal(
-            ex, decision, describe(decision, self.engine.settings.expose_guard_details)
+            ex, decision, describe(decision, self.services.settings.expose_guard_details)
         )
 
     def breaker_for(self, ex: Exchange) -> CircuitBreaker | None:
@@ -83,7 +100,7 @@ class BreakerStage(BaseStage):
         config = session.guards.config.circuit_breaker
         if not config.enabled:
             return None
-        return self.engine.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
+        return self.services.breakers.get(session.agent, f"{ex.route.kind}:{ex.route.upstream}", config)
 
     def ticket_breaker(self, ex: Exchange, ticket: Ticket) -> CircuitBreaker | None:
         """breaker_for, the circuit taken from the call's ticket (no key made, no registry lookup)."""
@@ -100,6 +117,10 @@ class BreakerStage(BaseStage):
 
     async def finish(self, ex: Exchange) -> None:
         if ex.breaker_ticket is None:
+            return
+        admission: BreakerAdmission | None = ex.breaker_admission
+        if admission is not None:
+            await self.finish_admitted(ex, admission, ex.breaker_ticket)
             return
         breaker = self.ticket_breaker(ex, ex.breaker_ticket)
         if breaker is None:
@@ -119,6 +140,21 @@ class BreakerStage(BaseStage):
         if transition is not None:
             self.write_transition(ex, transition)
 
+    async def finish_admitted(self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket) -> None:
+        """A circuit admitted with the guards' check: the backend that admitted it is told."""
+        if ex.session is None:
+            return
+        if ex.refused or not ex.forwarded:
+            if ticket.trial:  # never reached the upstream: the trial slot goes back
+                await self.guards.circuit_release(ex, ticket)
+            return
+        failed = ex.upstream_failed() or (
+            is_tool_call(ex) and ex.result is not None and bool(ex.result.upstream_failure)
+        )
+        transition = await self.guards.circuit_report(ex, admission, ticket, failed=failed)
+        if transition is not None:
+            self.write_transition(ex, transition)
+
     def write_transition(self, ex: Exchange, transition: Transition) -> None:
         session = ex.session
         assert session is not None
@@ -127,7 +163,7 @@ class BreakerStage(BaseStage):
         )
         line = transition_line(session.agent, ex.route.upstream, transition, config)
         log.log(logging.WARNING if transition.new is State.OPEN else logging.INFO, line)
-        event_id = self.engine.write_event(
+        event_id = self.policy.write_event(
             session,
             EventType.STATE_UPDATE,
             "state",
@@ -137,10 +173,10 @@ class BreakerStage(BaseStage):
                 "reason": transition.reason,
             },
         )
-        self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
-        self.engine.metrics.set_open_circuits(self.engine.breakers.open_count_by_upstream())
+        self.policy.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
+        self.services.metrics.set_open_circuits(self.services.breakers.open_count_by_upstream())
         if str(transition.new) == "open":
-            self.engine.alerts.send(
+            self.services.alerts.send(
                 session,
                 Decision(Action.BLOCK, GUARD_CIRCUIT_BREAKER, f"circuit to {ex.route.upstream} opened"),
             )

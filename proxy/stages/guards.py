@@ -1,7 +1,7 @@
 """The guards in the pipeline: ask the pure guard objects, write what they decided, answer refusals.
 
 Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits); the circuit
-breaker runs next, in its own stage (proxy/breaker_stage.py). A refusal sets `ex.answer` in the
+breaker runs next, in its own stage (proxy/stages/breaker.py). A refusal sets `ex.answer` in the
 client's own protocol (the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
 results to the loop detector. The events of SPEC §5.5's table are written here.
 Fails open: a bug in a guard is logged and the call goes through (pipeline `fail_open`).
@@ -13,9 +13,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from proxy import guard_trace
 from proxy.constants import (
-    GUARD_SESSION_TERMINATED,
     TAG_BUDGET_EXCEEDED,
     TAG_LOOP_DETECTED,
     TAG_SHADOW_FIRED,
@@ -24,33 +25,23 @@ from proxy.constants import (
 )
 from proxy.dialects.base import ParseState, ToolCall, ToolResult
 from proxy.exchange import Exchange
-from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning, write_refusal_error
-from proxy.guards.budget import Reservation
+from proxy.guard_backend import CallInputs
+from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.loop.history import HistoryResults, results_from_index
 from proxy.guards.session import SessionGuards, Verdict
-from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS
+from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
+from proxy.llm_trace import write_tool_result
 from proxy.pipeline import BaseStage
+from proxy.refusals import refuse_unavailable, write_refusal_error
 from proxy.sessions import Session
+from proxy.state.base import StateUnavailable
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.guards")
-
-
-def session_guards(engine: Engine, session: Session, now: float) -> SessionGuards:
-    """The session's guards under the config in force now (an admin API change applies to the next call)."""
-    config = engine.guard_config(session.agent)
-    guards: SessionGuards | None = session.guards
-    if guards is None:
-        guards = session.guards = SessionGuards(config, started_at=session.started_mono)
-        # RUN_START was written before the session had guards: it counts toward max_events
-        guards.budget.count_event()
-    elif config is not guards.config:  # (the same object on almost every call)
-        guards.configure(config)
-    return guards
 
 
 def token_estimate(ex: Exchange) -> int:
@@ -97,14 +88,25 @@ def llm_guard_inputs(
     return steps, turn_start, results, tokens, inputs
 
 
+def call_inputs(ex: Exchange, estimate: float, tool_call: bool) -> CallInputs:
+    """What the guards judge of the call (read when the backend judges it)."""
+    if tool_call:
+        call = ex.call
+        return CallInputs(
+            estimate, guard_trace.mcp_inputs(call.tool_name, call.arguments, ex.route.upstream, estimate)
+        )
+    steps, turn_start, results, tokens, inputs = llm_guard_inputs(ex, estimate)
+    return CallInputs(estimate, inputs, steps, turn_start, results, tokens)
+
+
 class GuardStage(BaseStage):
     name = "guards"
     fail_open = True
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        # a subclass settling elsewhere (the shared state's) overrides settle: that one is awaited
-        self._settles_here = type(self).settle is GuardStage.settle
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.guards = services.guards  # where the guard state lives (proxy/guard_backend/)
+        self.policy = services.policy
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -118,35 +120,48 @@ class GuardStage(BaseStage):
             ex.guards_skipped = True
             return
         now = time.monotonic()
-        guards = session_guards(self.engine, session, now)
         estimate = ex.protocol.reservation_estimate(ex)
-        if tool_call:
-            call = ex.call
-            inputs = guard_trace.mcp_inputs(call.tool_name, call.arguments, ex.route.upstream, estimate)
-            seen = (guards.events_seen, guards.calls_settled)
-            verdict = guards.before_tool_call(
-                call.tool_name, call.arguments, now=now, server=ex.route.upstream, estimate_usd=estimate
+        try:
+            admitted = await self.guards.admit(ex, lambda: call_inputs(ex, estimate, tool_call), now)
+        except StateUnavailable:  # shared guard state unreachable under fail_closed
+            refuse_unavailable(self.policy, ex, self.guards.retry_after_s())
+            return
+        if admitted.taken is not None:
+            self.write_taken_tool_calls(ex, admitted.taken, admitted.asked)
+        elif admitted.record_results:
+            record_tool_results(ex, self.services)
+        if admitted.ended is not None:
+            self.refuse_ended(ex, admitted.ended, elsewhere=admitted.elsewhere)
+            return
+        verdict, inputs = admitted.verdict, admitted.inputs
+        assert verdict is not None and inputs is not None
+        self.apply(ex, admitted.guards, verdict, inputs.trace, admitted.seen, now)
+        if verdict.refused and verdict.decision.action == Action.TERMINATE:
+            self.guards.terminated(session, f"guard:{verdict.decision.guard}")
+
+    def write_taken_tool_calls(self, ex: Exchange, taken: list[tuple[str, bytes]], asked: list[str]) -> None:
+        """The TOOL_CALLs of the function-calling results this request brings (SPEC §4.1), written
+        by the replica that sees the result, whichever replica saw the answer that asked for it."""
+        session = ex.session
+        assert session is not None
+        by_id = {r.tool_call_id: r for r in ex.call.tool_results}
+        for call_id in asked:
+            session.conversation.pending_tool_calls.pop(call_id, None)  # the shared take decided
+        for call_id, raw in taken:
+            detail = orjson.loads(raw)
+            tr = by_id.get(call_id)
+            if tr is None:
+                continue
+            # observed already: its entry went into the log right before this request's check
+            write_tool_result(
+                ex,
+                self.services,
+                tr,
+                str(detail.get("name")),
+                detail.get("arguments"),
+                float(detail.get("asked_at", ex.started_wall)),
+                detail.get("llm_event_id"),
             )
-        else:
-            call = ex.call
-            if session.terminated:  # a result it brings ended the session (stop_on_loop): refused
-                self.refuse_ended(ex, guards)
-                return
-            steps, turn_start, results, tokens, inputs = llm_guard_inputs(ex, estimate)
-            conversation = session.conversation
-            seen = (guards.events_seen, guards.calls_settled)
-            verdict = guards.before_llm_call(
-                steps,
-                turn_start,
-                results,
-                estimate_usd=estimate,
-                estimate_tokens=tokens,
-                now=now,
-                event_ids=conversation.tool_event_ids,
-                reading=conversation.guard_state,
-                read_from=getattr(call, "continues", None),
-            )
-        self.apply(ex, guards, verdict, inputs, seen, now)
 
     def apply(
         self,
@@ -167,15 +182,11 @@ class GuardStage(BaseStage):
         if verdict.shadow:
             self.write_shadow_refusal(ex, verdict)
         if verdict.refused:
-            self.give_back(guards, ex.reservation)
+            self.guards.give_back(guards, ex.reservation)
             ex.reservation = None
             self.refuse(ex, verdict.decision, loop_events=bool(verdict.loop_findings))
             return
         self.warn_agent(ex, verdict)
-
-    def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None:
-        """A refused call's budget reservation goes back."""
-        guards.release(reservation)
 
     def trace(
         self,
@@ -211,29 +222,29 @@ class GuardStage(BaseStage):
         session = ex.session
         assert session is not None
         for d in verdict.decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=verdict.shadow)
+            self.services.metrics.observe_decision(d.guard, d.action.name, shadow=verdict.shadow)
         winner = verdict.decision
         for finding in verdict.loop_findings:
             name, payload = loop_warning(finding)
             if verdict.shadow:
                 payload["shadow"] = True
-            event_id = self.engine.write_event(session, EventType.LOOP_WARNING, name, payload)
-            self.engine.observe_event(session, EventType.LOOP_WARNING, name, event_id)
+            event_id = self.policy.write_event(session, EventType.LOOP_WARNING, name, payload)
+            self.policy.observe_event(session, EventType.LOOP_WARNING, name, event_id)
             # the ERROR of a refusal points at the LOOP_WARNING of the decision that won
             if finding is winner:
                 ex.guard_event_id = event_id
             if not verdict.shadow and not (verdict.refused and finding is winner):
-                self.engine.alerts.send(session, finding)  # a refusal alerts with its ERROR
+                self.services.alerts.send(session, finding)  # a refusal alerts with its ERROR
         fired = verdict.loop_findings or any(d.action > Action.ALLOW for d in verdict.decisions)
         if verdict.shadow:
             if fired:
-                self.engine.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
+                self.services.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
             return
         tags = set(verdict.tags)
         if verdict.loop_findings or any(d.kind for d in verdict.decisions if d.action > Action.ALLOW):
             tags.add(TAG_LOOP_DETECTED)
         if tags:
-            self.engine.recorder.add_tags(session.run_id, *sorted(tags))
+            self.services.recorder.add_tags(session.run_id, *sorted(tags))
 
     def write_shadow_refusal(self, ex: Exchange, verdict: Verdict) -> None:
         """Shadow mode: the ERROR enforce mode would write, marked shadow, once per streak; the call
@@ -250,10 +261,10 @@ class GuardStage(BaseStage):
             return
         session.guards.shadow_reported.add(decision.guard)
         payload = guard_error(decision, call=call_summary(ex), shadow=True)
-        event_id = self.engine.write_event(
+        event_id = self.policy.write_event(
             session, EventType.ERROR, decision.guard, payload, parent_id=ex.guard_event_id
         )
-        self.engine.observe_event(session, EventType.ERROR, decision.guard, event_id)
+        self.policy.observe_event(session, EventType.ERROR, decision.guard, event_id)
 
     def warn_agent(self, ex: Exchange, verdict: Verdict) -> None:
         """A loop WARN lets the call through; an MCP result carries the warning as an extra text block."""
@@ -261,7 +272,7 @@ class GuardStage(BaseStage):
         if verdict.shadow:
             return  # shadow alters nothing, not even with a warning
         if decision.action == Action.WARN and is_tool_call(ex):
-            ex.call.append_text = describe(decision, self.engine.settings.expose_guard_details)
+            ex.call.append_text = describe(decision, self.services.settings.expose_guard_details)
 
     # --- refusing ----------------------------------------------------------------------------
 
@@ -271,92 +282,55 @@ class GuardStage(BaseStage):
         assert session is not None
         protocol = ex.protocol
         assert session is not None and protocol is not None
-        text = describe(decision, self.engine.settings.expose_guard_details)
+        text = describe(decision, self.services.settings.expose_guard_details)
         self.write_error(ex, decision)
         if decision.action == Action.BLOCK:
             ex.answer = protocol.render_block(ex, decision, text)
-            ex.block_text = text  # a Responses chain goes on from the blocked answer (responses_stage)
+            ex.block_text = (
+                text  # a Responses chain goes on from the blocked answer (stages/responses_chain.py)
+            )
             return
         ex.answer = protocol.render_refusal(ex, decision, text)
         budget = TAG_BUDGET_EXCEEDED in decision.tags
         limit = decision.kind is None and not budget
-        self.engine.terminate_session(
+        self.policy.terminate(
             session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else TAG_TERMINATED
         )
 
-    def refuse_ended(self, ex: Exchange, guards: SessionGuards) -> None:
-        """The session ended while this call was being judged: refused like every later call."""
-        decision = guards.terminated_by or Decision(
-            Action.TERMINATE, GUARD_SESSION_TERMINATED, "this session was terminated by a guard"
-        )
-        self.engine.metrics.observe_decision(decision.guard, decision.action.name)
-        assert ex.protocol is not None
+    def refuse_ended(self, ex: Exchange, decision: Decision, *, elsewhere: bool) -> None:
+        """The session ended while this call was being judged (here, or on another replica: this
+        replica's copy ends too): refused like every later call."""
+        session = ex.session
+        assert session is not None and ex.protocol is not None
+        self.services.metrics.observe_decision(decision.guard, decision.action.name)
         ex.answer = ex.protocol.render_refusal(
-            ex, decision, describe(decision, self.engine.settings.expose_guard_details)
+            ex, decision, describe(decision, self.services.settings.expose_guard_details)
         )
+        if elsewhere and not session.terminated:
+            self.policy.terminate(session, reason=f"guard:{decision.guard}", tag=None)
 
     def write_error(self, ex: Exchange, decision: Decision) -> None:
-        write_refusal_error(self.engine, ex, decision)
+        write_refusal_error(self.policy, ex, decision)
 
     # --- after the answer --------------------------------------------------------------------
 
     async def finish(self, ex: Exchange) -> None:
         session = ex.session
         try:
-            if self._settles_here:  # (no coroutine made per call for it)
-                self.settle_now(ex)
-            else:
-                await self.settle(ex)
+            await self.guards.settle(ex, self.write_settled)
         finally:
             if session is not None and session.terminated:
-                self.engine.end_if_pending(session)  # its RUN_END follows the calls that were in flight
-
-    async def settle(self, ex: Exchange) -> None:
-        self.settle_now(ex)
-
-    def settle_now(self, ex: Exchange) -> None:
-        """Settle the call with this process's guards: its reservation, what its answer brought."""
-        session = ex.session
-        if ex.protocol is None or session is None or session.guards is None or ex.guards_skipped:
-            return
-        guards = session.guards
-        now = time.monotonic()
-        trace = ex.guard_trace
-        if trace is not None:
-            now = guard_trace.mark_settled(ex, trace, now)
-        if not ex.forwarded:  # refused, or never sent
-            guards.release(ex.reservation)
-            return
-        if trace.tool if trace is not None else is_tool_call(ex):
-            result = ex.result
-            decisions = guards.after_tool_call(
-                ex.reservation,
-                ex.call.tool_name,
-                ex.call.arguments,
-                result_fingerprint=(result.fingerprint or "") if result is not None else "",
-                error=result.error_text if result is not None and result.status == "error" else None,
-                now=now,
-                event_id=ex.tool_event_id,
-            )
-        else:
-            decisions = guards.after_llm_call(
-                ex.reservation,
-                cost_usd=float(ex.cost_usd),
-                tokens=int(ex.tokens),
-                now=now,
-            )
-        if decisions:  # (most calls conclude nothing)
-            self.write_settled(session, guards, decisions)
+                self.policy.end_if_pending(session)  # its RUN_END follows the calls that were in flight
 
     def write_settled(self, session: Session, guards: SessionGuards, decisions: list[Decision]) -> None:
         """What settling concluded (the soft budget alert): a STATE_UPDATE, tags, the alert."""
         for d in decisions:
-            self.engine.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
+            self.services.metrics.observe_decision(d.guard, d.action.name, shadow=guards.shadow)
             if d.tags:
-                self.engine.recorder.add_tags(
+                self.services.recorder.add_tags(
                     session.run_id, *(d.tags if not guards.shadow else (TAG_SHADOW_FIRED,))
                 )
-            event_id = self.engine.write_event(
+            event_id = self.policy.write_event(
                 session,
                 EventType.STATE_UPDATE,
                 "state",
@@ -368,6 +342,6 @@ class GuardStage(BaseStage):
                     **({"shadow": True} if guards.shadow else {}),
                 },
             )
-            self.engine.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
+            self.policy.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
             if not guards.shadow:
-                self.engine.alerts.send(session, d)
+                self.services.alerts.send(session, d)

@@ -27,7 +27,7 @@ from proxy.pipeline import BaseStage
 from proxy.routing import join_upstream
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.services import Services
 
 log = logging.getLogger("tripwire.recovery")
 
@@ -94,11 +94,11 @@ class MaxTokensRecoveryStage(BaseStage):
 
     name = "max_tokens_recovery"
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, services: Services) -> None:
+        self.services = services
 
     def eligible(self, ex: Exchange) -> dict[str, Any] | None:
-        if self.engine.settings.max_tokens_recovery <= 0 or ex.protocol is None:
+        if self.services.settings.max_tokens_recovery <= 0 or ex.protocol is None:
             return None
         call = ex.call
         if ex.protocol.kind != "llm" or call.stream:
@@ -115,14 +115,14 @@ class MaxTokensRecoveryStage(BaseStage):
         return body
 
     async def request(self, ex: Exchange) -> None:
-        if self.engine.settings.max_tokens_recovery <= 0:
+        if self.services.settings.max_tokens_recovery <= 0:
             return  # off (the default)
         original = self.eligible(ex)
         protocol = ex.protocol
         if original is None or protocol is None:
             return
         route = ex.route
-        upstream = self.engine.upstreams.get(route.kind, route.upstream)
+        upstream = self.services.upstreams.get(route.kind, route.upstream)
         url = join_upstream(upstream.url, route.path, ex.request.rel_url.raw_query_string)
         headers = request_headers(ex.request.headers, upstream, identity_encoding=True)
         ex.forwarded = True
@@ -131,7 +131,7 @@ class MaxTokensRecoveryStage(BaseStage):
         parts: list[dict[str, Any]] = []
         try:
             body = original
-            for attempt in range(self.engine.settings.max_tokens_recovery + 1):
+            for attempt in range(self.services.settings.max_tokens_recovery + 1):
                 status, out_headers, raw = await self.post(ex, url, headers, body)
                 answer = loads_or_none(raw) if status == 200 else None
                 if attempt == 0:
@@ -176,7 +176,7 @@ class MaxTokensRecoveryStage(BaseStage):
     async def post(
         self, ex: Exchange, url: str, headers: Any, body: dict[str, Any]
     ) -> tuple[int, dict[str, str], bytes]:
-        async with await self.engine.forwarder.send(ex, "POST", url, headers, orjson.dumps(body)) as resp:
+        async with await self.services.forwarder.send(ex, "POST", url, headers, orjson.dumps(body)) as resp:
             raw = await resp.read()
             if ex.first_byte_at is None:
                 ex.first_byte_at = time.monotonic()
@@ -200,7 +200,7 @@ class MaxTokensRecoveryStage(BaseStage):
         (a bomb is relayed compressed and not continued, never inflated whole)."""
         if not Codec.decodes(codings):
             return None
-        limit = self.engine.settings.max_decoded_bytes
+        limit = self.services.settings.max_decoded_bytes
         out: list[bytes] = []
         size = 0
         try:

@@ -1,0 +1,48 @@
+"""Where a session's guard state lives: this process, or a log shared by replicas (`--state`).
+
+One strategy chosen once at start (`guard_backend_for`, in the engine's composition); the stages and
+the session policy ask it and never test which one it is. Both decide alike (same decisions, events
+and answers, SPEC §8); what differs is where the state is kept:
+
+- `LocalGuardBackend`: the session's `SessionGuards` in this process; a call is judged and settled
+  in place, its circuit is this process's.
+- `SharedGuardBackend`: the run's shared guard log (proxy/state/). Before forwarding, the call's
+  check goes into the log and its circuit is admitted, in ONE round trip; the verdict is read from
+  this replica's copy of the run's guards once it has applied everything the log holds before the
+  check (the function-calling results the request brings are taken in that round trip too). After
+  the answer, the settle (and the tool calls the answer asked for) is appended in a second round
+  trip, overlapping the relay: the answer's end (its last bytes, or a stream's clean end) reaches
+  the client only once the log has it (`ex.hold_end`), so replicas decide exactly as one process
+  however fast the agent's calls come (SPEC §8, docs/scaling.md). Backend unreachable:
+  `fail_open` decides from this replica's copy, `fail_closed` raises `StateUnavailable` (the stage
+  refuses with guard code `state_unavailable`).
+
+The stages write the events and render the answers; a backend only keeps state and says what the
+guards decided (`Admitted`).
+"""
+
+from __future__ import annotations
+
+from proxy.guard_backend.contract import Admitted, CallInputs, GuardBackend, OnCycle, OnSettled
+from proxy.guard_backend.local import LocalGuardBackend, session_guards
+from proxy.guard_backend.shared import SharedGuardBackend, pending_calls
+from proxy.guard_store import GuardConfigStore
+from proxy.state.service import SharedState
+
+__all__ = [
+    "Admitted",
+    "CallInputs",
+    "GuardBackend",
+    "LocalGuardBackend",
+    "OnCycle",
+    "OnSettled",
+    "SharedGuardBackend",
+    "guard_backend_for",
+    "pending_calls",
+    "session_guards",
+]
+
+
+def guard_backend_for(state: SharedState | None, guard_store: GuardConfigStore) -> GuardBackend:
+    """The one strategy of this process: shared when replicas share guard state (`--state`)."""
+    return SharedGuardBackend(state) if state is not None else LocalGuardBackend(guard_store)

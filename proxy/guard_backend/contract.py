@@ -1,0 +1,106 @@
+"""What the stages and the session policy ask of where guard state lives (`GuardBackend`), and what a
+backend answers about a call (`CallInputs` in, `Admitted` out)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.constants import GUARD_SESSION_TERMINATED
+from proxy.dialects.base import ToolCall, ToolResult
+from proxy.episodes import Episode
+from proxy.exchange import Exchange
+from proxy.guards.breaker import Ticket, Transition
+from proxy.guards.budget import Reservation
+from proxy.guards.config import GuardConfig
+from proxy.guards.decision import Action, Decision
+from proxy.guards.loop.history import HistoryResults
+from proxy.guards.session import SessionGuards, Verdict
+from proxy.responses_chain import ResponsesChains
+from proxy.sessions import Session, SessionManager
+from proxy.state.base import BreakerAdmission
+
+OnCycle = Callable[[Session, Decision], None]
+# what settling concluded (the soft budget alert), written by the guard stage
+OnSettled = Callable[[Session, SessionGuards, list[Decision]], None]
+
+CHAIN_FETCH_LIMITS = (8, 256, 2048)  # links fetched per round trip, growing while the gap lasts
+ENDED_BY_GUARD = Decision(
+    Action.TERMINATE, GUARD_SESSION_TERMINATED, "this session was terminated by a guard"
+)
+
+
+@dataclass(slots=True)
+class CallInputs:
+    """What the guards judge of a call (the guard stage reads them from the exchange)."""
+
+    estimate: float  # USD reserved
+    trace: dict[str, Any]  # what the call's event keeps of them, for replay
+    # LLM calls: the history as judged, and the tokens reserved
+    steps: list[list[ToolCall]] = field(default_factory=list)
+    turn_start: int = 0
+    results: list[ToolResult] | HistoryResults = field(default_factory=list)
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class Admitted:
+    """What the guards made of a call before it is forwarded."""
+
+    guards: SessionGuards
+    verdict: Verdict | None = None
+    inputs: CallInputs | None = None
+    seen: tuple[int, int] = (0, 0)  # (events, settles) the guards had seen when they judged
+    # the session ended before the call was judged: refused like every later call; `elsewhere`:
+    # ended on another replica (or in the log), so this replica's copy ends too
+    ended: Decision | None = None
+    elsewhere: bool = False
+    # the function-calling results the request brings, matched in the admit's round trip (shared):
+    # (call id, what the answer that asked for it said) to write, and the ids that were asked
+    taken: list[tuple[str, bytes]] | None = None
+    asked: list[str] = field(default_factory=list)
+    record_results: bool = False  # the backend was down: the calls this replica asked for are written
+
+
+class GuardBackend(Protocol):
+    # True: the function-calling results a request brings are matched in the guards' round trip
+    # (`Admitted.taken`), not by the tool results stage before it
+    results_at_admit: bool
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def keep_alive(self, sessions: SessionManager, now: float) -> None: ...
+    def health(self) -> dict[str, Any] | None: ...
+    def retry_after_s(self) -> float: ...
+    def config(self, agent: str) -> GuardConfig: ...
+
+    # sessions
+    async def resolve_run(
+        self,
+        sessions: SessionManager,
+        agent: str,
+        explicit_id: str | None,
+        episode: Episode | None,
+        now: float,
+    ) -> str | None: ...
+    def observe(
+        self, session: Session, event_type: str, name: str, event_id: str, on_cycle: OnCycle
+    ) -> None: ...
+    def ended(self, session: Session) -> None: ...
+    def terminated(self, session: Session, reason: str, *, kill: bool = False) -> None: ...
+
+    # Responses chains
+    async def fetch_chain(
+        self, chains: ResponsesChains, agent: str, previous_response_id: str | None
+    ) -> None: ...
+    async def share_chain(self, chains: ResponsesChains, agent: str, response_id: str) -> None: ...
+
+    # a call
+    async def admit(self, ex: Exchange, inputs: Callable[[], CallInputs], now: float) -> Admitted: ...
+    def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None: ...
+    async def settle(self, ex: Exchange, on_settled: OnSettled) -> None: ...
+    async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None: ...
+    async def circuit_report(
+        self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
+    ) -> Transition | None: ...

@@ -1,0 +1,249 @@
+"""Session policy: when a session's run opens, ends, is terminated, and what its events make of it.
+
+`SessionPolicy` (`engine.policy`) is the one place a run starts (RUN_START with the guard config in
+force) and ends (RUN_END: idle, shutdown, terminated), where the events of a session are written
+and handed to its guards (`write_event` then `observe_event`), and where what AgentDbg's cycle
+detector concludes after the fact is carried out (`on_cycle`: a LOOP_WARNING, an ERROR, maybe the
+end of the session). A terminated session whose calls are still in flight ends once the last one is
+recorded (`end_if_pending`). The guard state itself is the backend's (proxy/guard_backend/).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from proxy.alerts import Alerts
+from proxy.constants import GUARD_KILL_SWITCH, TAG_LOOP_DETECTED, TAG_SHADOW_FIRED, TAG_TERMINATED, EventType
+from proxy.episodes import Episode
+from proxy.guard_backend import GuardBackend
+from proxy.guard_events import guard_error, loop_warning
+from proxy.guard_store import GuardConfigStore
+from proxy.guards.decision import Action, Decision
+from proxy.metrics import Metrics
+from proxy.recorder import TraceRecorder
+from proxy.run_names import default_name
+from proxy.sessions import Refused, Session, SessionManager
+
+
+class SessionPolicy:
+    def __init__(
+        self,
+        *,
+        sessions: SessionManager,
+        recorder: TraceRecorder,
+        guard_store: GuardConfigStore,
+        guards: GuardBackend,
+        metrics: Metrics,
+        alerts: Alerts,
+        argv: list[str],
+    ) -> None:
+        self.sessions = sessions
+        self.recorder = recorder
+        self.guard_store = guard_store
+        self.guards = guards
+        self.metrics = metrics
+        self.alerts = alerts
+        self.argv = argv
+        self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
+
+    # --- open --------------------------------------------------------------------------------
+
+    def open(
+        self,
+        agent: str,
+        explicit_id: str | None,
+        *,
+        wall: float | None = None,
+        episode: Episode | None = None,
+        run_id: str | None = None,
+        run_name: Callable[[], str | None] | None = None,
+    ) -> Session | Refused:
+        """The call's session (SPEC §3): the explicit one, else the automatic one of its episode
+        (`episode`: what the request says about it, proxy/episodes.py; None: a call with no
+        conversation, which joins the agent's most recent automatic run).
+        `wall`: when the call arrived, so RUN_START is not later than the first call's own event.
+        `run_id`: the run the shared state says the session is (several replicas).
+        `run_name`: asked for a new run's name (proxy/run_names.py; only when a run starts, not per
+        call); None or no name: `AGENT SESSION_ID`."""
+        now = time.monotonic()
+        sessions = self.sessions
+        current = sessions.match(agent, explicit_id, episode)
+        live = sessions.take_live(current, explicit_id, episode, now) if run_id is None else None
+        if live is not None:
+            return live  # (most calls: a live session goes on)
+        # matched once: `lookup` takes expire's match unless expire forgot the session it found
+        expired, matched = sessions.expire_matched(current, now, run_id=run_id)
+        if expired is not None:
+            self.end(expired, status="ok", reason="idle_timeout")
+        opened = sessions.lookup(
+            agent,
+            explicit_id,
+            now=now,
+            wall=wall or time.time(),
+            episode=episode,
+            run_id=run_id,
+            matched=matched,
+        )
+        if isinstance(opened, Refused):
+            return opened
+        session, created = opened
+        if created:
+            config, is_override = self.guard_store.effective(agent)
+            fields: dict[str, Any] = {
+                "guard_config": config.model_dump(mode="json"),
+                "guard_config_source": "agent" if is_override else "project",
+            }
+            if session.lineage.announced is not None:
+                # the client's own episode id, so a run can be matched to e.g. a Codex session file
+                fields["episode"] = {"id": session.lineage.announced, "source": session.lineage.source}
+            self.recorder.start_run(
+                run_id=session.run_id,
+                run_name=(run_name and run_name()) or default_name(agent, session.session_id),
+                agent_name=agent,
+                session_id=session.session_id,
+                argv=self.argv,
+                extra=fields,
+                ts=session.started_wall,
+            )
+            self.metrics.set_live_sessions(len(self.sessions.live()))
+        return session
+
+    # --- events ------------------------------------------------------------------------------
+
+    def write_event(
+        self,
+        session: Session,
+        event_type: str,
+        name: str,
+        payload: dict[str, Any],
+        *,
+        duration_ms: float | None = None,
+        parent_id: str | None = None,
+        meta: dict[str, Any] | None = None,
+        ts: float | None = None,
+        sanitized: bool = False,
+    ) -> str:
+        """Write one event of a session's run; returns its id. Writing is all it does: the writer
+        then hands the event to the session's guards itself (`observe_event`). (The recorder's
+        keywords spelled out: no **kw dict packed and unpacked per event.)"""
+        return self.recorder.record(
+            session.run_id,
+            event_type,
+            name,
+            payload,
+            duration_ms=duration_ms,
+            parent_id=parent_id,
+            meta=meta,
+            ts=ts,
+            sanitized=sanitized,
+        )
+
+    def observe_event(self, session: Session, event_type: str, name: str, event_id: str) -> None:
+        """Let the session's guards see an event written to its run.
+
+        Every event counts toward `max_events`, and LLM_CALL / TOOL_CALL feed AgentDbg's cycle
+        detector, which can only warn after the fact (or, with stop_on_loop, end the session).
+        The guards' own LOOP_WARNING / ERROR of a cycle are not observed (replay relies on it).
+        """
+        if session.guards is None or session.ended:
+            return
+        self.guards.observe(session, event_type, name, event_id, self.on_cycle)
+
+    def on_cycle(self, session: Session, decision: Decision) -> None:
+        shadow = bool(session.guards is not None and session.guards.shadow)
+        self.metrics.observe_decision(decision.guard, decision.action.name, shadow=shadow)
+        if shadow:  # recorded as enforce mode would, and nothing more (SPEC §5.7)
+            if decision.new_finding and decision.kind is not None:
+                name, payload = loop_warning(decision)
+                self.recorder.record(
+                    session.run_id, EventType.LOOP_WARNING, name, {**payload, "shadow": True}
+                )
+            if decision.action == Action.TERMINATE:
+                payload = guard_error(decision, shadow=True)
+                self.recorder.record(session.run_id, EventType.ERROR, decision.guard, payload)
+            self.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
+            return
+        if decision.new_finding and decision.kind is not None:
+            name, payload = loop_warning(decision)
+            self.recorder.record(session.run_id, EventType.LOOP_WARNING, name, payload)
+            if decision.action == Action.WARN:
+                self.alerts.send(session, decision)  # a TERMINATE alerts below, with its ERROR
+            self.recorder.add_tags(session.run_id, TAG_LOOP_DETECTED)
+        if decision.action == Action.TERMINATE:
+            self.recorder.record(session.run_id, EventType.ERROR, decision.guard, guard_error(decision))
+            self.alerts.send(session, decision)
+            self.terminate(session, reason=f"guard:{decision.guard}")
+
+    # --- end ---------------------------------------------------------------------------------
+
+    def end(self, session: Session, *, status: str, reason: str) -> None:
+        if session.ended:
+            return
+        # a terminated session whose end waited for its calls in flight ends as it was terminated
+        status, reason = self._pending_end.pop(session.run_id, (status, reason))
+        session.ended = True
+        self.recorder.end_run(session.run_id, status=status, reason=reason)
+        self.guards.ended(session)
+
+    def end_idle(self, now: float) -> None:
+        """Runs idle for `session_idle_timeout_s` end (RUN_END, reason idle_timeout)."""
+        for session in self.sessions.idle_sessions(now):
+            self.end(session, status="ok", reason="idle_timeout")
+
+    def end_all(self, reason: str) -> None:
+        """Shutdown: every open run ends."""
+        for session in self.sessions.live():
+            self.end(session, status="ok", reason=reason)
+
+    def terminate(
+        self, session: Session, *, reason: str, tag: str | None = TAG_TERMINATED, own_call: bool = True
+    ) -> None:
+        """End the run with status error; every later call of the session is refused at once.
+
+        Loops and the kill switch tag the run `terminated`; budgets carry their own tag. Calls
+        of the session still in flight (other than the caller's own, `own_call`) already reached
+        the upstream: RUN_END waits until they are recorded (`end_if_pending`).
+        """
+        self.sessions.terminate(session, time.monotonic())
+        if tag:
+            self.recorder.add_tags(session.run_id, tag)
+        if session.inflight - (1 if own_call else 0) > 0:
+            self._pending_end[session.run_id] = ("error", reason)
+        else:
+            self.end(session, status="error", reason=reason)
+
+    def end_if_pending(self, session: Session) -> None:
+        """A call of a terminated session finished: end its run once it is the last one in flight."""
+        if session.run_id in self._pending_end and session.inflight <= 1:
+            self.end(session, status="error", reason="terminated")
+
+    def kill(self, run_id: str) -> bool:
+        """The kill switch (POST /api/runs/{run_id}/terminate)."""
+        session = self.sessions.by_run_id(run_id)
+        if session is None or session.ended or session.terminated:
+            return False
+        self.recorder.record(
+            run_id,
+            EventType.ERROR,
+            GUARD_KILL_SWITCH,
+            {
+                "error_type": GUARD_KILL_SWITCH,
+                "message": "session terminated through the admin API",
+                "stack": None,
+                "guardrail": GUARD_KILL_SWITCH,
+                "threshold": None,
+                "actual": None,
+            },
+        )
+        self.metrics.observe_decision(GUARD_KILL_SWITCH, "terminate")
+        self.guards.terminated(session, "terminated", kill=True)  # every replica refuses its calls
+        self.terminate(session, reason="terminated", own_call=False)
+        return True
+
+    def guard_stats(self, run_id: str) -> dict[str, Any] | None:
+        session = self.sessions.by_run_id(run_id)
+        if session is None or session.guards is None or session.ended:
+            return None
+        return session.guards.stats()

@@ -1,0 +1,111 @@
+"""The LLM parse stage: the dialect of the path reads the body into an `LLMRequest`; unknown
+endpoints forward unrecorded; an unreadable body is a 400 in the dialect's shape."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from proxy import jsonparse
+from proxy.constants import EventType
+from proxy.dialects import dialect_for
+from proxy.dialects.base import LLMRequest
+from proxy.dialects.contract import Dialect
+from proxy.exchange import Exchange
+from proxy.llm import RESPONSE_RECORD_LIMIT, BodyCollector, LLMProtocol, fallback_request, parse, read_body
+from proxy.llm_errors import bad_request
+from proxy.pipeline import BaseStage
+from proxy.sessions import Refused, Session
+
+if TYPE_CHECKING:
+    from proxy.services import Services
+
+log = logging.getLogger("tripwire.llm")
+
+
+class LLMParseStage(BaseStage):
+    """Find the dialect from the path and parse the body; unknown endpoints forward unrecorded.
+
+    A call of a known endpoint is never forwarded unjudged (SPEC §4.2): a body `json.loads` would
+    refuse (or that is not a JSON object) is answered 400 here and recorded as an ERROR; one the
+    dialect fails to read is judged as a call without history.
+    """
+
+    name = "parse_llm"
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        # one adapter per dialect: it holds nothing of a call (the dialect and the services only)
+        self._protocols: dict[Dialect, LLMProtocol] = {}
+
+    def protocol(self, dialect: Dialect) -> LLMProtocol:
+        found = self._protocols.get(dialect)
+        if found is None:
+            found = self._protocols[dialect] = LLMProtocol(dialect, self.services)
+        return found
+
+    async def request(self, ex: Exchange) -> None:
+        dialect = dialect_for(ex.route.path, ex.request.method)
+        if dialect is None:
+            return
+        try:
+            body, exact = read_body(ex.body)
+        except ValueError as e:  # invalid UTF-8, an integer beyond the digit limit, not JSON
+            self.refuse(ex, dialect, f"the request body is not valid JSON: {str(e)[:300]}")
+            return
+        if not isinstance(body, dict):
+            self.refuse(ex, dialect, "the request body must be a JSON object")
+            return
+        try:
+            call: LLMRequest = parse(dialect, body)
+        except Exception:
+            log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
+            call = fallback_request(dialect, body)
+        ex.protocol = self._protocols.get(dialect) or self.protocol(dialect)
+        ex.call = call
+        ex.request_json = body  # the session stage reads the client's episode id in it
+        rewritten = dialect.upstream_body(call, body)
+        if rewritten is not None:
+            # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
+            ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
+        ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
+
+    def refuse(self, ex: Exchange, dialect: Dialect, message: str) -> None:
+        """Answer 400 and record an ERROR in the session's run, when the call names one."""
+        text = f"[tripwire] {message}"
+        ex.answer = bad_request(dialect, text)
+        route = ex.route
+        session: Session | None = None
+        if route.session is not None:
+            opened = self.services.policy.open(route.agent, route.session, wall=ex.started_wall)
+            session = None if isinstance(opened, Refused) else opened
+        else:  # the agent's automatic session, when there is exactly one to speak of
+            live = [
+                s
+                for s in self.services.sessions.live()
+                if s.agent == route.agent and not s.explicit and not s.terminated
+            ]
+            session = live[0] if len(live) == 1 else None
+        if session is None or session.ended:
+            log.warning(
+                "refused an unreadable %s request of agent %s: %s", dialect.__name__, route.agent, message
+            )
+            return
+        event_id = self.services.policy.write_event(
+            session,
+            EventType.ERROR,
+            "invalid_request_body",
+            {
+                "error_type": "invalid_request_body",
+                "message": text,
+                "stack": None,
+                "guardrail": None,
+                "threshold": None,
+                "actual": None,
+                "http_status": 400,
+                "endpoint": getattr(dialect, "DIALECT", None),
+                "upstream": route.upstream,
+            },
+            ts=ex.started_wall,
+        )
+        self.services.policy.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
