@@ -96,6 +96,10 @@ class LocalGuardBackend:
         guards = session_guards(self.config(session.agent), session)
         call = ex.call
         if is_tool_call(ex):
+            # an MCP result ends its answer once the call is recorded and settled (finish hooks): a
+            # client that calls again the moment it reads the result is judged with it, and its
+            # events follow this call's TOOL_CALL in the trace, as with shared state (SPEC §8)
+            ex.hold_end = True
             judged = inputs()
             seen = (guards.events_seen, guards.calls_settled)
             verdict = guards.before_tool_call(
