@@ -85,6 +85,12 @@ GUARD_CIRCUIT_BREAKER = "circuit_breaker"
 GUARD_KILL_SWITCH = "kill_switch"
 GUARD_SESSION_TERMINATED = "session_terminated"
 GUARD_STATE_UNAVAILABLE = "state_unavailable"  # shared state unreachable under fail_closed (SPEC §8)
+# gateway (SPEC §9)
+GUARD_TOOL_DENIED = "tool_denied"  # a tool permission's deny (or an allow-list that leaves it out)
+GUARD_TOOL_ASK = "tool_ask"  # a tool permission's ask pattern: held for a person (§5.5a)
+GUARD_RATE_LIMITED = "rate_limited"
+GUARD_BUDGET_WINDOW_EXCEEDED = "budget_window_exceeded"
+GUARD_BUDGET_WINDOW_SOFT_ALERT = "budget_window_soft_alert"
 
 
 def default_counts() -> dict[str, int]:

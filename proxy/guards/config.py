@@ -7,12 +7,30 @@ one config object for a whole call and never sees it change half-way.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
-LoopAction = Literal["warn", "block", "terminate"]
+# `ask` holds the call for a person (SPEC §5.5a)
+LoopAction = Literal["warn", "block", "terminate", "ask"]
 PerToolMode = Literal["progress", "count"]
+# what a budget or limit does to the call that would cross it: refuse it (§5.5), or ask a person
+OnLimit = Literal["refuse", "ask"]
+# what applies when nobody decides a held call within `ask_timeout_s`
+AskFallback = Literal["block", "terminate"]
+Period = Literal["day", "week", "month"]
+# the two rate-limit scopes that are not tool patterns (SPEC §9)
+RATE_SCOPES = ("llm", "tools")
 
 
 class _Section(BaseModel):
@@ -66,6 +84,7 @@ class BudgetConfig(_Section):
     soft_alert_threshold_usd: PositiveFloat | None = None
     max_wall_time_seconds: PositiveFloat | None = None
     max_tokens: PositiveInt | None = None
+    on_limit: OnLimit = "refuse"
 
     @model_validator(mode="after")
     def _soft_below_max(self) -> BudgetConfig:
@@ -83,6 +102,7 @@ class LimitsConfig(_Section):
     max_tool_calls: PositiveInt | None = None
     max_events: PositiveInt | None = None
     max_duration_s: PositiveFloat | None = None
+    on_limit: OnLimit = "refuse"
 
 
 class CircuitBreakerConfig(_Section):
@@ -90,6 +110,67 @@ class CircuitBreakerConfig(_Section):
     open_after_failures: PositiveInt = 5
     cooldown_seconds: PositiveFloat = 30
     half_open_max_calls: PositiveInt = 3
+
+
+def _check_pattern(pattern: str) -> str:
+    """A tool glob (fnmatch: `*`, `?`, `[...]`) over `SERVER__TOOL` or a function tool's name."""
+    if not pattern or pattern != pattern.strip():
+        raise ValueError(f"tool pattern {pattern!r} must be a non-empty glob without surrounding spaces")
+    if pattern.count("[") != pattern.count("]"):
+        raise ValueError(f"tool pattern {pattern!r} has an unclosed [ ] set")
+    return pattern
+
+
+class ToolsConfig(_Section):
+    """Tool permissions (SPEC §9): deny beats ask beats allow; with `allow` given, the rest is denied."""
+
+    allow: tuple[str, ...] | None = None
+    ask: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    @field_validator("allow", "ask", "deny")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None:
+            for pattern in value:
+                _check_pattern(pattern)
+        return value
+
+    @property
+    def restricts(self) -> bool:
+        """False for the default (everything allowed): callers skip matching altogether."""
+        return self.allow is not None or bool(self.ask) or bool(self.deny)
+
+
+class RateLimitConfig(_Section):
+    """At most `max_calls` calls matching `match` in any `per_s` seconds, per agent (SPEC §9)."""
+
+    match: str  # "llm", "tools" or a tool pattern
+    max_calls: PositiveInt
+    per_s: PositiveFloat
+
+    @field_validator("match")
+    @classmethod
+    def _match(cls, value: str) -> str:
+        return value if value in RATE_SCOPES else _check_pattern(value)
+
+
+class BudgetWindowConfig(_Section):
+    """A calendar period's budget of one agent across all its sessions (SPEC §9)."""
+
+    period: Period
+    max_cost_usd: PositiveFloat | None = None
+    max_tokens: PositiveInt | None = None
+    soft_alert_pct: float | None = Field(None, gt=0, lt=100)
+
+    @model_validator(mode="after")
+    def _has_limit(self) -> BudgetWindowConfig:
+        if self.max_cost_usd is None and self.max_tokens is None:
+            raise ValueError(f"budget window {self.period!r} needs max_cost_usd or max_tokens")
+        return self
+
+
+_TZ_NAME = re.compile(r"^[A-Za-z0-9_+\-/]+$")
 
 
 class GuardConfig(_Section):
@@ -117,3 +198,44 @@ class GuardConfig(_Section):
     budget: BudgetConfig = BudgetConfig()
     limits: LimitsConfig = LimitsConfig()
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    # gateway policy (SPEC §9) and asking a person (§5.5a)
+    tools: ToolsConfig = ToolsConfig()
+    rate_limits: tuple[RateLimitConfig, ...] = ()
+    budget_windows: tuple[BudgetWindowConfig, ...] = ()
+    budget_timezone: str = "UTC"
+    ask_timeout_s: PositiveFloat = 120
+    ask_fallback: AskFallback = "block"
+
+    @model_validator(mode="after")
+    def _ask_not_yet(self) -> GuardConfig:
+        # the hold for a person (SPEC §5.5a) is being built; until it lands `ask` is refused rather
+        # than silently let through
+        if (
+            self.loop_detection.action == "ask"
+            or self.budget.on_limit == "ask"
+            or self.limits.on_limit == "ask"
+            or self.tools.ask
+        ):
+            raise ValueError("`ask` (hold the call for a person) is not available yet")
+        return self
+
+    @field_validator("budget_timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            if not _TZ_NAME.match(value):
+                raise ValueError
+            ZoneInfo(value)
+        except (ValueError, ZoneInfoNotFoundError):
+            raise ValueError(
+                f"unknown timezone {value!r} (an IANA name such as UTC or Europe/Paris)"
+            ) from None
+        return value
+
+    @field_validator("budget_windows")
+    @classmethod
+    def _one_window_per_period(cls, value: tuple[BudgetWindowConfig, ...]) -> tuple[BudgetWindowConfig, ...]:
+        periods = [w.period for w in value]
+        if len(periods) != len(set(periods)):
+            raise ValueError(f"budget_windows: one window per period, got {periods}")
+        return value

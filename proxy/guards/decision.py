@@ -17,8 +17,9 @@ class Action(enum.IntEnum):
 
     ALLOW = 0
     WARN = 1
-    BLOCK = 2
-    TERMINATE = 3
+    ASK = 2  # hold the call until a person approves or denies it (SPEC §5.5a); a refusal beats it
+    BLOCK = 3
+    TERMINATE = 4
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from proxy.guards.loop.turn import Attempt, Turn
 
 PATTERN_CHARS = 80
 MAX_EVIDENCE = 50
-ACTIONS = {"warn": Action.WARN, "block": Action.BLOCK, "terminate": Action.TERMINATE}
+ACTIONS = {"warn": Action.WARN, "ask": Action.ASK, "block": Action.BLOCK, "terminate": Action.TERMINATE}
 _LOOP_TAGS = (TAG_LOOP_DETECTED,)
 _STOP_TAGS = (TAG_LOOP_DETECTED, TAG_TERMINATED)
 
