@@ -17,10 +17,12 @@ from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
     OP_CHAT,
     BodySniffer,
+    KeepTool,
     LLMRequest,
     LLMResult,
     ToolCall,
     ToolCallBuilder,
+    ToolFilter,
     ToolResult,
     Turns,
     Usage,
@@ -59,6 +61,7 @@ __all__ = [
     "parse_response",
     "render_blocked",
     "upstream_body",
+    "without_tools",
 ]
 
 # HTTP status to send render_blocked()'s body with
@@ -164,6 +167,20 @@ def parse_request(body: dict) -> LLMRequest:
 def declared_tools(body: dict) -> list[dict]:
     """The tools the request makes available (client tools and server tools alike)."""
     return listed_tools(body, "tools")
+
+
+def without_tools(body: dict, keep: KeepTool) -> dict | None:
+    """The body without the tools `keep` refuses; None when none goes. A `tool_choice` naming a
+    removed tool is dropped (the model chooses among the rest), and so is one forcing a tool call
+    (`any`) when none is left; an emptied `tools` goes."""
+    f = ToolFilter(keep)
+    out = dict(body)
+    if not f.field(out, "tools"):
+        return None
+    if not out["tools"]:
+        del out["tools"]
+    f.choice(out, "tool_choice", tools_left="tools" in out)
+    return out
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

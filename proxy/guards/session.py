@@ -166,7 +166,9 @@ class SessionGuards:
             if found is not None and found.action is Action.BLOCK:
                 return self._admit("tool", [found], estimate_usd, 0, now)  # never an attempt
             if found is not None:
-                decisions = self.loop.check_tool_call(tool, args, now, server=server, enforced=not self.shadow)
+                decisions = self.loop.check_tool_call(
+                    tool, args, now, server=server, enforced=not self.shadow
+                )
                 return self._admit("tool", [*decisions, found], estimate_usd, 0, now)
         decisions = self.loop.check_tool_call(tool, args, now, server=server, enforced=not self.shadow)
         return self._admit("tool", decisions, estimate_usd, 0, now)
