@@ -18,6 +18,7 @@ from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol, record_tool_call
 from proxy.mcp.hub import McpHub
 from proxy.mcp.observe import MessageObserver
+from proxy.mcp.tool_list import permitted_tools_list
 from proxy.pipeline import BaseStage
 from proxy.sessions import Refused
 
@@ -67,6 +68,8 @@ class MCPParseStage(BaseStage):
         msg = messages[0] if len(messages) == 1 and not batch else None
         call = tool_call(msg, route.upstream, legacy is not None, mcp_session, request.headers)
         if call is None:
+            if msg is not None and self.filter_tools_list(ex, msg, session_key, legacy is not None):
+                return
             if batch and legacy is None:
                 self.watch_batch(ex, messages, session_key, mcp_session)
             return  # forwarded as it is; a POST's answer only carries the answers to its own requests
@@ -92,6 +95,26 @@ class MCPParseStage(BaseStage):
                 limit=self.services.settings.max_body_bytes,
                 hold_json=lambda: call.append_text is not None,
             )
+
+    def filter_tools_list(self, ex: Exchange, msg: dict[str, Any], session_key: str, legacy: bool) -> bool:
+        """A `tools/list` the agent's tool permissions filter: its answer, wherever it comes, leaves
+        out the tools whose `SERVER__TOOL` is denied (SPEC §9). Shadow mode alters nothing."""
+        if jsonrpc.kind(msg) != "request" or msg.get("method") != "tools/list":
+            return False
+        config = self.services.guards.config(ex.route.agent)
+        if not config.tools.restricts or config.in_shadow:
+            return False
+        tools, server = config.tools, ex.route.upstream
+        self.hub.rewrite_answer(
+            server, session_key, msg.get("id"), lambda m: permitted_tools_list(m, server, tools)
+        )
+        if not legacy:  # (a legacy answer comes on the session's SSE stream, relayed by the hub)
+            ex.observer = MessageObserver(
+                lambda m: self.hub.deliver(server, session_key, m),
+                limit=self.services.settings.max_body_bytes,
+                hold_json=lambda: True,
+            )
+        return True
 
     def watch_batch(
         self, ex: Exchange, messages: list[Any], session_key: str, mcp_session: str | None
