@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.replay import replay_dir
 from tests.conftest import AGENT_KEY, Running, StartTripwire
-from tests.fakes import FakeUpstream
 from tests.schema import assert_run_valid
 
 SESSION = {"X-Tripwire-Session": "perm-1", "X-Tripwire-Agent": "bot"}
