@@ -310,3 +310,27 @@ async def test_an_mcp_allow_list_denies_the_rest(start_tripwire: StartTripwire) 
     assert [t.name for t in listed.tools] == ["add"]
     assert refused.is_error and refused.content[0].text.startswith("[tripwire] denied")
     assert server.tool_calls() == []
+    # replay decides as live: the server reaches the guards through the call's guard_input
+    (replayed,) = replay_dir(tw.data_dir / "runs" / tw.run_ids()[0]).decisions
+    assert (replayed.guard, replayed.action, replayed.call_index) == ("tool_denied", "block", 1)
+
+
+async def test_a_denied_mcp_call_is_blocked_with_shared_state(
+    start_tripwire: StartTripwire, redis_url: str
+) -> None:
+    """With the state backend the check goes through the shared log's replica: the same decision."""
+    from tests.mcp_servers import connect
+
+    with recorded_server("streamable-http", False) as (upstream, server):
+        tw = await start_tripwire(
+            mcp={"demo": {"url": upstream}},
+            guards={"tools": {"deny": ["demo__echo"]}},
+            state={"url": redis_url},
+        )
+        async with connect("streamable-http", f"{tw.url}/agents/bot/sessions/s1/mcp/demo") as client:
+            denied = await client.call_tool("echo", {"text": "hi"})
+            allowed = await client.call_tool("add", {"a": 2, "b": 2})
+        await tw.flush()
+    assert denied.is_error and denied.content[0].text.startswith("[tripwire] denied")
+    assert allowed.structured_content == {"result": 4}
+    assert server.tool_calls() == ["add"]
