@@ -334,3 +334,19 @@ async def test_a_denied_mcp_call_is_blocked_with_shared_state(
     assert denied.is_error and denied.content[0].text.startswith("[tripwire] denied")
     assert allowed.structured_content == {"result": 4}
     assert server.tool_calls() == ["add"]
+
+
+async def test_shadow_mode_forwards_a_denied_mcp_call_and_records_it(start_tripwire: StartTripwire) -> None:
+    from tests.mcp_servers import connect
+
+    guards = {"shadow": True, "tools": {"deny": ["demo__echo"]}}
+    with recorded_server("streamable-http", False) as (upstream, server):
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}}, guards=guards)
+        async with connect("streamable-http", f"{tw.url}/agents/bot/sessions/s1/mcp/demo") as client:
+            listed = await client.list_tools()
+            result = await client.call_tool("echo", {"text": "hi"})
+        await tw.flush()
+    assert "echo" in [t.name for t in listed.tools]
+    assert not result.is_error and server.tool_calls() == ["echo"]
+    (error,) = [e for e in tw.events() if e["event_type"] == "ERROR"]
+    assert error["payload"]["guardrail"] == "tool_denied" and error["payload"]["shadow"] is True
