@@ -350,3 +350,39 @@ async def test_shadow_mode_forwards_a_denied_mcp_call_and_records_it(start_tripw
     assert not result.is_error and server.tool_calls() == ["echo"]
     (error,) = [e for e in tw.events() if e["event_type"] == "ERROR"]
     assert error["payload"]["guardrail"] == "tool_denied" and error["payload"]["shadow"] is True
+
+
+async def test_a_batched_tools_list_is_filtered_too(start_tripwire: StartTripwire) -> None:
+    """A 2025-03-26 batch holding a `tools/list` (and a `tools/call`): its answer loses the denied tools."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    def answer(msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["method"] == "tools/list":
+            return {
+                "jsonrpc": "2.0",
+                "id": msg["id"],
+                "result": {"tools": [{"name": "read"}, {"name": "rm"}]},
+            }
+        return {"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [{"type": "text", "text": "ok"}]}}
+
+    async def handle(request: web.Request) -> web.Response:
+        batch = await request.json()
+        return web.json_response([answer(m) for m in batch])
+
+    app = web.Application()
+    app.router.add_post("/mcp", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    tw = await start_tripwire(
+        mcp={"fs": {"url": str(server.make_url("/mcp"))}}, guards={"tools": {"deny": ["fs__rm"]}}
+    )
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "read", "arguments": {}}},
+    ]
+    async with aiohttp.ClientSession() as http, http.post(f"{tw.url}/mcp/fs", json=batch) as r:
+        got = await r.json()
+    await server.close()
+    assert got[0]["result"]["tools"] == [{"name": "read"}]
+    assert got[1]["result"]["content"][0]["text"] == "ok"
