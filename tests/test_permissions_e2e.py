@@ -386,3 +386,30 @@ async def test_a_batched_tools_list_is_filtered_too(start_tripwire: StartTripwir
     await server.close()
     assert got[0]["result"]["tools"] == [{"name": "read"}]
     assert got[1]["result"]["content"][0]["text"] == "ok"
+
+
+async def test_an_agent_override_put_through_the_api_applies_to_its_next_call(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url})
+    path = tw.admin_url + "/api/agents/bot/prevention-config"
+    async with aiohttp.ClientSession() as http:
+        async with http.put(path, json={"tools": {"deny": ["a[b"]}}) as r:
+            assert r.status == 422 and "tools.deny" in await r.text()  # refused naming the field
+        async with http.put(path, json={"tools": {"allow": ["search"]}}) as r:
+            assert r.status == 200, await r.text()
+    for agent in ("bot", "someone-else"):
+        client = openai.AsyncOpenAI(
+            base_url=f"{tw.url}/agents/{agent}/v1",
+            api_key=AGENT_KEY,
+            default_headers={"X-Tripwire-Session": agent},
+        )
+        await client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[function("search"), function("shell")],  # type: ignore[list-item]
+        )
+    bot, other = fake.calls("/v1/chat/completions")
+    assert [t["function"]["name"] for t in bot.body["tools"]] == ["search"]
+    assert [t["function"]["name"] for t in other.body["tools"]] == ["search", "shell"]
