@@ -83,4 +83,6 @@ def test_anthropic_drops_a_choice_of_a_removed_tool_and_any_with_none_left() -> 
     assert out == {"tools": [search]}
     out = anthropic.without_tools({"tools": [search, shell], "tool_choice": {"type": "any"}}, not_shell)
     assert out == {"tools": [search], "tool_choice": {"type": "any"}}
-    assert anthropic.without_tools({"tools": [shell], "tool_choice": {"type": "any"}}, not_shell) == {}
+    assert anthropic.without_tools({"tools": [shell], "tool_choice": {"type": "any"}}, not_shell) == {
+        "tools": []
+    }

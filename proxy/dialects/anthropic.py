@@ -171,15 +171,14 @@ def declared_tools(body: dict) -> list[dict]:
 
 def without_tools(body: dict, keep: KeepTool) -> dict | None:
     """The body without the tools `keep` refuses; None when none goes. A `tool_choice` naming a
-    removed tool is dropped (the model chooses among the rest), and so is one forcing a tool call
-    (`any`) when none is left; an emptied `tools` goes."""
+    removed tool is dropped (the model chooses among the rest), and so is any choice when none is
+    left (the API refuses one with no tools). An emptied `tools` stays, `[]`: the API accepts it,
+    and a history holding `tool_use` blocks may need the field."""
     f = ToolFilter(keep)
     out = dict(body)
     if not f.field(out, "tools"):
         return None
-    if not out["tools"]:
-        del out["tools"]
-    f.choice(out, "tool_choice", tools_left="tools" in out)
+    f.choice(out, "tool_choice", tools_left=bool(out["tools"]))
     return out
 
 
