@@ -37,11 +37,20 @@ from typing import Any
 
 import orjson
 
-from bench import bodies, procs, writer
+from bench import bodies, permissions, procs, writer
 from bench.client import Answer, Connection, concurrent, request_bytes, sequential
 
 PATH = "/v1/chat/completions"
-PHASES = ("latency", "throughput", "streams", "history", "session_length", "session_count", "writer")
+PHASES = (
+    "latency",
+    "throughput",
+    "streams",
+    "history",
+    "session_length",
+    "session_count",
+    "writer",
+    "permissions",
+)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -487,6 +496,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "rate_calls_per_s": 400,
                 "sessions": 300,
             }
+        if "permissions" in only:
+            step(f"tool permissions, {args.conns} connections")
+            result["permissions"] = await permissions.measure(
+                up.port, throughput, args.tp_rounds, args.tp_seconds, args.conns, tmp
+            )
         result["machine"]["loadavg_end"] = os.getloadavg()
         result["seconds"] = round(time.perf_counter() - t_start, 1)
         result["targets"] = verdicts(result)
@@ -577,6 +591,14 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             "writer lag p99 < 100 ms at 400 calls/s over 300 sessions",
             f"{w['lag_p99_ms']:.1f} ms",
             w["lag_p99_ms"] < 100,
+        )
+    perm = r.get("permissions")
+    if perm and perm["cost_us_per_call"] is not None:
+        cost = perm["cost_us_per_call"]
+        add(
+            f"tool permission check ({perm['patterns']} patterns) <= 20 us per call at c=32",
+            f"{cost:+.1f} us",
+            cost <= 20,
         )
     return out
 

@@ -19,6 +19,7 @@ from proxy.constants import (
     GUARD_MAX_TOOL_CALLS,
     GUARD_MAX_WALL_TIME_SECONDS,
     GUARD_SOFT_ALERT_THRESHOLD_USD,
+    GUARD_TOOL_DENIED,
 )
 from proxy.guards.decision import Action, Decision, retry_after_seconds
 from proxy.guards.loop.detector import LOOP_KINDS
@@ -60,14 +61,20 @@ def _advice(d: Decision) -> str:
         return f"Try again{left}."
     if d.guard == GUARD_MAX_TIME_PER_TURN:
         return "Stop calling tools and answer the user with what you have."
+    if d.guard == GUARD_TOOL_DENIED:
+        return "Do not call it again: use another tool, or answer the user with what you have."
     if d.kind is not None:
         return "Do not repeat this call: try a different approach, or answer the user with what you have."
     return ""
 
 
 def describe(decision: Decision, expose_details: bool) -> str:
-    """`[tripwire] blocked: ...` (or `warning:`) for the agent; details only when exposed."""
-    head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"
+    """`[tripwire] blocked: ...` (or `warning:`, or `denied:` for a tool the permissions deny) for
+    the agent; details only when exposed."""
+    if decision.guard == GUARD_TOOL_DENIED:
+        head = "[tripwire] denied"
+    else:
+        head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"
     what = decision.message if expose_details and decision.message else _summary(decision)
     text = f"{head}: {what}"
     if expose_details:
