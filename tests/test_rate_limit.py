@@ -48,7 +48,9 @@ def test_all_or_nothing_over_several_rules_and_the_longest_wait_wins() -> None:
     assert [r.match for r in files] == ["tools", "files__*"] and [r.match for r in other] == ["tools"]
     assert w.admit("a", files, 0.0) is None
     refusal = w.admit("a", files, 1.0)
-    assert refusal is not None and refusal.rule.match == "files__*" and refusal.retry_after == pytest.approx(9)
+    assert (
+        refusal is not None and refusal.rule.match == "files__*" and refusal.retry_after == pytest.approx(9)
+    )
     tools_rule = other[0]
     assert w.count("a", tools_rule, 1.0) == 1  # the refused call took no `tools` slot either
     for t in (2.0, 3.0, 4.0, 5.0):
@@ -58,7 +60,9 @@ def test_all_or_nothing_over_several_rules_and_the_longest_wait_wins() -> None:
 
 
 def test_windows_are_per_agent_and_llm_never_counts_a_tool() -> None:
-    config = limits({"match": "llm", "max_calls": 1, "per_s": 60}, {"match": "*", "max_calls": 1, "per_s": 60})
+    config = limits(
+        {"match": "llm", "max_calls": 1, "per_s": 60}, {"match": "*", "max_calls": 1, "per_s": 60}
+    )
     w = SlidingWindows()
     llm = rules_for(config, None)
     assert [r.match for r in llm] == ["llm"]

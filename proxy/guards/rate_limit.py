@@ -80,8 +80,7 @@ def refusal_decision(refusal: RateRefusal, tool: str | None) -> Decision:
     return Decision(
         Action.BLOCK,
         GUARD_RATE_LIMITED,
-        f"this agent's {what} are over the rate limit {rule.match!r} "
-        f"({rule.max_calls} per {rule.per_s:g}s)",
+        f"this agent's {what} are over the rate limit {rule.match!r} ({rule.max_calls} per {rule.per_s:g}s)",
         threshold=f"{rule.max_calls} per {rule.per_s:g}s",
         actual=refusal.count,
         retry_after=round(max(refusal.retry_after, 0.0), 3),
