@@ -15,8 +15,10 @@ pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
 from mcp import Client  # noqa: E402
 
 from proxy.constants import GUARD_RATE_LIMITED  # noqa: E402
+from proxy.replay import replay_dir  # noqa: E402
 from tests.conftest import Running, StartTripwire  # noqa: E402
 from tests.pipeline_errors import no_pipeline_errors  # noqa: E402, F401 (autouse fixture)
+from tests.schema import assert_run_valid  # noqa: E402
 from tests.test_guards_e2e_mcp import shop  # noqa: E402
 
 SESSION_URL = "/agents/bot/sessions/s1/mcp/shop"
@@ -64,13 +66,21 @@ async def test_an_mcp_client_reads_when_to_retry_and_its_retry_goes_through(
                 assert asyncio.get_running_loop().time() < deadline, "the window never moved"
                 await asyncio.sleep(0.1)
     await tw.flush()
-    events = tw.events()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
     tool_calls = [e for e in events if e["event_type"] == "TOOL_CALL"]
     assert [e["name"] for e in tool_calls] == ["set_price", "fetch_user", "set_price"]
     errors = [e for e in events if e["event_type"] == "ERROR"]
     assert errors and {e["payload"]["guardrail"] for e in errors} == {GUARD_RATE_LIMITED}
-    (run_id,) = tw.run_ids()
     assert tw.run_json(run_id)["status"] != "error"
+    # replay: the calls that went through replay as decided live; the rate limit (per agent, outside
+    # the run) is listed as recorded, not recomputed
+    replay = replay_dir(tw.data_dir / "runs" / run_id)
+    assert replay.replayed_checks == replay.live and len(replay.live) == 3
+    listed = [d for d in replay.decisions if d.guard == GUARD_RATE_LIMITED]
+    assert len(listed) == len(errors) and all(not d.replayed and d.action == "block" for d in listed)
+    # a refused call is no call of the run: listed at the run's last call before it
+    assert listed[0].call_index == 1 and all(d.call_index == 2 for d in listed[1:])
 
 
 async def test_tools_counts_every_tool_call(start_tripwire: StartTripwire) -> None:
