@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import pytest
+from aiohttp import WSMsgType
 
 from proxy.constants import GUARD_RATE_LIMITED
 from tests.conftest import AGENT_KEY, Running, StartTripwire
@@ -130,3 +132,27 @@ async def test_a_tool_pattern_does_not_count_llm_calls(
     for _ in range(3):
         assert await outcome(c) is None
     assert len(fake.calls(CHAT)) == 3
+
+
+async def test_the_responses_websocket_gets_the_error_event_and_stays_open(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    from tests.test_websocket import EVENT_WAIT_S, auth, create, next_json, until_done
+
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards=rate("llm", 1, 60))
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(tw.url + "/v1/responses", headers=auth(), autoping=False) as ws,
+    ):
+        await ws.send_str(create(input="one"))
+        assert (await until_done(ws))[-1]["type"] == "response.completed"
+        await ws.send_str(create(input="two"))
+        refused = await next_json(ws)
+        await ws.ping(b"still open?")
+        pong = await asyncio.wait_for(ws.receive(), EVENT_WAIT_S)
+    assert refused["type"] == "error" and refused["status"] == 429
+    assert refused["error"]["code"] == GUARD_RATE_LIMITED
+    assert 1 <= int(refused["headers"]["retry-after"]) <= 60 and "x-should-retry" not in refused["headers"]
+    assert pong.type == WSMsgType.PONG  # the socket (and the session) go on
+    assert len(fake.ws_messages) == 1
