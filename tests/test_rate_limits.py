@@ -75,6 +75,14 @@ async def test_sixty_concurrent_calls_let_exactly_ten_through(
     await tw.flush()
     errors = errors_of(tw)
     assert len(errors) == 50 and {e["payload"]["guardrail"] for e in errors} == {GUARD_RATE_LIMITED}
+    async with aiohttp.ClientSession() as http, http.get(tw.admin_url + "/metrics") as resp:
+        metrics = await resp.text()
+    (counted,) = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("tripwire_guard_decisions_total{") and f'guard="{GUARD_RATE_LIMITED}"' in line
+    ]
+    assert 'action="block"' in counted and counted.endswith(" 50.0")
     runs = tw.run_ids()
     assert len(runs) == 4
     for run_id in runs:  # refused calls do not end their sessions
