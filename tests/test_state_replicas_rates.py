@@ -17,8 +17,9 @@ from proxy.constants import GUARD_RATE_LIMITED
 from tests.conftest import StartTripwire
 from tests.fakes import FakeUpstream
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
+from tests.redis_server import RedisServer
 from tests.test_rate_limits import CHAT, HELLO, chat_client, concurrent_burst, errors_of, outcome, rate
-from tests.test_state_replicas import settle_all, start_replicas
+from tests.test_state_replicas import expected_outage, health, settle_all, start_replicas, until
 
 
 async def test_sixty_concurrent_calls_over_three_replicas_let_exactly_ten_through(
@@ -91,3 +92,29 @@ async def test_an_mcp_client_over_replicas_reads_when_to_retry(
     for r in refused:
         retry_after = refusal_of(r)
         assert retry_after is not None and 1 <= retry_after <= 60
+
+
+async def test_with_redis_down_fail_open_enforces_each_replicas_own_windows(
+    own_redis: RedisServer,  # first: it outlives the replicas (they close before it stops)
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake, url = fake_upstream
+    (tw,) = await start_replicas(start_tripwire, url, own_redis.url, n=1, guards=rate("llm", 2, 60))
+    assert tw.engine.shared is not None
+    tw.engine.shared.link.probe_interval_s = 0.1
+    own_redis.stop()
+    c = chat_client(tw, "s1", max_retries=0)
+    results = [await outcome(c) for _ in range(4)]
+    assert [r is None for r in results] == [True, True, False, False]
+    for e in results[2:]:
+        assert e is not None and e.response.headers["X-Tripwire-Guard"] == GUARD_RATE_LIMITED
+    assert len(fake.calls(CHAT)) == 2
+    own_redis.start()
+
+    async def back() -> bool:
+        return (await health(tw))["state"]["up"] is True
+
+    await until(back, "the replica to see Redis back")
+    expected_outage(caplog)
