@@ -7,7 +7,7 @@ import pytest
 from proxy.constants import GUARD_RATE_LIMITED
 from proxy.guards.config import GuardConfig, RateLimitConfig
 from proxy.guards.decision import Action, retry_after_seconds
-from proxy.guards.rate_limit import SlidingWindows, refusal_decision, rules_for
+from proxy.guards.rate_limit import SlidingWindows, refusal_decision, rules_for, slots_for
 
 
 def limits(*rules: dict[str, object]) -> tuple[RateLimitConfig, ...]:
@@ -101,7 +101,34 @@ def test_the_decision_is_a_retryable_block() -> None:
     w.admit("a", rules, 0.0)
     refusal = w.admit("a", rules, 0.5)
     assert refusal is not None
-    d = refusal_decision(refusal, None)
+    d = refusal_decision(refusal)
     assert d.action is Action.BLOCK and d.guard == GUARD_RATE_LIMITED
     assert d.retry_after is not None and retry_after_seconds(d.retry_after) == 60  # 59.5 rounded up
     assert d.threshold == "1 per 60s" and d.actual == 1
+
+
+def test_a_call_needing_several_slots_takes_all_or_none() -> None:
+    config = limits(
+        {"match": "search", "max_calls": 3, "per_s": 10}, {"match": "llm", "max_calls": 100, "per_s": 10}
+    )
+    slots = slots_for(config, ("search", "search", "other"))
+    by_match = {rule.match: n for rule, n in slots.items()}
+    assert by_match == {"llm": 1, "search": 2}
+    rules, needs = tuple(slots), tuple(slots.values())
+    w = SlidingWindows()
+    assert w.admit("a", rules, 0.0, needs) is None
+    refusal = w.admit("a", rules, 1.0, needs)  # 2 held + 2 needed > 3: the first must leave
+    assert refusal is not None and refusal.rule.match == "search" and refusal.retry_after == pytest.approx(9)
+    llm = next(r for r in rules if r.match == "llm")
+    assert w.count("a", llm, 1.0) == 1  # the refusal took nothing, not even its llm slot
+    assert w.admit("a", rules, 10.0, needs) is None
+
+
+def test_more_slots_than_a_rule_allows_wait_for_an_empty_window() -> None:
+    rules = rules_for(limits({"match": "tools", "max_calls": 2, "per_s": 10}), "s__t")
+    w = SlidingWindows()
+    assert w.admit("a", rules, 0.0, (1,)) is None
+    refusal = w.admit("a", rules, 1.0, (5,))  # capped at 2: the one call held must leave
+    assert refusal is not None and refusal.retry_after == pytest.approx(9)
+    assert w.admit("a", rules, 10.0, (5,)) is None
+    assert w.count("a", rules[0], 10.0) == 2

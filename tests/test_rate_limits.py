@@ -16,7 +16,7 @@ from aiohttp import WSMsgType
 
 from proxy.constants import GUARD_RATE_LIMITED
 from tests.conftest import AGENT_KEY, Running, StartTripwire
-from tests.fakes import FakeUpstream
+from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 
 CHAT = "/v1/chat/completions"
@@ -164,3 +164,70 @@ async def test_the_responses_websocket_gets_the_error_event_and_stays_open(
     assert 1 <= int(refused["headers"]["retry-after"]) <= 60 and "x-should-retry" not in refused["headers"]
     assert pong.type == WSMsgType.PONG  # the socket (and the session) go on
     assert len(fake.ws_messages) == 1
+
+
+def tool_round(call_id: str, city: str) -> list[Any]:
+    """The messages of one function-calling round: the model's call and the agent's result."""
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "sunny"},
+    ]
+
+
+async def test_a_function_calling_tool_is_counted_when_its_result_comes_back(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """get_weather at most once a minute: the request bringing its second result waits (429);
+    the conversation's requests that bring no new result are not held back."""
+    fake, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards=rate("get_weather", 1, 60))
+    c = chat_client(tw, "s1", max_retries=0)
+    ask: list[Any] = [{"role": "user", "content": "weather in Paris, then Rome?"}]
+    await c.chat.completions.create(model="gpt-4o", messages=ask)  # the model asks for get_weather
+    first = ask + tool_round("call_1", "Paris")
+    await c.chat.completions.create(model="gpt-4o", messages=first)  # brings one result: its slot
+    second = first + tool_round("call_2", "Rome")
+    with pytest.raises(openai.RateLimitError) as refused:
+        await c.chat.completions.create(model="gpt-4o", messages=second)
+    assert_rate_limited(refused.value, 60)
+    assert "get_weather" in str(refused.value.body)
+    assert len(fake.calls(CHAT)) == 2
+    # a new turn brings no new result: not held back
+    await c.chat.completions.create(model="gpt-4o", messages=[*first, {"role": "user", "content": "thanks"}])
+    assert len(fake.calls(CHAT)) == 3
+
+
+async def test_a_responses_chain_counts_the_outputs_it_brings(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [
+        Reply(tool_calls=[("call_1", "get_weather", {"city": "Paris"})]),
+        Reply(tool_calls=[("call_2", "get_weather", {"city": "Rome"})]),
+    ]
+    tw = await start_tripwire(upstream={"url": url}, guards=rate("get_*", 1, 60))
+    c = chat_client(tw, "s1", max_retries=0)
+    first = await c.responses.create(model="gpt-4o", input="weather in Paris, then Rome?")
+    second = await c.responses.create(
+        model="gpt-4o",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
+    )
+    with pytest.raises(openai.RateLimitError) as refused:
+        await c.responses.create(
+            model="gpt-4o",
+            previous_response_id=second.id,
+            input=[{"type": "function_call_output", "call_id": "call_2", "output": "rainy"}],
+        )
+    assert_rate_limited(refused.value, 60)
+    assert len(fake.calls("/v1/responses")) == 2

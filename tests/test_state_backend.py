@@ -426,3 +426,18 @@ async def test_a_rate_window_moves_with_the_backend_clock(backend: StateBackend)
         refusal = got.rates[0]
         assert refusal is not None and 0 < refusal.retry_after <= 0.2
         await asyncio.sleep(0.02)
+
+
+async def test_a_check_can_take_several_slots_of_a_window(backend: StateBackend) -> None:
+    (one,) = rate_request("c1", max_calls=3)
+    rules = one.rules
+    two = RateRequest(AGENT, "c2", rules, (2,))
+    got = await backend.append(Append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60, rates=[(1, two)]))
+    assert got.rates == [None]
+    again = RateRequest(AGENT, "c3", rules, (2,))
+    got = await backend.append(Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, rates=[(1, again)]))
+    (refusal,) = got.rates
+    assert refusal is not None and refusal.count == 2 and 59 < refusal.retry_after <= 60
+    last = RateRequest(AGENT, "c4", rules, (1,))
+    got = await backend.append(Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, rates=[(1, last)]))
+    assert got.rates == [None]

@@ -10,7 +10,7 @@ from typing import Any
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import ENDED_BY_GUARD, Admitted, CallInputs, OnCycle, OnSettled
-from proxy.guard_backend.rates import rate_rules
+from proxy.guard_backend.rates import rate_ask
 from proxy.guard_events import is_tool_call
 from proxy.guard_store import GuardConfigStore
 from proxy.guard_trace import mark_settled
@@ -100,11 +100,11 @@ class LocalGuardBackend:
         guards = session_guards(config, session)
         # the agent's rate limits first: a call they refuse is no call of the session (retried, it
         # is judged then); one they admit keeps its slot whatever the session's guards decide
-        rules, tool = rate_rules(ex, config)
-        if rules:
-            refused = self.rates.admit(session.agent, rules, now)
+        ask = rate_ask(ex, config)
+        if ask is not None:
+            refused = self.rates.admit(session.agent, ask.rules, now, ask.slots)
             if refused is not None:
-                return Admitted(guards, rate_limited=refusal_decision(refused, tool))
+                return Admitted(guards, rate_limited=refusal_decision(refused))
         call = ex.call
         if is_tool_call(ex):
             # an MCP result ends its answer once the call is recorded and settled (finish hooks): a

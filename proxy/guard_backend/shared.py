@@ -14,7 +14,7 @@ from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
-from proxy.guard_backend.rates import rate_rules
+from proxy.guard_backend.rates import rate_ask
 from proxy.guard_events import is_tool_call
 from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
@@ -135,7 +135,7 @@ class SharedGuardBackend:
             ]
         alive, links = shared.slots(session)
         config = self.config(session.agent)
-        rules, tool = rate_rules(ex, config)
+        ask = rate_ask(ex, config)
         admission = await channel.admit(  # StateUnavailable under fail_closed: the stage refuses
             check,
             take=take,
@@ -143,7 +143,7 @@ class SharedGuardBackend:
             keep_alive=alive,
             links=links,
             breaker=self.breaker_request(ex, session.agent),
-            rates=RateRequest(session.agent, cid, rules) if rules else None,
+            rates=RateRequest(session.agent, cid, ask.rules, ask.slots) if ask is not None else None,
         )
         if admission.rate_limited is not None:
             # refused by the agent's rate limits before it was appended: no call of the session,
@@ -152,7 +152,7 @@ class SharedGuardBackend:
             guards = channel.replica.guards
             if guards is None:  # the session's first call: no guard state anywhere yet
                 guards = SessionGuards(config, started_at=session.started_mono)
-            return Admitted(guards, rate_limited=refusal_decision(admission.rate_limited, tool))
+            return Admitted(guards, rate_limited=refusal_decision(admission.rate_limited))
         assert admission.applied is not None
         guards = channel.replica.guards
         assert guards is not None

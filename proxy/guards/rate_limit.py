@@ -3,18 +3,21 @@
 
 What a call is, per rule's `match`:
 - `llm`: every LLM request of the agent (chat, Responses over HTTP or WebSocket, Anthropic, ...);
-- `tools`: every MCP `tools/call` of the agent, on any server;
-- a tool pattern (fnmatch glob, case-sensitive, as tool permissions match): an MCP `tools/call`
-  whose `SERVER__TOOL` name matches.
-A function-calling tool runs in the agent, not through Tripwire: it is done before Tripwire can
-see it (its result comes back in the next LLM request), so a rate limit could not hold it back. Its
-use is limited through the `llm` rule instead (each of its rounds is an LLM request); a tool
-pattern never counts it.
+- `tools`: every tool call of the agent: an MCP `tools/call` on any server, and a function-calling
+  tool call (below);
+- a tool pattern (fnmatch glob, case-sensitive, as tool permissions match): the tool calls whose
+  name matches, `SERVER__TOOL` for an MCP tool, the function's name for a function-calling tool.
+A function-calling tool runs in the agent, not through Tripwire, which sees it only once it ran:
+its result in the next LLM request. So its call is counted there: an LLM request that brings the
+results of the model's latest tool calls (the last assistant step of the turn) takes one slot per
+result in the rules their names match, besides its own `llm` slot, and is refused (429 +
+Retry-After) while they have no room: the agent's next round waits (proxy/guard_backend/rates.py).
 
 Exact: a window is the list of the times its admitted calls were admitted, and a call goes through
-only when every rule it matches holds fewer than `max_calls` times within the last `per_s` seconds;
-then it takes a slot in each of them (all or nothing, so a refused call takes none). The next call
-is admitted once enough of the oldest times are `per_s` old: `retry_after`. The Redis script
+only when every rule it matches holds room for the slots it needs (one, or its results) within the
+last `per_s` seconds; then it takes them in each rule (all or nothing, so a refused call takes
+none). The next call is admitted once enough of the oldest times are `per_s` old: `retry_after`.
+A call needing more slots than a rule's `max_calls` needs a whole empty window (`max_calls` slots). The Redis script
 (proxy/state/lua.py `_RATE`) keeps the same window in a sorted set, so several replicas decide
 as this object does in one process.
 """
@@ -73,10 +76,25 @@ class RateRefusal:
     retry_after: float  # seconds until the window has room again
 
 
-def refusal_decision(refusal: RateRefusal, tool: str | None) -> Decision:
+def slots_for(rate_limits: tuple[RateLimitConfig, ...], tools: tuple[str, ...]) -> dict[RateRule, int]:
+    """The slots an LLM request takes: one in each `llm` rule, one per tool result it brings (`tools`:
+    the function-calling tools' names) in each rule that tool matches."""
+    out: dict[RateRule, int] = dict.fromkeys(rules_for(rate_limits, None), 1)
+    for tool in tools:
+        for rule in rules_for(rate_limits, tool):
+            out[rule] = out.get(rule, 0) + 1
+    return out
+
+
+def refusal_decision(refusal: RateRefusal) -> Decision:
     """The refusal as a guard decision: BLOCK (the session goes on), retryable (`retry_after`)."""
     rule = refusal.rule
-    what = "LLM calls" if tool is None else f"calls of {tool}"
+    if rule.match == "llm":
+        what = "LLM calls"
+    elif rule.match == "tools":
+        what = "tool calls"
+    else:
+        what = f"calls of tools matching {rule.match!r}"
     return Decision(
         Action.BLOCK,
         GUARD_RATE_LIMITED,
@@ -87,10 +105,11 @@ def refusal_decision(refusal: RateRefusal, tool: str | None) -> Decision:
     )
 
 
-def wait_for_room(times: deque[float] | list[float], rule: RateRule, now: float) -> float:
-    """Seconds until a window holding `times` (oldest first, none older than `per_s`) has room."""
-    excess = len(times) - rule.max_calls  # >= 0: that many must leave, and one more
-    return times[excess] + rule.per_s - now
+def wait_for_room(times: deque[float] | list[float], rule: RateRule, now: float, need: int = 1) -> float:
+    """Seconds until a window holding `times` (oldest first, none older than `per_s`) has room for
+    `need` slots (at most `max_calls`)."""
+    excess = len(times) + need - rule.max_calls  # > 0: that many of the oldest must leave
+    return times[excess - 1] + rule.per_s - now
 
 
 class SlidingWindows:
@@ -100,13 +119,19 @@ class SlidingWindows:
         # (agent, rule key) -> (the rule's period, the times of its admitted calls, oldest first)
         self._times: dict[tuple[str, str], tuple[float, deque[float]]] = {}
 
-    def admit(self, agent: str, rules: tuple[RateRule, ...], now: float) -> RateRefusal | None:
-        """None: admitted, a slot taken in each rule's window; else the refusal (nothing taken)."""
+    def admit(
+        self, agent: str, rules: tuple[RateRule, ...], now: float, slots: tuple[int, ...] = ()
+    ) -> RateRefusal | None:
+        """None: admitted, `slots` (one each by default) taken in each rule's window; else the
+        refusal (nothing taken)."""
         if not rules:
             return None
         refusal: RateRefusal | None = None
         windows = []
-        for rule in rules:
+        needs = [
+            min(need, rule.max_calls) for need, rule in zip(slots or (1,) * len(rules), rules, strict=True)
+        ]
+        for rule, need in zip(rules, needs, strict=True):
             key = (agent, rule.key)
             window = self._times.get(key)
             if window is None or window[0] != rule.per_s:
@@ -114,15 +139,15 @@ class SlidingWindows:
             times = window[1]
             _expire(times, now - rule.per_s)
             windows.append(times)
-            if len(times) >= rule.max_calls:
-                wait = wait_for_room(times, rule, now)
+            if len(times) + need > rule.max_calls:
+                wait = wait_for_room(times, rule, now, need)
                 if refusal is None or wait > refusal.retry_after:
                     refusal = RateRefusal(rule, len(times), wait)
         if refusal is not None:
             self._drop_empty(agent, rules)
             return refusal
-        for times in windows:
-            times.append(now)
+        for times, need in zip(windows, needs, strict=True):
+            times.extend([now] * need)
         return None
 
     def count(self, agent: str, rule: RateRule, now: float) -> int:

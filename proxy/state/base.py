@@ -115,11 +115,13 @@ class BreakerRequest:
 @dataclass(frozen=True, slots=True)
 class RateRequest:
     """The rate limits a check goes through (proxy/guards/rate_limit.py), in the same step as it is
-    appended; `member` names its slot in each window (the check's id: unique)."""
+    appended, taking `slots` in each (one each when empty); `member` names its slots in each window
+    (the check's id: unique)."""
 
     agent: str
     member: str
     rules: tuple[RateRule, ...]
+    slots: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -286,8 +286,9 @@ return {rev, redis.call('GET', ARGV[1] .. rev) or ''}
 # Rate limits (SPEC §9, proxy/guards/rate_limit.py's SlidingWindows): a window is a sorted set of the
 # checks it admitted, scored by the time (Redis TIME, seconds) they were admitted; entries at or
 # before now - per_s no longer count. `rate_admit(asks, now)`: asks = {{position, member, {{key,
-# max_calls, per_s}, ...}}, ...}; each check is admitted through all its rules or none (all or
-# nothing, in order, so checks of one append see each other). Returns the positions refused (a set)
+# max_calls, per_s, slots (<= max_calls)}, ...}}, ...}; each check is admitted through all its rules
+# or none (all or nothing, in order, so checks of one append see each other), taking its slots in
+# each (members `member`, `member#2`, ...). Returns the positions refused (a set)
 # and, per ask, {0, '0', 0} admitted or {rule index (from 1), seconds until room, calls held}.
 _RATE = r"""
 local function rate_admit(asks, now)
@@ -295,19 +296,21 @@ local function rate_admit(asks, now)
   for _, ask in ipairs(asks) do
     local hit, wait, held = 0, 0, 0
     for j, rule in ipairs(ask[3]) do
-      local k, max, per = rule[1], tonumber(rule[2]), tonumber(rule[3])
+      local k, max, per, need = rule[1], tonumber(rule[2]), tonumber(rule[3]), tonumber(rule[4])
       redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%.6f', now - per))
       local n = redis.call('ZCARD', k)
-      if n >= max then
-        -- n - max + 1 of the oldest must leave: room comes when the (n - max)-th (from 0) is per old
-        local at = redis.call('ZRANGE', k, n - max, n - max, 'WITHSCORES')
+      if n + need > max then
+        -- n + need - max of the oldest must leave: room comes when the last of them is per old
+        local at = redis.call('ZRANGE', k, n + need - max - 1, n + need - max - 1, 'WITHSCORES')
         local w = tonumber(at[2]) + per - now
         if hit == 0 or w > wait then hit, wait, held = j, w, n end
       end
     end
     if hit == 0 then
+      local stamp = string.format('%.6f', now)
       for _, rule in ipairs(ask[3]) do
-        redis.call('ZADD', rule[1], string.format('%.6f', now), ask[2])
+        redis.call('ZADD', rule[1], stamp, ask[2])
+        for i = 2, tonumber(rule[4]) do redis.call('ZADD', rule[1], stamp, ask[2] .. '#' .. i) end
         redis.call('PEXPIRE', rule[1], math.ceil(tonumber(rule[3]) * 1000))
       end
       table.insert(out, {0, '0', 0})

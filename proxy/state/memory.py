@@ -115,7 +115,9 @@ class MemoryBackend:
         pending: dict[str, PendingCall] = self._keys.setdefault(keys.pending(agent, run_id), dict)
         sigs: dict[str, int] = self._keys.setdefault(keys.mcp_signatures(agent, run_id), dict)
         # the agent's rate limits before anything is appended: a check they refuse is not appended
-        rated: list[RateRefusal | None] = [self._rates.admit(r.agent, r.rules, now) for _, r in step.rates]
+        rated: list[RateRefusal | None] = [
+            self._rates.admit(r.agent, r.rules, now, r.slots) for _, r in step.rates
+        ]
         refused = {at for (at, _), refusal in zip(step.rates, rated, strict=True) if refusal is not None}
         first = len(log) + 1
         rev = self._config_rev

@@ -85,7 +85,15 @@ def rate_asks(rates: Sequence[tuple[int, RateRequest]]) -> list[Any]:
         [
             at,
             r.member,
-            [[keys.rate(r.agent, rule.key), rule.max_calls, repr(float(rule.per_s))] for rule in r.rules],
+            [
+                [
+                    keys.rate(r.agent, rule.key),
+                    rule.max_calls,
+                    repr(float(rule.per_s)),
+                    min(need, rule.max_calls),
+                ]
+                for rule, need in zip(r.rules, r.slots or (1,) * len(r.rules), strict=True)
+            ],
         ]
         for at, r in rates
     ]

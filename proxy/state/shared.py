@@ -362,7 +362,10 @@ class RunChannel:
         for item in batch:
             if item.rates is not None and item.waiter is not None:
                 # the agent's rate limits from this replica's memory meanwhile (SPEC §8 fail_open)
-                refusal = self.owner.local_rates.admit(item.rates.agent, item.rates.rules, time.monotonic())
+                rates = item.rates
+                refusal = self.owner.local_rates.admit(
+                    rates.agent, rates.rules, time.monotonic(), rates.slots
+                )
                 if refusal is not None:
                     if not item.waiter.done():
                         item.waiter.set_result((None, None, refusal))
