@@ -97,10 +97,12 @@ async def test_the_openai_sdk_retries_by_itself_once_the_window_moves(
     fake, url = fake_upstream
     tw = await start_tripwire(upstream={"url": url}, guards=rate("llm", 1, 3))
     c = chat_client(tw, "s1", max_retries=5)
-    await c.chat.completions.create(model="gpt-4o", messages=HELLO)
-    # over the limit: refused with Retry-After, which the SDK waits for, then it goes through
-    answer = await c.chat.completions.create(model="gpt-4o", messages=HELLO)
-    assert answer.choices[0].message.content
+    # two at once: one goes through, the other is refused with Retry-After, which the SDK waits for,
+    # then it goes through
+    answers = await asyncio.gather(
+        *(c.chat.completions.create(model="gpt-4o", messages=HELLO) for _ in range(2))
+    )
+    assert all(a.choices[0].message.content for a in answers)
     assert len(fake.calls(CHAT)) == 2
     await tw.flush()
     errors = errors_of(tw)

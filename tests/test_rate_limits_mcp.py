@@ -51,10 +51,11 @@ async def test_an_mcp_client_reads_when_to_retry_and_its_retry_goes_through(
             mcp={"shop": {"url": upstream}}, guards=rate(("shop__set_price", 1, 3))
         )
         async with Client(tw.url + SESSION_URL, cache=None) as client:
-            first = await client.call_tool("set_price", {"sku": "A1", "price": 1.0})
-            assert not first.is_error
-            refused = await client.call_tool("set_price", {"sku": "A1", "price": 2.0})
-            assert refusal_of(refused) in (1, 2, 3)
+            # two at once: one goes through, the other is refused saying when to retry
+            both = await asyncio.gather(
+                *(client.call_tool("set_price", {"sku": "A1", "price": p}) for p in (1.0, 2.0))
+            )
+            assert sorted(refusal_of(r) or 0 for r in both) in ([0, 1], [0, 2], [0, 3])
             # another tool of the server is not under the pattern
             assert not (await client.call_tool("fetch_user", {"user_id": 1})).is_error
             # retried until the window moved (refused tries take no slot): the session goes on
@@ -69,7 +70,7 @@ async def test_an_mcp_client_reads_when_to_retry_and_its_retry_goes_through(
     (run_id,) = tw.run_ids()
     _, events = assert_run_valid(tw.data_dir, run_id)
     tool_calls = [e for e in events if e["event_type"] == "TOOL_CALL"]
-    assert [e["name"] for e in tool_calls] == ["set_price", "fetch_user", "set_price"]
+    assert sorted(e["name"] for e in tool_calls) == ["fetch_user", "set_price", "set_price"]
     errors = [e for e in events if e["event_type"] == "ERROR"]
     assert errors and {e["payload"]["guardrail"] for e in errors} == {GUARD_RATE_LIMITED}
     assert tw.run_json(run_id)["status"] != "error"
@@ -80,7 +81,7 @@ async def test_an_mcp_client_reads_when_to_retry_and_its_retry_goes_through(
     listed = [d for d in replay.decisions if d.guard == GUARD_RATE_LIMITED]
     assert len(listed) == len(errors) and all(not d.replayed and d.action == "block" for d in listed)
     # a refused call is no call of the run: listed at the run's last call before it
-    assert listed[0].call_index == 1 and all(d.call_index == 2 for d in listed[1:])
+    assert all(d.call_index == 2 for d in listed[1:])
 
 
 async def test_tools_counts_every_tool_call(start_tripwire: StartTripwire) -> None:
