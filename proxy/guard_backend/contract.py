@@ -61,6 +61,8 @@ class Admitted:
     taken: list[tuple[str, bytes]] | None = None
     asked: list[str] = field(default_factory=list)
     record_results: bool = False  # the backend was down: the calls this replica asked for are written
+    # over a rate limit of its agent (SPEC §9): refused before any session guard saw it, retryable
+    rate_limited: Decision | None = None
 
 
 class GuardBackend(Protocol):

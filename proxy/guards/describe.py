@@ -18,6 +18,7 @@ from proxy.constants import (
     GUARD_MAX_TOKENS,
     GUARD_MAX_TOOL_CALLS,
     GUARD_MAX_WALL_TIME_SECONDS,
+    GUARD_RATE_LIMITED,
     GUARD_SOFT_ALERT_THRESHOLD_USD,
     GUARD_TOOL_DENIED,
 )
@@ -49,13 +50,15 @@ def _summary(d: Decision) -> str:
         return _LIMITS[d.guard]
     if d.guard == GUARD_CIRCUIT_BREAKER:
         return "the upstream is failing and its circuit is open"
+    if d.guard == GUARD_RATE_LIMITED:
+        return "this agent made too many such calls in too short a time"
     return d.message or f"guard {d.guard} fired"
 
 
 def _advice(d: Decision) -> str:
     if d.action is Action.TERMINATE:
         return "The session has been ended; do not retry it."
-    if d.guard == GUARD_CIRCUIT_BREAKER:
+    if d.guard in (GUARD_CIRCUIT_BREAKER, GUARD_RATE_LIMITED):
         # rounded up, as the Retry-After header and the JSON-RPC error's retry_after are
         left = f" in {retry_after_seconds(d.retry_after)}s" if d.retry_after is not None else " later"
         return f"Try again{left}."
@@ -69,10 +72,12 @@ def _advice(d: Decision) -> str:
 
 
 def describe(decision: Decision, expose_details: bool) -> str:
-    """`[tripwire] blocked: ...` (or `warning:`, or `denied:` for a tool the permissions deny) for
-    the agent; details only when exposed."""
+    """`[tripwire] blocked: ...` (or `warning:`, `denied:` for a tool the permissions deny, `rate
+    limited:` for a retryable rate limit) for the agent; details only when exposed."""
     if decision.guard == GUARD_TOOL_DENIED:
         head = "[tripwire] denied"
+    elif decision.guard == GUARD_RATE_LIMITED:
+        head = "[tripwire] rate limited"  # retryable: not blocked for good (SPEC §9)
     else:
         head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"
     what = decision.message if expose_details and decision.message else _summary(decision)

@@ -84,3 +84,8 @@ def slot_latest(agent: str) -> str:
 
 def breaker(agent: str, upstream: str) -> str:
     return f"{PREFIX}breaker:{part(agent)}:{part(upstream)}"
+
+
+def rate(agent: str, rule_key: str) -> str:
+    """The sliding window of one agent's rate-limit rule: a sorted set of admitted checks by time."""
+    return f"{PREFIX}rate:{part(agent)}:{part(rule_key)}"
