@@ -241,7 +241,7 @@ class Settings(BaseModel):
         named = [("upstream", self.upstream)]
         named += [(f"llm.{n}", u) for n, u in self.llm.items()]
         named += [(f"mcp.{n}", u) for n, u in self.mcp.items()]
-        missing = [n for n, u in named if not u.has_key_source and u.api_key != "none"]
+        missing = keyless(named)
         if missing:
             raise ValueError(
                 "auth.require_agent_key: the agent's key is never forwarded, so every upstream needs "
@@ -260,6 +260,11 @@ class Settings(BaseModel):
 
     def upstreams(self, kind: Literal["llm", "mcp"]) -> dict[str, UpstreamConfig]:
         return dict(self.llm) if kind == "llm" else dict(self.mcp)
+
+
+def keyless(named: list[tuple[str, UpstreamConfig]]) -> list[str]:
+    """The names of upstreams with neither a key source nor `api_key: none` (agent keys refuse them)."""
+    return [name for name, u in named if not u.has_key_source and u.api_key != "none"]
 
 
 def split_host_port(value: str) -> tuple[str, int]:
