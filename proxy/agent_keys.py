@@ -166,19 +166,27 @@ class FileKeyStore:
     async def find(self, digest: str) -> AgentKey | None:
         return matching(self.by_hash.get(digest), digest)
 
+    # writes (and the file reads of `list`) run in a thread: an fsync must not hold the event loop
+
     async def create(
         self, agent: str, expires_in_s: float | None = None, note: str | None = None
     ) -> tuple[AgentKey, str]:
         record, secret = new_record(agent, expires_in_s, note, time.time())
-        with self._locked() as records:
-            records[record.hash] = record
+        await asyncio.to_thread(self._add, record)
         return record, secret
 
     async def list(self) -> list[AgentKey]:
-        self.reload()
+        await asyncio.to_thread(self.reload)
         return sorted(self.by_hash.values(), key=lambda r: r.created)
 
     async def revoke(self, key_id: str) -> AgentKey | None:
+        return await asyncio.to_thread(self._revoke, key_id)
+
+    def _add(self, record: AgentKey) -> None:
+        with self._locked() as records:
+            records[record.hash] = record
+
+    def _revoke(self, key_id: str) -> AgentKey | None:
         with self._locked() as records:
             for digest, record in records.items():
                 if record.id == key_id:

@@ -68,6 +68,11 @@ _ROUTES: dict[tuple[object, ...], Route | RouteError] = {}
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     route = route_of(request.app[ENGINE], request.raw_path, request.headers)
     if isinstance(route, RouteError):
+        auth = request.app[ENGINE].auth
+        refused = await auth.check_unrouted(request.headers) if auth is not None else None
+        if refused is not None:
+            unrouted = Route("llm", "", request.raw_path, "", None, "")  # (the OpenAI error shape)
+            return refusal_answer(unrouted, request.method, refused).to_response()
         error_body = {
             "error": {
                 "message": route.message,

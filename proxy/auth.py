@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from proxy.agent_keys import KEY_PREFIX, KeyStore, key_hash
+from proxy.agent_keys import KEY_PREFIX, AgentKey, KeyStore, key_hash
 from proxy.dialects import dialect_for
 from proxy.dialects.base import openai_error_body
 from proxy.exchange import Answer
@@ -84,32 +84,43 @@ class AgentKeyGate:
         self.metrics = metrics
         self._as_agent: dict[tuple[Route, str], Route] = {}  # a route given the key's agent, kept
 
-    async def check(
-        self, route: Route, raw_path: str, headers: Mapping[str, str], now: float | None = None
-    ) -> Route | AuthRefusal:
+    async def valid_key(self, headers: Mapping[str, str], now: float | None = None) -> AgentKey | AuthRefusal:
+        """The usable key the call presents, or why not."""
         secret = presented_key(headers)
         if secret is None:
-            return self._refused(
-                route, AuthRefusal(401, "an agent key is required", "invalid_api_key", "missing")
-            )
+            return AuthRefusal(401, "an agent key is required", "invalid_api_key", "missing")
         try:
             record = await self.store.find(key_hash(secret))
         except Exception as e:  # the shared store unreachable: authentication never fails open
             log.warning("agent key store unavailable (%s): call refused", type(e).__name__)
-            refusal = AuthRefusal(
+            return AuthRefusal(
                 503, "the agent key store is unavailable; retry shortly", "state_unavailable", "unavailable"
             )
-            return self._refused(route, refusal)
         if record is None:
-            return self._refused(route, AuthRefusal(401, "invalid agent key", "invalid_api_key", "unknown"))
+            return AuthRefusal(401, "invalid agent key", "invalid_api_key", "unknown")
         if record.revoked is not None:
-            return self._refused(
-                route, AuthRefusal(401, "this agent key was revoked", "invalid_api_key", "revoked")
-            )
+            return AuthRefusal(401, "this agent key was revoked", "invalid_api_key", "revoked")
         if not record.usable_at(time.time() if now is None else now):
-            return self._refused(
-                route, AuthRefusal(401, "this agent key has expired", "invalid_api_key", "expired")
-            )
+            return AuthRefusal(401, "this agent key has expired", "invalid_api_key", "expired")
+        return record
+
+    async def check_unrouted(self, headers: Mapping[str, str]) -> AuthRefusal | None:
+        """A call to no route (a 404 to come): refused first without a valid key, so the 404's list of
+        configured upstreams is for key holders only."""
+        record = await self.valid_key(headers)
+        if not isinstance(record, AuthRefusal):
+            return None
+        log.info("call to no route refused: %s (%d)", record.reason, record.status)
+        if self.metrics is not None:
+            self.metrics.observe_auth_refusal(record.reason)
+        return record
+
+    async def check(
+        self, route: Route, raw_path: str, headers: Mapping[str, str], now: float | None = None
+    ) -> Route | AuthRefusal:
+        record = await self.valid_key(headers, now)
+        if isinstance(record, AuthRefusal):
+            return self._refused(route, record)
         named = named_agent(raw_path, headers)
         if named is not None and named != record.agent:
             refusal = AuthRefusal(

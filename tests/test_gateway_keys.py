@@ -339,3 +339,12 @@ def test_start_up_refuses_an_upstream_without_a_key_source(tmp_path: Path) -> No
             home=tmp_path,
             environ={},
         )
+
+
+async def test_an_unknown_route_lists_the_upstreams_to_key_holders_only(gateway: Gateway) -> None:
+    alice = await gateway.key("alice")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.tw.url + "/mcp/nope") as r:
+            assert r.status == 401 and "demo" not in await r.text()
+        async with http.get(gateway.tw.url + "/mcp/nope", headers={"Authorization": f"Bearer {alice}"}) as r:
+            assert r.status == 404 and (await r.json())["error"]["configured"] == ["demo"]
