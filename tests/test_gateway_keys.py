@@ -348,3 +348,54 @@ async def test_an_unknown_route_lists_the_upstreams_to_key_holders_only(gateway:
             assert r.status == 401 and "demo" not in await r.text()
         async with http.get(gateway.tw.url + "/mcp/nope", headers={"Authorization": f"Bearer {alice}"}) as r:
             assert r.status == 404 and (await r.json())["error"]["configured"] == ["demo"]
+
+
+async def test_a_responses_websocket_with_a_valid_key_is_its_agents(gateway: Gateway) -> None:
+    from tests.test_websocket import BETA, create, until_done
+
+    gw, tw = gateway, gateway.tw
+    alice = await gw.key("alice")
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(tw.url + "/v1/responses", headers={"Authorization": f"Bearer {alice}", **BETA}) as ws,
+    ):
+        await ws.send_str(create(input="hello"))
+        events = await until_done(ws)
+    assert events[-1]["type"] == "response.completed"
+    (handshake,) = gw.fake.ws_handshakes
+    assert handshake.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}" and alice not in repr(
+        handshake.headers
+    )
+    await tw.flush()
+    assert {tw.tripwire_json(r)["agent_name"] for r in tw.run_ids()} == {"alice"}
+
+
+async def test_legacy_sse_mcp_needs_the_key_on_its_stream_and_its_posts(
+    start_tripwire: StartTripwire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp import Client
+    from mcp.client.sse import sse_client
+
+    monkeypatch.setenv("TW_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+    with serve("sse") as sse_url:
+        tw = await start_tripwire(
+            auth={"require_agent_key": True},
+            upstream={"url": "http://127.0.0.1:9", "api_key_env": "TW_TEST_UPSTREAM_KEY"},
+            mcp={"old": {"url": sse_url, "api_key": "none"}},
+        )
+        _, alice = await tw.engine.agent_keys.create("alice")
+        headers = {"Authorization": f"Bearer {alice}"}
+        async with Client(
+            sse_client(tw.url + "/mcp/old", headers=headers), mode="legacy", cache=None
+        ) as client:
+            result = await client.call_tool("add", {"a": 2, "b": 40})
+        assert result.structured_content == {"result": 42}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(tw.url + "/mcp/old") as r:  # the stream without a key
+                assert r.status == 401 and r.headers["WWW-Authenticate"].startswith("Bearer ")
+            async with http.post(tw.url + "/mcp/old/messages/?session_id=x", json={}) as r:  # a POST without
+                assert r.status == 401
+        await tw.flush()
+    (run_id,) = tw.run_ids()
+    assert tw.tripwire_json(run_id)["agent_name"] == "alice"
+    assert [e["name"] for e in tw.events(run_id) if e["event_type"] == "TOOL_CALL"] == ["add"]
