@@ -222,7 +222,10 @@ class FileKeyStore:
             records = [AgentKey.model_validate(item) for item in items]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValidationError) as e:
             # refuse every key rather than guess: a broken file is fixed by hand or by new keys
-            log.error("%s is not a valid key store (%s): no agent key is accepted", self.path, e)
+            # (the error's type only: a validation error quotes the values, and they are hashes)
+            log.error(
+                "%s is not a valid key store (%s): no agent key is accepted", self.path, type(e).__name__
+            )
             return {}
         return {r.hash: r for r in records}
 
