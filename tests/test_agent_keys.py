@@ -98,12 +98,17 @@ async def test_file_store_keeps_hashes_only_in_a_private_file(tmp_path: Path) ->
         await store.close()
 
 
-async def test_a_broken_store_file_accepts_no_key(tmp_path: Path) -> None:
+async def test_a_broken_store_file_accepts_no_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = FileKeyStore(tmp_path)
     _, secret = await store.create("alice")
     (tmp_path / STORE_FILE).write_text("{not json")
     store.reload()
     assert await store.find(key_hash(secret)) is None
+    # a record of the wrong shape: refused too, and the log names the file, never the hash it quotes
+    (tmp_path / STORE_FILE).write_text(json.dumps({"keys": [{"id": 1, "hash": key_hash(secret)}]}))
+    store.reload()
+    assert await store.find(key_hash(secret)) is None
+    assert STORE_FILE in caplog.text and key_hash(secret) not in caplog.text
 
 
 def test_cli_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
