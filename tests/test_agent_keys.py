@@ -108,7 +108,9 @@ async def test_a_broken_store_file_accepts_no_key(tmp_path: Path, caplog: pytest
     (tmp_path / STORE_FILE).write_text(json.dumps({"keys": [{"id": 1, "hash": key_hash(secret)}]}))
     store.reload()
     assert await store.find(key_hash(secret)) is None
-    assert STORE_FILE in caplog.text and key_hash(secret) not in caplog.text
+    assert (
+        STORE_FILE in caplog.text and key_hash(secret)[-20:] not in caplog.text
+    )  # (pydantic cuts the middle)
 
 
 def test_cli_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
