@@ -65,15 +65,16 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def named_agent(raw_path: str, headers: Mapping[str, str]) -> str | None:
-    """The agent the call names itself (SPEC §3): the header, else the `/agents/NAME/` path prefix."""
+def names_another(raw_path: str, headers: Mapping[str, str], agent: str) -> bool:
+    """Whether the call names an agent other than `agent` (SPEC §3's `X-Tripwire-Agent` header or
+    `/agents/NAME/` path prefix; either one naming another is enough, whichever routing would use)."""
     header = headers.get(AGENT_HEADER)
-    if header:
-        return header
+    if header and header != agent:
+        return True
     if raw_path.startswith("/agents/"):
-        name = raw_path[len("/agents/") :].split("/", 1)[0].split("?", 1)[0]
-        return unquote(name) or None
-    return None
+        name = unquote(raw_path[len("/agents/") :].split("/", 1)[0].split("?", 1)[0])
+        return bool(name) and name != agent
+    return False
 
 
 class AgentKeyGate:
@@ -121,8 +122,7 @@ class AgentKeyGate:
         record = await self.valid_key(headers, now)
         if isinstance(record, AuthRefusal):
             return self._refused(route, record)
-        named = named_agent(raw_path, headers)
-        if named is not None and named != record.agent:
+        if names_another(raw_path, headers, record.agent):
             refusal = AuthRefusal(
                 403,
                 "this agent key belongs to another agent than the one the call names",

@@ -206,6 +206,11 @@ async def test_a_key_naming_another_agent_is_403(gateway: Gateway) -> None:
         await oai(tw.url + "/agents/bob/v1", alice).chat.completions.create(
             model="gpt-4o-mini", messages=HELLO
         )  # type: ignore[arg-type]
+    # a header naming the key's own agent does not make a path naming another one right
+    with pytest.raises(openai.PermissionDeniedError):
+        await oai(
+            tw.url + "/agents/bob/v1", alice, default_headers={"X-Tripwire-Agent": "alice"}
+        ).chat.completions.create(model="gpt-4o-mini", messages=HELLO)  # type: ignore[arg-type]
     with pytest.raises(anthropic.PermissionDeniedError) as ae:
         await claude(tw.url + "/agents/bob/llm/claude", alice).messages.create(
             model="claude-sonnet-4-5",
