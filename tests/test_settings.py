@@ -147,10 +147,10 @@ def test_upstream_key_from_env_and_file(tmp_path: Path) -> None:
 
     os.environ["K"] = "sk-from-env"
     try:
-        assert s.llm["a"].api_key() == "sk-from-env"
+        assert s.llm["a"].read_api_key() == "sk-from-env"
     finally:
         del os.environ["K"]
-    assert s.llm["b"].api_key() == "sk-from-file"
+    assert s.llm["b"].read_api_key() == "sk-from-file"
 
 
 def test_a_blank_admin_token_is_refused(tmp_path: Path) -> None:
