@@ -3,7 +3,7 @@ the windows themselves are proxy/guards/rate_limit.py's (local) or the admission
 
 An MCP `tools/call` is one call of its `SERVER__TOOL`. An LLM request is one `llm` call, and it
 brings the results of the function-calling tools the model asked for in its previous answer: each
-is one call of that tool, counted here, the first moment Tripwire sees it ran (docs/gateway-rates.md).
+is one call of that tool, counted here, the first moment Tripwire sees it ran (docs/gateway.md, "Rate limits").
 Which results are new needs no state (the same on every replica): the results of the last
 assistant step of the current turn, the ones the request ends with. A retry of a refused request
 brings them again and asks for them again (a refusal took no slot).
