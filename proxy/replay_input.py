@@ -108,6 +108,7 @@ class Payload(_Read):
 
     call_seq: int | None = None
     guard_input: GuardInput | None = None
+    raised: dict[str, float] | None = None  # STATE_UPDATE limits_raised (proxy/guards/raises.py)
     # the ERROR of a guard, the LOOP_WARNING of a cycle
     guardrail: str | None = None
     kind: Any = None

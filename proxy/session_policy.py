@@ -21,6 +21,7 @@ from proxy.guard_backend import GuardBackend
 from proxy.guard_events import guard_error, loop_warning
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.decision import Action, Decision
+from proxy.guards.raises import limit_of
 from proxy.metrics import Metrics
 from proxy.recorder import TraceRecorder
 from proxy.run_names import default_name
@@ -241,6 +242,31 @@ class SessionPolicy:
         self.guards.terminated(session, "terminated", kill=True)  # every replica refuses its calls
         self.terminate(session, reason="terminated", own_call=False)
         return True
+
+    async def raise_limits(self, session: Session, raised: Any, *, by: str = "api") -> dict[str, float]:
+        """Raise the session's budgets or limits for the rest of the session (SPEC §5.5a), from its
+        next call; RaiseError (a 400) when `raised` names something else or a value not above what
+        was spent. Recorded in its run as a STATE_UPDATE `limits_raised`, which replay applies where
+        it stands among the run's events."""
+        values = await self.guards.raise_limits(session, raised, time.monotonic())
+        if not session.ended:
+            self.record_raise(session, values, by=by)
+        return values
+
+    def record_raise(self, session: Session, values: dict[str, float], *, by: str) -> None:
+        config = session.guards.config if session.guards is not None else self.guards.config(session.agent)
+        event_id = self.write_event(
+            session,
+            EventType.STATE_UPDATE,
+            "limits_raised",
+            {
+                "state": {"raised": values},
+                "diff": {key: {"from": limit_of(config, key), "to": value} for key, value in values.items()},
+                "raised": values,
+                "by": by,
+            },
+        )
+        self.observe_event(session, EventType.STATE_UPDATE, "limits_raised", event_id)
 
     def guard_stats(self, run_id: str) -> dict[str, Any] | None:
         session = self.sessions.by_run_id(run_id)

@@ -104,3 +104,10 @@ class GuardBackend(Protocol):
     async def circuit_report(
         self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
     ) -> Transition | None: ...
+
+    # a person raises the session's budgets or limits (SPEC §5.5a)
+    async def raise_limits(self, session: Session, raised: Any, now: float) -> dict[str, float]:
+        """Validate `raised` against what the session has spent (`proxy.guards.raises`:
+        RaiseError, a 400) and raise its limits for the rest of the session, from its next call
+        (shared: a log entry every replica applies in order). Returns the raise as applied."""
+        ...

@@ -16,6 +16,7 @@ from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
+from proxy.guards.raises import validate_raise
 from proxy.guards.session import SessionGuards
 from proxy.responses_chain import ResponsesChains
 from proxy.sessions import Session, SessionManager
@@ -173,3 +174,9 @@ class LocalGuardBackend:
         self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
     ) -> Transition | None:
         return None
+
+    async def raise_limits(self, session: Session, raised: Any, now: float) -> dict[str, float]:
+        guards = session_guards(self.config(session.agent), session)
+        values = validate_raise(raised, guards.config, guards.budget, now)
+        guards.raise_limits(values)
+        return values

@@ -19,6 +19,7 @@ from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
+from proxy.guards.raises import validate_raise
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
@@ -243,6 +244,18 @@ class SharedGuardBackend:
             )
         except StateUnavailable:
             return None
+
+    async def raise_limits(self, session: Session, raised: Any, now: float) -> dict[str, float]:
+        """Validated against this replica's copy of the run's guards once what it queued is in the
+        log, then appended: every replica (and a repair of the log) applies it in log order."""
+        channel = self.state.guards.channel(session.agent, session.run_id)
+        await channel.flush()
+        replica = channel.replica
+        guards = replica.guards or SessionGuards(self.config(session.agent), started_at=0.0)
+        values = validate_raise(raised, guards.config, guards.budget, replica.now)
+        channel.queue([entries.raise_limits(values)])
+        await channel.flush()
+        return values
 
 
 def pending_calls(session: Session, result: Any, llm_event_id: str | None) -> dict[str, PendingCall]:

@@ -23,6 +23,7 @@ from proxy.guards.config import GuardConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
 from proxy.guards.loop.detector import LoopDetector
 from proxy.guards.loop.history import HistoryCall, HistoryResults
+from proxy.guards.raises import raised_sections
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
@@ -81,6 +82,9 @@ class SessionGuards:
         self.events_seen = 0  # events observed so far
         self.config_rev = 0  # changes of the config in force
         self.shadow_reported: set[str] = set()  # shadow mode: guards whose ERROR was written
+        # limits a person raised for the rest of the session (proxy/guards/raises.py), kept over
+        # config changes
+        self.raised: dict[str, float] = {}
 
     def configure(self, config: GuardConfig) -> bool:
         """The config in force changed (admin API): effective on the next call, counts kept.
@@ -90,8 +94,22 @@ class SessionGuards:
         self.config = config
         self.config_rev += 1
         self.loop.configure(config.loop_detection)
-        self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
+        self._configure_budget()
         return True
+
+    def raise_limits(self, raised: Mapping[str, float]) -> None:
+        """Raise budgets or limits for the rest of the session (validated by the caller:
+        `proxy.guards.raises.validate_raise`); effective on the next call."""
+        for key, value in raised.items():
+            self.raised[key] = max(value, self.raised.get(key, value))
+        self._configure_budget()
+
+    def _configure_budget(self) -> None:
+        config = self.config
+        if self.raised:
+            self.budget.configure(*raised_sections(config, self.raised))
+        else:
+            self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
 
     @property
     def shadow(self) -> bool:
@@ -236,6 +254,7 @@ class SessionGuards:
             "budget": self.budget.stats(now),
             "terminated_by": None if t is None else {"guard": t.guard, "kind": t.kind, "message": t.message},
             "config": self.config.model_dump(mode="json"),
+            "raised": dict(self.raised),
         }
 
 
