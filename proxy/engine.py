@@ -137,6 +137,7 @@ class Engine:
         await self.recorder.start()
         await self.forwarder.start()
         await self.guards.start()
+        await self.approvals.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="tripwire-session-sweeper")
 
     async def drain(self, grace_s: float) -> None:
@@ -162,6 +163,7 @@ class Engine:
             sweeper.cancel()
             await asyncio.wait({sweeper}, timeout=1.0)
         self.policy.end_all("shutdown")
+        await self.approvals.close()
         await self.guards.close()
         await self.recorder.close()
         await self.alerts.close()

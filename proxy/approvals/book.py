@@ -96,7 +96,9 @@ def closed(approval: Approval, status: str, now: float, note: str = "", by: str 
 
 def decided_of(approval: Approval) -> Decided:
     end = approval.decided_at if approval.decided_at is not None else time.time()
-    return Decided(approval.status, approval.note, approval.by, dict(approval.raised), end - approval.requested_at)
+    return Decided(
+        approval.status, approval.note, approval.by, dict(approval.raised), end - approval.requested_at
+    )
 
 
 class ApprovalBook(abc.ABC):
@@ -107,12 +109,20 @@ class ApprovalBook(abc.ABC):
         """A held call asks; `wait` then awaits its decision."""
 
     @abc.abstractmethod
-    async def wait(self, approval_id: str, timeout: float, gone: asyncio.Future[None] | None = None) -> Decided:
+    async def wait(
+        self, approval_id: str, timeout: float, gone: asyncio.Future[None] | None = None
+    ) -> Decided:
         """The decision, or timeout / withdrawn (`gone` resolved: the client hung up), once."""
 
     @abc.abstractmethod
     async def decide(
-        self, approval_id: str, decision: str, *, note: str = "", by: str = "api", raised: dict[str, float] | None = None
+        self,
+        approval_id: str,
+        decision: str,
+        *,
+        note: str = "",
+        by: str = "api",
+        raised: dict[str, float] | None = None,
     ) -> Approval:
         """A person's decision ("approve" / "deny"); UnknownApproval, AlreadyDecided."""
 
@@ -157,7 +167,9 @@ class LocalApprovalBook(ApprovalBook):
             future.set_result(approval)
         return approval
 
-    async def wait(self, approval_id: str, timeout: float, gone: asyncio.Future[None] | None = None) -> Decided:
+    async def wait(
+        self, approval_id: str, timeout: float, gone: asyncio.Future[None] | None = None
+    ) -> Decided:
         future = self._futures.get(approval_id)
         if future is None:
             return decided_of(await self.get(approval_id))
@@ -170,7 +182,13 @@ class LocalApprovalBook(ApprovalBook):
         return decided_of(approval)
 
     async def decide(
-        self, approval_id: str, decision: str, *, note: str = "", by: str = "api", raised: dict[str, float] | None = None
+        self,
+        approval_id: str,
+        decision: str,
+        *,
+        note: str = "",
+        by: str = "api",
+        raised: dict[str, float] | None = None,
     ) -> Approval:
         status = DECISIONS[decision]
         pending = self.pending.get(approval_id)

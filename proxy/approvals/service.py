@@ -48,7 +48,9 @@ class Approvals:
             "decision_url": self.decision_url + approval.id,
             **approval.to_json(),
         }
-        task = asyncio.create_task(self.alerts.poster.post_json(self.alerts.webhook, body), name="tripwire-alert")
+        task = asyncio.create_task(
+            self.alerts.poster.post_json(self.alerts.webhook, body), name="tripwire-alert"
+        )
         self.alerts.in_flight.add(task)
         task.add_done_callback(self.alerts.in_flight.discard)
 

@@ -34,6 +34,7 @@ from proxy.guard_backend import CallInputs
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
+from proxy.guards.raises import RaiseError
 from proxy.guards.loop.history import HistoryResults, results_from_index
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
@@ -208,7 +209,9 @@ class GuardStage(BaseStage):
         if decision.action == Action.ASK and not verdict.shadow:
             session = ex.session
             assert session is not None
-            if not self.services.approvals.quiet(session.run_id, decision.guard, decision.kind, verdict.call_seq):
+            if not self.services.approvals.quiet(
+                session.run_id, decision.guard, decision.kind, verdict.call_seq
+            ):
                 return decision
         self.warn_agent(ex, verdict)
         return None
@@ -270,6 +273,11 @@ class GuardStage(BaseStage):
             },
         )
         if decided.status == APPROVED:
+            if decided.raised:
+                try:
+                    await self.policy.raise_limits(session, decided.raised, by=decided.by)
+                except RaiseError as e:  # validated by the API; the session moved on since
+                    log.warning("approval %s: raise not applied: %s", approval.id, e)
             if decision.kind is not None:
                 threshold = decision.threshold if isinstance(decision.threshold, int) else 1
                 approvals.approved_streak(session.run_id, decision.guard, decision.kind, call_seq, threshold)
