@@ -110,7 +110,7 @@ class ApprovalBook(abc.ABC):
 
     @abc.abstractmethod
     async def wait(
-        self, approval_id: str, timeout: float, gone: asyncio.Future[None] | None = None
+        self, approval_id: str, wait_s: float, gone: asyncio.Future[None] | None = None
     ) -> Decided:
         """The decision, or timeout / withdrawn (`gone` resolved: the client hung up), once."""
 
@@ -168,12 +168,12 @@ class LocalApprovalBook(ApprovalBook):
         return approval
 
     async def wait(
-        self, approval_id: str, timeout: float, gone: asyncio.Future[None] | None = None
+        self, approval_id: str, wait_s: float, gone: asyncio.Future[None] | None = None
     ) -> Decided:
         future = self._futures.get(approval_id)
         if future is None:
             return decided_of(await self.get(approval_id))
-        approval = await wait_first(future, timeout, gone)
+        approval = await wait_first(future, wait_s, gone)
         if approval is None:  # timed out, or the client went: unless a decision came just now
             status = WITHDRAWN if gone is not None and gone.done() else TIMEOUT
             with contextlib.suppress(AlreadyDecided, UnknownApproval):
@@ -211,14 +211,14 @@ class LocalApprovalBook(ApprovalBook):
 
 
 async def wait_first(
-    future: asyncio.Future[Approval], timeout: float, gone: asyncio.Future[None] | None
+    future: asyncio.Future[Approval], wait_s: float, gone: asyncio.Future[None] | None
 ) -> Approval | None:
-    """The decision, or None when `timeout` passed or `gone` resolved first (no task per wait
+    """The decision, or None when `wait_s` passed or `gone` resolved first (no task per wait
     beyond asyncio.wait's own callbacks; nothing wakes until one of them happens)."""
     waiting: set[asyncio.Future[Any]] = {future}
     if gone is not None:
         waiting.add(gone)
-    done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(waiting, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
     if future in done:
         return future.result()
     return None

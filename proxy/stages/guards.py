@@ -20,13 +20,13 @@ from proxy import guard_trace
 from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval
 from proxy.approvals.hold import HeldStream, held_call, held_streamed
 from proxy.constants import (
+    GUARD_TOOL_ASK,
     TAG_AWAITING_APPROVAL,
     TAG_BUDGET_EXCEEDED,
     TAG_LOOP_DETECTED,
     TAG_SHADOW_FIRED,
     TAG_TERMINATED,
     EventType,
-    GUARD_TOOL_ASK,
 )
 from proxy.dialects.base import ParseState, ToolCall, ToolResult
 from proxy.exchange import Exchange
@@ -34,8 +34,8 @@ from proxy.guard_backend import CallInputs
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
-from proxy.guards.raises import RaiseError
 from proxy.guards.loop.history import HistoryResults, results_from_index
+from proxy.guards.raises import RaiseError
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
 from proxy.llm_trace import write_tool_result
