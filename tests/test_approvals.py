@@ -178,3 +178,155 @@ async def test_bad_decisions(start_tripwire: StartTripwire, fake_upstream: tuple
     status, _ = await decide(tw, approval["id"], {"decision": "approve"})
     assert status == 200
     await agent
+
+
+async def test_streamed_call_held_with_keepalives_then_the_real_stream(  # the SDK reads through them
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "streamed real answer")
+    tw = await start_tripwire(upstream={"url": url}, guards=ASK_LOOP, admin_token="hunter2")
+    tw.engine.approvals.watch.tick_s = tw.engine.approvals.watch.keepalive_s = 0.05
+    agent = asyncio.create_task(agent_loop(tw.url, stream=True))
+    approval = await pending_one(tw)
+    status, _ = await decide(tw, approval["id"], {"decision": "approve"})
+    assert status == 200
+    answer = await agent
+    assert answer.choices[0].message.content == "streamed real answer"
+    assert len(fake.calls(CHAT)) == 6
+
+
+async def test_streamed_raw_client_sees_keepalive_comments_then_the_block(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 0, "unused")
+    guards = {"loop_detection": {"action": "ask", "threshold": 2, "max_repeated_tool_steps": 10}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    tw.engine.approvals.watch.tick_s = tw.engine.approvals.watch.keepalive_s = 0.05
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for i in range(2):
+        messages.append({"role": "assistant", "tool_calls": [{**call, "id": f"c{i}"}]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "same"})
+    body = {"model": "gpt-4o-mini", "stream": True, "messages": messages}
+    async with aiohttp.ClientSession() as c:
+        async with c.post(tw.url + "/v1/chat/completions", json=body, headers=SESSION) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+            seen = b""
+            while seen.count(b": keep-alive") < 3:
+                seen += await r.content.readany()
+            assert b"data:" not in seen  # nothing a client reads as an answer yet
+            (approval,) = await approvals(tw)
+            status, _ = await decide(tw, approval["id"], {"decision": "deny", "note": "stop polling"})
+            assert status == 200
+            seen += await r.content.read()
+    assert b"stop polling" in seen and b"data: [DONE]" in seen
+    assert fake.calls(CHAT) == []
+
+
+async def test_timeout_applies_the_fallback(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "never sent")
+    tw = await start_tripwire(
+        upstream={"url": url}, guards={**ASK_LOOP, "ask_timeout_s": 0.3}, admin_token="hunter2"
+    )
+    answer = await agent_loop(tw.url)
+    assert answer.choices[0].message.content.startswith("[tripwire] blocked:")
+    assert "Nobody approved this call within 0.3s" in answer.choices[0].message.content
+    assert len(fake.calls(CHAT)) == 5
+    await tw.flush()
+    (decided,) = state_updates(tw, "approval_decided")
+    assert decided["payload"]["decision"] == "timeout"
+    (expired,) = await approvals(tw, decided=True)
+    status, body = await decide(tw, expired["id"], {"decision": "approve"})
+    assert status == 409 and "timeout" in body["detail"]
+    assert len(fake.calls(CHAT)) == 5
+
+
+async def test_timeout_with_terminate_fallback_ends_the_session(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "never sent")
+    guards = {**ASK_LOOP, "ask_timeout_s": 0.2, "ask_fallback": "terminate"}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    try:
+        await agent_loop(tw.url)
+        raise AssertionError("a terminated session's call is refused")
+    except openai.RateLimitError as e:
+        assert e.response.headers["x-should-retry"] == "false"
+    assert len(fake.calls(CHAT)) == 5
+    await tw.flush()
+    assert tw.events()[-1]["event_type"] == "RUN_END"
+
+
+async def test_client_hang_up_withdraws_and_forwards_nothing(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "never sent")
+    tw = await start_tripwire(upstream={"url": url}, guards=ASK_LOOP, admin_token="hunter2")
+    tw.engine.approvals.watch.tick_s = 0.05
+    agent = asyncio.create_task(agent_loop(tw.url))
+    approval = await pending_one(tw)
+    agent.cancel()  # the SDK's request is dropped: its connection closes
+    await asyncio.gather(agent, return_exceptions=True)
+    await until(lambda: _async(not tw.engine.approvals.book.pending), "withdrawn")  # type: ignore[attr-defined]
+    status, body = await decide(tw, approval["id"], {"decision": "approve"})
+    assert status == 409 and "withdrawn" in body["detail"]
+    await tw.flush()
+    (decided,) = state_updates(tw, "approval_decided")
+    assert decided["payload"]["decision"] == "withdrawn"
+    assert len(fake.calls(CHAT)) == 5
+
+
+async def test_shadow_holds_nothing(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "the real answer")
+    tw = await start_tripwire(
+        upstream={"url": url}, guards={**ASK_LOOP, "shadow": True}, admin_token="hunter2"
+    )
+    answer = await agent_loop(tw.url)
+    assert answer.choices[0].message.content == "the real answer"
+    assert await approvals(tw, decided=True) == []
+
+
+async def test_budget_on_limit_ask_raised_through_the_api(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(text=f"answer {i}") for i in range(10)]
+    guards = {"limits": {"max_llm_calls": 2, "on_limit": "ask"}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    client = openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=0
+    )
+
+    async def ask(i: int) -> str:
+        answer = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": f"question {i}"}]
+        )
+        return str(answer.choices[0].message.content)
+
+    assert [await ask(0), await ask(1)] == ["answer 0", "answer 1"]
+    third = asyncio.create_task(ask(2))
+    approval = await pending_one(tw)
+    assert approval["guard"] == "max_llm_calls" and approval["threshold"] == 2
+    status, body = await decide(tw, approval["id"], {"decision": "approve", "raise": {"max_llm_calls": 1}})
+    assert status == 400 and "not above" in body["detail"]
+    status, body = await decide(tw, approval["id"], {"decision": "approve", "raise": {"max_llm_calls": 4}})
+    assert status == 200, body
+    assert await third == "answer 2"
+    assert await ask(3) == "answer 3"  # the 4th call: within the raised limit, not asked
+    assert await approvals(tw) == []
+    fourth = asyncio.create_task(ask(4))  # the 5th crosses the raised limit: asked again
+    approval = await pending_one(tw)
+    assert approval["threshold"] == 4
+    await decide(tw, approval["id"], {"decision": "deny", "note": "enough"})
+    assert "enough" in await fourth  # ask_fallback block: a synthetic answer, the session goes on
+    assert len(fake.calls(CHAT)) == 4

@@ -53,7 +53,7 @@ class HeldStream:
 
         def maker(status: int, reason: str | None, headers: CIMultiDict[str], stream: bool) -> ClientAnswer:
             assert held.response is not None
-            return held.response if stream else ErrorIntoStream(held.response, held.ex)
+            return StartedAnswer(held.response) if stream else ErrorIntoStream(held.response, held.ex)
 
         self.ex.answer_maker = maker
 
@@ -79,6 +79,30 @@ def in_stream_error(ex: Exchange, body: bytes) -> bytes:
     if anthropic:
         return b"event: error\ndata: " + body + b"\n\n"
     return b"data: " + body + b"\n\n"
+
+
+class StartedAnswer:
+    """The started stream as the forwarder's answer: its head went out already (the lean lane's
+    answer would write a second head if prepared again)."""
+
+    def __init__(self, response: ClientAnswer) -> None:
+        self.response = response
+
+    async def prepare(self, request: Any) -> object:
+        return None
+
+    @property
+    def prepared(self) -> bool:
+        return True
+
+    async def write(self, data: bytes) -> None:
+        await self.response.write(data)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await self.response.write_eof(data)
+
+    def force_close(self) -> None:
+        self.response.force_close()
 
 
 class ErrorIntoStream:

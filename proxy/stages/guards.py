@@ -438,9 +438,11 @@ class GuardStage(BaseStage):
     async def finish(self, ex: Exchange) -> None:
         session = ex.session
         stream = ex.held_stream
-        if stream is not None and ex.response is None and ex.answer is not None:
-            # approved, then the upstream failed before answering: its error into the started stream
-            await stream.end_with(ex.answer.body, refusal=True)
+        if stream is not None:
+            if ex.response is None and ex.answer is not None:
+                # approved, then the upstream failed before answering: its error into the started stream
+                await stream.end_with(ex.answer.body, refusal=True)
+            ex.response = stream.response  # the lane's own answer object, which the handler returns
         try:
             await self.guards.settle(ex, self.write_settled)
         finally:
