@@ -193,6 +193,8 @@ def client_gone(ex: Exchange) -> bool:
 
 def held_streamed(ex: Exchange) -> bool:
     """A streamed LLM call: its answer starts while held, with keep-alives (SPEC §5.5a)."""
+    if ex.ws_call is not None:  # a Responses WebSocket call: nothing is sent until decided
+        return False
     return getattr(ex.protocol, "kind", None) == "llm" and bool(getattr(ex.call, "stream", False))
 
 
