@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import openai
 
+from proxy.replay import replay_dir
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply, webhook_receiver
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
@@ -116,6 +117,15 @@ async def test_approved_loop_call_gets_the_upstreams_real_answer(
     assert len(fake.calls(CHAT)) == 6
     assert await approvals(tw) == []
     assert [a["status"] for a in await approvals(tw, decided=True)] == ["approved"]
+    # replay: the ask recomputed, and the person's decision listed as recorded
+    replay = replay_dir(tw.data_dir / "runs" / approval["run_id"])
+    listed = [d.as_json() for d in replay.decisions if d.action == "ask"]
+    assert {"guard": "loop_detection", "kind": "repetition", "call_index": 6} == {
+        k: listed[0][k] for k in ("guard", "kind", "call_index")
+    }
+    assert "replayed" not in listed[0]  # the guards' ask, recomputed
+    recorded = [d for d in listed if d.get("replayed") is False]
+    assert [(d["call_index"], d["decision"]) for d in recorded] == [(6, "approved")]
     metrics = tw.engine.metrics.render().decode()
     assert 'tripwire_approvals_total{decision="approved",guard="loop_detection"} 1.0' in metrics
     assert "tripwire_pending_approvals 0.0" in metrics

@@ -264,7 +264,9 @@ class GuardStage(BaseStage):
             "approval_decided",
             {
                 "approval_id": approval.id,
+                "call_seq": call_seq,
                 "guardrail": decision.guard,
+                "kind": decision.kind,
                 "decision": decided.status,
                 "note": decided.note,
                 "by": decided.by,
