@@ -18,7 +18,7 @@ import orjson
 
 from proxy import guard_trace
 from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval
-from proxy.approvals.hold import HeldStream, held_call, held_streamed
+from proxy.approvals.hold import held_call, held_stream_for
 from proxy.constants import (
     GUARD_TOOL_ASK,
     TAG_AWAITING_APPROVAL,
@@ -29,7 +29,7 @@ from proxy.constants import (
     EventType,
 )
 from proxy.dialects.base import ParseState, ToolCall, ToolResult
-from proxy.exchange import Exchange
+from proxy.exchange import Answer, Exchange
 from proxy.guard_backend import CallInputs
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
@@ -245,7 +245,7 @@ class GuardStage(BaseStage):
         self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
         approvals.notify(approval)
         approvals.holding(1)
-        stream = HeldStream(ex) if held_streamed(ex) else None
+        stream = held_stream_for(ex)
         gone = approvals.watch.add(ex, stream)
         try:
             if stream is not None:
@@ -291,8 +291,7 @@ class GuardStage(BaseStage):
         ex.reservation = None
         if decided.status == WITHDRAWN:  # nobody to answer: nothing forwarded, nothing more written
             ex.client_disconnected = True
-            assert ex.protocol is not None
-            ex.answer = ex.protocol.render_block(ex, decision, "[tripwire] withdrawn")
+            ex.answer = Answer(400, b"withdrawn: the client hung up while its call was held", "text/plain")
             return
         fallback = Action.TERMINATE if config.ask_fallback == "terminate" else Action.BLOCK
         final = dataclasses.replace(decision, action=fallback)
