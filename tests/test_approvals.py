@@ -340,3 +340,17 @@ async def test_budget_on_limit_ask_raised_through_the_api(
     await decide(tw, approval["id"], {"decision": "deny", "note": "enough"})
     assert "enough" in await fourth  # ask_fallback block: a synthetic answer, the session goes on
     assert len(fake.calls(CHAT)) == 4
+
+
+def test_the_yaml_top_level_takes_the_ask_keys(tmp_path: Any) -> None:
+    """`ask_timeout_s` / `ask_fallback` (and every other guard config key) at the YAML's top level,
+    as docs/configuration.md shows them, like LangSight's sections."""
+    from proxy.settings import load_settings
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "ask_timeout_s: 30\nask_fallback: terminate\nloop_detection: {action: ask}\nlimits: {on_limit: ask}\n"
+    )
+    settings = load_settings({}, config_file=config, environ={}, cwd=tmp_path, home=tmp_path)
+    assert settings.guards.ask_timeout_s == 30 and settings.guards.ask_fallback == "terminate"
+    assert settings.guards.loop_detection.action == "ask" and settings.guards.limits.on_limit == "ask"
