@@ -89,3 +89,23 @@ async def test_a_refusal_after_the_stream_started_is_the_dialects_in_stream_erro
         await streamed(tw, dialect, "two")
     assert "[tripwire]" in str(raised.value)
     assert len(fake.seen) == 1
+
+
+@pytest.mark.parametrize("dialect", ["chat", "anthropic"])
+async def test_an_upstream_error_after_an_approved_held_stream_ends_it_as_an_error_event(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], dialect: str
+) -> None:
+    """Approved, the upstream answered the held stream with a JSON error (its head went out as a
+    200 stream already): the error's body as the dialect's in-stream error event; the SDK raises."""
+    fake, url = fake_upstream
+    fake.replies = [Reply(text="first"), Reply(status=400)]
+    tw = await started(start_tripwire, url, dialect, ONE_CALL)
+    assert await streamed(tw, dialect, "one") == "first"
+    error: type[Exception] = anthropic.APIError if dialect == "anthropic" else openai.APIError
+    held = asyncio.create_task(streamed(tw, dialect, "two"))
+    (approval,) = await until(lambda: approvals(tw), "the second call held")
+    await decide(tw, approval["id"], {"decision": "approve"})
+    with pytest.raises(error) as raised:
+        await held
+    assert ("fake error 400" if dialect == "anthropic" else "boom") in str(raised.value)
+    assert len(fake.seen) == 2
