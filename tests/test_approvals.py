@@ -354,3 +354,37 @@ def test_the_yaml_top_level_takes_the_ask_keys(tmp_path: Any) -> None:
     settings = load_settings({}, config_file=config, environ={}, cwd=tmp_path, home=tmp_path)
     assert settings.guards.ask_timeout_s == 30 and settings.guards.ask_fallback == "terminate"
     assert settings.guards.loop_detection.action == "ask" and settings.guards.limits.on_limit == "ask"
+
+
+async def test_the_tag_stays_while_any_call_of_the_run_is_held(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(text=f"answer {i}") for i in range(5)]
+    guards = {"limits": {"max_llm_calls": 1, "on_limit": "ask"}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    client = openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=0
+    )
+
+    async def ask(i: int) -> Any:
+        return await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": f"question {i}"}]
+        )
+
+    await ask(0)
+    held = [asyncio.create_task(ask(i)) for i in (1, 2)]
+
+    async def both() -> list[dict[str, Any]]:
+        found = await approvals(tw)
+        return found if len(found) == 2 else []
+
+    first, second = await until(both, "two calls held")
+    tags = tw.engine.recorder._registry.get(first["run_id"]).tags
+    assert "awaiting_approval" in tags
+    await decide(tw, first["id"], {"decision": "deny"})
+    await until(lambda: _async(any(t.done() for t in held)), "the denied call answered")
+    assert "awaiting_approval" in tags  # the other is still held
+    await decide(tw, second["id"], {"decision": "deny"})
+    await asyncio.gather(*held)
+    assert "awaiting_approval" not in tags

@@ -242,9 +242,9 @@ class GuardStage(BaseStage):
         )
         await approvals.book.open(approval)
         self.write_state(session, "approval_requested", {"approval": approval.to_json()})
-        self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
+        if approvals.holding(session.run_id, 1):
+            self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
         approvals.notify(approval)
-        approvals.holding(1)
         stream = held_stream_for(ex)
         gone = approvals.watch.add(ex, stream)
         try:
@@ -256,9 +256,9 @@ class GuardStage(BaseStage):
             decided = await approvals.book.wait(approval.id, approval.timeout_s, gone)
         finally:
             approvals.watch.remove(ex)
-            approvals.holding(-1)
+            if approvals.holding(session.run_id, -1):
+                self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
         self.services.metrics.observe_approval(decision.guard, decided.status)
-        self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
         self.write_state(
             session,
             "approval_decided",
