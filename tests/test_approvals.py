@@ -388,3 +388,28 @@ async def test_the_tag_stays_while_any_call_of_the_run_is_held(
     await decide(tw, second["id"], {"decision": "deny"})
     await asyncio.gather(*held)
     assert "awaiting_approval" not in tags
+
+
+async def test_an_approved_streak_asks_again_after_threshold_more_calls(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 30, "unused")
+    # only the repetition pattern speaks (the graduated no-progress and per-tool ones would end it)
+    quiet = {"no_progress_warn": 50, "no_progress_halt": 50, "idempotent": [50, 50, 50]}
+    guards = {"loop_detection": {**ASK_LOOP["loop_detection"], **quiet}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    agent = asyncio.create_task(agent_loop(tw.url, max_steps=40))
+    first = await pending_one(tw)
+    assert len(fake.calls(CHAT)) == 5
+    await decide(tw, first["id"], {"decision": "approve"})
+
+    async def next_one() -> list[dict[str, Any]]:
+        return [a for a in await approvals(tw) if a["id"] != first["id"]]
+
+    (second,) = await until(next_one, "the streak asks again")
+    # the approved 6th call, then 4 more let through; the 5th call after the approval asks
+    assert len(fake.calls(CHAT)) == 10
+    await decide(tw, second["id"], {"decision": "deny", "note": "stop"})
+    answer = await agent
+    assert "stop" in answer.choices[0].message.content

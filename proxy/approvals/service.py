@@ -34,7 +34,7 @@ class Approvals:
         return until is not None and call_seq <= until
 
     def approved_streak(self, run_id: str, guard: str, kind: str | None, call_seq: int, calls: int) -> None:
-        self._quiet[(run_id, guard, kind)] = call_seq + calls
+        self._quiet[(run_id, guard, kind)] = call_seq + calls - 1  # the T-th call on asks, as a loop fires
 
     def holding(self, run_id: str, delta: int) -> bool:
         """One more (or one fewer) call of the run held here; True when the run's first starts or
