@@ -104,6 +104,14 @@ class SessionGuards:
             self.raised[key] = max(value, self.raised.get(key, value))
         self._configure_budget()
 
+    def resumed(self) -> None:
+        """The session goes on in a new run (SPEC §5.5a resume): no longer ended by a guard. Spend,
+        counts, raises and loop state carry over; the ordinals a run's trace numbers its calls
+        and events by (call_seq, settle ranks, events seen, config revisions) start again."""
+        self.terminated_by = None
+        self.calls_seen = self.calls_settled = self.events_seen = 0
+        self.config_rev = 0
+
     def _configure_budget(self) -> None:
         config = self.config
         if self.raised:
