@@ -231,10 +231,12 @@ def proxy_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
 
 def make_admin_app(engine: Engine) -> web.Application:
     from viewer.api import setup_admin
+    from viewer.approvals_api import setup_approvals
 
     app = web.Application()
     app[ENGINE] = engine
     setup_admin(app, engine)
+    setup_approvals(app, engine.approvals, engine.sessions)  # SPEC §5.5a
     return app
 
 

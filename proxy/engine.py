@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from proxy.alerts import Alerts
+from proxy.approvals.service import Approvals, approval_book_for, approvals_url
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend, guard_backend_for
 from proxy.guard_store import GuardConfigStore
@@ -91,6 +92,10 @@ class Engine:
         self.shared = SharedState(settings, self.guard_store, self.metrics) if settings.state.url else None
         # where guard state lives, chosen once: the stages and the session policy only ask it
         self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store)
+        # calls held for a person (SPEC §5.5a): in Redis with shared state, so any replica decides
+        self.approvals = Approvals(
+            approval_book_for(settings), self.metrics, self.alerts, approvals_url(settings)
+        )
         # when runs open, end, are terminated; the events of a session and what its guards make of them
         self.policy = SessionPolicy(
             sessions=self.sessions,
@@ -119,6 +124,7 @@ class Engine:
             forwarder=self.forwarder,
             mcp=self.mcp,
             pricing=self.pricing,
+            approvals=self.approvals,
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -131,6 +137,7 @@ class Engine:
         await self.recorder.start()
         await self.forwarder.start()
         await self.guards.start()
+        await self.approvals.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="tripwire-session-sweeper")
 
     async def drain(self, grace_s: float) -> None:
@@ -156,6 +163,7 @@ class Engine:
             sweeper.cancel()
             await asyncio.wait({sweeper}, timeout=1.0)
         self.policy.end_all("shutdown")
+        await self.approvals.close()
         await self.guards.close()
         await self.recorder.close()
         await self.alerts.close()

@@ -353,6 +353,14 @@ class TraceRecorder:
         run.tags.update(tags)
         self._writer.touch(run, tripwire=True)
 
+    def remove_tags(self, run_id: str, *tags: str) -> None:
+        """Tags that hold only for a while (`awaiting_approval`, SPEC §5.5a)."""
+        run = self._registry.get(run_id)
+        if run is None or not (set(tags) & run.tags):
+            return
+        run.tags.difference_update(tags)
+        self._writer.touch(run, tripwire=True)
+
     def update_tripwire(self, run_id: str, **fields: Any) -> None:
         """Set Tripwire's own run fields in tripwire.json (cost, tokens and tags have their own calls)."""
         run = self._registry.get(run_id)
