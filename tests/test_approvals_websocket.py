@@ -18,7 +18,9 @@ GUARDS = {"loop_detection": {"action": "ask", "threshold": 3, "max_repeated_tool
 
 
 @pytest.mark.parametrize("decision", ["approve", "deny"])
-async def test_a_held_response_create(start_tripwire: StartTripwire, fake_upstream: Any, decision: str) -> None:
+async def test_a_held_response_create(
+    start_tripwire: StartTripwire, fake_upstream: Any, decision: str
+) -> None:
     fake, url = fake_upstream
     fake.replies = [Reply(tool_calls=[(f"call_{i}", "get_weather", {"city": "Paris"})]) for i in range(3)] + [
         Reply(text="Paris is sunny (upstream)")

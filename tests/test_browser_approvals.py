@@ -5,6 +5,7 @@ linked run)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -260,4 +261,47 @@ async def test_a_killed_run_resumed_from_the_viewer_serves_the_next_call_in_a_li
     shot = tmp_path / "resumed.png"
     await page.screenshot(path=str(shot))
     save_copy(shot)
+    assert errors == []
+
+
+@pytest.mark.parametrize("decision", ["Approve", "Deny"])
+async def test_a_held_openai_sdk_loop_call_is_decided_in_the_browser(
+    browser: Browser, start_tripwire: Any, fake_upstream: Any, tmp_path: Path, decision: str
+) -> None:
+    """Acceptance 1: a looping openai-SDK agent under `action: ask`; Playwright clicks Approve and
+    the held request completes with the upstream's real answer, or Deny and the agent reads the
+    note in the synthetic block; the SDK sees no error and retries nothing."""
+    from tests.test_approvals import ASK_LOOP, CHAT, agent_loop, loop_then
+
+    fake, url = fake_upstream
+    loop_then(fake, 5, "Paris is sunny (the real answer)")
+    tw = await start_tripwire(upstream={"url": url}, guards=ASK_LOOP, admin_token="hunter2")
+    page = await new_page(browser)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    await page.add_init_script("sessionStorage.setItem('tripwire_admin_token', 'hunter2')")
+    await page.goto(tw.admin_url + "/?poll_runs=1&poll_events=1")
+
+    agent = asyncio.create_task(agent_loop(tw.url))
+    item = page.locator(".approval")
+    await expect(item).to_have_count(1, timeout=30_000)
+    await expect(page.locator("#approvals-badge")).to_contain_text("1")
+    await expect(item).to_contain_text("loop_detection · repetition")
+    await expect(item).to_contain_text("LLM call to gpt-4o-mini")
+    await expect(item.locator(".approval-events li").first).to_be_visible()
+    assert len(fake.calls(CHAT)) == 5 and not agent.done()  # held, not forwarded
+    note = "fine, go on" if decision == "Approve" else "use the cached forecast"
+    await item.get_by_label("Note").fill(note)
+    await item.get_by_role("button", name=decision).click()
+    answer = await asyncio.wait_for(agent, 60)
+    text = answer.choices[0].message.content
+    if decision == "Approve":
+        assert text == "Paris is sunny (the real answer)"
+        assert len(fake.calls(CHAT)) == 6  # forwarded once: no SDK retry
+    else:
+        assert text.startswith("[tripwire] blocked:") and note in text
+        assert answer.choices[0].finish_reason == "stop"
+        assert len(fake.calls(CHAT)) == 5
+    await expect(page.locator("#approvals-badge")).to_contain_text("0")
+    await expect(page.locator("#approvals")).to_be_hidden()
     assert errors == []
