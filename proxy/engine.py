@@ -245,11 +245,7 @@ class Engine:
         return self.policy.guard_stats(run_id)
 
     async def resume_run(self, run_id: str, raised: Any = None) -> str:
-        """POST /api/runs/{run_id}/resume: the new run's id (SPEC §5.5a; `SessionPolicy.resume`).
-        Not yet with shared state: the replicas' terminated marks and run slots would need moving
-        to the new run (NotImplementedError, a 501)."""
-        if self.shared is not None:
-            raise NotImplementedError("resume is not available with shared state (--state) yet")
+        """POST /api/runs/{run_id}/resume: the new run's id (SPEC §5.5a; `SessionPolicy.resume`)."""
         return (await self.policy.resume(run_id, raised)).run_id
 
     # --- health and metrics ------------------------------------------------------------------

@@ -53,6 +53,7 @@ class SessionPolicy:
         self.alerts = alerts
         self.argv = argv
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
+        self._resuming: set[str] = set()  # runs a resume is under way for
 
     # --- open --------------------------------------------------------------------------------
 
@@ -291,6 +292,15 @@ class SessionPolicy:
             raise ResumeConflict("run ended normally, not by a guard or the kill switch: nothing to resume")
         if not old.ended:
             raise ResumeConflict("run is still ending (calls in flight): try again in a moment")
+        if run_id in self._resuming:
+            raise ResumeConflict("run is being resumed already")
+        self._resuming.add(run_id)
+        try:
+            return await self._resume(old, raised, by)
+        finally:
+            self._resuming.discard(run_id)
+
+    async def _resume(self, old: Session, raised: Any, by: str) -> Session:
         now = time.monotonic()
         values = await self.guards.raise_limits(old, raised, now) if raised is not None else {}
         guards = old.guards
@@ -301,7 +311,9 @@ class SessionPolicy:
             guards.resumed()
         old.conversation.configs_recorded.clear()  # the new run records its config again
         old.conversation.guard_history = []  # and its first call's whole history (replay)
-        session = self.sessions.resume(old, str(uuid.uuid4()), now=now, wall=time.time())
+        new_run_id = str(uuid.uuid4())
+        await self.guards.resumed(old, new_run_id)  # shared: every replica finds the new run
+        session = self.sessions.resume(old, new_run_id, now=time.monotonic(), wall=time.time())
         config, is_override = self.guard_store.effective(session.agent)
         carried = guards.budget.stats(now) if guards is not None else {}
         carried_over = {

@@ -403,6 +403,14 @@ class SessionManager:
             self._by_answer.setdefault((agent, key), []).append(new)
         return new
 
+    def drop_refusal(self, session: Session | None, agent: str, explicit_id: str | None) -> None:
+        """The session was resumed elsewhere (another replica): this copy no longer refuses; the
+        call that follows opens the new run here."""
+        if explicit_id is not None:
+            self._terminated_explicit.pop((agent, explicit_id), None)
+        if session is not None:
+            self._forget(session)
+
     def by_run_id(self, run_id: str) -> Session | None:
         return self._by_run.get(run_id)
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy import storage
 from proxy.guards.raises import RaiseError
 from proxy.session_policy import ResumeConflict
+from proxy.state.base import StateUnavailable
 
 
 @runtime_checkable
@@ -62,8 +63,8 @@ async def resume_run(request: web.Request) -> web.Response:
         if not await asyncio.to_thread(_has_run, engine.data_dir, run_id):
             return _detail(404, "run not found")
         return _detail(400 if isinstance(e, RaiseError) else 409, str(e))
-    except NotImplementedError as e:
-        return _detail(501, str(e))
+    except StateUnavailable as e:  # shared state down: the replicas could not be told
+        return _detail(503, f"not resumed: {e}")
     return web.json_response({"run_id": new_run_id, "resumed_from": run_id})
 
 
