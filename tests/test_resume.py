@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 
+from proxy.replay import replay_dir
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
@@ -88,6 +89,12 @@ async def test_a_limit_ended_session_resumes_with_a_raise_in_a_linked_run(
     assert events[-2]["payload"]["threshold"] == 4
     assert tw.tripwire_json(old)["resumed_as"] == new
     assert tw.tripwire_json(new)["resumed_from"] == old
+    # replay of the new run starts from the counts its RUN_START carried over: decides as live
+    replayed = replay_dir(tw.data_dir / "runs" / new)
+    assert [(d.call_index, d.guard, d.action) for d in replayed.decisions] == [
+        (3, "max_llm_calls", "terminate")
+    ]
+    assert replayed.live[3] == [["max_llm_calls", None, "terminate"]]
     # the new run, ended by the raised limit, resumes again; the old one is no longer held
     status, body = await resume(tw, old, {"raise": {"max_llm_calls": 9}})
     assert status == 409
@@ -154,3 +161,25 @@ async def test_resume_answers_404_409_and_400(
     tw.engine.policy.end_all("shutdown")
     status, body = await resume(tw, ended)
     assert status == 409 and "ended normally" in body["detail"]
+
+
+async def test_a_raise_in_a_live_session_is_replayed_where_it_stands(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    _, url = fake_upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_llm_calls": 1}})
+    llm = client(tw, **{"X-Tripwire-Session": "s1"})
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    await tw.flush()
+    (run,) = tw.run_ids()
+    session = tw.engine.sessions.by_run_id(run)
+    assert session is not None
+    await tw.engine.policy.raise_limits(session, {"max_llm_calls": 2})
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    with pytest.raises(openai.RateLimitError):
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    await tw.flush()
+    replayed = replay_dir(tw.data_dir / "runs" / run)
+    assert [(d.call_index, d.guard, d.action) for d in replayed.decisions] == [
+        (3, "max_llm_calls", "terminate")
+    ]
