@@ -244,6 +244,10 @@ class Engine:
     def guard_stats(self, run_id: str) -> dict[str, Any] | None:
         return self.policy.guard_stats(run_id)
 
+    async def resume_run(self, run_id: str, raised: Any = None) -> str:
+        """POST /api/runs/{run_id}/resume: the new run's id (SPEC §5.5a; `SessionPolicy.resume`)."""
+        return (await self.policy.resume(run_id, raised)).run_id
+
     # --- health and metrics ------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:

@@ -250,6 +250,11 @@ class _Replayer:
         if self.guards is None:
             self.guards = SessionGuards(self.config(rev), started_at=0.0)
             self.guards.budget.count_event()  # RUN_START, as live
+            carried = next(
+                (e.payload.carried_over for e in self.events if e.event_type == EventType.RUN_START), None
+            )
+            if carried:  # a resumed run: its session's spend and counts went on (SPEC §5.5a)
+                self.guards.carry_over(carried)
         return self.guards
 
     def _rank(self, seq: int) -> int:

@@ -180,3 +180,6 @@ class LocalGuardBackend:
         values = validate_raise(raised, guards.config, guards.budget, now)
         guards.raise_limits(values)
         return values
+
+    async def resumed(self, old: Session, run_id: str) -> None:
+        return None  # the session manager moves the session and its guards to the new run

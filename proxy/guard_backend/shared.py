@@ -25,7 +25,7 @@ from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
 from proxy.sessions import Session, SessionManager
 from proxy.state import entries, keys
-from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
+from proxy.state.base import BreakerAdmission, BreakerRequest, LogEntry, PendingCall, StateUnavailable
 from proxy.state.replica import Applied
 from proxy.state.service import SharedState
 
@@ -256,6 +256,38 @@ class SharedGuardBackend:
         channel.queue([entries.raise_limits(values)])
         await channel.flush()
         return values
+
+    async def resumed(self, old: Session, run_id: str) -> None:
+        shared = self.state
+        agent, old_run_id, session = old.agent, old.run_id, old
+        channel = shared.guards.channel(agent, old_run_id)
+        await channel.flush()
+        log = await shared.link.call(lambda: shared.backend.read(agent, old_run_id, since=0))
+        if len(channel.history) > len(log):  # the backend lost some (an outage): this replica's copy
+            log = list(channel.history)
+        shared.guards.forget(old_run_id)
+        last = log[-1] if log else None
+        resume = LogEntry(
+            len(log) + 1, last.t if last else 0.0, last.config_rev if last else 0, entries.resume()
+        )
+        slots = shared.all_slots(session)
+        if not session.explicit:
+            slots.append(keys.slot_latest(agent))
+        lineage = not session.explicit and not session.lineage.is_empty()
+        await shared.link.call(
+            lambda: shared.backend.seed(agent, run_id, [*log, resume], idle_s=shared.idle_s, lineage=lineage)
+        )
+        await shared.link.call(
+            lambda: shared.backend.resume(
+                agent,
+                old_run_id,
+                run_id,
+                slots=slots,
+                idle_s=shared.idle_s,
+                ttl_s=max(shared.terminated_ttl_s, shared.idle_s),
+                session_id=session.session_id if session.explicit else None,
+            )
+        )
 
 
 def pending_calls(session: Session, result: Any, llm_event_id: str | None) -> dict[str, PendingCall]:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from proxy.guards.config import BudgetConfig, GuardConfig, LimitsConfig
 
 if TYPE_CHECKING:
-    from proxy.guards.budget import SessionBudget
+    from proxy.guards.budget import CallKind, SessionBudget
+    from proxy.guards.decision import Decision
 
 Section = Literal["budget", "limits", "loop_detection"]
 
@@ -128,3 +129,13 @@ def raised_sections(
         config.limits.model_copy(update=limits) if limits else config.limits,
         max_steps,
     )
+
+
+def still_refused(ended_by: Decision | None, budget: SessionBudget, now: float) -> Decision | None:
+    """The budget or limit that ended a session and would refuse its next call still (a resume that
+    does not raise it would be refused at once), or None."""
+    if ended_by is None or ended_by.guard not in RAISABLE:
+        return None
+    kind: CallKind = "tool" if ended_by.guard in ("max_tool_calls", "max_steps") else "llm"
+    refusal = budget.refusal(kind, now)
+    return refusal if refusal is not None and refusal.guard == ended_by.guard else None

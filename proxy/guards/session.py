@@ -104,6 +104,28 @@ class SessionGuards:
             self.raised[key] = max(value, self.raised.get(key, value))
         self._configure_budget()
 
+    def resumed(self) -> None:
+        """The session goes on in a new run (SPEC §5.5a resume): no longer ended by a guard. Spend,
+        counts, raises and loop state carry over; the ordinals a run's trace numbers its calls
+        and events by (call_seq, settle ranks, events seen, config revisions) start again."""
+        self.terminated_by = None
+        self.calls_seen = self.calls_settled = self.events_seen = 0
+        self.config_rev = 0
+
+    def carry_over(self, carried: Mapping[str, Any]) -> None:
+        """Replay of a resumed run: start from the counts its RUN_START says the session carried
+        over (`carried_over`: cost_usd, tokens, llm_calls, tool_calls, events, raised). The loop
+        detector's state is not recorded: it starts empty."""
+        budget = self.budget
+        budget.cost_usd = float(carried.get("cost_usd") or 0.0)
+        budget.tokens = int(carried.get("tokens") or 0)
+        budget.llm_calls = int(carried.get("llm_calls") or 0)
+        budget.tool_calls = int(carried.get("tool_calls") or 0)
+        budget.events = int(carried.get("events") or 0)
+        raised = carried.get("raised")
+        if isinstance(raised, Mapping) and raised:
+            self.raise_limits({str(k): float(v) for k, v in raised.items()})
+
     def _configure_budget(self) -> None:
         config = self.config
         if self.raised:

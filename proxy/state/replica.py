@@ -109,6 +109,10 @@ class SessionReplica:
         if isinstance(body, entries.RaiseLimits):
             guards.raise_limits(body.values)
             return Applied(entry.seq, kind)
+        if isinstance(body, entries.Resume):
+            self.killed = None
+            guards.resumed()
+            return Applied(entry.seq, kind)
         return Applied(entry.seq, kind)  # an entry of a newer Tripwire: ignored, as replay does
 
     def _guards(self, config_rev: int) -> SessionGuards:
