@@ -413,3 +413,25 @@ async def test_an_approved_streak_asks_again_after_threshold_more_calls(
     await decide(tw, second["id"], {"decision": "deny", "note": "stop"})
     answer = await agent
     assert "stop" in answer.choices[0].message.content
+
+
+async def test_a_call_approved_after_the_kill_switch_is_refused(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "never sent")
+    tw = await start_tripwire(upstream={"url": url}, guards=ASK_LOOP, admin_token="hunter2")
+    agent = asyncio.create_task(agent_loop(tw.url))
+    approval = await pending_one(tw)
+    async with aiohttp.ClientSession() as c:
+        url_kill = tw.admin_url + f"/api/runs/{approval['run_id']}/terminate"
+        async with c.post(url_kill, headers=AUTH) as r:
+            assert r.status == 200
+    status, _ = await decide(tw, approval["id"], {"decision": "approve"})
+    assert status == 200
+    try:
+        await agent
+        raise AssertionError("refused: the session was ended")
+    except openai.RateLimitError as e:
+        assert e.response.headers["X-Tripwire-Guard"] == "kill_switch"
+    assert len(fake.calls(CHAT)) == 5

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import guard_trace
-from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval
-from proxy.approvals.hold import held_call, held_stream_for
+from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
+from proxy.approvals.hold import HeldStream, held_call, held_stream_for
 from proxy.constants import (
+    GUARD_KILL_SWITCH,
     GUARD_TOOL_ASK,
     TAG_AWAITING_APPROVAL,
     TAG_BUDGET_EXCEEDED,
@@ -258,6 +259,30 @@ class GuardStage(BaseStage):
             approvals.watch.remove(ex)
             if approvals.holding(session.run_id, -1):
                 self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
+        try:
+            await self.carry_out(ex, guards, decision, approval, decided, stream, call_seq)
+        except Exception:
+            if stream is not None and stream.response is not None and ex.answer is None:
+                # failing open (a bug): the call goes on in the answer already started, not in a second
+                stream.relay_into()
+                ex.held_stream = stream
+            raise
+
+    async def carry_out(
+        self,
+        ex: Exchange,
+        guards: SessionGuards,
+        decision: Decision,
+        approval: Approval,
+        decided: Decided,
+        stream: HeldStream | None,
+        call_seq: int,
+    ) -> None:
+        """What the decision (or its absence) does: the trace, then the call goes on or is answered."""
+        session = ex.session
+        assert session is not None
+        approvals = self.services.approvals
+        config = guards.config
         self.services.metrics.observe_approval(decision.guard, decided.status)
         self.write_state(
             session,
@@ -274,6 +299,18 @@ class GuardStage(BaseStage):
                 **({"raise": decided.raised} if decided.raised else {}),
             },
         )
+        if decided.status == APPROVED and session.terminated:
+            # the session was ended while its call was held (the kill switch): refused like its
+            # every later call, whatever the approval said
+            ended = Decision(
+                Action.TERMINATE, GUARD_KILL_SWITCH, "the session was ended while this call was held"
+            )
+            self.guards.give_back(guards, ex.reservation)
+            ex.reservation = None
+            self.refuse_ended(ex, ended, elsewhere=False)
+            if stream is not None and ex.answer is not None:
+                await stream.end_with(ex.answer.body, refusal=True)
+            return
         if decided.status == APPROVED:
             if decided.raised:
                 try:
