@@ -185,3 +185,24 @@ async def test_a_client_hanging_up_on_a_held_tool_call_withdraws_it(start_tripwi
         assert status == 409
         await tw.flush()
     assert [e["name"] for e in tw.events() if e["event_type"] == "TOOL_CALL"] == ["echo"]
+
+
+async def test_the_listed_arguments_are_redacted_as_the_trace_keeps_them(
+    start_tripwire: StartTripwire,
+) -> None:
+    import aiohttp
+
+    guards = {"loop_detection": {"threshold": 2, "action": "ask"}}
+    secret = {**CALL, "params": {"name": "echo", "arguments": {"text": "my password=hunter22 ok"}}}
+    async with json_server() as upstream:
+        tw = await start_tripwire(mcp={"demo": {"url": upstream}}, guards=guards, admin_token="hunter2")
+        url = f"{tw.url}/agents/bot/sessions/secret/mcp/demo"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json={**secret, "id": 1}, headers=STATELESS) as r:
+                await r.read()
+            request = asyncio.create_task(http.post(url, json={**secret, "id": 2}, headers=STATELESS))
+            (approval,) = await until(lambda: approvals(tw), "held")
+            assert "hunter22" not in str(approval)
+            assert approval["call"]["arguments"]["text"] == "my password=__REDACTED__ ok"
+            await decide(tw, approval["id"], {"decision": "deny"})
+            (await request).close()

@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 from proxy.call_request import ClientAnswer
 from proxy.exchange import Exchange
 from proxy.mcp import jsonrpc
+from proxy.redact import sanitize
 
 log = logging.getLogger("tripwire.approvals")
 
@@ -303,9 +304,11 @@ class Discarded:
         return None
 
 
-def held_call(ex: Exchange) -> dict[str, Any]:
-    """What the person is asked about: the tool and its arguments, or the model."""
+def held_call(ex: Exchange, max_field_bytes: int = 8192) -> dict[str, Any]:
+    """What the person is asked about: the tool and its arguments (secrets redacted and long values
+    cut as the trace keeps them: the API and the webhook show them), or the model."""
     call = ex.call
     if getattr(ex.protocol, "kind", None) == "mcp":
-        return {"tool": call.tool_name, "arguments": call.arguments, "server": ex.route.upstream}
+        arguments = sanitize(call.arguments, max_field_bytes)
+        return {"tool": call.tool_name, "arguments": arguments, "server": ex.route.upstream}
     return {"model": getattr(call, "model", None), "stream": bool(getattr(call, "stream", False))}

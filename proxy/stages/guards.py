@@ -236,7 +236,7 @@ class GuardStage(BaseStage):
             message=decision.message,
             threshold=decision.threshold,
             actual=decision.actual,
-            call=held_call(ex),
+            call=held_call(ex, self.services.settings.max_field_bytes),
             approving=approving(decision),
             requested_at=time.time(),
             timeout_s=float(config.ask_timeout_s),
