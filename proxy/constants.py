@@ -66,6 +66,7 @@ TAG_BUDGET_EXCEEDED = "budget_exceeded"
 TAG_CIRCUIT_BREAKER_OPEN = "circuit_breaker_open"
 TAG_TERMINATED = "terminated"
 TAG_SHADOW_FIRED = "shadow_fired"
+TAG_AWAITING_APPROVAL = "awaiting_approval"  # a call of the run is held for a person (SPEC §5.5a)
 
 # Guard codes (SPEC §5): Decision.guard, the `guardrail` of an ERROR / LOOP_WARNING event, the
 # `X-Tripwire-Guard` header and the `code` of a refusal.

@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.agent_keys import KeyStore, key_store_for
 from proxy.alerts import Alerts
+from proxy.approvals.service import Approvals, approval_book_for, approvals_url
 from proxy.auth import AgentKeyGate
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend, guard_backend_for
@@ -97,6 +98,10 @@ class Engine:
         # required, the proxy listener's check (None: calls name their agent themselves)
         self.agent_keys: KeyStore = key_store_for(self.data_dir, settings.state.url)
         self.auth = AgentKeyGate(self.agent_keys, self.metrics) if settings.auth.require_agent_key else None
+        # calls held for a person (SPEC §5.5a): in Redis with shared state, so any replica decides
+        self.approvals = Approvals(
+            approval_book_for(settings), self.metrics, self.alerts, approvals_url(settings)
+        )
         # when runs open, end, are terminated; the events of a session and what its guards make of them
         self.policy = SessionPolicy(
             sessions=self.sessions,
@@ -125,6 +130,7 @@ class Engine:
             forwarder=self.forwarder,
             mcp=self.mcp,
             pricing=self.pricing,
+            approvals=self.approvals,
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -138,6 +144,7 @@ class Engine:
         await self.forwarder.start()
         await self.guards.start()
         await self.agent_keys.start()
+        await self.approvals.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="tripwire-session-sweeper")
 
     async def drain(self, grace_s: float) -> None:
@@ -163,6 +170,7 @@ class Engine:
             sweeper.cancel()
             await asyncio.wait({sweeper}, timeout=1.0)
         self.policy.end_all("shutdown")
+        await self.approvals.close()
         await self.guards.close()
         await self.agent_keys.close()
         await self.recorder.close()
@@ -243,6 +251,10 @@ class Engine:
 
     def guard_stats(self, run_id: str) -> dict[str, Any] | None:
         return self.policy.guard_stats(run_id)
+
+    async def resume_run(self, run_id: str, raised: Any = None) -> str:
+        """POST /api/runs/{run_id}/resume: the new run's id (SPEC §5.5a; `SessionPolicy.resume`)."""
+        return (await self.policy.resume(run_id, raised)).run_id
 
     # --- health and metrics ------------------------------------------------------------------
 

@@ -121,6 +121,9 @@ class Exchange:
     block_text: str | None = None
     # set by the guard stage for an MCP resend after `input_required`; its after-stage then does nothing
     guards_skipped: bool = False
+    # set by the guard stage when a held streamed call was approved: the answer it started while
+    # holding (a proxy.approvals.hold.HeldStream), which the forwarded stream goes on in
+    held_stream: Any = None
 
     # answering
     answer: Answer | None = None  # set to answer without the upstream

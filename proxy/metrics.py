@@ -21,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 
 import prometheus_client.metrics
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -326,6 +326,16 @@ class Metrics:
             registry=r,
         )
         self.live_sessions = Gauge("tripwire_live_sessions", "Sessions (runs) currently open.", registry=r)
+        # asking a person (SPEC §5.5a)
+        self.approvals = Counter(
+            "tripwire_approvals",
+            "Held calls by guard and how they ended (approved, denied, timeout, withdrawn, abandoned).",
+            ["guard", "decision"],
+            registry=r,
+        )
+        self.pending_approvals = Gauge(
+            "tripwire_pending_approvals", "Calls this process holds for a person's decision.", registry=r
+        )
         self.state_backend_up: Gauge | None = None  # only with a shared state backend (--state)
         self._store = _StoreCollector()
         r.register(self._store)
@@ -422,6 +432,12 @@ class Metrics:
         action = action.lower()
         if action != "allow":
             self.decisions.inc((guard, action, "true" if shadow else "false"))
+
+    def observe_approval(self, guard: str, decision: str) -> None:
+        self.approvals.labels(guard, decision).inc()
+
+    def set_pending_approvals(self, n: int) -> None:
+        self.pending_approvals.set(n)
 
     def set_open_circuits(self, counts: Mapping[str, int]) -> None:
         """Upstream name -> number of agents whose circuit to it is open; absent names read 0."""

@@ -237,6 +237,7 @@ class TraceRecorder:
         argv: Iterable[str] | None = None,
         extra: dict[str, Any] | None = None,
         ts: float | None = None,
+        start_fields: dict[str, Any] | None = None,
     ) -> str:
         """Open a run: run.json (status running), tripwire.json and RUN_START are queued; returns the id.
 
@@ -244,6 +245,7 @@ class TraceRecorder:
         has a `guard_config` key, tripwire.json fields to set (e.g. guard_config + guard_config_source).
         ValueError for a malformed run_id or one this recorder has already opened (ended runs are
         remembered for a while): a second RUN_START would make the trace invalid.
+        `start_fields`: more RUN_START payload fields (a resumed run's `resumed_from`).
         """
         if run_id is None:
             run_id = str(uuid.uuid4())
@@ -279,6 +281,7 @@ class TraceRecorder:
             "argv": redact_argv(sys.argv if argv is None else argv),
             "agent_name": agent_name,
             "session_id": session_id,
+            **sanitize(start_fields or {}, self.max_field_bytes),
         }
         self._append(run, EventType.RUN_START, run_name or "run", payload, ts=now)
         return run_id
@@ -350,6 +353,14 @@ class TraceRecorder:
         run.tags.update(tags)
         self._writer.touch(run, tripwire=True)
 
+    def remove_tags(self, run_id: str, *tags: str) -> None:
+        """Tags that hold only for a while (`awaiting_approval`, SPEC §5.5a)."""
+        run = self._registry.get(run_id)
+        if run is None or not (set(tags) & run.tags):
+            return
+        run.tags.difference_update(tags)
+        self._writer.touch(run, tripwire=True)
+
     def update_tripwire(self, run_id: str, **fields: Any) -> None:
         """Set Tripwire's own run fields in tripwire.json (cost, tokens and tags have their own calls)."""
         run = self._registry.get(run_id)
@@ -357,6 +368,16 @@ class TraceRecorder:
             return
         run.fields.update(sanitize(fields, self.max_field_bytes))
         self._writer.touch(run, tripwire=True)
+
+    async def update_run_fields(self, run_id: str, **fields: Any) -> None:
+        """`update_tripwire` for a run open or ended (an ended one's tripwire.json is rewritten on
+        disk once the writes queued for it are done)."""
+        await self.flush()
+        if self._registry.get(run_id) is not None:
+            self.update_tripwire(run_id, **fields)
+            return
+        clean = sanitize(fields, self.max_field_bytes)
+        await asyncio.to_thread(storage.update_tripwire_json, self.data_dir, run_id, clean)
 
     async def rename_run(self, run_id: str, name: str) -> dict[str, Any] | None:
         """Rename a run, open or not; returns the new run.json, None when there is no such run.

@@ -56,6 +56,7 @@ __all__ = ["BadRecord", "ReplayError", "RunReplay", "replay_dir"]
 # events the live guards never observed (not handed to `SessionPolicy.observe_event`): the session's
 # start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
 # wrote after the fact
+APPROVAL_DECIDED = "approval_decided"  # the STATE_UPDATE of a held call's outcome (proxy/stages/guards.py)
 NOT_OBSERVED_GUARDRAILS = frozenset({GUARD_STOP_ON_LOOP, GUARD_KILL_SWITCH})
 
 
@@ -69,6 +70,7 @@ class ReplayDecision:
     action: str
     message: str = ""
     replayed: bool = True
+    decision: str | None = None  # an ask's recorded outcome (approved, denied, timeout, ...)
 
     def as_json(self) -> dict[str, Any]:
         """The stable `--json` object (SPEC §5.7)."""
@@ -82,6 +84,8 @@ class ReplayDecision:
         }
         if not self.replayed:
             out["replayed"] = False
+        if self.decision is not None:
+            out["decision"] = self.decision
         return out
 
 
@@ -248,6 +252,11 @@ class _Replayer:
         if self.guards is None:
             self.guards = SessionGuards(self.config(rev), started_at=0.0)
             self.guards.budget.count_event()  # RUN_START, as live
+            carried = next(
+                (e.payload.carried_over for e in self.events if e.event_type == EventType.RUN_START), None
+            )
+            if carried:  # a resumed run: its session's spend and counts went on (SPEC §5.5a)
+                self.guards.carry_over(carried)
         return self.guards
 
     def _rank(self, seq: int) -> int:
@@ -261,6 +270,8 @@ class _Replayer:
             ev = next(self.observable, None)
             if ev is None:
                 return
+            if ev.event_type == EventType.STATE_UPDATE and ev.payload.raised:
+                guards.raise_limits(ev.payload.raised)  # from the next call on, as live
             d = guards.observe_event(str(ev.event_type), ev.name or "", str(ev.event_id))
             if d is not None:
                 seq = ev.payload.call_seq if "call_seq" in ev.payload.model_fields_set else self.last_call
@@ -337,6 +348,22 @@ class _Replayer:
             payload = ev.payload
             if payload.call_seq is not None:
                 last = payload.call_seq
+            if ev.event_type == EventType.STATE_UPDATE and ev.name == APPROVAL_DECIDED:
+                # a person's decision (SPEC §5.5a): listed as recorded, never recomputed
+                self.out.decisions.append(
+                    ReplayDecision(
+                        self.run_id,
+                        payload.call_seq,
+                        ev.event_id,
+                        str(payload.guardrail),
+                        payload.kind if isinstance(payload.kind, str) else None,
+                        "ask",
+                        str(payload.message or ""),
+                        replayed=False,
+                        decision=str(payload.decision),
+                    )
+                )
+                continue
             if ev.event_type != EventType.ERROR or payload.guardrail not in RECORDED_ONLY_GUARDRAILS:
                 continue
             self.out.decisions.append(
@@ -420,7 +447,7 @@ def as_text(replay: RunReplay, config_label: str) -> str:
         lines.append("  nothing fired")
     for d in replay.decisions:
         where = "-" if d.call_index is None else str(d.call_index)
-        note = "" if d.replayed else "  [recorded, not replayed]"
+        note = "" if d.replayed else f"  [recorded{': ' + d.decision if d.decision else ''}, not replayed]"
         lines.append(
             f"  call {where:>4}  event {d.event_id}  {d.guard}  {d.kind or '-'}  {d.action}  {d.message}{note}"
         )

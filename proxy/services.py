@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.alerts import Alerts
+from proxy.approvals.service import Approvals
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend
 from proxy.guards.breaker import BreakerRegistry
@@ -37,3 +38,4 @@ class Services:
     forwarder: Forwarder
     mcp: McpHub
     pricing: Pricing
+    approvals: Approvals  # calls held for a person's decision (SPEC §5.5a)

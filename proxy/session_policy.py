@@ -11,6 +11,7 @@ recorded (`end_if_pending`). The guard state itself is the backend's (proxy/guar
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +22,15 @@ from proxy.guard_backend import GuardBackend
 from proxy.guard_events import guard_error, loop_warning
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.decision import Action, Decision
+from proxy.guards.raises import RaiseError, limit_of, still_refused
 from proxy.metrics import Metrics
 from proxy.recorder import TraceRecorder
 from proxy.run_names import default_name
 from proxy.sessions import Refused, Session, SessionManager
+
+
+class ResumeConflict(Exception):
+    """A run that cannot be resumed (a 409): running, ended normally, or no longer held."""
 
 
 class SessionPolicy:
@@ -47,6 +53,7 @@ class SessionPolicy:
         self.alerts = alerts
         self.argv = argv
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
+        self._resuming: set[str] = set()  # runs a resume is under way for
 
     # --- open --------------------------------------------------------------------------------
 
@@ -241,6 +248,97 @@ class SessionPolicy:
         self.guards.terminated(session, "terminated", kill=True)  # every replica refuses its calls
         self.terminate(session, reason="terminated", own_call=False)
         return True
+
+    async def raise_limits(self, session: Session, raised: Any, *, by: str = "api") -> dict[str, float]:
+        """Raise the session's budgets or limits for the rest of the session (SPEC §5.5a), from its
+        next call; RaiseError (a 400) when `raised` names something else or a value not above what
+        was spent. Recorded in its run as a STATE_UPDATE `limits_raised`, which replay applies where
+        it stands among the run's events."""
+        values = await self.guards.raise_limits(session, raised, time.monotonic())
+        if not session.ended:
+            self.record_raise(session, values, by=by)
+        return values
+
+    def record_raise(self, session: Session, values: dict[str, float], *, by: str) -> None:
+        config = session.guards.config if session.guards is not None else self.guards.config(session.agent)
+        event_id = self.write_event(
+            session,
+            EventType.STATE_UPDATE,
+            "limits_raised",
+            {
+                "state": {"raised": values},
+                "diff": {key: {"from": limit_of(config, key), "to": value} for key, value in values.items()},
+                "raised": values,
+                "by": by,
+            },
+        )
+        self.observe_event(session, EventType.STATE_UPDATE, "limits_raised", event_id)
+
+    async def resume(self, run_id: str, raised: Any = None, *, by: str = "api") -> Session:
+        """Lift a terminated session's refusal (kill switch, loop `terminate`, a budget or limit;
+        SPEC §5.5a): with `raised` limits raised, the session goes on in a new run whose RUN_START
+        names `resumed_from`; its guards carry the old run's spend, counts and loop state over.
+        ResumeConflict (409) for a run that is not a guard-ended session held here; RaiseError (400)
+        for a bad raise, or none when the budget or limit that ended it would refuse again."""
+        old = self.sessions.by_run_id(run_id)
+        if self.recorder.is_open(run_id):
+            raise ResumeConflict("run is running: only a run ended by a guard or the kill switch resumes")
+        if old is None:
+            raise ResumeConflict(
+                "run's session is no longer held here (quiet for an idle timeout, or the proxy restarted):"
+                " the agent's next call starts a new run"
+            )
+        if not old.terminated:
+            raise ResumeConflict("run ended normally, not by a guard or the kill switch: nothing to resume")
+        if not old.ended:
+            raise ResumeConflict("run is still ending (calls in flight): try again in a moment")
+        if run_id in self._resuming:
+            raise ResumeConflict("run is being resumed already")
+        self._resuming.add(run_id)
+        try:
+            return await self._resume(old, raised, by)
+        finally:
+            self._resuming.discard(run_id)
+
+    async def _resume(self, old: Session, raised: Any, by: str) -> Session:
+        now = time.monotonic()
+        values = await self.guards.raise_limits(old, raised, now) if raised is not None else {}
+        guards = old.guards
+        if guards is not None:
+            refused = still_refused(guards.terminated_by, guards.budget, now)
+            if refused is not None:
+                raise RaiseError(f"{refused.message}: resume with raise.{refused.guard} above it")
+            guards.resumed()
+        old.conversation.configs_recorded.clear()  # the new run records its config again
+        old.conversation.guard_history = []  # and its first call's whole history (replay)
+        new_run_id = str(uuid.uuid4())
+        await self.guards.resumed(old, new_run_id)  # shared: every replica finds the new run
+        session = self.sessions.resume(old, new_run_id, now=time.monotonic(), wall=time.time())
+        config, is_override = self.guard_store.effective(session.agent)
+        carried = guards.budget.stats(now) if guards is not None else {}
+        carried_over = {
+            k: carried[k] for k in ("cost_usd", "tokens", "llm_calls", "tool_calls", "events") if k in carried
+        }
+        if guards is not None and guards.raised:
+            carried_over["raised"] = dict(guards.raised)
+        self.recorder.start_run(
+            run_id=session.run_id,
+            run_name=default_name(session.agent, session.session_id),
+            agent_name=session.agent,
+            session_id=session.session_id,
+            argv=self.argv,
+            extra={
+                "guard_config": config.model_dump(mode="json"),
+                "guard_config_source": "agent" if is_override else "project",
+                "resumed_from": old.run_id,
+            },
+            start_fields={"resumed_from": old.run_id, "carried_over": carried_over},
+        )
+        if values:
+            self.record_raise(session, values, by=by)
+        self.metrics.set_live_sessions(len(self.sessions.live()))
+        await self.recorder.update_run_fields(old.run_id, resumed_as=session.run_id)
+        return session
 
     def guard_stats(self, run_id: str) -> dict[str, Any] | None:
         session = self.sessions.by_run_id(run_id)

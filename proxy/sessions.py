@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.episodes import NO_CONVERSATION, Episode
@@ -376,6 +376,40 @@ class SessionManager:
         session.terminated = True
         if session.explicit:
             self._terminated_explicit[session.key] = now + self.terminated_ttl_s
+
+    def resume(self, old: Session, run_id: str, *, now: float, wall: float) -> Session:
+        """A terminated session goes on in a new run (SPEC §5.5a resume): the same session (its
+        guards, conversation and lineage, so its episode's next call finds it) under `run_id`,
+        live again; the old run is forgotten here and its explicit key no longer refused."""
+        self._forget(old)
+        self._terminated_explicit.pop(old.key, None)
+        new = replace(
+            old, run_id=run_id, started_wall=wall, last_seen=now, terminated=False, ended=False, inflight=0
+        )
+        self._by_run[run_id] = new
+        agent = new.agent
+        if new.explicit:
+            self._explicit[new.key] = new
+            return new
+        self._recent.setdefault(agent, OrderedDict())[run_id] = new
+        lineage = new.lineage
+        if lineage.announced is not None:
+            self._by_episode[(agent, lineage.announced)] = new
+        for digest in lineage.histories:
+            self._by_history[(agent, digest)] = new
+        for response_id in lineage.responses:
+            self._by_response[response_id] = new
+        for key in lineage.answers:
+            self._by_answer.setdefault((agent, key), []).append(new)
+        return new
+
+    def drop_refusal(self, session: Session | None, agent: str, explicit_id: str | None) -> None:
+        """The session was resumed elsewhere (another replica): this copy no longer refuses; the
+        call that follows opens the new run here."""
+        if explicit_id is not None:
+            self._terminated_explicit.pop((agent, explicit_id), None)
+        if session is not None:
+            self._forget(session)
 
     def by_run_id(self, run_id: str) -> Session | None:
         return self._by_run.get(run_id)

@@ -31,8 +31,8 @@ from pydantic import (
 
 from proxy.guards.config import GuardConfig
 
-# the guard config's top-level keys (LangSight's sections, `shadow` and the gateway's keys of SPEC
-# §5.4: `tools`, `rate_limits`, ...), accepted at the YAML's top level
+# the guard config's top-level keys (LangSight's sections, `shadow`, the gateway's and asking a
+# person's keys: SPEC §5.4), accepted at the YAML's top level
 GUARD_SECTIONS = tuple(GuardConfig.model_fields)
 DEFAULT_UPSTREAM = "https://api.openai.com"
 

@@ -416,6 +416,18 @@ def rename_run(data_dir: Path, run_id: str, name: str) -> dict[str, Any] | None:
     return meta
 
 
+def update_tripwire_json(data_dir: Path, run_id: str, fields: dict[str, Any]) -> bool:
+    """Set fields of an ended run's tripwire.json (a resumed run's `resumed_as`); False when it has
+    none. For a run the recorder still has open, use `TraceRecorder.update_tripwire`."""
+    path = run_dir(data_dir, run_id) / TRIPWIRE_JSON
+    meta = read_json(path)
+    if meta is None:
+        return False
+    meta.update(fields)
+    write_json_atomic(path, meta)
+    return True
+
+
 def delete_run(data_dir: Path, run_id: str) -> bool:
     """Remove the run's directory; False when there was none. ValueError on a malformed id."""
     d = run_dir(data_dir, run_id)

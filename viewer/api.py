@@ -42,6 +42,7 @@ from proxy.guard_store import GuardConfigStore, config_body, config_from_body, v
 from proxy.guards.config import GuardConfig
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from viewer.engine_view import EngineView
+from viewer.resume_api import setup_resume
 from viewer.runs import RunReader, is_valid_run_id
 
 log = logging.getLogger(__name__)
@@ -689,3 +690,4 @@ def setup_admin(app: web.Application, engine: EngineView) -> None:
     r.add_get("/", index)
     r.add_get("/favicon.svg", favicon)
     r.add_static("/static/", STATIC_DIR, append_version=False)
+    setup_resume(app, engine)

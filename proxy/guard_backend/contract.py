@@ -106,3 +106,16 @@ class GuardBackend(Protocol):
     async def circuit_report(
         self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
     ) -> Transition | None: ...
+
+    # a person raises the session's budgets or limits (SPEC §5.5a)
+    async def raise_limits(self, session: Session, raised: Any, now: float) -> dict[str, float]:
+        """Validate `raised` against what the session has spent (`proxy.guards.raises`:
+        RaiseError, a 400) and raise its limits for the rest of the session, from its next call
+        (shared: a log entry every replica applies in order). Returns the raise as applied."""
+        ...
+
+    async def resumed(self, old: Session, run_id: str) -> None:
+        """A session ended by a guard is to go on in the new run `run_id` (SPEC §5.5a resume):
+        shared, the new run's log is the old one's then a resume entry, and what names the
+        session names the new run on every replica (before any call can reach it)."""
+        ...

@@ -17,6 +17,7 @@ from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
+from proxy.guards.raises import validate_raise
 from proxy.guards.rate_limit import SlidingWindows, refusal_decision
 from proxy.guards.session import SessionGuards
 from proxy.responses_chain import ResponsesChains
@@ -184,3 +185,12 @@ class LocalGuardBackend:
         self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool
     ) -> Transition | None:
         return None
+
+    async def raise_limits(self, session: Session, raised: Any, now: float) -> dict[str, float]:
+        guards = session_guards(self.config(session.agent), session)
+        values = validate_raise(raised, guards.config, guards.budget, now)
+        guards.raise_limits(values)
+        return values
+
+    async def resumed(self, old: Session, run_id: str) -> None:
+        return None  # the session manager moves the session and its guards to the new run

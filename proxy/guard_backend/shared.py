@@ -20,13 +20,21 @@ from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
+from proxy.guards.raises import validate_raise
 from proxy.guards.rate_limit import refusal_decision
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
 from proxy.sessions import Session, SessionManager
 from proxy.state import entries, keys
-from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, RateRequest, StateUnavailable
+from proxy.state.base import (
+    BreakerAdmission,
+    BreakerRequest,
+    LogEntry,
+    PendingCall,
+    RateRequest,
+    StateUnavailable,
+)
 from proxy.state.replica import Applied
 from proxy.state.service import SharedState
 
@@ -260,6 +268,50 @@ class SharedGuardBackend:
             )
         except StateUnavailable:
             return None
+
+    async def raise_limits(self, session: Session, raised: Any, now: float) -> dict[str, float]:
+        """Validated against this replica's copy of the run's guards once what it queued is in the
+        log, then appended: every replica (and a repair of the log) applies it in log order."""
+        channel = self.state.guards.channel(session.agent, session.run_id)
+        await channel.flush()
+        replica = channel.replica
+        guards = replica.guards or SessionGuards(self.config(session.agent), started_at=0.0)
+        values = validate_raise(raised, guards.config, guards.budget, replica.now)
+        channel.queue([entries.raise_limits(values)])
+        await channel.flush()
+        return values
+
+    async def resumed(self, old: Session, run_id: str) -> None:
+        shared = self.state
+        agent, old_run_id, session = old.agent, old.run_id, old
+        channel = shared.guards.channel(agent, old_run_id)
+        await channel.flush()
+        log = await shared.link.call(lambda: shared.backend.read(agent, old_run_id, since=0))
+        if len(channel.history) > len(log):  # the backend lost some (an outage): this replica's copy
+            log = list(channel.history)
+        shared.guards.forget(old_run_id)
+        last = log[-1] if log else None
+        resume = LogEntry(
+            len(log) + 1, last.t if last else 0.0, last.config_rev if last else 0, entries.resume()
+        )
+        slots = shared.all_slots(session)
+        if not session.explicit:
+            slots.append(keys.slot_latest(agent))
+        lineage = not session.explicit and not session.lineage.is_empty()
+        await shared.link.call(
+            lambda: shared.backend.seed(agent, run_id, [*log, resume], idle_s=shared.idle_s, lineage=lineage)
+        )
+        await shared.link.call(
+            lambda: shared.backend.resume(
+                agent,
+                old_run_id,
+                run_id,
+                slots=slots,
+                idle_s=shared.idle_s,
+                ttl_s=max(shared.terminated_ttl_s, shared.idle_s),
+                session_id=session.session_id if session.explicit else None,
+            )
+        )
 
 
 def pending_calls(session: Session, result: Any, llm_event_id: str | None) -> dict[str, PendingCall]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from proxy.constants import (
@@ -102,12 +102,13 @@ class SessionBudget:
         estimate_tokens: int = 0,
         reserve_anyway: bool = False,
     ) -> tuple[Decision, Reservation | None]:
-        """Can this call go? ALLOW with a reservation, or TERMINATE naming the guard that fired.
+        """Can this call go? ALLOW with a reservation, or TERMINATE naming the guard that fired
+        (ASK under `on_limit: ask`, with a reservation: approved, the call goes on as allowed).
 
         `reserve_anyway` (shadow mode): the call goes on whatever was decided, so it reserves too.
         """
-        refusal = self._refusal(kind, now)
-        if refusal is not None and not reserve_anyway:
+        refusal = self.refusal(kind, now)
+        if refusal is not None and not reserve_anyway and refusal.action is not Action.ASK:
             return refusal, None
         res = Reservation(
             next(self._ids), kind, estimate_usd if estimate_usd > 0.0 else 0.0, max(0, estimate_tokens)
@@ -126,7 +127,12 @@ class SessionBudget:
 
     def refusal(self, kind: CallKind, now: float) -> Decision | None:
         """The refusal `check()` would give, without reserving (for a call another guard refused)."""
-        return self._refusal(kind, now)
+        refusal = self._refusal(kind, now)
+        if refusal is not None:
+            on_limit = self.budget.on_limit if TAG_BUDGET_EXCEEDED in refusal.tags else self.limits.on_limit
+            if on_limit == "ask":  # a person decides instead (SPEC §5.5a)
+                return replace(refusal, action=Action.ASK)
+        return refusal
 
     def _inflight_usd(self) -> float:
         usd = 0.0

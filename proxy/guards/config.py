@@ -206,19 +206,6 @@ class GuardConfig(_Section):
     ask_timeout_s: PositiveFloat = 120
     ask_fallback: AskFallback = "block"
 
-    @model_validator(mode="after")
-    def _ask_not_yet(self) -> GuardConfig:
-        # the hold for a person (SPEC §5.5a) is being built; until it lands `ask` is refused rather
-        # than silently let through
-        if (
-            self.loop_detection.action == "ask"
-            or self.budget.on_limit == "ask"
-            or self.limits.on_limit == "ask"
-            or self.tools.ask
-        ):
-            raise ValueError("`ask` (hold the call for a person) is not available yet")
-        return self
-
     @field_validator("budget_timezone")
     @classmethod
     def _timezone(cls, value: str) -> str:

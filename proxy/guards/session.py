@@ -25,6 +25,7 @@ from proxy.guards.decision import ALLOW, Action, Decision, strictest
 from proxy.guards.loop.detector import LoopDetector
 from proxy.guards.loop.history import HistoryCall, HistoryResults
 from proxy.guards.permissions import mcp_tool_name, permission
+from proxy.guards.raises import raised_sections
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
@@ -83,6 +84,9 @@ class SessionGuards:
         self.events_seen = 0  # events observed so far
         self.config_rev = 0  # changes of the config in force
         self.shadow_reported: set[str] = set()  # shadow mode: guards whose ERROR was written
+        # limits a person raised for the rest of the session (proxy/guards/raises.py), kept over
+        # config changes
+        self.raised: dict[str, float] = {}
 
     def configure(self, config: GuardConfig) -> bool:
         """The config in force changed (admin API): effective on the next call, counts kept.
@@ -92,8 +96,44 @@ class SessionGuards:
         self.config = config
         self.config_rev += 1
         self.loop.configure(config.loop_detection)
-        self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
+        self._configure_budget()
         return True
+
+    def raise_limits(self, raised: Mapping[str, float]) -> None:
+        """Raise budgets or limits for the rest of the session (validated by the caller:
+        `proxy.guards.raises.validate_raise`); effective on the next call."""
+        for key, value in raised.items():
+            self.raised[key] = max(value, self.raised.get(key, value))
+        self._configure_budget()
+
+    def resumed(self) -> None:
+        """The session goes on in a new run (SPEC §5.5a resume): no longer ended by a guard. Spend,
+        counts, raises and loop state carry over; the ordinals a run's trace numbers its calls
+        and events by (call_seq, settle ranks, events seen, config revisions) start again."""
+        self.terminated_by = None
+        self.calls_seen = self.calls_settled = self.events_seen = 0
+        self.config_rev = 0
+
+    def carry_over(self, carried: Mapping[str, Any]) -> None:
+        """Replay of a resumed run: start from the counts its RUN_START says the session carried
+        over (`carried_over`: cost_usd, tokens, llm_calls, tool_calls, events, raised). The loop
+        detector's state is not recorded: it starts empty."""
+        budget = self.budget
+        budget.cost_usd = float(carried.get("cost_usd") or 0.0)
+        budget.tokens = int(carried.get("tokens") or 0)
+        budget.llm_calls = int(carried.get("llm_calls") or 0)
+        budget.tool_calls = int(carried.get("tool_calls") or 0)
+        budget.events = int(carried.get("events") or 0)
+        raised = carried.get("raised")
+        if isinstance(raised, Mapping) and raised:
+            self.raise_limits({str(k): float(v) for k, v in raised.items()})
+
+    def _configure_budget(self) -> None:
+        config = self.config
+        if self.raised:
+            self.budget.configure(*raised_sections(config, self.raised))
+        else:
+            self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
 
     @property
     def shadow(self) -> bool:
@@ -255,6 +295,7 @@ class SessionGuards:
             "budget": self.budget.stats(now),
             "terminated_by": None if t is None else {"guard": t.guard, "kind": t.kind, "message": t.message},
             "config": self.config.model_dump(mode="json"),
+            "raised": dict(self.raised),
         }
 
 

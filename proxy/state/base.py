@@ -202,6 +202,25 @@ class StateBackend(Protocol):
         mark and `lineage` flag; `slots` (keys naming the run) are set where missing."""
         ...
 
+    async def resume(
+        self,
+        agent: str,
+        old_run_id: str,
+        run_id: str,
+        *,
+        slots: Sequence[str],
+        idle_s: float,
+        ttl_s: float,
+        session_id: str | None = None,
+    ) -> None:
+        """A session resumed in a new run (its log seeded already): `slots` now name `run_id`, the
+        explicit session's terminated mark goes, and `old_run_id` says where it went (`ttl_s`)."""
+        ...
+
+    async def resumed_as(self, agent: str, run_id: str) -> str | None:
+        """The run a resumed run's session goes on in, or None."""
+        ...
+
     async def dataset(self, candidate: str) -> str:
         """The id of the backend's data set, `candidate` if it had none: a different id than a
         replica last saw means the data it shared was lost (Redis restarted empty, FLUSHALL)."""

@@ -22,6 +22,8 @@ by its sequence number. Pure: no I/O.
 replica applied it (during an outage, fail_open) is still found.
     {"v": VERSION, "k": "ev", "type", "name", "id"}                             an event written to the trace
     {"k": "kill", "reason"}                                       the kill switch
+    {"v": VERSION, "k": "raise", "vals": {key: value}}           limits raised (proxy/guards/raises.py)
+    {"v": VERSION, "k": "resume"}                                  the session resumed in this run
 """
 
 from __future__ import annotations
@@ -114,6 +116,14 @@ def kill(reason: str) -> bytes:
     return orjson.dumps({"v": VERSION, "k": "kill", "reason": reason})
 
 
+def raise_limits(values: dict[str, float]) -> bytes:
+    return orjson.dumps({"v": VERSION, "k": "raise", "vals": values})
+
+
+def resume() -> bytes:
+    return orjson.dumps({"v": VERSION, "k": "resume"})
+
+
 class _Entry(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
@@ -180,17 +190,30 @@ class Kill(_Entry):
     reason: str
 
 
+class RaiseLimits(_Entry):
+    """Budgets or limits raised for the rest of the session (validated before it was appended)."""
+
+    kind: Literal["raise"] = Field("raise", alias="k")
+    values: dict[str, float] = Field(alias="vals")
+
+
+class Resume(_Entry):
+    """A resumed session's new run: its log is the old run's, then this entry, which lifts what
+    ended it (the kill switch, a guard's TERMINATE); spend and counts go on."""
+
+    kind: Literal["resume"] = Field("resume", alias="k")
+
+
 class UnknownEntry(_Entry):
     """An entry of a kind this Tripwire does not know (a newer one wrote it): skipped."""
 
     kind: str = Field("", alias="k")
 
 
-Entry = ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill | UnknownEntry
-_KNOWN: TypeAdapter[ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill] = TypeAdapter(
-    Annotated[ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill, Field(discriminator="kind")]
-)
-_KINDS = frozenset({"tool", "llm", "set", "rel", "ev", "kill"})
+Known = ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill | RaiseLimits | Resume
+Entry = Known | UnknownEntry
+_KNOWN: TypeAdapter[Known] = TypeAdapter(Annotated[Known, Field(discriminator="kind")])
+_KINDS = frozenset({"tool", "llm", "set", "rel", "ev", "kill", "raise", "resume"})
 
 
 def decode(body: bytes) -> Entry:

@@ -82,6 +82,11 @@ def slot_latest(agent: str) -> str:
     return f"{agent_prefix(agent)}latest"
 
 
+def resumed_as(agent: str, run_id: str) -> str:
+    """A run resumed (SPEC §5.5a): the run its session goes on in, for replicas still refusing it."""
+    return run(agent, run_id) + ":resumed"
+
+
 def breaker(agent: str, upstream: str) -> str:
     return f"{PREFIX}breaker:{part(agent)}:{part(upstream)}"
 

@@ -57,6 +57,9 @@ class _Expiring:
         self._data[key] = (value, self.clock() + ttl_s)
         return True
 
+    def delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
     def setdefault(self, key: str, factory: Callable[[], Any]) -> Any:
         value = self.get(key)
         if value is None:
@@ -211,6 +214,28 @@ class MemoryBackend:
     async def dataset(self, candidate: str) -> str:
         found: str = self._keys.setdefault(keys.DATASET, lambda: candidate)
         return found
+
+    async def resume(
+        self,
+        agent: str,
+        old_run_id: str,
+        run_id: str,
+        *,
+        slots: Sequence[str],
+        idle_s: float,
+        ttl_s: float,
+        session_id: str | None = None,
+    ) -> None:
+        slot_s = slot_ttl_ms(idle_s) / 1000
+        for k in slots:
+            self._keys.set(k, run_id, slot_s)
+        if session_id:
+            self._keys.delete(keys.slot_explicit_terminated(agent, session_id))
+        self._keys.set(keys.resumed_as(agent, old_run_id), run_id, ttl_s)
+
+    async def resumed_as(self, agent: str, run_id: str) -> str | None:
+        found = self._keys.get(keys.resumed_as(agent, run_id))
+        return None if found is None else str(found)
 
     async def resolve(
         self,

@@ -263,6 +263,35 @@ class RedisBackend:
         )
         return bool(n)
 
+    async def resume(
+        self,
+        agent: str,
+        old_run_id: str,
+        run_id: str,
+        *,
+        slots: Sequence[str],
+        idle_s: float,
+        ttl_s: float,
+        session_id: str | None = None,
+    ) -> None:
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                for k in slots:
+                    pipe.set(k, run_id, px=slot_ttl_ms(idle_s))
+                if session_id:
+                    pipe.delete(keys.slot_explicit_terminated(agent, session_id))
+                pipe.set(keys.resumed_as(agent, old_run_id), run_id, px=max(1, ms(ttl_s)))
+                await pipe.execute()
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
+
+    async def resumed_as(self, agent: str, run_id: str) -> str | None:
+        try:
+            found = await self.client.get(keys.resumed_as(agent, run_id))
+        except (RedisError, OSError) as e:
+            raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
+        return None if found is None else text(found)
+
     async def dataset(self, candidate: str) -> str:
         return text(await self._call(self._dataset, [keys.DATASET], [candidate]))
 

@@ -106,6 +106,13 @@ class SessionReplica:
             if self.killed is None and guards.terminated_by is None:
                 self.killed = KILLED
             return Applied(entry.seq, kind)
+        if isinstance(body, entries.RaiseLimits):
+            guards.raise_limits(body.values)
+            return Applied(entry.seq, kind)
+        if isinstance(body, entries.Resume):
+            self.killed = None
+            guards.resumed()
+            return Applied(entry.seq, kind)
         return Applied(entry.seq, kind)  # an entry of a newer Tripwire: ignored, as replay does
 
     def _guards(self, config_rev: int) -> SessionGuards:

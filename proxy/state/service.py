@@ -157,8 +157,13 @@ class SharedState:
         episode = episode or NO_CONVERSATION
         current = sessions.match(agent, explicit_id, episode)
         if sessions.refuses(current, agent, explicit_id, now):
-            self.spawn(self.restore_terminated(sessions, current, agent, explicit_id, now), "restore")
-            return None
+            moved = await self.resumed_as(agent, current)
+            if moved is None:
+                self.spawn(self.restore_terminated(sessions, current, agent, explicit_id, now), "restore")
+                return None
+            # resumed on another replica (SPEC §5.5a): this replica's copy of the old run is over
+            sessions.drop_refusal(current, agent, explicit_id)
+            return moved
         if (
             current is not None
             and not current.ended
@@ -206,6 +211,16 @@ class SharedState:
         if resolved.outcome == "terminated":
             return TERMINATED
         return resolved.run_id
+
+    async def resumed_as(self, agent: str, current: Session | None) -> str | None:
+        """The run a session this replica refuses was resumed in (by any replica), or None. Asked
+        only for refused calls; a backend that is down answers None (refused, as before)."""
+        if current is None:
+            return None
+        try:
+            return await self.link.call(lambda: self.backend.resumed_as(agent, current.run_id))
+        except StateUnavailable:
+            return None
 
     def slots(self, session: Session) -> tuple[list[str], dict[str, str]]:
         """What names the session's run, kept alive with it; and the lineage links this call adds

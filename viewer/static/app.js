@@ -353,6 +353,7 @@ function renderRunHead() {
   const reason = tw.end_reason || tw.reason;
   $('run-callouts').replaceChildren(
     reason && !running ? el('div', { class: 'callout muted small', text: 'Ended: ' + reason }) : '');
+  if (typeof renderResume === 'function') renderResume(run); // resume.js
 }
 
 /* What repeated and why it counts as no progress: Tripwire's guards write it as the payload's

@@ -1,0 +1,51 @@
+"""Resume with shared state (SPEC §5.5a, §8): three replicas on one real Redis, the real openai SDK
+spread round-robin. A session killed on one replica and refused by the others is resumed through
+one replica's API: every replica then serves it in the new run, spend and counts carried over."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.conftest import StartTripwire
+from tests.fakes import FakeUpstream
+from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
+from tests.test_state_replicas import CHAT, HELLO, api, client, settle_all, start_replicas
+
+
+async def test_a_killed_session_resumed_on_one_replica_goes_on_on_all(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url, guards={"limits": {"max_llm_calls": 4}})
+    clients = [client(r, max_retries=0) for r in replicas]
+    for c in clients[:2]:
+        await c.chat.completions.create(model="gpt-4o", messages=HELLO)
+    await settle_all(replicas)
+    (old,) = replicas[0].run_ids()
+    status, _ = await api(replicas[0], "POST", f"/api/runs/{old}/terminate")
+    assert status == 200
+    await settle_all(replicas)
+    for c in clients[1:]:  # every replica refuses the killed session
+        with pytest.raises(openai.RateLimitError):
+            await c.chat.completions.create(model="gpt-4o", messages=HELLO)
+    await settle_all(replicas)
+
+    status, body = await api(replicas[0], "POST", f"/api/runs/{old}/resume")
+    assert status == 200, body
+    new = body["run_id"]
+    # each replica serves the session again, in the new run; the 2 calls before count toward 4
+    for c in (clients[1], clients[2]):
+        await c.chat.completions.create(model="gpt-4o", messages=HELLO)
+        await settle_all(replicas)
+    with pytest.raises(openai.RateLimitError) as refused:
+        await clients[0].chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert refused.value.response.headers["X-Tripwire-Guard"] == "max_llm_calls"
+    assert len(fake.calls(CHAT)) == 4
+    await settle_all(replicas)
+    for r in replicas[1:]:
+        assert new in r.run_ids()
+        served = [e for e in r.events(new) if e["event_type"] == "LLM_CALL"]
+        assert len(served) == 1
+    assert replicas[0].events(new)[0]["payload"]["resumed_from"] == old
+    assert replicas[0].tripwire_json(old)["resumed_as"] == new
