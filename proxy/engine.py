@@ -16,7 +16,7 @@ from typing import Any
 
 from proxy.alerts import Alerts
 from proxy.forward import Forwarder
-from proxy.guard_backend import GuardBackend, guard_backend_for
+from proxy.guard_backend import GuardBackend, WindowBook, guard_backend_for, windows_for
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -90,7 +90,9 @@ class Engine:
         # guard state shared with other replicas (--state, docs/scaling.md); None: this process's
         self.shared = SharedState(settings, self.guard_store, self.metrics) if settings.state.url else None
         # where guard state lives, chosen once: the stages and the session policy only ask it
-        self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store)
+        # the agents' budgets over time (SPEC §9): this process's, kept in the data dir, or shared
+        self.windows: WindowBook = windows_for(self.shared, self.data_dir, self.metrics)
+        self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store, self.windows)
         # when runs open, end, are terminated; the events of a session and what its guards make of them
         self.policy = SessionPolicy(
             sessions=self.sessions,

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects.base import ToolCall, ToolResult
 from proxy.episodes import Episode
+from proxy.guard_backend.windows import WindowBook
 from proxy.exchange import Exchange
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
@@ -67,6 +68,9 @@ class GuardBackend(Protocol):
     # True: the function-calling results a request brings are matched in the guards' round trip
     # (`Admitted.taken`), not by the tool results stage before it
     results_at_admit: bool
+    # the agents' budgets over time (SPEC §9): reserved by the guard stage after the session's
+    # guards admitted a call, settled after its answer
+    windows: WindowBook
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...

@@ -9,6 +9,7 @@ from typing import Any
 
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
+from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_backend.contract import ENDED_BY_GUARD, Admitted, CallInputs, OnCycle, OnSettled
 from proxy.guard_events import is_tool_call
 from proxy.guard_store import GuardConfigStore
@@ -39,14 +40,15 @@ class LocalGuardBackend:
 
     results_at_admit = False
 
-    def __init__(self, guard_store: GuardConfigStore) -> None:
+    def __init__(self, guard_store: GuardConfigStore, windows: WindowBook | None = None) -> None:
         self.guard_store = guard_store
+        self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
 
     async def start(self) -> None:
-        return None
+        await self.windows.start()
 
     async def close(self) -> None:
-        return None
+        await self.windows.close()
 
     async def keep_alive(self, sessions: SessionManager, now: float) -> None:
         return None

@@ -13,6 +13,7 @@ from proxy import episodes
 from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
+from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
 from proxy.guard_events import is_tool_call
 from proxy.guard_trace import mark_settled
@@ -34,13 +35,16 @@ class SharedGuardBackend:
 
     results_at_admit = True
 
-    def __init__(self, state: SharedState) -> None:
+    def __init__(self, state: SharedState, windows: WindowBook | None = None) -> None:
         self.state = state
+        self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
 
     async def start(self) -> None:
         await self.state.start()
+        await self.windows.start()
 
     async def close(self) -> None:
+        await self.windows.close()
         await self.state.close()
 
     async def keep_alive(self, sessions: SessionManager, now: float) -> None:
