@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
+from tests.redis_server import RedisServer
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -163,3 +164,72 @@ async def test_the_spend_survives_a_restart_and_resets_at_the_boundary_and_by_th
             assert r.status == 200
             assert (await r.json())["windows"][0]["spent_usd"] == 0
     assert await call(again, "spender", "tomorrow")
+
+
+# --- with the shared state backend (a real redis-server) ------------------------------------------
+
+
+async def replicas(start: StartTripwire, url: str, redis_url: str, n: int = 3) -> list[Running]:
+    started = [await start(**settings(url, state={"url": redis_url})) for _ in range(n)]
+    for r in started:
+        at(r, NOON)
+    return started
+
+
+async def until_up(replicas: list[Running]) -> None:
+    for _ in range(600):
+        if all(r.engine.shared is not None and r.engine.shared.link.up for r in replicas):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the replicas did not see the state backend come back")
+
+
+async def test_replicas_share_the_day_exactly_and_keep_it_through_flushall_and_a_redis_restart(
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    own_redis: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="ok", prompt_tokens=7, completion_tokens=10)
+    three = await replicas(start_tripwire, url, own_redis.url)
+    # 4 calls in two sessions, then 50 at once, spread round-robin over three replicas
+    for i, session in enumerate(("s1", "s1", "s2", "s2")):
+        assert await call(three[i % 3], "spender", session)
+    results = await asyncio.gather(*(call(three[i % 3], "spender", f"c{i}") for i in range(50)))
+    assert sum(results) == 6
+    assert len(fake.calls(CHAT)) == 10
+    assert await call(three[1], "other", "s1")  # another agent's day is its own
+    for r in three:
+        day = (await spend(r, "spender"))["windows"][0]
+        assert day["spent_usd"] == pytest.approx(LIMIT) and day["reserved"]["usd"] == 0
+
+    # Redis loses everything (FLUSHALL): the replicas write back what they saw
+    own_redis.flush()
+    for r in three:
+        assert not await call(r, "spender", "after-flush")
+    assert len(fake.calls(CHAT)) == 11  # (the other agent's one)
+
+    # Redis restarts empty: refused during the outage (fail_open: from the replica's memory), and after
+    own_redis.stop()
+    assert not await call(three[0], "spender", "outage")
+    own_redis.start()
+    await until_up(three)
+    for r in three:
+        assert not await call(r, "spender", "after-restart")
+    assert len(fake.calls(CHAT)) == 11
+    caplog.clear()  # the outage was logged as an error (expected)
+
+    # the boundary: tomorrow starts from zero on every replica
+    for r in three:
+        at(r, TOMORROW)
+    assert await call(three[2], "spender", "tomorrow")
+    # the endpoint on one replica resets the day for all
+    while await call(three[0], "spender", "tomorrow"):
+        pass
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{three[1].admin_url}/api/agents/spender/spend/reset", json={"period": "day"}, headers=AUTH
+        ) as r:
+            assert r.status == 200
+    assert await call(three[2], "spender", "tomorrow")

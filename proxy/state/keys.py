@@ -84,3 +84,8 @@ def slot_latest(agent: str) -> str:
 
 def breaker(agent: str, upstream: str) -> str:
     return f"{PREFIX}breaker:{part(agent)}:{part(upstream)}"
+
+
+def window(agent: str, window_key: str) -> str:
+    """An agent's budget window (SPEC §9): `tripwire:window:<agent>:<period>:<first day>`."""
+    return f"{PREFIX}window:{part(agent)}:{window_key}"

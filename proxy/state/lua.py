@@ -373,3 +373,119 @@ return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live
 """
 
 APPEND = _BREAKER + _APPEND
+
+# --- budgets over time (SPEC §9; proxy/state/windows.py) -----------------------------------------
+# One hash per agent and window, `tripwire:window:<agent>:<period key>`: spent (USD), tokens,
+# alerted (the soft alert fired), r:<hold id> = "<usd> <tokens> <reserved at>" per call in flight.
+# A window Redis lost (restart, FLUSHALL) is put back from what the calling replica last saw of it
+# (`seen`), before anything else: the replica writes back what it knows, as runs' logs are (SEED).
+_WINDOWS = r"""
+local h = cjson.decode(ARGV[1])
+local function seed(k, w)
+  if redis.call('EXISTS', k) == 0 then
+    redis.call('HSET', k, 'spent', string.format('%.17g', w.spent), 'tokens', w.tokens,
+      'alerted', w.alerted and '1' or '0')
+  end
+end
+local function load(k, now, stale)
+  local v = redis.call('HGETALL', k)
+  local s = {spent = 0, tokens = 0, rusd = 0, rtok = 0, alerted = '0'}
+  for j = 1, #v, 2 do
+    local f, val = v[j], v[j + 1]
+    if f == 'spent' then s.spent = tonumber(val)
+    elseif f == 'tokens' then s.tokens = tonumber(val)
+    elseif f == 'alerted' then s.alerted = val
+    elseif string.sub(f, 1, 2) == 'r:' then
+      local u, t, at = string.match(val, '^(%S+) (%S+) (%S+)$')
+      if tonumber(at) < now - stale then
+        redis.call('HDEL', k, f)  -- a reservation of a replica that died with the call in flight
+      else
+        s.rusd = s.rusd + tonumber(u)
+        s.rtok = s.rtok + tonumber(t)
+      end
+    end
+  end
+  return s
+end
+local function row(s)
+  return {string.format('%.17g', s.spent), tostring(s.tokens), string.format('%.17g', s.rusd),
+    tostring(s.rtok), s.alerted}
+end
+"""
+
+# KEYS: the agent's windows. ARGV 1 {id, usd, tok, now, stale (s), place (reserve when admitted),
+# force (shadow: reserve even when refused), w: [{max_usd, max_tok (-1: none), ttl (ms), spent, tokens,
+# alerted}]}. Returns {index of the window that refuses (0: none), {spent, tokens, reserved usd,
+# reserved tokens, alerted} per window, as they were before this call's reservation}.
+WINDOW_RESERVE = (
+    _WINDOWS
+    + r"""
+local refused, rows = 0, {}
+for i, k in ipairs(KEYS) do
+  local w = h.w[i]
+  seed(k, w)
+  local s = load(k, h.now, h.stale)
+  if refused == 0 and ((w.max_usd >= 0 and s.spent + s.rusd >= w.max_usd)
+      or (w.max_tok >= 0 and s.tokens + s.rtok >= w.max_tok)) then
+    refused = i
+  end
+  rows[i] = row(s)
+end
+if h.place and (refused == 0 or h.force) then
+  local hold = string.format('%.17g %d %.6f', h.usd, h.tok, h.now)
+  for i, k in ipairs(KEYS) do
+    redis.call('HSET', k, 'r:' .. h.id, hold)
+    redis.call('PEXPIRE', k, h.w[i].ttl)
+  end
+end
+return {refused, rows}
+"""
+)
+
+# KEYS: the windows the call was admitted in. ARGV 1 {id, usd, tok, w: [{ttl, alert_usd, alert_tok
+# (-1: none), spent, tokens, alerted}]}. Returns per window {spent, tokens, 1 if this settle crossed
+# the soft alert first}.
+WINDOW_SETTLE = (
+    _WINDOWS
+    + r"""
+local out = {}
+for i, k in ipairs(KEYS) do
+  local w = h.w[i]
+  seed(k, w)
+  redis.call('HDEL', k, 'r:' .. h.id)
+  local spent = tonumber(redis.call('HINCRBYFLOAT', k, 'spent', string.format('%.17g', h.usd)))
+  local tokens = redis.call('HINCRBY', k, 'tokens', h.tok)
+  local crossed = 0
+  if (w.alert_usd >= 0 and spent >= w.alert_usd) or (w.alert_tok >= 0 and tokens >= w.alert_tok) then
+    if redis.call('HGET', k, 'alerted') ~= '1' then
+      redis.call('HSET', k, 'alerted', '1')
+      crossed = 1
+    end
+  end
+  redis.call('PEXPIRE', k, w.ttl)
+  out[i] = {string.format('%.17g', spent), tostring(tokens), crossed}
+end
+return out
+"""
+)
+
+# KEYS: windows. ARGV 1 {id}: a call never forwarded gives its reservations back.
+WINDOW_RELEASE = (
+    _WINDOWS
+    + r"""
+for _, k in ipairs(KEYS) do redis.call('HDEL', k, 'r:' .. h.id) end
+return 1
+"""
+)
+
+# KEYS: windows. ARGV 1 {w: [{ttl}]}: spend back to zero; calls in flight keep their reservations.
+WINDOW_RESET = (
+    _WINDOWS
+    + r"""
+for i, k in ipairs(KEYS) do
+  redis.call('HSET', k, 'spent', '0', 'tokens', '0', 'alerted', '0')
+  redis.call('PEXPIRE', k, h.w[i].ttl)
+end
+return 1
+"""
+)
