@@ -55,7 +55,9 @@ def guard_backend_for(
 ) -> GuardBackend:
     """The one strategy of this process: shared when replicas share guard state (`--state`).
     `windows`: where the agents' budgets over time live (in memory only when not given)."""
-    return SharedGuardBackend(state, windows) if state is not None else LocalGuardBackend(guard_store, windows)
+    return (
+        SharedGuardBackend(state, windows) if state is not None else LocalGuardBackend(guard_store, windows)
+    )
 
 
 def windows_for(state: SharedState | None, data_dir: Path, metrics: Metrics) -> WindowBook:

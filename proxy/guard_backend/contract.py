@@ -10,8 +10,8 @@ from typing import Any, Protocol
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects.base import ToolCall, ToolResult
 from proxy.episodes import Episode
-from proxy.guard_backend.windows import WindowBook
 from proxy.exchange import Exchange
+from proxy.guard_backend.windows import WindowBook
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig

@@ -9,8 +9,8 @@ from typing import Any
 
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
-from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_backend.contract import ENDED_BY_GUARD, Admitted, CallInputs, OnCycle, OnSettled
+from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_store import GuardConfigStore
 from proxy.guard_trace import mark_settled

@@ -13,8 +13,8 @@ from proxy import episodes
 from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
-from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
+from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition

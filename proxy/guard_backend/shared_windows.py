@@ -22,7 +22,6 @@ from typing import Any
 
 from proxy.guard_backend.windows import LocalWindows, report_gauges
 from proxy.guards.budget_window import (
-    Window,
     WindowHold,
     WindowSpend,
     describe_windows,
@@ -30,7 +29,7 @@ from proxy.guards.budget_window import (
     soft_alert,
     window_of,
 )
-from proxy.guards.config import BudgetWindowConfig, GuardConfig, Period
+from proxy.guards.config import GuardConfig, Period
 from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.state import keys
@@ -117,7 +116,7 @@ class SharedWindows:
             if not self.state.link.fail_open:
                 raise
             return self._reserve_locally(agent, config, usd, tokens, now, shadow)
-        spends = {}
+        spends: dict[str, WindowSpend] = {}
         for (c, w), name, (spent, used, rusd, rtok, alerted) in zip(windows, names, rows, strict=True):
             self.seen[name] = (spent, used, alerted)
             spends[c.period] = WindowSpend(w.key, spent, used, alerted, {0: (rusd, rtok)})
@@ -172,7 +171,12 @@ class SharedWindows:
             alert_tok = c.max_tokens * pct / 100 if c and pct and c.max_tokens is not None else -1
             end = window_of(period, config.budget_timezone, now).end
             w_args.append(
-                {"ttl": self._ttl(end, now), "alert_usd": alert_usd, "alert_tok": alert_tok, **self._seen(name)}
+                {
+                    "ttl": self._ttl(end, now),
+                    "alert_usd": alert_usd,
+                    "alert_tok": alert_tok,
+                    **self._seen(name),
+                }
             )
         header = {"id": self._hold_id(hold), "usd": max(0.0, cost_usd), "tok": max(0, tokens), "w": w_args}
         rows = await self._run(lambda: self.store.settle(names, header))
@@ -218,7 +222,7 @@ class SharedWindows:
             ],
         }
         _, rows = await self._run(lambda: self.store.reserve(names, header))
-        spends = {}
+        spends: dict[str, WindowSpend] = {}
         for (c, w), name, (spent, used, rusd, rtok, alerted) in zip(windows, names, rows, strict=True):
             self.seen[name] = (spent, used, alerted)
             spends[c.period] = WindowSpend(w.key, spent, used, alerted, {0: (rusd, rtok)})

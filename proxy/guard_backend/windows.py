@@ -158,4 +158,3 @@ class LocalWindows:
     async def reset(self, agent: str, config: GuardConfig, period: Period | None = None) -> None:
         self.of(agent).reset(period)
         self._changed(agent, config)
-

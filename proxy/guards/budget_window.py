@@ -117,8 +117,10 @@ def exceeded(config: BudgetWindowConfig, window: Window, spent: float, tokens: i
         )
     if config.max_tokens is not None and tokens >= config.max_tokens:
         return _refusal(
-            window, f"{config.period} budget: {tokens} tokens reached the {config.max_tokens} limit",
-            config.max_tokens, tokens,
+            window,
+            f"{config.period} budget: {tokens} tokens reached the {config.max_tokens} limit",
+            config.max_tokens,
+            tokens,
         )
     return None
 
