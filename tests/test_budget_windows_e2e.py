@@ -185,9 +185,9 @@ async def until_up(replicas: list[Running]) -> None:
 
 
 async def test_replicas_share_the_day_exactly_and_keep_it_through_flushall_and_a_redis_restart(
+    own_redis: RedisServer,  # first: it outlives the replicas, which close before it stops
     start_tripwire: StartTripwire,
     fake_upstream: tuple[FakeUpstream, str],
-    own_redis: RedisServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake, url = fake_upstream

@@ -9,6 +9,7 @@ Fails open: a bug in a guard is logged and the call goes through (pipeline `fail
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -349,11 +350,15 @@ class GuardStage(BaseStage):
     async def finish(self, ex: Exchange) -> None:
         session = ex.session
         try:
-            try:
+            if ex.window_hold is None:
                 await self.guards.settle(ex, self.write_settled)
-            finally:
-                if ex.window_hold is not None:
-                    await self.settle_windows(ex)
+            else:  # the windows' round trip (shared state) overlaps the session's settle
+                outcomes = await asyncio.gather(
+                    self.guards.settle(ex, self.write_settled), self.settle_windows(ex), return_exceptions=True
+                )
+                for outcome in outcomes:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
         finally:
             if session is not None and session.terminated:
                 self.policy.end_if_pending(session)  # its RUN_END follows the calls that were in flight
