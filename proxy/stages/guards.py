@@ -354,7 +354,9 @@ class GuardStage(BaseStage):
                 await self.guards.settle(ex, self.write_settled)
             else:  # the windows' round trip (shared state) overlaps the session's settle
                 outcomes = await asyncio.gather(
-                    self.guards.settle(ex, self.write_settled), self.settle_windows(ex), return_exceptions=True
+                    self.guards.settle(ex, self.write_settled),
+                    self.settle_windows(ex),
+                    return_exceptions=True,
                 )
                 for outcome in outcomes:
                     if isinstance(outcome, BaseException):
