@@ -105,3 +105,27 @@ async def test_a_responses_websocket_call_over_the_day_is_an_error_event_and_the
     assert refused["error"]["resets_at"] == RESETS
     assert pong.type == WSMsgType.PONG
     assert len(fake.ws_messages) == 2
+
+
+async def test_an_anthropic_call_over_the_day_is_an_anthropic_error_with_resets_at(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    import anthropic
+
+    fake, url = fake_upstream
+    fake.default = Reply(text="ok", completion_tokens=10)
+    tw = await start_tripwire(llm={"anthropic": {"url": url}}, pricing_table=PRICES, guards=GUARDS)
+    tw.engine.windows.clock = lambda: NOON
+    claude = anthropic.AsyncAnthropic(
+        base_url=tw.url + "/llm/anthropic", api_key=AGENT_KEY, default_headers={"X-Tripwire-Session": "c1"}
+    )
+    hello: list[Any] = [{"role": "user", "content": "hi"}]
+    await claude.messages.create(model=MODEL, max_tokens=10, messages=hello)
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        await claude.messages.create(model=MODEL, max_tokens=10, messages=hello)
+    body = refused.value.response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
+    assert body["error"]["guardrail"] == "budget_window_exceeded" and body["error"]["resets_at"] == RESETS
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    tw.engine.windows.clock = lambda: NOON + 86_400
+    await claude.messages.create(model=MODEL, max_tokens=10, messages=hello)  # the same session goes on
