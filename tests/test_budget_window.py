@@ -3,11 +3,16 @@ timezone, reservations, soft alert, reset; the clock passed in."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
+import logging
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from proxy.guard_backend.windows import LocalWindows
 from proxy.guards.budget_window import AgentWindows, window_of
 from proxy.guards.config import BudgetWindowConfig, GuardConfig
 
@@ -153,3 +158,33 @@ def test_settled_spend_survives_dump_and_load_but_reservations_do_not() -> None:
 def test_an_unknown_period_or_a_window_without_a_limit_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         GuardConfig.model_validate({"budget_windows": [bad]})
+
+
+async def test_the_local_book_writes_settled_spend_soon_and_a_new_process_reads_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "budget-windows.json"
+    config = GuardConfig.model_validate({"budget_windows": [{"period": "day", "max_cost_usd": 2}]})
+    book = LocalWindows(path)
+    book.clock = lambda: NOON
+    await book.start()
+    try:
+        refusal, hold = await book.reserve("a", config, 1.5, 0)
+        assert refusal is None and hold is not None
+        await book.settle("a", config, hold, 1.5, 30)
+        for _ in range(400):  # written by the debounced writer, without close()
+            if path.exists() and json.loads(path.read_text())["agents"].get("a"):
+                break
+            await asyncio.sleep(0.05)
+        again = LocalWindows(path)
+        again.clock = lambda: NOON
+        assert (await again.spend("a", config))[0]["spent_usd"] == 1.5
+        assert (await again.reserve("a", config, 0.5, 0))[0] is None  # $1.50 settled: one more goes
+        assert (await again.reserve("a", config, 0.5, 0))[0] is not None  # + $0.50 in flight: $2 reached
+    finally:
+        await book.close()
+    # an unreadable file: logged, and the book starts from zero rather than refusing to start
+    path.write_text("{not json")
+    with caplog.at_level(logging.ERROR, logger="tripwire.windows"):
+        fresh = LocalWindows(path)
+    assert fresh.agents == {} and "budget_windows.unreadable" in caplog.text

@@ -27,6 +27,7 @@ log = logging.getLogger("tripwire.windows")
 
 WINDOWS_FILE = "budget-windows.json"  # in the data dir
 PERSIST_AFTER_S = 0.5  # settled spend reaches the file this soon (and always at a clean shutdown)
+RETRY_WRITE_S = 5.0  # after a failed write (a full or read-only data dir)
 
 
 class WindowBook(Protocol):
@@ -94,22 +95,31 @@ class LocalWindows:
                 await self._writer
             self._writer = None
         if self._dirty.is_set():
-            self._write()  # a clean shutdown loses no settled call
+            try:
+                self._write()  # a clean shutdown loses no settled call
+            except OSError as e:
+                log.error("budget_windows.write_failed path=%s error=%s", self.path, e)
 
     async def _write_forever(self) -> None:
         while True:
             await self._dirty.wait()
             await asyncio.sleep(PERSIST_AFTER_S)  # calls settling together: one write
+            assert self.path is not None
+            data = self._snapshot()  # on the loop: the settles change the windows there
             try:
-                await asyncio.to_thread(self._write)
+                await asyncio.to_thread(write_json_atomic, self.path, data)
             except OSError as e:
+                self._dirty.set()  # tried again, after a longer pause
                 log.error("budget_windows.write_failed path=%s error=%s", self.path, e)
+                await asyncio.sleep(RETRY_WRITE_S)
+
+    def _snapshot(self) -> dict[str, Any]:
+        self._dirty.clear()  # a settle after the snapshot marks it again
+        return {"agents": {agent: w.dump() for agent, w in self.agents.items() if w.spends}}
 
     def _write(self) -> None:
-        self._dirty.clear()  # before the snapshot: a settle while writing marks it again
         assert self.path is not None
-        data = {"agents": {agent: w.dump() for agent, w in self.agents.items() if w.spends}}
-        write_json_atomic(self.path, data)
+        write_json_atomic(self.path, self._snapshot())
 
     def _changed(self, agent: str, config: GuardConfig) -> None:
         if self.path is not None:
