@@ -14,6 +14,7 @@ from proxy.exchange import Exchange
 from proxy.guard_backend.windows import WindowBook
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
+from proxy.guards.budget_window import WindowHold
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.loop.history import HistoryResults
@@ -62,6 +63,9 @@ class Admitted:
     taken: list[tuple[str, bytes]] | None = None
     asked: list[str] = field(default_factory=list)
     record_results: bool = False  # the backend was down: the calls this replica asked for are written
+    # the agent's budget windows (SPEC §9) when the backend reserved the call in them in the
+    # admission's round trip: (refusal, hold); None: the guard stage asks `windows` itself
+    windows: tuple[Decision | None, WindowHold | None] | None = None
 
 
 class GuardBackend(Protocol):

@@ -14,6 +14,7 @@ from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
+from proxy.guard_backend.shared_windows import SharedWindows
 from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_trace import mark_settled
@@ -38,6 +39,8 @@ class SharedGuardBackend:
     def __init__(self, state: SharedState, windows: WindowBook | None = None) -> None:
         self.state = state
         self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
+        # shared budget windows are reserved in the admission's round trip (`admit`)
+        self.in_admission = windows if isinstance(windows, SharedWindows) else None
 
     async def start(self) -> None:
         await self.state.start()
@@ -133,6 +136,12 @@ class SharedGuardBackend:
                 r.tool_call_id for r in call.tool_results if r.tool_call_id not in conversation.tool_event_ids
             ]
         alive, links = shared.slots(session)
+        config = self.config(session.agent)
+        pending = None
+        if self.in_admission is not None and config.budget_windows:
+            pending = self.in_admission.prepare(
+                session.agent, config, judged.estimate, judged.tokens, shadow=config.in_shadow
+            )
         admission = await channel.admit(  # StateUnavailable under fail_closed: the stage refuses
             check,
             take=take,
@@ -140,6 +149,7 @@ class SharedGuardBackend:
             keep_alive=alive,
             links=links,
             breaker=self.breaker_request(ex, session.agent),
+            windows=pending.request if pending is not None else None,
         )
         guards = channel.replica.guards
         assert guards is not None
@@ -148,6 +158,11 @@ class SharedGuardBackend:
         ex.hold_end = True  # the answer ends once its settle is in the shared log (`settle`)
         ex.breaker_admission = admission.breaker
         admitted = Admitted(guards, asked=take)
+        if pending is not None and self.in_admission is not None:
+            # (the hold is given back at the settle when the session's guards refuse the call)
+            admitted.windows = self.in_admission.decide(
+                pending, admission.windows if admission.shared else None
+            )
         if not is_tool_call(ex):
             if admission.shared:
                 admitted.taken = admission.taken

@@ -18,10 +18,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.guard_backend.windows import LocalWindows, report_gauges
 from proxy.guards.budget_window import (
+    Window,
     WindowHold,
     WindowSpend,
     describe_windows,
@@ -29,17 +31,31 @@ from proxy.guards.budget_window import (
     soft_alert,
     window_of,
 )
-from proxy.guards.config import GuardConfig, Period
+from proxy.guards.config import BudgetWindowConfig, GuardConfig, Period
 from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.state import keys
 from proxy.state.base import StateUnavailable
 from proxy.state.service import SharedState
+from proxy.state.windows import Reserved, WindowRequest
 
 log = logging.getLogger("tripwire.windows")
 
 KEEP_AFTER_END_S = 86_400.0  # a window's key outlives its end by a day (the API can still read it)
 STALE_RESERVATION_S = 900.0  # a reservation older than this belongs to a call that died with its replica
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A call's reservation, prepared (`SharedWindows.prepare`), then decided from the answer."""
+
+    agent: str
+    config: GuardConfig
+    now: float
+    windows: list[tuple[BudgetWindowConfig, Window]]
+    hold: WindowHold
+    request: WindowRequest
+    shadow: bool
 
 
 class SharedWindows:
@@ -54,12 +70,7 @@ class SharedWindows:
         self.seen: dict[str, tuple[float, int, bool]] = {}
         self.local = LocalWindows(None)  # fail_open during an outage: this replica's own count
         self._local_holds: set[WindowHold] = set()
-        client = getattr(state.backend, "client", None)
-        self.store: Any = None
-        if client is not None:
-            from proxy.state.windows import RedisWindows  # redis-py is loaded only when asked for
-
-            self.store = RedisWindows(client)
+        self.store = state.backend.windows
 
     async def start(self) -> None:
         return None
@@ -76,16 +87,16 @@ class SharedWindows:
         return max(1, int((window_end - now + KEEP_AFTER_END_S) * 1000))
 
     async def _run(self, op: Callable[[], Any]) -> Any:
-        if self.store is None:
-            raise StateUnavailable("the state backend keeps no budget windows")
         return await self.state.link.call(op)
 
     def _hold_id(self, hold: WindowHold) -> str:
         return f"{self.replica}:{hold.id}"
 
-    async def reserve(
+    def prepare(
         self, agent: str, config: GuardConfig, usd: float, tokens: int, *, shadow: bool = False
-    ) -> tuple[Decision | None, WindowHold | None]:
+    ) -> Pending:
+        """A call's reservation in its agent's windows, to make in the admission's round trip
+        (`Append.windows`) or in one of its own (`reserve`)."""
         now = self.clock()
         windows = [(c, window_of(c.period, config.budget_timezone, now)) for c in config.budget_windows]
         names = [keys.window(agent, w.key) for _, w in windows]
@@ -110,34 +121,51 @@ class SharedWindows:
                 for (c, w), name in zip(windows, names, strict=True)
             ],
         }
-        try:
-            refused, rows = await self._run(lambda: self.store.reserve(names, header))
-        except StateUnavailable:
-            if not self.state.link.fail_open:
-                raise
-            return self._reserve_locally(agent, config, usd, tokens, now, shadow)
+        return Pending(agent, config, now, windows, hold, WindowRequest(names, header), shadow)
+
+    def decide(
+        self, pending: Pending, reserved: Reserved | None
+    ) -> tuple[Decision | None, WindowHold | None]:
+        """What the backend answered (None: it was not reached, fail_open: this replica counts)."""
+        if reserved is None:
+            return self._reserve_locally(pending)
+        refused, rows = reserved
+        config, windows, names = pending.config, pending.windows, pending.request.keys
         spends: dict[str, WindowSpend] = {}
         for (c, w), name, (spent, used, rusd, rtok, alerted) in zip(windows, names, rows, strict=True):
             self.seen[name] = (spent, used, alerted)
             spends[c.period] = WindowSpend(w.key, spent, used, alerted, {0: (rusd, rtok)})
-        if self.metrics is not None:
-            report_gauges(
-                self.metrics,
-                agent,
-                describe_windows(spends, config.budget_windows, config.budget_timezone, now),
-            )
+        report_gauges(
+            self.metrics,
+            pending.agent,
+            describe_windows(spends, config.budget_windows, config.budget_timezone, pending.now),
+        )
         refusal = None
         if refused:
             c, w = windows[refused - 1]
             s = spends[c.period]
             refusal = exceeded(c, w, s.spent_usd + s.reserved_usd(), s.tokens + s.reserved_tokens())
-            if not shadow:
+            if not pending.shadow:
                 return refusal, None
-        return refusal, hold
+        return refusal, pending.hold
 
-    def _reserve_locally(
-        self, agent: str, config: GuardConfig, usd: float, tokens: int, now: float, shadow: bool
+    async def reserve(
+        self, agent: str, config: GuardConfig, usd: float, tokens: int, *, shadow: bool = False
     ) -> tuple[Decision | None, WindowHold | None]:
+        """In a round trip of its own (the shared backend reserves in the admission's: `prepare`)."""
+        pending = self.prepare(agent, config, usd, tokens, shadow=shadow)
+        request = pending.request
+        try:
+            reserved = await self._run(lambda: self.store.reserve(request.keys, request.header))
+        except StateUnavailable:
+            if not self.state.link.fail_open:
+                raise
+            reserved = None
+        return self.decide(pending, reserved)
+
+    def _reserve_locally(self, pending: Pending) -> tuple[Decision | None, WindowHold | None]:
+        agent, config, now = pending.agent, pending.config, pending.now
+        usd, tokens, shadow = pending.hold.usd, pending.hold.tokens, pending.shadow
         windows = self.local.of(agent)
         for c in config.budget_windows:  # from what this replica last saw of each window
             key = window_of(c.period, config.budget_timezone, now).key

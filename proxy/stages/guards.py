@@ -131,6 +131,8 @@ class GuardStage(BaseStage):
             self.write_taken_tool_calls(ex, admitted.taken, admitted.asked)
         elif admitted.record_results:
             record_tool_results(ex, self.services)
+        if admitted.windows is not None:  # reserved in the admission's round trip (shared state)
+            ex.window_hold = admitted.windows[1]  # (given back at the finish if the call is refused)
         if admitted.ended is not None:
             self.refuse_ended(ex, admitted.ended, elsewhere=admitted.elsewhere)
             return
@@ -139,15 +141,17 @@ class GuardStage(BaseStage):
         self.apply(ex, admitted.guards, verdict, inputs.trace, admitted.seen, now)
         if verdict.refused and verdict.decision.action == Action.TERMINATE:
             self.guards.terminated(session, f"guard:{verdict.decision.guard}")
-        if ex.answer is None and admitted.guards.config.budget_windows:
+        if ex.answer is None and admitted.windows is not None:
+            self.judge_windows(ex, admitted.guards, admitted.windows[0])
+        elif ex.answer is None and admitted.guards.config.budget_windows:
             await self.admit_windows(ex, admitted.guards, inputs)
 
     async def admit_windows(self, ex: Exchange, guards: SessionGuards, inputs: CallInputs) -> None:
-        """The agent's budgets over time, across its sessions (SPEC §9): reserved once the session's
-        guards admitted the call. A refusal is the budget refusal with `resets_at`; the session goes
-        on (the agent may call again in the next window or after a reset)."""
+        """The agent's budgets over time, across its sessions (SPEC §9), reserved once the session's
+        guards admitted the call (this process's windows; shared ones were reserved in the
+        admission's round trip)."""
         session = ex.session
-        assert session is not None and ex.protocol is not None
+        assert session is not None
         try:
             refusal, ex.window_hold = await self.guards.windows.reserve(
                 session.agent, guards.config, inputs.estimate, inputs.tokens, shadow=guards.shadow
@@ -157,6 +161,13 @@ class GuardStage(BaseStage):
             ex.reservation = None
             refuse_unavailable(self.policy, ex, self.guards.retry_after_s())
             return
+        self.judge_windows(ex, guards, refusal)
+
+    def judge_windows(self, ex: Exchange, guards: SessionGuards, refusal: Decision | None) -> None:
+        """A window's refusal is the budget refusal with `resets_at`; the session goes on (the agent
+        may call again in the next window or after a reset)."""
+        session = ex.session
+        assert session is not None and ex.protocol is not None
         if refusal is None:
             return
         ex.decisions.append(refusal)

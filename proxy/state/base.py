@@ -25,6 +25,7 @@ from typing import Literal, Protocol
 from proxy.guards.breaker import State, Ticket, Transition
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Decision
+from proxy.state.windows import Reserved, WindowRequest, WindowStore
 
 # how a call names its run (SPEC §3): explicit session id, announced episode, conversation lineage,
 # a conversation's first request (continues no run: a new one, unless the agent's latest has seen
@@ -57,6 +58,7 @@ class Appended:
     was_live: bool = True  # False: the run had expired before this append (it is live again now)
     epoch: str = ""  # which log this is (the run's start stamp): pass it back with the next append
     breakers: list[BreakerAdmission] = field(default_factory=list)  # one per `breakers` asked
+    windows: list[Reserved] = field(default_factory=list)  # one per `windows` asked
 
     @property
     def lost(self) -> bool:
@@ -123,7 +125,8 @@ class Append:
     whose results arrived (each taken once; one already recorded as an MCP call, per `signatures`
     noted so far, is dropped). `put`: pending calls an answer asked for; `signatures`: MCP calls
     recorded; `keep_alive`: slot keys renewed with the run; `links`: slot key -> run id to set
-    (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step.
+    (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step;
+    `windows`: the budget windows to reserve the checks in, in the same step.
     `since`: the entries the caller has (0: none); `epoch`: the log it followed (a log started
     anew since answers `lost`)."""
 
@@ -141,12 +144,18 @@ class Append:
     keep_alive: Sequence[str] = ()
     links: Mapping[str, str] | None = None
     breakers: Sequence[BreakerRequest] = ()
+    windows: Sequence[WindowRequest] = ()  # budget windows to reserve the checks in (proxy/state/windows.py)
 
 
 class StateBackend(Protocol):
     """Storage primitives shared by replicas. Methods raise `StateUnavailable` when unreachable."""
 
     name: str
+
+    @property
+    def windows(self) -> WindowStore:
+        """The agents' budgets over time (SPEC §9)."""
+        ...
 
     async def ping(self) -> None: ...
 

@@ -289,13 +289,14 @@ return {rev, redis.call('GET', ARGV[1] .. rev) or ''}
 # sigs (MCP signatures recorded), put (tool_call_id -> pending call JSON), take (tool_call_ids whose
 # results arrived), take_at (the body before which their TOOL_CALL entries go; 0: none), alive (how
 # many keep-alive keys), run (this run's id, for them), links (run id per link key), breakers (per
-# check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max}), breaker_index};
+# check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max}), breaker_index,
+# windows (per check to reserve in its agent's budget windows: {keys, `window_reserve` header})};
 # ARGV[2..]: entry
 # bodies. A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
 # the run hash's start stamp) appends nothing and returns first = 0.
 # Stored entry: "<time> <config revision> <body>". Returns {seq of the first entry added, entries
 # after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live, epoch,
-# the breakers' admissions (as BREAKER_ADMIT)}.
+# the breakers' admissions (as BREAKER_ADMIT), the windows' reservations (as WINDOW_RESERVE)}.
 
 _APPEND = r"""
 local h = cjson.decode(ARGV[1])
@@ -369,25 +370,26 @@ if #h.breakers > 0 then
     table.insert(breakers, admit(b, a[5], a[6], a[7]))
   end
 end
-return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers}
+-- the agents' budget windows of the checks appended, reserved in the same step (SPEC §9)
+local windows = {}
+for _, r in ipairs(h.windows or {}) do table.insert(windows, window_reserve(r[1], r[2])) end
+return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers, windows}
 """
-
-APPEND = _BREAKER + _APPEND
 
 # --- budgets over time (SPEC §9; proxy/state/windows.py) -----------------------------------------
 # One hash per agent and window, `tripwire:window:<agent>:<period key>`: spent (USD), tokens,
 # alerted (the soft alert fired), r:<hold id> = "<usd> <tokens> <reserved at>" per call in flight.
 # A window Redis lost (restart, FLUSHALL) is put back from what the calling replica last saw of it
-# (`seen`), before anything else: the replica writes back what it knows, as runs' logs are (SEED).
-_WINDOWS = r"""
-local h = cjson.decode(ARGV[1])
-local function seed(k, w)
+# (`w.spent`, `w.tokens`, `w.alerted`) before anything else: the replica writes back what it knows,
+# as runs' logs are (SEED). `window_reserve(keys, h)` also runs inside APPEND, for the checks it admits.
+_WINDOW_FUNCS = r"""
+local function window_seed(k, w)
   if redis.call('EXISTS', k) == 0 then
     redis.call('HSET', k, 'spent', string.format('%.17g', w.spent), 'tokens', w.tokens,
       'alerted', w.alerted and '1' or '0')
   end
 end
-local function load(k, now, stale)
+local function window_load(k, now, stale)
   local v = redis.call('HGETALL', k)
   local s = {spent = 0, tokens = 0, rusd = 0, rtok = 0, alerted = '0'}
   for j = 1, #v, 2 do
@@ -407,38 +409,39 @@ local function load(k, now, stale)
   end
   return s
 end
-local function row(s)
-  return {string.format('%.17g', s.spent), tostring(s.tokens), string.format('%.17g', s.rusd),
-    tostring(s.rtok), s.alerted}
+-- h: {id, usd, tok, now, stale (s), place (reserve when admitted), force (shadow: reserve even when
+-- refused), w: [{max_usd, max_tok (-1: none), ttl (ms), spent, tokens, alerted}]}. Returns {index of
+-- the window that refuses (0: none), {spent, tokens, reserved usd, reserved tokens, alerted} per
+-- window, as they were before this call's reservation}.
+local function window_reserve(ks, h)
+  local refused, rows = 0, {}
+  for i, k in ipairs(ks) do
+    local w = h.w[i]
+    window_seed(k, w)
+    local s = window_load(k, h.now, h.stale)
+    if refused == 0 and ((w.max_usd >= 0 and s.spent + s.rusd >= w.max_usd)
+        or (w.max_tok >= 0 and s.tokens + s.rtok >= w.max_tok)) then
+      refused = i
+    end
+    rows[i] = {string.format('%.17g', s.spent), tostring(s.tokens), string.format('%.17g', s.rusd),
+      tostring(s.rtok), s.alerted}
+  end
+  if h.place and (refused == 0 or h.force) then
+    local hold = string.format('%.17g %d %.6f', h.usd, h.tok, h.now)
+    for i, k in ipairs(ks) do
+      redis.call('HSET', k, 'r:' .. h.id, hold)
+      redis.call('PEXPIRE', k, h.w[i].ttl)
+    end
+  end
+  return {refused, rows}
 end
 """
 
-# KEYS: the agent's windows. ARGV 1 {id, usd, tok, now, stale (s), place (reserve when admitted),
-# force (shadow: reserve even when refused), w: [{max_usd, max_tok (-1: none), ttl (ms), spent, tokens,
-# alerted}]}. Returns {index of the window that refuses (0: none), {spent, tokens, reserved usd,
-# reserved tokens, alerted} per window, as they were before this call's reservation}.
+# KEYS: the agent's windows; ARGV 1 the header of `window_reserve` (the API's read: place false).
 WINDOW_RESERVE = (
-    _WINDOWS
+    _WINDOW_FUNCS
     + r"""
-local refused, rows = 0, {}
-for i, k in ipairs(KEYS) do
-  local w = h.w[i]
-  seed(k, w)
-  local s = load(k, h.now, h.stale)
-  if refused == 0 and ((w.max_usd >= 0 and s.spent + s.rusd >= w.max_usd)
-      or (w.max_tok >= 0 and s.tokens + s.rtok >= w.max_tok)) then
-    refused = i
-  end
-  rows[i] = row(s)
-end
-if h.place and (refused == 0 or h.force) then
-  local hold = string.format('%.17g %d %.6f', h.usd, h.tok, h.now)
-  for i, k in ipairs(KEYS) do
-    redis.call('HSET', k, 'r:' .. h.id, hold)
-    redis.call('PEXPIRE', k, h.w[i].ttl)
-  end
-end
-return {refused, rows}
+return window_reserve(KEYS, cjson.decode(ARGV[1]))
 """
 )
 
@@ -446,12 +449,13 @@ return {refused, rows}
 # (-1: none), spent, tokens, alerted}]}. Returns per window {spent, tokens, 1 if this settle crossed
 # the soft alert first}.
 WINDOW_SETTLE = (
-    _WINDOWS
+    _WINDOW_FUNCS
     + r"""
+local h = cjson.decode(ARGV[1])
 local out = {}
 for i, k in ipairs(KEYS) do
   local w = h.w[i]
-  seed(k, w)
+  window_seed(k, w)
   redis.call('HDEL', k, 'r:' .. h.id)
   local spent = tonumber(redis.call('HINCRBYFLOAT', k, 'spent', string.format('%.17g', h.usd)))
   local tokens = redis.call('HINCRBY', k, 'tokens', h.tok)
@@ -470,22 +474,20 @@ return out
 )
 
 # KEYS: windows. ARGV 1 {id}: a call never forwarded gives its reservations back.
-WINDOW_RELEASE = (
-    _WINDOWS
-    + r"""
+WINDOW_RELEASE = r"""
+local h = cjson.decode(ARGV[1])
 for _, k in ipairs(KEYS) do redis.call('HDEL', k, 'r:' .. h.id) end
 return 1
 """
-)
 
 # KEYS: windows. ARGV 1 {w: [{ttl}]}: spend back to zero; calls in flight keep their reservations.
-WINDOW_RESET = (
-    _WINDOWS
-    + r"""
+WINDOW_RESET = r"""
+local h = cjson.decode(ARGV[1])
 for i, k in ipairs(KEYS) do
   redis.call('HSET', k, 'spent', '0', 'tokens', '0', 'alerted', '0')
   redis.call('PEXPIRE', k, h.w[i].ttl)
 end
 return 1
 """
-)
+
+APPEND = _BREAKER + _WINDOW_FUNCS + _APPEND

@@ -25,6 +25,7 @@ from proxy.state.base import (
     ResolveMode,
 )
 from proxy.state.keys import LOG_GRACE_MS, slot_ttl_ms
+from proxy.state.windows import MemoryWindows
 
 Clock = Callable[[], float]
 
@@ -73,6 +74,7 @@ class MemoryBackend:
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self._config_rev = 0
         self._configs: dict[int, bytes] = {}
+        self.windows = MemoryWindows()  # budgets over time (SPEC §9)
 
     async def ping(self) -> None:
         return None
@@ -150,7 +152,10 @@ class MemoryBackend:
         if links:
             run["lin"] = "1"
         admitted = [await self.breaker_admit(b.agent, b.upstream, b.config, now=now) for b in breakers]
-        return Appended(list(log[since:]), first, taken, run.get("term"), was_live, run["started"], admitted)
+        reserved = [await self.windows.reserve(w.keys, w.header) for w in step.windows]
+        return Appended(
+            list(log[since:]), first, taken, run.get("term"), was_live, run["started"], admitted, reserved
+        )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
         log: list[LogEntry] = self._keys.get(keys.log(agent, run_id)) or []

@@ -35,6 +35,8 @@ from proxy.state.base import (
     StateUnavailable,
 )
 from proxy.state.keys import LOG_GRACE_MS, ms, slot_ttl_ms
+from proxy.state.redis_windows import RedisWindows
+from proxy.state.windows import parse_reserved
 
 # A reply or a connection slower than this marks Redis down (the failure policy applies until a probe
 # gets through). Generous enough that a busy machine is not taken for an outage: 0.5 s connects
@@ -113,6 +115,7 @@ class RedisBackend:
         self._publish_config = c.register_script(lua.PUBLISH_CONFIG)
         self._config_snapshot = c.register_script(lua.CONFIG_SNAPSHOT)
         self._chain = c.register_script(lua.CHAIN)
+        self.windows = RedisWindows(c)  # budgets over time (SPEC §9)
 
     async def _call(self, script: Any, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -167,6 +170,7 @@ class RedisBackend:
                 for b in breakers
             ],
             "breaker_index": keys.BREAKER_INDEX,
+            "windows": [[list(w.keys), dict(w.header)] for w in step.windows],
         }
         script_keys = [
             keys.log(agent, run_id),
@@ -177,7 +181,7 @@ class RedisBackend:
             *keep_alive,
             *links.keys(),
         ]
-        first, raw, taken, term, was_live, started, admitted = await self._call(
+        first, raw, taken, term, was_live, started, admitted, *reserved = await self._call(
             self._append, script_keys, [orjson.dumps(header), *bodies]
         )
         return Appended(
@@ -188,6 +192,7 @@ class RedisBackend:
             was_live=bool(was_live),
             epoch=text(started),
             breakers=[admission(b.upstream, r, b.config) for b, r in zip(breakers, admitted, strict=False)],
+            windows=[parse_reserved(r) for r in reserved[0]] if reserved else [],
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
