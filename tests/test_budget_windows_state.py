@@ -65,8 +65,17 @@ async def test_reservations_stop_exactly_at_the_limit_then_settle_release_and_re
 async def test_a_window_the_backend_lost_is_put_back_from_what_the_replica_saw(
     backend: StateBackend,  # noqa: F811
 ) -> None:
-    refused, rows = await backend.windows.reserve([DAY], header(1, 1.0, seen=10.0))
-    assert refused == 1 and rows[0][0] == 10.0
+    refused, rows = await backend.windows.reserve([DAY], header(1, 1.0, seen=7.0))
+    assert refused == 0 and rows[0][0] == 7.0  # the first replica to call saw $7
+    refused, rows = await backend.windows.reserve([DAY], header(2, 1.0, seen=9.5))
+    assert refused == 1 and rows[0][0] == 9.5  # one that saw more raises it: 9.5 + 1 in flight
+    await backend.windows.reserve([DAY], header(3, 1.0, seen=3.0))  # one that saw less lowers nothing
+    refused, rows = await backend.windows.reserve([DAY], header(4, 0.0, place=False))
+    assert rows[0][0] == 9.5
+    # after a reset, what a replica saw before it raises nothing
+    await backend.windows.reset([DAY], {"w": [{"ttl": 60_000}]})
+    refused, rows = await backend.windows.reserve([DAY], header(5, 1.0, seen=9.5))
+    assert refused == 0 and rows[0][0] == 0.0
 
 
 async def test_the_admission_append_reserves_its_checks_in_their_windows(

@@ -381,12 +381,19 @@ return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live
 # alerted (the soft alert fired), r:<hold id> = "<usd> <tokens> <reserved at>" per call in flight.
 # A window Redis lost (restart, FLUSHALL) is put back from what the calling replica last saw of it
 # (`w.spent`, `w.tokens`, `w.alerted`) before anything else: the replica writes back what it knows,
-# as runs' logs are (SEED). `window_reserve(keys, h)` also runs inside APPEND, for the checks it admits.
+# as runs' logs are (SEED); until a reset, a replica that saw more raises it (`seeded`). `window_reserve(keys, h)` also runs inside APPEND, for the checks it admits.
 _WINDOW_FUNCS = r"""
 local function window_seed(k, w)
   if redis.call('EXISTS', k) == 0 then
     redis.call('HSET', k, 'spent', string.format('%.17g', w.spent), 'tokens', w.tokens,
-      'alerted', w.alerted and '1' or '0')
+      'alerted', w.alerted and '1' or '0', 'seeded', '1')
+  elseif redis.call('HGET', k, 'seeded') == '1' then
+    -- put back by a replica: one that saw more raises it (the most any replica saw wins, until a reset)
+    if w.spent > tonumber(redis.call('HGET', k, 'spent')) then
+      redis.call('HSET', k, 'spent', string.format('%.17g', w.spent))
+    end
+    if w.tokens > tonumber(redis.call('HGET', k, 'tokens')) then redis.call('HSET', k, 'tokens', w.tokens) end
+    if w.alerted then redis.call('HSET', k, 'alerted', '1') end
   end
 end
 local function window_load(k, now, stale)
@@ -485,6 +492,7 @@ WINDOW_RESET = r"""
 local h = cjson.decode(ARGV[1])
 for i, k in ipairs(KEYS) do
   redis.call('HSET', k, 'spent', '0', 'tokens', '0', 'alerted', '0')
+  redis.call('HDEL', k, 'seeded')
   redis.call('PEXPIRE', k, h.w[i].ttl)
 end
 return 1

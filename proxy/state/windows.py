@@ -8,7 +8,7 @@ runs one contract against both. The headers are built by proxy/guard_backend/sha
 
 - reserve: {id, usd, tok, now, stale, place, force, w: [{max_usd, max_tok (-1: none), ttl (ms),
   spent, tokens, alerted}]}; a window the backend lost is first put back from `spent`, `tokens`,
-  `alerted` (what the replica last saw). Answers (index of the refusing window or 0, rows before
+  `alerted` (what the replica last saw; until a reset, a replica that saw more raises it). Answers (index of the refusing window or 0, rows before
   this call's reservation);
 - settle: {id, usd, tok, w: [{ttl, alert_usd, alert_tok, spent, tokens, alerted}]}; answers
   (spent, tokens, crossed the soft alert first) per window;
@@ -60,6 +60,7 @@ class _Window:
     tokens: int = 0
     alerted: bool = False
     held: dict[str, tuple[float, int, float]] = field(default_factory=dict)  # id -> usd, tokens, at
+    seeded: bool = False  # put back by a replica (not reset since)
 
 
 class MemoryWindows:
@@ -71,7 +72,13 @@ class MemoryWindows:
     def _seed(self, key: str, w: Mapping[str, Any]) -> _Window:
         window = self.windows.get(key)
         if window is None:  # lost (or new): put back what the caller last saw
-            window = self.windows[key] = _Window(float(w["spent"]), int(w["tokens"]), bool(w["alerted"]))
+            window = self.windows[key] = _Window(
+                float(w["spent"]), int(w["tokens"]), bool(w["alerted"]), seeded=True
+            )
+        elif window.seeded:  # until a reset, the most any replica saw wins
+            window.spent = max(window.spent, float(w["spent"]))
+            window.tokens = max(window.tokens, int(w["tokens"]))
+            window.alerted = window.alerted or bool(w["alerted"])
         return window
 
     async def reserve(self, keys: Sequence[str], header: Mapping[str, Any]) -> Reserved:
@@ -117,4 +124,4 @@ class MemoryWindows:
     async def reset(self, keys: Sequence[str], header: Mapping[str, Any]) -> None:
         for key in keys:
             window = self.windows.setdefault(key, _Window())
-            window.spent, window.tokens, window.alerted = 0.0, 0, False
+            window.spent, window.tokens, window.alerted, window.seeded = 0.0, 0, False, False
