@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.conftest import AGENT_KEY, Running, StartTripwire
-from tests.fakes import FakeUpstream, Reply
+from tests.fakes import FakeUpstream, Reply, webhook_receiver
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
 from tests.redis_server import RedisServer
 
@@ -81,7 +81,21 @@ async def test_a_daily_budget_trips_across_sessions_exactly_under_concurrency(
 ) -> None:
     fake, url = fake_upstream
     fake.default = Reply(text="ok", prompt_tokens=7, completion_tokens=10)
-    tw = await start_tripwire(**settings(url))
+    async with webhook_receiver() as webhook:
+        tw = await start_tripwire(**settings(url, alert_webhook=webhook.url))
+        await spend_a_day(tw, fake)
+        for _ in range(1000):  # every alert posted (a condition, generously bounded)
+            if len(webhook.got) >= 46 and not tw.engine.alerts.in_flight:
+                break
+            await asyncio.sleep(0.02)
+    soft = [a for a in webhook.got if a["guardrail"] == "budget_window_soft_alert"]
+    refused = [a for a in webhook.got if a["guardrail"] == "budget_window_exceeded"]
+    assert len(soft) == 1 and soft[0]["agent"] == "spender" and soft[0]["resets_at"] == "2026-11-28T00:00:00Z"
+    assert len(refused) == 45 and {a["resets_at"] for a in refused} == {"2026-11-28T00:00:00Z"}
+
+
+async def spend_a_day(tw: Running, fake: FakeUpstream) -> None:
+    """Several sessions of one agent spend its day, 50 of its calls at once; what holds after."""
     at(tw, NOON)
     # three sessions of one agent share its day: 2 + 2 calls, then 50 at once in 50 more sessions
     for session in ("s1", "s1", "s2", "s2"):
