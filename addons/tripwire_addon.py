@@ -33,7 +33,7 @@ from addons.identity import from_basic, identity_headers
 from proxy.app import make_admin_app, make_proxy_app
 from proxy.engine import Engine
 from proxy.lifecycle import running_engine
-from proxy.settings import ConfigError, Settings, UpstreamConfig, load_settings, split_host_port
+from proxy.settings import ConfigError, Settings, UpstreamConfig, keyless, load_settings, split_host_port
 from proxy.upstreams import Kind
 
 log = logging.getLogger("tripwire.mitm")
@@ -231,6 +231,16 @@ class TripwireAddon:
                 self.intercepts = intercepts_for(ctx.options.tripwire_hosts, ctx.options.mode)
             except ValueError as e:
                 self.error = f"tripwire_hosts: {e}"
+                log.error(self.error)
+        if self.settings is not None and self.error is None and self.settings.auth.require_agent_key:
+            # the agent's key (from the proxy credentials) is never forwarded: each intercepted host
+            # needs its own key source, as `serve` requires of its upstreams (docs/gateway.md)
+            missing = keyless([(f"{k}.{n}", u) for k, n, u in self._upstreams(self.settings)])
+            if missing:
+                self.error = (
+                    "auth.require_agent_key: intercepted hosts need a key source (api_key_env or "
+                    f"api_key_file under llm.NAME) or `api_key: none`; missing for {', '.join(missing)}"
+                )
                 log.error(self.error)
         if self.settings is None or self.error is not None:
             log.error("Tripwire cannot run; stopping mitmproxy")

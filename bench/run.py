@@ -37,11 +37,21 @@ from typing import Any
 
 import orjson
 
-from bench import bodies, procs, writer
+from bench import bodies, gateway, permissions, procs, writer
 from bench.client import Answer, Connection, concurrent, request_bytes, sequential
 
 PATH = "/v1/chat/completions"
-PHASES = ("latency", "throughput", "streams", "history", "session_length", "session_count", "writer")
+PHASES = (
+    "latency",
+    "throughput",
+    "streams",
+    "history",
+    "gateway",
+    "session_length",
+    "session_count",
+    "writer",
+    "permissions",
+)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -162,11 +172,21 @@ async def py_load(port: int, raw: bytes, seconds: float, conns: int) -> dict[str
 
 
 async def throughput(
-    targets: list[procs.Target], body: bytes, rounds: int, seconds: float, conns: int, tmp: Path
+    targets: list[procs.Target],
+    body: bytes,
+    rounds: int,
+    seconds: float,
+    conns: int,
+    tmp: Path,
+    headers: dict[str, dict[str, str]] | None = None,  # more request headers, by column
 ) -> dict[str, Any]:
-    script = tmp / "post.lua"
     (tmp / "body.json").write_bytes(body)
-    script.write_text(WRK_SCRIPT.format(body=tmp / "body.json"))
+    scripts: dict[str, Path] = {}
+    for t in targets:
+        extra = (headers or {}).get(t.name, {})
+        scripts[t.name] = script = tmp / (f"post-{t.name}.lua" if extra else "post.lua")
+        lines = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in extra.items())
+        script.write_text(WRK_SCRIPT.format(body=tmp / "body.json") + lines)
     use_wrk = shutil.which("wrk") is not None and seconds >= 1  # wrk runs whole seconds
     runs: dict[str, list[dict[str, float]]] = {t.name: [] for t in targets}
     for r in range(rounds):
@@ -174,9 +194,10 @@ async def throughput(
         for t in order:
             cpu_before = procs.cpu_seconds(t.pid) if t.pid else None
             if use_wrk:
-                run = await wrk(t.port, script, seconds, conns)
+                run = await wrk(t.port, scripts[t.name], seconds, conns)
             else:
-                run = await py_load(t.port, request_bytes(t.port, PATH, body, SESSION), seconds, conns)
+                sent = {**SESSION, **(headers or {}).get(t.name, {})}
+                run = await py_load(t.port, request_bytes(t.port, PATH, body, sent), seconds, conns)
             if cpu_before is not None and t.pid and run["requests"] > 0:
                 # the proxy process's own CPU per call (all its threads): what bounds its throughput
                 run["cpu_us"] = (procs.cpu_seconds(t.pid) - cpu_before) / run["requests"] * 1e6
@@ -407,6 +428,36 @@ async def start_redis_column(up: int, started: list[procs.Target]) -> procs.Targ
     return await procs.tripwire_redis(up, redis)
 
 
+async def agent_keys(
+    by: dict[str, procs.Target],
+    started: list[procs.Target],
+    up: int,
+    body: bytes,
+    args: argparse.Namespace,
+    tmp: Path,
+) -> dict[str, Any]:
+    """The gateway phase: Tripwire with agent keys required beside the same without, at c=32
+    (`--conns`); the CPU per call between them is the key check's cost (with the shared state's
+    store too, when the tripwire-redis column runs)."""
+    pairs = [("tripwire", "tripwire-keys", None)]
+    redis = next((t for t in started if t.name == "redis"), None)
+    if "tripwire-redis" in by and redis is not None:
+        pairs.append(("tripwire-redis", "tripwire-redis-keys", f"redis://127.0.0.1:{redis.port}/0"))
+    targets: list[procs.Target] = []
+    headers: dict[str, dict[str, str]] = {}
+    for plain, keyed, state_url in pairs:
+        target, key = await gateway.keys_column(keyed, up, tmp / "keys", state_url=state_url)
+        started.append(target)
+        targets += [by[plain], target]
+        headers[keyed] = {"x-api-key": key}
+    out = await throughput(targets, body, args.tp_rounds, args.tp_seconds, args.conns, tmp, headers)
+    for plain, keyed, _ in pairs:
+        a, b = out[plain].get("cpu_us_per_call"), out[keyed].get("cpu_us_per_call")
+        out[f"{keyed}_check_cpu_us"] = round(b - a, 1) if a is not None and b is not None else None
+        out[f"{keyed}_check_wall_us"] = round((1 / out[keyed]["rps"] - 1 / out[plain]["rps"]) * 1e6, 1)
+    return out
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": machine(), "args": vars(args), "skipped": {}}
     skipped: dict[str, str] = result["skipped"]
@@ -464,6 +515,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "history" in only:
             step("history length")
             result["history"] = await history(direct, by["tripwire"], args.history, args.history_calls)
+        if "gateway" in only and "tripwire" in by:
+            step(f"gateway: agent-key check, {args.conns} connections")
+            result["gateway"] = await agent_keys(by, started, up.port, small, args, tmp)
         for t in started[1:]:
             if t.name != "tripwire":
                 await t.stop()
@@ -487,6 +541,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "rate_calls_per_s": 400,
                 "sessions": 300,
             }
+        if "permissions" in only:
+            step(f"tool permissions, {args.conns} connections")
+            result["permissions"] = await permissions.measure(
+                up.port, throughput, args.tp_rounds, args.tp_seconds, args.conns, tmp
+            )
         result["machine"]["loadavg_end"] = os.getloadavg()
         result["seconds"] = round(time.perf_counter() - t_start, 1)
         result["targets"] = verdicts(result)
@@ -533,6 +592,11 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
     if tw and off:
         cost = tw["added_p50_ms"] - off["added_p50_ms"]
         add("feature set <= 0.1 ms over all-off (c=1 p50)", f"{cost:.3f} ms", cost <= 0.1)
+    g = r.get("gateway", {})
+    for keyed, label in (("tripwire-keys", "data dir"), ("tripwire-redis-keys", "shared state")):
+        cost = g.get(f"{keyed}_check_cpu_us")
+        if cost is not None:  # issue 22: a dict lookup by hash (data dir); one HGET (shared state)
+            add(f"agent-key check ({label}) <= 20 us per call at c=32 (CPU)", f"{cost:+.1f} us", cost <= 20)
     s = r.get("streams", {}).get("tripwire")
     if s:
         first = s["added_first_chunk_ms"]
@@ -578,6 +642,14 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"{w['lag_p99_ms']:.1f} ms",
             w["lag_p99_ms"] < 100,
         )
+    perm = r.get("permissions")
+    if perm and perm["cost_us_per_call"] is not None:
+        cost = perm["cost_us_per_call"]
+        add(
+            f"tool permission check ({perm['patterns']} patterns) <= 20 us per call at c=32",
+            f"{cost:+.1f} us",
+            cost <= 20,
+        )
     return out
 
 
@@ -603,6 +675,15 @@ def print_table(r: dict[str, Any]) -> None:
             print(
                 f"{name:<14}{cols[0]:>9}{cols[1]:>8}{cols[2]:>11}{cols[3]:>11}{t.get('rps', '-'):>12}{share:>10}{cpu:>13}"
             )
+    g = r.get("gateway")
+    if g:
+        print("\ngateway (agent keys required vs not, c=32): req/s, CPU us/call")
+        for name, x in g.items():
+            if isinstance(x, dict) and "rps" in x:
+                print(f"  {name:<22}{x['rps']:>8}{x.get('cpu_us_per_call') or '-':>10}")
+        for name, x in g.items():
+            if name.endswith(("_check_cpu_us", "_check_wall_us")):
+                print(f"  {name}: {x}")
     s = r.get("streams")
     if s:
         print(

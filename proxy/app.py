@@ -17,6 +17,7 @@ from aiohttp import web
 
 from proxy.aiohttp_compat import HttpProcessingError
 from proxy.appkeys import ENGINE
+from proxy.auth import AuthRefusal, refusal_answer
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
@@ -67,6 +68,11 @@ _ROUTES: dict[tuple[object, ...], Route | RouteError] = {}
 async def proxy_handler(request: web.Request) -> web.StreamResponse:
     route = route_of(request.app[ENGINE], request.raw_path, request.headers)
     if isinstance(route, RouteError):
+        auth = request.app[ENGINE].auth
+        refused = await auth.check_unrouted(request.headers) if auth is not None else None
+        if refused is not None:
+            unrouted = Route("llm", "", request.raw_path, "", None, "")  # (the OpenAI error shape)
+            return refusal_answer(unrouted, request.method, refused).to_response()
         error_body = {
             "error": {
                 "message": route.message,
@@ -79,8 +85,13 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
             status=route.status, body=orjson.dumps(error_body), content_type="application/json"
         )
     engine = request.app[ENGINE]
+    if engine.auth is not None:  # agent keys (SPEC §9): before a WebSocket upgrade or an MCP stream too
+        checked = await engine.auth.check(route, request.raw_path, request.headers)
+        if isinstance(checked, AuthRefusal):
+            return refusal_answer(route, request.method, checked).to_response()
+        route = checked
     # what only aiohttp's lane serves (the lean lane hands these over): while draining, every call
-    # is refused alike (handle_call)
+    # is refused alike (handle_routed_call)
     if not engine.draining:
         if is_websocket_upgrade(request):  # relayed frame by frame; Responses calls judged per message
             return await handle_websocket_within_limits(request, route, request.app[PIPELINES]["llm"])
@@ -88,14 +99,25 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         streaming_handler = engine.stream_handler(route, request)
         if streaming_handler is not None:
             return await streaming_handler(request, route)
-    answer = await handle_call(request, route, aiohttp_answer)
+    answer = await handle_routed_call(request, route, aiohttp_answer)
     assert isinstance(answer, web.StreamResponse), "aiohttp's lane answers with aiohttp's responses"
     return answer
 
 
 async def handle_call(request: CallRequest, route: Route, answer_maker: AnswerMaker) -> ClientAnswer:
-    """A routed call, on either lane (aiohttp's `web.Request`, or the lean lane's
-    `proxy.lean_http.LeanRequest` for plain LLM calls: see `proxy_runner`); a forwarded answer is
+    """The lean lane's handler (plain LLM calls: see `proxy_runner`): the agent-key check, then the call."""
+    auth = request.app[ENGINE].auth
+    if auth is not None:
+        checked = await auth.check(route, request.raw_path, request.headers)
+        if isinstance(checked, AuthRefusal):
+            return refusal_answer(route, request.method, checked).to_response()
+        route = checked
+    return await handle_routed_call(request, route, answer_maker)
+
+
+async def handle_routed_call(request: CallRequest, route: Route, answer_maker: AnswerMaker) -> ClientAnswer:
+    """A routed (and, with agent keys, authenticated) call, on either lane (aiohttp's
+    `web.Request`, or the lean lane's `proxy.lean_http.LeanRequest`); a forwarded answer is
     relayed into what the lane's `answer_maker` makes."""
     engine = request.app[ENGINE]
     started, started_wall = time.monotonic(), time.time()
@@ -231,10 +253,12 @@ def proxy_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
 
 def make_admin_app(engine: Engine) -> web.Application:
     from viewer.api import setup_admin
+    from viewer.keys_api import setup_keys_api
 
     app = web.Application()
     app[ENGINE] = engine
     setup_admin(app, engine)
+    setup_keys_api(app, engine.agent_keys)  # agent keys (SPEC §9), behind the same admin token
     return app
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__
+from proxy.cli_keys import add_keys_parser, run_keys
 from proxy.settings import ConfigError, Settings, is_loopback, load_settings, split_host_port
 
 EPILOG = """\
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     add_intercept_parser(sub)
     add_replay_parser(sub)
+    add_keys_parser(sub)
     return parser
 
 
@@ -269,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_intercept(args, argv)
     if args.command == "replay":
         return run_replay(args)
+    if args.command == "keys":
+        return run_keys(args)
     if args.command != "serve":
         parser.print_help()
         return 0 if args.command is None else 2

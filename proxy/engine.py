@@ -14,7 +14,9 @@ import sys
 import time
 from typing import Any
 
+from proxy.agent_keys import KeyStore, key_store_for
 from proxy.alerts import Alerts
+from proxy.auth import AgentKeyGate
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend, WindowBook, guard_backend_for, windows_for
 from proxy.guard_store import GuardConfigStore
@@ -93,6 +95,10 @@ class Engine:
         # the agents' budgets over time (SPEC §9): this process's, kept in the data dir, or shared
         self.windows: WindowBook = windows_for(self.shared, self.data_dir, self.metrics)
         self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store, self.windows)
+        # agent keys (SPEC §9): the store (data dir, or the shared state) and, when keys are
+        # required, the proxy listener's check (None: calls name their agent themselves)
+        self.agent_keys: KeyStore = key_store_for(self.data_dir, settings.state.url)
+        self.auth = AgentKeyGate(self.agent_keys, self.metrics) if settings.auth.require_agent_key else None
         # when runs open, end, are terminated; the events of a session and what its guards make of them
         self.policy = SessionPolicy(
             sessions=self.sessions,
@@ -133,6 +139,7 @@ class Engine:
         await self.recorder.start()
         await self.forwarder.start()
         await self.guards.start()
+        await self.agent_keys.start()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="tripwire-session-sweeper")
 
     async def drain(self, grace_s: float) -> None:
@@ -159,6 +166,7 @@ class Engine:
             await asyncio.wait({sweeper}, timeout=1.0)
         self.policy.end_all("shutdown")
         await self.guards.close()
+        await self.agent_keys.close()
         await self.recorder.close()
         await self.alerts.close()
         await self.forwarder.close()

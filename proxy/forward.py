@@ -36,6 +36,7 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.agent_keys import is_agent_key_header
 from proxy.call_request import ClientAnswer
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.egress import Egress, WayOut
@@ -106,7 +107,7 @@ def request_headers(
     if identity_encoding:
         # without the header any coding is acceptable (RFC 9110 §12.5.3): say so explicitly
         out["Accept-Encoding"] = "identity"
-    key = upstream.api_key()
+    key = upstream.read_api_key()
     if key:
         for h in AUTH_HEADERS:
             out.popall(h, None)
@@ -114,6 +115,15 @@ def request_headers(
             out["Authorization"] = f"Bearer {key}"
         else:
             out[upstream.auth_header] = key
+    elif upstream.api_key == "none":  # a keyless upstream (SPEC §9): no key header goes on
+        for h in AUTH_HEADERS:
+            out.popall(h, None)
+    else:
+        # a Tripwire agent key is Tripwire's, never an upstream's (also when a key source gave
+        # nothing: an unset variable, a missing file)
+        for h in AUTH_HEADERS:
+            if h in out and is_agent_key_header(out[h]):
+                out.popall(h, None)
     return out
 
 

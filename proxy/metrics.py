@@ -333,6 +333,14 @@ class Metrics:
         self._window_limit: Gauge | None = None
         self._store = _StoreCollector()
         r.register(self._store)
+        # agent keys (SPEC §9): refused calls by why (never the key, its hash or its agent)
+        self.auth_refusals = CounterFamily(
+            "tripwire_auth_refusals",
+            "Calls refused by the agent-key check, by reason (missing, unknown, expired, revoked, "
+            "other_agent, unavailable).",
+            ("reason",),
+        )
+        r.register(CallCollector([self.auth_refusals]))
         self._circuit_upstreams: set[str] = set()
         # (agent, model) as the call named them -> their folded labels (LabelFolder's answer for a
         # value never changes once given)
@@ -409,6 +417,9 @@ class Metrics:
     def observe_tool(self, server: str, outcome: str, tool: str | None = None) -> None:
         """outcome: ok / error / blocked (or any short fixed word the pipeline uses)."""
         self.tool_calls.inc((server, self._tool(tool), outcome))
+
+    def observe_auth_refusal(self, reason: str) -> None:
+        self.auth_refusals.inc((reason,))
 
     def observe_decision(self, guard: str, action: str, *, shadow: bool = False) -> None:
         """A guard's decision ("WARN" or "warn"); allow decisions are not counted."""

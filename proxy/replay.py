@@ -9,8 +9,10 @@ answers "what would this have done?":
 
 - a call the replay refuses is not forwarded: its recorded answer is not fed to the guards;
 - a call refused live but admitted by the replay has no answer to feed: it stays unanswered;
-- the circuit breaker (state per agent and upstream, outside the run) and the kill switch (an
-  operator's act) are not recomputed: their recorded decisions are listed, `replayed: false`.
+- the circuit breaker (state per agent and upstream, outside the run), rate limits (per agent,
+  across its sessions) and the kill switch (an operator's act) are not recomputed: their recorded
+  decisions are listed, `replayed: false`. A call a rate limit refused never reached the session's
+  guards (no call of the run), so the replay has nothing of it to judge.
 
 Runs written by AgentDbg's own SDK carry none of this: their LLM_CALL and TOOL_CALL events are
 replayed one after the other, in file order, with the arguments and results they hold (each call

@@ -26,12 +26,14 @@ from pydantic import (
     PositiveInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from proxy.guards.config import GuardConfig
 
-# the guard config's top-level keys (LangSight's sections and `shadow`), accepted at the YAML's top level
-GUARD_SECTIONS = ("shadow", "loop_detection", "budget", "limits", "circuit_breaker")
+# the guard config's top-level keys (LangSight's sections, `shadow` and the gateway's keys of SPEC
+# §5.4: `tools`, `rate_limits`, ...), accepted at the YAML's top level
+GUARD_SECTIONS = tuple(GuardConfig.model_fields)
 DEFAULT_UPSTREAM = "https://api.openai.com"
 
 
@@ -53,6 +55,9 @@ class UpstreamConfig(BaseModel):
     api_key_file: Path | None = None
     # Anthropic-style upstreams take the key in x-api-key; OpenAI-style in Authorization.
     auth_header: Literal["authorization", "x-api-key", "api-key"] = "authorization"
+    # "none": this upstream takes no key (a local model, an open MCP server): with agent keys
+    # required (SPEC §9) it needs no key source, and the agent's key headers are never sent to it
+    api_key: Literal["none"] | None = None
 
     @field_validator("url")
     @classmethod
@@ -61,7 +66,7 @@ class UpstreamConfig(BaseModel):
             raise ValueError(f"must be an http(s) URL, got {v!r}")
         return v.rstrip("/")
 
-    def api_key(self) -> str | None:
+    def read_api_key(self) -> str | None:
         """Read the key at call time, so a rotated Secret file is picked up without a restart."""
         if self.api_key_env:
             return os.environ.get(self.api_key_env) or None
@@ -71,6 +76,10 @@ class UpstreamConfig(BaseModel):
             except OSError:
                 return None
         return None
+
+    @property
+    def has_key_source(self) -> bool:
+        return bool(self.api_key_env or self.api_key_file)
 
 
 class StdioServerConfig(BaseModel):
@@ -101,6 +110,15 @@ class StateConfig(BaseModel):
         if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return v
+
+
+class AuthConfig(BaseModel):
+    """Who may call the proxy listener (SPEC §9, docs/gateway.md): with `require_agent_key`, every
+    call carries an agent key (`tripwire keys create`), which names its agent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    require_agent_key: bool = False
 
 
 class OtlpConfig(BaseModel):
@@ -184,6 +202,9 @@ class Settings(BaseModel):
     fsync: Literal["never", "run_end", "always"] = "run_end"
     retention: RetentionConfig = RetentionConfig()
 
+    # gateway (SPEC §9): agent keys
+    auth: AuthConfig = AuthConfig()
+
     # scale-out (SPEC §8): shared guard state, trace export
     state: StateConfig = StateConfig()
     otlp: OtlpConfig = OtlpConfig()
@@ -212,6 +233,24 @@ class Settings(BaseModel):
         split_host_port(v)
         return v
 
+    @model_validator(mode="after")
+    def _gateway_upstreams_have_keys(self) -> Settings:
+        """With agent keys required the agent's key is never forwarded: every upstream needs its own
+        key source, or `api_key: none` to say it takes none (SPEC §9)."""
+        if not self.auth.require_agent_key:
+            return self
+        named = [("upstream", self.upstream)]
+        named += [(f"llm.{n}", u) for n, u in self.llm.items()]
+        named += [(f"mcp.{n}", u) for n, u in self.mcp.items()]
+        missing = keyless(named)
+        if missing:
+            raise ValueError(
+                "auth.require_agent_key: the agent's key is never forwarded, so every upstream needs "
+                "a key source (api_key_env or api_key_file) or `api_key: none`; missing for "
+                + ", ".join(missing)
+            )
+        return self
+
     def viewer_run_url(self, run_id: str) -> str:
         """A run's page in the viewer, on the admin listener."""
         host, port = split_host_port(self.admin_listen)
@@ -222,6 +261,11 @@ class Settings(BaseModel):
 
     def upstreams(self, kind: Literal["llm", "mcp"]) -> dict[str, UpstreamConfig]:
         return dict(self.llm) if kind == "llm" else dict(self.mcp)
+
+
+def keyless(named: list[tuple[str, UpstreamConfig]]) -> list[str]:
+    """The names of upstreams with neither a key source nor `api_key: none` (agent keys refuse them)."""
+    return [name for name, u in named if not u.has_key_source and u.api_key != "none"]
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -284,6 +328,7 @@ ENV_NESTED = {
     "TRIPWIRE_STATE_URL": ("state", "url"),
     "TRIPWIRE_STATE_ON_UNAVAILABLE": ("state", "on_unavailable"),
     "TRIPWIRE_OTLP_ENDPOINT": ("otlp", "endpoint"),
+    "TRIPWIRE_AUTH_REQUIRE_AGENT_KEY": ("auth", "require_agent_key"),
 }
 
 

@@ -56,7 +56,13 @@ def test_the_benchmark_runs_and_reports_every_number(tmp_path: Path) -> None:
     rows = r["session_count"]["rows"]
     assert [x["sessions"] for x in rows] == [1, 20] and all(x["rss_mb"] > 0 for x in rows)
     assert finite(r["session_count"]["rss_per_idle_session_kb"])
+    g = r["gateway"]  # agent keys required vs not: every keyed call accepted, the check's cost a number
+    assert g["tripwire-keys"]["rps"] > 0 and g["tripwire-keys"]["non_2xx"] == 0
+    assert finite(g["tripwire-keys_check_cpu_us"]) and finite(g["tripwire-keys_check_wall_us"])
     w = r["writer"]
     assert w["events_per_s"] > 0 and w["calls"] > 0 and 0 <= w["lag_p50_ms"] <= w["lag_p99_ms"]
+    perm = r["permissions"]  # a permission check's cost per call (issue 22, acceptance 5)
+    assert perm["patterns"] == 10 and finite(perm["cost_us_per_call"])
+    assert perm["permissions"]["rps"] > 0 and perm["permissions"]["non_2xx"] == 0
 
     assert r["targets"] and all(t["met"] in (True, False, None) and t["value"] != "" for t in r["targets"])

@@ -88,7 +88,7 @@ async def test_the_admission_append_reserves_its_checks_in_their_windows(
         checks,
         since=0,
         idle_s=60,
-        windows=[WindowRequest([DAY], header(n, 4.0)) for n in range(3)],
+        windows=[(n + 1, WindowRequest([DAY], header(n, 4.0))) for n in range(3)],
     )
     appended = await backend.append(step)
     assert [refused for refused, _ in appended.windows] == [0, 0, 0]  # 0, 4, 8 in flight: under 10

@@ -129,3 +129,41 @@ async def test_an_anthropic_call_over_the_day_is_an_anthropic_error_with_resets_
     assert refused.value.response.headers["x-should-retry"] == "false"
     tw.engine.windows.clock = lambda: NOON + 86_400
     await claude.messages.create(model=MODEL, max_tokens=10, messages=hello)  # the same session goes on
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "redis"])
+async def test_a_call_refused_by_a_rate_limit_reserves_nothing_in_the_windows(
+    shared: bool,
+    request: pytest.FixtureRequest,
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+) -> None:
+    fake, url = fake_upstream
+    fake.default = Reply(text="ok", completion_tokens=10)
+    guards = {
+        "budget_windows": [{"period": "day", "max_cost_usd": 10.0}],
+        "rate_limits": [{"match": "llm", "max_calls": 1, "per_s": 3600}],
+    }
+    state = {"state": {"url": request.getfixturevalue("redis_url")}} if shared else {}
+    tw = await start_tripwire(upstream={"url": url}, pricing_table=PRICES, guards=guards, **state)
+    tw.engine.windows.clock = lambda: NOON
+    llm = openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers={"X-Tripwire-Agent": "bot"}, max_retries=0
+    )
+
+    async def one() -> str:
+        try:
+            await llm.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10
+            )
+        except openai.RateLimitError as e:
+            return str(e.response.headers["X-Tripwire-Guard"])
+        return "ok"
+
+    outcomes = await asyncio.gather(one(), one(), one())
+    assert sorted(outcomes) == ["ok", "rate_limited", "rate_limited"]
+    await tw.flush()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{tw.admin_url}/api/agents/bot/spend") as r:
+            day = (await r.json())["windows"][0]
+    assert day["spent_usd"] == pytest.approx(1.0) and day["reserved"]["usd"] == 0

@@ -439,8 +439,8 @@ def test_tripwire_container_is_hardened_probed_and_scraped(helm: Any, case: str)
     token = env_of(c)["TRIPWIRE_ADMIN_TOKEN"]
     assert "value" not in token
     ref = token["valueFrom"]["secretKeyRef"]
-    secret = one(docs, "Secret")
-    assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["data"]
+    (secret,) = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == ref["name"]]
+    assert ref["key"] in secret["data"]
     assert len(base64.b64decode(secret["data"][ref["key"]])) >= 32
 
 
@@ -649,8 +649,8 @@ def test_rendered_container_starts_with_its_config(helm: Any, case: str, tmp_pat
     assert settings.llm["anthropic"].auth_header == "x-api-key"
 
 
-def test_ci_holds_the_four_chart_testing_cases() -> None:
-    assert set(CI_CASES) == {"sidecar", "native-sidecar", "standalone", "standalone-scaled"}
+def test_ci_holds_the_five_chart_testing_cases() -> None:
+    assert set(CI_CASES) == {"sidecar", "native-sidecar", "standalone", "standalone-scaled", "gateway"}
 
 
 @pytest.mark.parametrize("case", [c for c in CI_CASES if CI_CASES[c].get("mode") == "sidecar"])
@@ -767,3 +767,40 @@ def test_every_package_of_the_source_tree_is_shipped() -> None:
         for p in (root / top).rglob("__init__.py")
     }
     assert on_disk and on_disk <= shipped
+
+
+def test_gateway_values_require_agent_keys_with_each_upstreams_own_key(helm: Any, tmp_path: Path) -> None:
+    docs = render(helm, CASES["gateway"])
+    config = yaml.safe_load(config_yaml(docs))
+    assert config["auth"] == {"require_agent_key": True}
+    assert config["upstream"]["api_key_env"] == "TRIPWIRE_APIKEY_DEFAULT"
+    assert config["llm"]["anthropic"]["api_key_env"] == "TRIPWIRE_APIKEY_LLM_ANTHROPIC"
+    assert config["mcp"]["files"] == {"url": "http://files.tools.svc:8000/mcp", "api_key": "none"}
+    # the inline key is in the chart's own Secret, and reaches the container from it
+    (keys,) = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"].endswith("-upstream-keys")]
+    assert base64.b64decode(keys["data"]["default"]).decode() == "sk-from-values"
+    env = env_of(tripwire_container(one(docs, "Deployment")["spec"]["template"]["spec"]))
+    assert env["TRIPWIRE_APIKEY_DEFAULT"]["valueFrom"]["secretKeyRef"] == {
+        "name": keys["metadata"]["name"],
+        "key": "default",
+    }
+    assert env["TRIPWIRE_APIKEY_LLM_ANTHROPIC"]["valueFrom"]["secretKeyRef"] == {
+        "name": "anthropic",
+        "key": "api-key",
+    }
+    # the rendered config is one `tripwire serve` accepts (its start-up check of key sources included)
+    path = tmp_path / "config.yaml"
+    path.write_text(config_yaml(docs))
+    settings = load_settings(
+        {"data_dir": str(tmp_path)}, config_file=path, environ={}, cwd=tmp_path, home=tmp_path
+    )
+    assert settings.auth.require_agent_key and settings.mcp["files"].api_key == "none"
+
+
+def test_gateway_without_an_upstream_key_is_refused_at_render_time(helm: Any) -> None:
+    with pytest.raises(helm.HelmError, match=r"auth.requireAgentKey.*missing for upstream, mcp.files"):
+        render(helm, {"auth": {"requireAgentKey": True}, "mcp": {"files": {"url": "http://files:8000/mcp"}}})
+    # without agent keys nothing changes: no key source needed, no upstream-keys Secret
+    docs = render(helm, {"mcp": {"files": {"url": "http://files:8000/mcp"}}})
+    assert "auth" not in yaml.safe_load(config_yaml(docs))
+    assert [s for s in of_kind(docs, "Secret") if s["metadata"]["name"].endswith("-upstream-keys")] == []

@@ -92,6 +92,23 @@ def test_the_tools_a_request_declares_are_listed(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_a_permission_filter_removes_declared_tools_and_only_then_rewrites(name: str) -> None:
+    from proxy.dialects.base import tool_name
+
+    tools, names = DECLARED[name]
+    body = {**DIALECTS[name].request, **tools}
+    d = dialect(name)
+    assert d.without_tools(body, lambda n: True) is None  # nothing removed: the body is not rewritten
+    for gone in names:
+        out = d.without_tools(body, lambda n, gone=gone: n != gone)
+        assert out is not None
+        assert [tool_name(t) for t in d.declared_tools(out)] == [n for n in names if n != gone]
+        assert d.declared_tools(body) == d.declared_tools({**DIALECTS[name].request, **tools})  # untouched
+    if not names:
+        assert d.without_tools(body, lambda n: False) is None
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
 def test_an_answer_reads_back_whole_and_through_the_accumulator(name: str) -> None:
     d = dialect(name)
     req = d.parse_request(DIALECTS[name].request)

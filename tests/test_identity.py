@@ -40,3 +40,18 @@ def test_the_agents_own_headers_win() -> None:
     assert identity_headers(("a", "s"), {"x-tripwire-agent"}) == {"X-Tripwire-Session": "s"}
     assert identity_headers(("a", "s"), {"x-tripwire-agent", "x-tripwire-session"}) == {}
     assert identity_headers(None, set()) == {}
+
+
+def test_an_agent_key_in_the_proxy_credentials_becomes_the_calls_key() -> None:
+    key = "tw_" + "k" * 43
+    # agent:key -> the agent named, the key as the bearer key (in place of whatever the agent sent)
+    assert identity_headers(("research", key), set()) == {
+        "Authorization": f"Bearer {key}",
+        "X-Tripwire-Agent": "research",
+    }
+    assert identity_headers(("research", key), {"authorization"})["Authorization"] == f"Bearer {key}"
+    # the key alone as the user name: no agent named (the key names it)
+    assert identity_headers((key, None), set()) == {"Authorization": f"Bearer {key}"}
+    # the session slot stays a session when it is not a key
+    assert "Authorization" not in identity_headers(("research", "run-1"), set())
+    assert from_basic(basic(f"research:{key}")) == ("research", key)

@@ -523,3 +523,47 @@ def test_intercept_refuses_a_bad_config_before_mitmproxy_starts(
     assert main(["intercept", "--config", str(config), "--listen-port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert "budget.max_cost_usd" in err and "Traceback" not in err
+
+
+async def test_intercept_takes_the_agent_key_from_the_proxy_credentials(
+    launch: Any, fake_upstream: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    """Gateway mode through `tripwire intercept` (SPEC §9): the key is the proxy URL's password."""
+    from proxy.agent_keys import FileKeyStore
+
+    fake, url = fake_upstream
+    _, key = await FileKeyStore(tmp_path / "data").create("mitm-agent")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"auth: {{require_agent_key: true}}\nupstream: {{url: {url}, api_key_env: TW_UP_KEY}}\n"
+    )
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {**clean_env(home), "TW_UP_KEY": "sk-upstream-own"}
+    mitm = await launch("--intercept", f"{url}=default", "--config", str(config), cli=True, env=env)
+    statuses = {}
+    for label, creds in (
+        ("key", f"mitm-agent:{key}@"),
+        ("none", ""),
+        ("other", f"bob:{key}@"),
+        ("wrong", "mitm-agent:tw_nope@"),
+    ):
+        async with openai.DefaultAsyncHttpxClient(
+            proxy=mitm.url.replace("http://", "http://" + creds)
+        ) as http:
+            try:
+                await sdk(f"{url}/v1", session=None, http_client=http).chat.completions.create(
+                    model="gpt-4o-mini", messages=HELLO
+                )
+                statuses[label] = 200
+            except openai.APIStatusError as e:
+                statuses[label] = e.status_code
+    assert statuses == {"key": 200, "none": 401, "other": 403, "wrong": 401}
+    assert await mitm.stop() == 0
+    (call,) = fake.calls(CHAT)  # only the keyed call was forwarded, with the upstream's own key
+    sent = lower(call.headers)
+    assert sent["authorization"] == "Bearer sk-upstream-own" and key not in repr(sent)
+    _, _, events = mitm.trace()
+    (llm,) = only(events, "LLM_CALL")
+    assert llm["meta"]["agent"] == "mitm-agent"
+    assert key not in mitm.output()

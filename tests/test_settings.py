@@ -147,10 +147,10 @@ def test_upstream_key_from_env_and_file(tmp_path: Path) -> None:
 
     os.environ["K"] = "sk-from-env"
     try:
-        assert s.llm["a"].api_key() == "sk-from-env"
+        assert s.llm["a"].read_api_key() == "sk-from-env"
     finally:
         del os.environ["K"]
-    assert s.llm["b"].api_key() == "sk-from-file"
+    assert s.llm["b"].read_api_key() == "sk-from-file"
 
 
 def test_a_blank_admin_token_is_refused(tmp_path: Path) -> None:
@@ -213,3 +213,14 @@ def test_otlp_without_the_extra_is_refused_at_start(tmp_path: Path, monkeypatch:
     with pytest.raises(ConfigError, match=r"pip install 'tripwire\[otlp\]'"):
         check_startup(settings)
     check_startup(load(tmp_path))  # no endpoint, no need
+
+
+def test_the_gateway_guard_keys_are_accepted_at_the_top_level(tmp_path: Path) -> None:
+    """SPEC §5.4 puts `tools` (and the other gateway keys) beside `loop_detection`."""
+    write(
+        tmp_path / "proj/.tripwire/config.yaml",
+        "tools: {allow: ['read_*'], deny: [shell]}\nagents: {bot: {tools: {deny: ['*']}}}\n",
+    )
+    s = load(tmp_path)
+    assert s.guards.tools.allow == ("read_*",) and s.guards.tools.deny == ("shell",)
+    assert s.agents["bot"].tools.deny == ("*",)

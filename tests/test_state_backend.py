@@ -15,8 +15,9 @@ import pytest
 
 from proxy.guards.breaker import CircuitBreaker, State
 from proxy.guards.config import CircuitBreakerConfig, GuardConfig
+from proxy.guards.rate_limit import rules_for
 from proxy.state import entries, keys
-from proxy.state.base import Append, PendingCall, StateBackend
+from proxy.state.base import Append, BreakerRequest, PendingCall, RateRequest, StateBackend
 from proxy.state.memory import MemoryBackend
 from proxy.state.redis_backend import RedisBackend
 
@@ -356,3 +357,87 @@ async def test_responses_links_come_back_as_their_chain_newest_first(backend: St
     # a link not shared ends the chain (expired, or answered before the replicas shared state)
     await backend.put_links("bot", {"resp_9": (b"nine", "resp_gone")}, idle_s=60)
     assert await backend.chain("bot", "resp_9", limit=10, idle_s=60) == [("resp_9", b"nine")]
+
+
+def rate_request(member: str, max_calls: int = 2, per_s: float = 60) -> tuple[RateRequest]:
+    config = GuardConfig.model_validate(
+        {"rate_limits": [{"match": "llm", "max_calls": max_calls, "per_s": per_s}]}
+    )
+    return (RateRequest(AGENT, member, rules_for(config.rate_limits, None)),)
+
+
+async def test_rate_limits_admit_across_runs_and_a_refused_check_is_not_appended(
+    backend: StateBackend,
+) -> None:
+    # two checks of one run and one of another run of the same agent: the third is over 2 per 60 s
+    (r1,) = rate_request("c1")
+    (r2,) = rate_request("c2")
+    both = await backend.append(
+        Append(AGENT, "run-1", [b'{"k":"a"}', b'{"k":"b"}'], since=0, idle_s=60, rates=[(1, r1), (2, r2)])
+    )
+    assert both.rates == [None, None] and [e.body for e in both.entries] == [b'{"k":"a"}', b'{"k":"b"}']
+    pending = {"t1": pending_call("t1", "search")}
+    await backend.append(Append(AGENT, "run-2", [b'{"k":"s"}'], since=0, idle_s=60, put=pending))
+    (r3,) = rate_request("c3")
+    breaker = BreakerRequest(AGENT, "llm:default", CircuitBreakerConfig())
+    refused = await backend.append(
+        Append(
+            AGENT,
+            "run-2",
+            [b'{"k":"event"}', b'{"k":"c"}'],
+            since=1,
+            idle_s=60,
+            take=["t1"],
+            take_at=2,
+            rates=[(2, r3)],
+            breakers=[breaker],
+            breaker_at=[2],
+        )
+    )
+    (refusal,) = refused.rates
+    assert refusal is not None and refusal.count == 2 and refusal.rule.key == r3.rules[0].key
+    assert 59 < refusal.retry_after <= 60
+    assert refused.breakers == [None]  # never went upstream: its circuit was not asked
+    # the event before it went in; the refused check did not, nor the tool call it would have taken
+    assert [e.body for e in refused.entries] == [b'{"k":"event"}'] and refused.taken == []
+    assert refused.first_own == 2
+    # another agent has its own window
+    other = RateRequest("other", "c4", r3.rules)
+    again = await backend.append(
+        Append("other", "run-3", [b'{"k":"d"}'], since=0, idle_s=60, rates=[(1, other)])
+    )
+    assert again.rates == [None]
+
+
+async def test_a_rate_window_moves_with_the_backend_clock(backend: StateBackend) -> None:
+    (first,) = rate_request("c1", max_calls=1, per_s=0.2)
+    assert (
+        await backend.append(Append(AGENT, "run-1", [b"{}"], since=0, idle_s=60, rates=[(1, first)]))
+    ).rates == [None]
+    (second,) = rate_request("c2", max_calls=1, per_s=0.2)
+    since = 1
+    while True:  # refused until the first call is 0.2 s old (refusals take no slot)
+        got = await backend.append(
+            Append(AGENT, "run-1", [b"{}"], since=since, idle_s=60, rates=[(1, second)])
+        )
+        since += len(got.entries)
+        if got.rates == [None]:
+            break
+        refusal = got.rates[0]
+        assert refusal is not None and 0 < refusal.retry_after <= 0.2
+        await asyncio.sleep(0.02)
+
+
+async def test_a_check_can_take_several_slots_of_a_window(backend: StateBackend) -> None:
+    (one,) = rate_request("c1", max_calls=3)
+    rules = one.rules
+    two = RateRequest(AGENT, "c2", rules, (2,))
+    got = await backend.append(Append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60, rates=[(1, two)]))
+    assert got.rates == [None]
+    again = RateRequest(AGENT, "c3", rules, (2,))
+    got = await backend.append(Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, rates=[(1, again)]))
+    (refusal,) = got.rates
+    assert refusal is not None and refusal.count == 2 and 59 < refusal.retry_after <= 60
+    last = RateRequest(AGENT, "c4", rules, (1,))
+    got = await backend.append(Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, rates=[(1, last)]))
+    assert got.rates == [None]

@@ -17,10 +17,12 @@ from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
     OP_CHAT,
     BodySniffer,
+    KeepTool,
     LLMRequest,
     LLMResult,
     ToolCall,
     ToolCallBuilder,
+    ToolFilter,
     ToolResult,
     Turns,
     Usage,
@@ -59,6 +61,7 @@ __all__ = [
     "parse_response",
     "render_blocked",
     "upstream_body",
+    "without_tools",
 ]
 
 # HTTP status to send render_blocked()'s body with
@@ -164,6 +167,19 @@ def parse_request(body: dict) -> LLMRequest:
 def declared_tools(body: dict) -> list[dict]:
     """The tools the request makes available (client tools and server tools alike)."""
     return listed_tools(body, "tools")
+
+
+def without_tools(body: dict, keep: KeepTool) -> dict | None:
+    """The body without the tools `keep` refuses; None when none goes. A `tool_choice` naming a
+    removed tool is dropped (the model chooses among the rest), and so is any choice when none is
+    left (the API refuses one with no tools). An emptied `tools` stays, `[]`: the API accepts it,
+    and a history holding `tool_use` blocks may need the field."""
+    f = ToolFilter(keep)
+    out = dict(body)
+    if not f.field(out, "tools"):
+        return None
+    f.choice(out, "tool_choice", tools_left=bool(out["tools"]))
+    return out
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +221,101 @@ def listed_tools(body: dict, *keys: str) -> list[dict]:
 def no_declared_tools(body: dict) -> list[dict]:
     """A protocol without tools (embeddings, legacy completions)."""
     return []
+
+
+# keep(name) -> whether a declared tool of that name stays in the request (tool permissions, SPEC §9)
+KeepTool = Callable[[str], bool]
+
+
+def no_tools_to_remove(body: dict, keep: KeepTool) -> dict | None:
+    """A protocol without tools: nothing to remove."""
+    return None
+
+
+_END = object()
+
+
+class ToolFilter:
+    """Removes the tool definitions `keep` refuses from a body's lists, remembering their names.
+
+    A list is rebuilt only when something goes; a namespace (Responses) is filtered inside, and
+    dropped when nothing of it is left. Iterative: namespaces may nest as deep as a body does."""
+
+    def __init__(self, keep: KeepTool) -> None:
+        self.keep = keep
+        self.removed: set[str] = set()
+
+    def tools(self, tools: Any) -> list[Any] | None:
+        """`tools` without the refused definitions; None when it is not a list or keeps them all."""
+        if not isinstance(tools, list):
+            return None
+        root: list[Any] = []
+        changed = False
+        # (the list being read, what is kept of it, the namespace it is the tools of)
+        stack: list[tuple[Any, list[Any], dict | None]] = [(iter(tools), root, None)]
+        while stack:
+            source, out, namespace = stack[-1]
+            tool = next(source, _END)
+            if tool is _END:
+                stack.pop()
+                if namespace is not None:
+                    if out or not namespace["tools"]:
+                        stack[-1][1].append({**namespace, "tools": out})
+                    else:
+                        changed = True  # a namespace emptied by the filter goes too
+                continue
+            if (
+                isinstance(tool, dict)
+                and tool.get("type") == "namespace"
+                and isinstance(tool.get("tools"), list)
+            ):
+                stack.append((iter(tool["tools"]), [], tool))
+            elif isinstance(tool, dict) and not self.keep(name := tool_name(tool)):
+                self.removed.add(name)
+                changed = True
+            else:
+                out.append(tool)
+        return root if changed else None
+
+    def field(self, body: dict, key: str) -> bool:
+        """Filter `body[key]` in place (`body` is the caller's copy); True when something went."""
+        kept = self.tools(body.get(key))
+        if kept is None:
+            return False
+        body[key] = kept
+        return True
+
+    def names_removed(self, choice: Any) -> bool:
+        """A `tool_choice` naming a removed tool (chat, Responses, Anthropic shapes)."""
+        return isinstance(choice, dict) and tool_name(choice) in self.removed
+
+    def choice(self, body: dict, key: str, *, tools_left: bool) -> None:
+        """Reset `body[key]` (a tool_choice) when it names a removed tool, or forces a tool call with
+        none left: the upstream would reject the request. An `allowed_tools` choice loses the
+        removed tools (and goes when none is left)."""
+        choice = body.get(key)
+        if choice is None:
+            return
+        if not tools_left:
+            del body[key]
+            return
+        if not isinstance(choice, dict):
+            return
+        if choice.get("type") == "allowed_tools":
+            nested = isinstance(choice.get("allowed_tools"), dict)  # chat nests it, Responses does not
+            inner = choice["allowed_tools"] if nested else choice
+            listed = inner.get("tools")
+            if not isinstance(listed, list):
+                return
+            rest = [t for t in listed if not self.names_removed(t)]
+            if not rest:
+                del body[key]
+            elif len(rest) != len(listed):
+                inner = {**inner, "tools": rest}
+                body[key] = {**choice, "allowed_tools": inner} if nested else inner
+            return
+        if self.names_removed(choice):
+            del body[key]
 
 
 # What most dialects answer to the contract's questions (proxy/dialects/contract.py): the OpenAI API's

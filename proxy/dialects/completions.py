@@ -11,6 +11,7 @@ from proxy.dialects.base import (
     openai_error_body,
 )
 from proxy.dialects.base import no_declared_tools as declared_tools
+from proxy.dialects.base import no_tools_to_remove as without_tools
 from proxy.dialects.other import CompletionsAccumulator as StreamAccumulator
 from proxy.dialects.other import completions_parse_request as parse_request
 from proxy.dialects.other import completions_parse_response as parse_response
@@ -39,6 +40,7 @@ __all__ = [
     "parse_response",
     "render_blocked",
     "upstream_body",
+    "without_tools",
 ]
 
 # HTTP status to send render_blocked()'s body with

@@ -8,6 +8,7 @@ by proxy/dialects/__init__.py, routed by its PATHS), and its test file with its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from proxy.dialects.base import LLMRequest, LLMResult
@@ -65,3 +66,10 @@ class Dialect(Protocol):
     # the tool definitions a request makes available, as they are in the body (a permission filter
     # acts on them); `base.tool_name` names one
     def declared_tools(self, body: dict[str, Any], /) -> list[dict[str, Any]]: ...
+
+    # the body without the declared tools `keep(name)` refuses (`base.tool_name` names them), a
+    # `tool_choice` naming one reset so the upstream does not reject the request; None when nothing
+    # is removed (the body is then forwarded as the client sent it). Tool permissions, SPEC §9
+    def without_tools(
+        self, body: dict[str, Any], keep: Callable[[str], bool], /
+    ) -> dict[str, Any] | None: ...

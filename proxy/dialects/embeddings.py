@@ -12,6 +12,7 @@ from proxy.dialects.base import (
     openai_error_body,
 )
 from proxy.dialects.base import no_declared_tools as declared_tools
+from proxy.dialects.base import no_tools_to_remove as without_tools
 from proxy.dialects.other import EMBEDDINGS_BLOCKED_STATUS as BLOCKED_STATUS
 from proxy.dialects.other import EmbeddingsAccumulator as StreamAccumulator
 from proxy.dialects.other import embeddings_parse_request as parse_request
@@ -40,6 +41,7 @@ __all__ = [
     "parse_response",
     "render_blocked",
     "upstream_body",
+    "without_tools",
 ]
 
 DIALECT = "embeddings"

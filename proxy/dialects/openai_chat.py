@@ -22,11 +22,13 @@ from proxy.dialects.base import (
     OP_CHAT,
     PROVIDER_OPENAI,
     BodySniffer,
+    KeepTool,
     LLMRequest,
     LLMResult,
     ParseState,
     ToolCall,
     ToolCallBuilder,
+    ToolFilter,
     ToolResult,
     Turns,
     Usage,
@@ -70,6 +72,7 @@ __all__ = [
     "parse_response",
     "render_blocked",
     "upstream_body",
+    "without_tools",
 ]
 
 # HTTP status to send render_blocked()'s body with
@@ -176,6 +179,27 @@ def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
 def declared_tools(body: dict) -> list[dict]:
     """The tools the request makes available: `tools`, then the legacy `functions`."""
     return listed_tools(body, "tools", "functions")
+
+
+def without_tools(body: dict, keep: KeepTool) -> dict | None:
+    """The body without the tools `keep` refuses (`tools`, legacy `functions`); None when none goes.
+    A `tool_choice` / `function_call` naming a removed tool is dropped (the model chooses among the
+    rest); a list left empty goes with its options, which the API refuses without tools."""
+    f = ToolFilter(keep)
+    out = dict(body)
+    changed = False
+    if f.field(out, "tools"):
+        changed = True
+        if not out["tools"]:
+            del out["tools"]
+            out.pop("parallel_tool_calls", None)
+        f.choice(out, "tool_choice", tools_left="tools" in out)
+    if f.field(out, "functions"):
+        changed = True
+        if not out["functions"]:
+            del out["functions"]
+        f.choice(out, "function_call", tools_left="functions" in out)
+    return out if changed else None
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

@@ -33,10 +33,12 @@ from proxy.dialects.base import (
     OP_CHAT,
     PROVIDER_OPENAI,
     BodySniffer,
+    KeepTool,
     LLMRequest,
     LLMResult,
     ToolCall,
     ToolCallBuilder,
+    ToolFilter,
     ToolResult,
     Turns,
     Usage,
@@ -82,6 +84,7 @@ __all__ = [
     "rewrite_previous_response",
     "tool_name",
     "upstream_body",
+    "without_tools",
 ]
 
 # HTTP status to send render_blocked()'s body with
@@ -229,6 +232,32 @@ def declared_tools(body: dict) -> list[dict]:
 
 
 _END = object()
+
+
+def without_tools(body: dict, keep: KeepTool) -> dict | None:
+    """The body without the tools `keep` refuses, wherever `declared_tools` finds them (`tools`, a
+    namespace's tools, `additional_tools` and `tool_search_output` items); None when none goes. A
+    `tool_choice` naming a removed tool is dropped, an `allowed_tools` one loses it, and one forcing
+    a call (`required`) goes when no tool is left."""
+    f = ToolFilter(keep)
+    out = dict(body)
+    changed = f.field(out, "tools")
+    raw_input = body.get("input")
+    if isinstance(raw_input, list):
+        items: list[Any] | None = None
+        for i, item in enumerate(raw_input):
+            if isinstance(item, dict) and item.get("type") in ("additional_tools", "tool_search_output"):
+                kept = f.tools(item.get("tools"))
+                if kept is not None:
+                    items = list(raw_input) if items is None else items
+                    items[i] = {**item, "tools": kept}
+        if items is not None:
+            out["input"] = items
+            changed = True
+    if not changed:
+        return None
+    f.choice(out, "tool_choice", tools_left=bool(declared_tools(out)))
+    return out
 
 
 def parse_request(body: dict) -> LLMRequest:

@@ -66,6 +66,8 @@ class Admitted:
     # the agent's budget windows (SPEC §9) when the backend reserved the call in them in the
     # admission's round trip: (refusal, hold); None: the guard stage asks `windows` itself
     windows: tuple[Decision | None, WindowHold | None] | None = None
+    # over a rate limit of its agent (SPEC §9): refused before any session guard saw it, retryable
+    rate_limited: Decision | None = None
 
 
 class GuardBackend(Protocol):

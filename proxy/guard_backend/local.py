@@ -10,6 +10,7 @@ from typing import Any
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import ENDED_BY_GUARD, Admitted, CallInputs, OnCycle, OnSettled
+from proxy.guard_backend.rates import rate_ask
 from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_store import GuardConfigStore
@@ -17,6 +18,7 @@ from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
+from proxy.guards.rate_limit import SlidingWindows, refusal_decision
 from proxy.guards.session import SessionGuards
 from proxy.responses_chain import ResponsesChains
 from proxy.sessions import Session, SessionManager
@@ -43,6 +45,7 @@ class LocalGuardBackend:
     def __init__(self, guard_store: GuardConfigStore, windows: WindowBook | None = None) -> None:
         self.guard_store = guard_store
         self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
+        self.rates = SlidingWindows()  # every agent's rate-limit windows (SPEC §9)
 
     async def start(self) -> None:
         await self.windows.start()
@@ -51,7 +54,7 @@ class LocalGuardBackend:
         await self.windows.close()
 
     async def keep_alive(self, sessions: SessionManager, now: float) -> None:
-        return None
+        self.rates.sweep(now)  # idle agents' windows hold no memory
 
     def health(self) -> dict[str, Any] | None:
         return None  # nothing outside the process to report
@@ -95,7 +98,15 @@ class LocalGuardBackend:
     async def admit(self, ex: Exchange, inputs: Callable[[], CallInputs], now: float) -> Admitted:
         session = ex.session
         assert session is not None
-        guards = session_guards(self.config(session.agent), session)
+        config = self.config(session.agent)
+        guards = session_guards(config, session)
+        # the agent's rate limits first: a call they refuse is no call of the session (retried, it
+        # is judged then); one they admit keeps its slot whatever the session's guards decide
+        ask = rate_ask(ex, config)
+        if ask is not None:
+            refused = self.rates.admit(session.agent, ask.rules, now, ask.slots)
+            if refused is not None:
+                return Admitted(guards, rate_limited=refusal_decision(refused))
         call = ex.call
         if is_tool_call(ex):
             # an MCP result ends its answer once the call is recorded and settled (finish hooks): a

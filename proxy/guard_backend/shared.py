@@ -14,6 +14,7 @@ from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
+from proxy.guard_backend.rates import rate_ask
 from proxy.guard_backend.shared_windows import SharedWindows
 from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
@@ -21,12 +22,13 @@ from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
+from proxy.guards.rate_limit import refusal_decision
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
 from proxy.sessions import Session, SessionManager
 from proxy.state import entries, keys
-from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, StateUnavailable
+from proxy.state.base import BreakerAdmission, BreakerRequest, PendingCall, RateRequest, StateUnavailable
 from proxy.state.replica import Applied
 from proxy.state.service import SharedState
 
@@ -121,6 +123,9 @@ class SharedGuardBackend:
         cid = entries.check_id()
         take: list[str] = []
         call = ex.call
+        # what the call's event records is a delta from the conversation's previous request: kept
+        # to put back if a rate limit refuses the call (its ERROR records no guard inputs)
+        before = (conversation.guard_history, conversation.guard_state)
         judged = inputs()
         if is_tool_call(ex):
             check = entries.tool_check(
@@ -142,6 +147,7 @@ class SharedGuardBackend:
             pending = self.in_admission.prepare(
                 session.agent, config, judged.estimate, judged.tokens, shadow=config.in_shadow
             )
+        ask = rate_ask(ex, config)
         admission = await channel.admit(  # StateUnavailable under fail_closed: the stage refuses
             check,
             take=take,
@@ -150,7 +156,17 @@ class SharedGuardBackend:
             links=links,
             breaker=self.breaker_request(ex, session.agent),
             windows=pending.request if pending is not None else None,
+            rates=RateRequest(session.agent, cid, ask.rules, ask.slots) if ask is not None else None,
         )
+        if admission.rate_limited is not None:
+            # refused by the agent's rate limits before it was appended: no call of the session,
+            # nothing to settle (its results are taken by the retry that goes through)
+            conversation.guard_history, conversation.guard_state = before
+            guards = channel.replica.guards
+            if guards is None:  # the session's first call: no guard state anywhere yet
+                guards = SessionGuards(config, started_at=session.started_mono)
+            return Admitted(guards, rate_limited=refusal_decision(admission.rate_limited))
+        assert admission.applied is not None
         guards = channel.replica.guards
         assert guards is not None
         session.guards = guards  # stats, the breaker's config, the trace read this replica's copy

@@ -20,7 +20,9 @@ from proxy.constants import (
     GUARD_MAX_TOKENS,
     GUARD_MAX_TOOL_CALLS,
     GUARD_MAX_WALL_TIME_SECONDS,
+    GUARD_RATE_LIMITED,
     GUARD_SOFT_ALERT_THRESHOLD_USD,
+    GUARD_TOOL_DENIED,
 )
 from proxy.guards.decision import Action, Decision, retry_after_seconds
 from proxy.guards.loop.detector import LOOP_KINDS
@@ -52,13 +54,15 @@ def _summary(d: Decision) -> str:
         return _LIMITS[d.guard]
     if d.guard == GUARD_CIRCUIT_BREAKER:
         return "the upstream is failing and its circuit is open"
+    if d.guard == GUARD_RATE_LIMITED:
+        return "this agent made too many such calls in too short a time"
     return d.message or f"guard {d.guard} fired"
 
 
 def _advice(d: Decision) -> str:
     if d.action is Action.TERMINATE:
         return "The session has been ended; do not retry it."
-    if d.guard == GUARD_CIRCUIT_BREAKER:
+    if d.guard in (GUARD_CIRCUIT_BREAKER, GUARD_RATE_LIMITED):
         # rounded up, as the Retry-After header and the JSON-RPC error's retry_after are
         left = f" in {retry_after_seconds(d.retry_after)}s" if d.retry_after is not None else " later"
         return f"Try again{left}."
@@ -66,14 +70,22 @@ def _advice(d: Decision) -> str:
         return f"It resets at {d.resets_at}; do not retry before then."
     if d.guard == GUARD_MAX_TIME_PER_TURN:
         return "Stop calling tools and answer the user with what you have."
+    if d.guard == GUARD_TOOL_DENIED:
+        return "Do not call it again: use another tool, or answer the user with what you have."
     if d.kind is not None:
         return "Do not repeat this call: try a different approach, or answer the user with what you have."
     return ""
 
 
 def describe(decision: Decision, expose_details: bool) -> str:
-    """`[tripwire] blocked: ...` (or `warning:`) for the agent; details only when exposed."""
-    head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"
+    """`[tripwire] blocked: ...` (or `warning:`, `denied:` for a tool the permissions deny, `rate
+    limited:` for a retryable rate limit) for the agent; details only when exposed."""
+    if decision.guard == GUARD_TOOL_DENIED:
+        head = "[tripwire] denied"
+    elif decision.guard == GUARD_RATE_LIMITED:
+        head = "[tripwire] rate limited"  # retryable: not blocked for good (SPEC §9)
+    else:
+        head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"
     what = decision.message if expose_details and decision.message else _summary(decision)
     text = f"{head}: {what}"
     if expose_details:

@@ -1,8 +1,9 @@
 """One session's guards behind four calls the pipeline makes (SPEC §5).
 
-    before_llm_call  -> Verdict    (loop patterns in the request's history, budgets, limits)
+    before_llm_call  -> Verdict    (tool permissions and loop patterns in the request's history,
+                                    budgets, limits)
     after_llm_call   -> [Decision] (settle the reservation; the soft budget alert)
-    before_tool_call -> Verdict    (MCP tools/call: loop patterns, budgets, limits)
+    before_tool_call -> Verdict    (MCP tools/call: tool permissions, loop patterns, budgets, limits)
     after_tool_call  -> [Decision] (settle; feed the result-dependent loop patterns)
     observe_event    -> Decision | None  (every event written: max_events, AgentDbg's cycle)
 
@@ -17,12 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.constants import EventType
+from proxy.constants import GUARD_TOOL_ASK, GUARD_TOOL_DENIED, EventType
 from proxy.guards.budget import CallKind, Reservation, SessionBudget
-from proxy.guards.config import GuardConfig
+from proxy.guards.config import GuardConfig, ToolsConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
 from proxy.guards.loop.detector import LoopDetector
 from proxy.guards.loop.history import HistoryCall, HistoryResults
+from proxy.guards.permissions import mcp_tool_name, permission
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
@@ -130,6 +132,12 @@ class SessionGuards:
         )
         if self.loop.new_history_calls:
             self.budget.count_history_tool_calls(self.loop.new_history_calls)
+        tools = self.config.tools
+        if tools.restricts and self.loop.new_call_names:
+            # the agent ran a tool it may not (it was not offered, SPEC §9): the first such call decides
+            found = history_permission(tools, self.loop.new_call_names)
+            if found is not None:
+                decisions = [*decisions, found]
         return self._admit("llm", decisions, estimate_usd, estimate_tokens, now)
 
     def after_llm_call(
@@ -150,7 +158,18 @@ class SessionGuards:
         server: str | None = None,
         estimate_usd: float = 0.0,
     ) -> Verdict:
-        """Before forwarding an MCP `tools/call`: loop patterns (the attempt counts), then limits."""
+        """Before forwarding an MCP `tools/call`: its permission, loop patterns (the attempt counts),
+        then limits. `server`: the MCP server, whose `SERVER__TOOL` the permissions name (SPEC §9)."""
+        tools = self.config.tools
+        if tools.restricts:
+            found = tool_permission(tools, tool if server is None else mcp_tool_name(server, tool))
+            if found is not None and found.action is Action.BLOCK:
+                return self._admit("tool", [found], estimate_usd, 0, now)  # never an attempt
+            if found is not None:
+                decisions = self.loop.check_tool_call(
+                    tool, args, now, server=server, enforced=not self.shadow
+                )
+                return self._admit("tool", [*decisions, found], estimate_usd, 0, now)
         decisions = self.loop.check_tool_call(tool, args, now, server=server, enforced=not self.shadow)
         return self._admit("tool", decisions, estimate_usd, 0, now)
 
@@ -239,4 +258,39 @@ class SessionGuards:
         }
 
 
-__all__ = ["ALLOW", "SessionGuards", "Verdict"]
+def tool_permission(tools: ToolsConfig, name: str) -> Decision | None:
+    """A call of tool `name` (`SERVER__TOOL` for MCP): BLOCK when denied, ASK when it must be asked
+    for (SPEC §9, §5.5a), None when allowed."""
+    verdict = permission(tools, name)
+    if verdict == "allow":
+        return None
+    if verdict == "deny":
+        return Decision(
+            Action.BLOCK,
+            GUARD_TOOL_DENIED,
+            f"tool {name!r} is not permitted for this agent",
+            actual=name,
+        )
+    return Decision(Action.ASK, GUARD_TOOL_ASK, f"tool {name!r} needs a person's approval", actual=name)
+
+
+def history_permission(tools: ToolsConfig, names: Sequence[str]) -> Decision | None:
+    """An LLM request whose history brings calls of tools the permissions deny (or ask for): the
+    strictest, the first of its kind."""
+    asked: Decision | None = None
+    for name in names:
+        found = tool_permission(tools, name)
+        if found is None:
+            continue
+        if found.action is Action.BLOCK:
+            return Decision(
+                Action.BLOCK,
+                GUARD_TOOL_DENIED,
+                f"the conversation shows a call of tool {name!r}, which is not permitted for this agent",
+                actual=name,
+            )
+        asked = asked or found
+    return asked
+
+
+__all__ = ["ALLOW", "SessionGuards", "Verdict", "history_permission", "tool_permission"]

@@ -73,6 +73,8 @@ class MCPProtocol:
             decision.actual,
             self.engine.settings.expose_guard_details,
         )
+        if decision.retry_after is not None:  # a rate limit: when to try again (SPEC §9)
+            result["_meta"]["tripwire"]["retry_after"] = retry_after_seconds(decision.retry_after)
         answer = self.answer(jsonrpc.render_result(call.jsonrpc_id, result))
         answer.headers["X-Tripwire-Guard"] = decision.guard
         return answer

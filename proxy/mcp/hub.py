@@ -39,6 +39,12 @@ PendingKey = tuple[str, str, str]  # (server, session key, id key)
 CLIENT_CHECK_S = 0.25
 # A call answered `input_required` that the client never resends is forgotten after this long.
 INPUT_REQUIRED_TTL_S = 3600.0
+# `tools/list` answers waiting to be filtered (tool permissions); the oldest goes beyond this many
+# (an answer that never comes: the client hung up, the server failed)
+MAX_LIST_REWRITES = 1024
+
+# rewrite(response) -> the response to send instead, or None to relay it unchanged
+Rewrite = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 @dataclass
@@ -66,6 +72,8 @@ class McpHub:
         self.pending: dict[PendingKey, Pending] = {}
         self.legacy = LegacyStreams(upstreams)  # legacy HTTP+SSE sessions (proxy/mcp/legacy.py)
         self.awaiting_input: dict[tuple[Any, ...], AwaitingInput] = {}
+        # answers to rewrite wherever they arrive (a tools/list the permissions filter)
+        self.rewrites: dict[PendingKey, Rewrite] = {}
 
     # --- matching results -------------------------------------------------------------------
 
@@ -74,6 +82,13 @@ class McpHub:
         pending = Pending(call, asyncio.get_running_loop().create_future())
         self.pending[key] = pending
         return pending
+
+    def rewrite_answer(self, server: str, session_key: str, jsonrpc_id: Any, rewrite: Rewrite) -> None:
+        """The answer to request `jsonrpc_id` goes to the client as `rewrite` makes it, on whichever
+        stream it comes (the POST's JSON or SSE answer, a resumed GET stream, a legacy SSE stream)."""
+        if len(self.rewrites) >= MAX_LIST_REWRITES:
+            del self.rewrites[next(iter(self.rewrites))]
+        self.rewrites[(server, session_key, jsonrpc.id_key(jsonrpc_id))] = rewrite
 
     def forget(self, session_key: str, call: jsonrpc.MCPToolCall) -> None:
         self.pending.pop((call.server, session_key, jsonrpc.id_key(call.jsonrpc_id)), None)
@@ -90,7 +105,12 @@ class McpHub:
             self.server_request(server, session_key)
         if kind != "response":
             return None
-        pending = self.pending.pop((server, session_key, jsonrpc.id_key(msg.get("id"))), None)
+        key = (server, session_key, jsonrpc.id_key(msg.get("id")))
+        if self.rewrites:  # (empty unless tool permissions filter a tools/list)
+            rewrite = self.rewrites.pop(key, None)
+            if rewrite is not None:
+                return rewrite(msg)
+        pending = self.pending.pop(key, None)
         if pending is None:
             return None
         if not pending.future.done():

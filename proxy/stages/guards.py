@@ -131,6 +131,9 @@ class GuardStage(BaseStage):
             self.write_taken_tool_calls(ex, admitted.taken, admitted.asked)
         elif admitted.record_results:
             record_tool_results(ex, self.services)
+        if admitted.rate_limited is not None:
+            self.refuse_rate_limited(ex, admitted.rate_limited)
+            return
         if admitted.windows is not None:  # reserved in the admission's round trip (shared state)
             ex.window_hold = admitted.windows[1]  # (given back at the finish if the call is refused)
         if admitted.ended is not None:
@@ -340,6 +343,18 @@ class GuardStage(BaseStage):
         self.policy.terminate(
             session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else TAG_TERMINATED
         )
+
+    def refuse_rate_limited(self, ex: Exchange, decision: Decision) -> None:
+        """Over a rate limit of the agent (SPEC §9): retryable, the session goes on. An LLM call gets
+        429 + Retry-After (its SDK retries by itself), an MCP call the BLOCK result saying when."""
+        protocol = ex.protocol
+        assert protocol is not None
+        ex.decisions.append(decision)
+        self.services.metrics.observe_decision(decision.guard, decision.action.name)
+        write_refusal_error(self.policy, ex, decision)
+        text = describe(decision, self.services.settings.expose_guard_details)
+        render = protocol.render_block if is_tool_call(ex) else protocol.render_refusal
+        ex.answer = render(ex, decision, text)
 
     def refuse_ended(self, ex: Exchange, decision: Decision, *, elsewhere: bool) -> None:
         """The session ended while this call was being judged (here, or on another replica: this

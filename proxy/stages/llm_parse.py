@@ -1,5 +1,6 @@
 """The LLM parse stage: the dialect of the path reads the body into an `LLMRequest`; unknown
-endpoints forward unrecorded; an unreadable body is a 400 in the dialect's shape."""
+endpoints forward unrecorded; an unreadable body is a 400 in the dialect's shape. The tools the
+agent's permissions deny are taken out of the body here (every lane and transport parses here)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest
 from proxy.dialects.contract import Dialect
 from proxy.exchange import Exchange
+from proxy.guards.permissions import permission
 from proxy.llm import RESPONSE_RECORD_LIMIT, BodyCollector, LLMProtocol, fallback_request, parse, read_body
 from proxy.llm_errors import bad_request
 from proxy.pipeline import BaseStage
@@ -65,6 +67,14 @@ class LLMParseStage(BaseStage):
         ex.call = call
         ex.request_json = body  # the session stage reads the client's episode id in it
         rewritten = dialect.upstream_body(call, body)
+        config = self.services.guards.config(ex.route.agent)
+        if config.tools.restricts and not config.in_shadow:  # (shadow mode alters nothing)
+            tools = config.tools
+            # the model cannot call what it is not offered (SPEC §9)
+            permitted = dialect.without_tools(
+                rewritten if rewritten is not None else body, lambda name: permission(tools, name) != "deny"
+            )
+            rewritten = permitted if permitted is not None else rewritten
         if rewritten is not None:
             # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
             ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)

@@ -18,6 +18,7 @@ from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol, record_tool_call
 from proxy.mcp.hub import McpHub
 from proxy.mcp.observe import MessageObserver
+from proxy.mcp.tool_list import permitted_tools_list
 from proxy.pipeline import BaseStage
 from proxy.sessions import Refused
 
@@ -67,8 +68,18 @@ class MCPParseStage(BaseStage):
         msg = messages[0] if len(messages) == 1 and not batch else None
         call = tool_call(msg, route.upstream, legacy is not None, mcp_session, request.headers)
         if call is None:
-            if batch and legacy is None:
-                self.watch_batch(ex, messages, session_key, mcp_session)
+            lists = self.filter_tools_lists(ex, messages, session_key)
+            if legacy is not None:
+                return  # (a legacy answer comes on the session's SSE stream, relayed by the hub)
+            if batch:
+                self.watch_batch(ex, messages, session_key, mcp_session, hold=lists)
+            elif lists:
+                server = route.upstream
+                ex.observer = MessageObserver(
+                    lambda m: self.hub.deliver(server, session_key, m),
+                    limit=self.services.settings.max_body_bytes,
+                    hold_json=lambda: True,
+                )
             return  # forwarded as it is; a POST's answer only carries the answers to its own requests
         if legacy is not None:
             call.mcp_session_id = legacy.uid
@@ -93,19 +104,50 @@ class MCPParseStage(BaseStage):
                 hold_json=lambda: call.append_text is not None,
             )
 
+    def filter_tools_lists(self, ex: Exchange, messages: list[Any], session_key: str) -> bool:
+        """The `tools/list` requests the agent's tool permissions filter: their answers, wherever
+        they come, leave out the tools whose `SERVER__TOOL` is denied (SPEC §9). True when there is
+        one (its answer must be read). Shadow mode alters nothing."""
+        lists = [
+            m
+            for m in messages
+            if isinstance(m, dict) and m.get("method") == "tools/list" and jsonrpc.kind(m) == "request"
+        ]
+        if not lists:
+            return False
+        config = self.services.guards.config(ex.route.agent)
+        if not config.tools.restricts or config.in_shadow:
+            return False
+        tools, server = config.tools, ex.route.upstream
+        for m in lists:
+            self.hub.rewrite_answer(
+                server, session_key, m.get("id"), lambda a: permitted_tools_list(a, server, tools)
+            )
+        return True
+
     def watch_batch(
-        self, ex: Exchange, messages: list[Any], session_key: str, mcp_session: str | None
+        self,
+        ex: Exchange,
+        messages: list[Any],
+        session_key: str,
+        mcp_session: str | None,
+        *,
+        hold: bool = False,
     ) -> None:
-        """A batch (2025-03-26) is forwarded unguarded, but its tools/calls are still recorded."""
+        """A batch (2025-03-26) is forwarded unguarded, but its tools/calls are still recorded.
+        `hold`: an answer in it is rewritten (a filtered tools/list): a JSON body is held whole."""
         server = ex.route.upstream
         calls = [tool_call(m, server, False, mcp_session, ex.request.headers) for m in messages]
         entries = [(c, self.hub.register(session_key, c)) for c in calls if c is not None]
-        if not entries:
+        if not entries and not hold:
             return
-        ex.mcp_batch = entries
-        ex.mcp_session_key = session_key
+        if entries:
+            ex.mcp_batch = entries
+            ex.mcp_session_key = session_key
         ex.observer = MessageObserver(
-            lambda m: self.hub.deliver(server, session_key, m), limit=self.services.settings.max_body_bytes
+            lambda m: self.hub.deliver(server, session_key, m),
+            limit=self.services.settings.max_body_bytes,
+            hold_json=lambda: hold,
         )
 
     def record_batch(self, ex: Exchange) -> None:

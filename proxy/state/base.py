@@ -10,6 +10,8 @@ in Redis (a Lua script):
   function-calling tool calls whose results the request brings, and keeps the run alive;
 - `resolve`: the run of a call (explicit session, announced episode, lineage), created if none;
 - `breaker_*`: the circuit of agent x upstream, decided where it is stored;
+- rate limits (SPEC §9): an `append`'s checks are admitted through their agent's windows first, in
+  the same step; a check a full window refuses is not appended;
 - `publish_config` / `config_snapshot`: the API-set prevention configs, by revision.
 
 Clocks: the backend stamps log entries and breaker times with its own clock (Redis `TIME`), so
@@ -25,6 +27,7 @@ from typing import Literal, Protocol
 from proxy.guards.breaker import State, Ticket, Transition
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Decision
+from proxy.guards.rate_limit import RateRefusal, RateRule
 from proxy.state.windows import Reserved, WindowRequest, WindowStore
 
 # how a call names its run (SPEC §3): explicit session id, announced episode, conversation lineage,
@@ -57,7 +60,9 @@ class Appended:
     terminated: str | None = None  # the run's terminated mark, if any (kill switch, guard)
     was_live: bool = True  # False: the run had expired before this append (it is live again now)
     epoch: str = ""  # which log this is (the run's start stamp): pass it back with the next append
-    breakers: list[BreakerAdmission] = field(default_factory=list)  # one per `breakers` asked
+    breakers: list[BreakerAdmission | None] = field(default_factory=list)  # one per `breakers` asked
+    # one per `rates` asked: None admitted (a slot taken), else the refusal (that check not appended)
+    rates: list[RateRefusal | None] = field(default_factory=list)
     windows: list[Reserved] = field(default_factory=list)  # one per `windows` asked
 
     @property
@@ -109,6 +114,18 @@ class BreakerRequest:
     config: CircuitBreakerConfig
 
 
+@dataclass(frozen=True, slots=True)
+class RateRequest:
+    """The rate limits a check goes through (proxy/guards/rate_limit.py), in the same step as it is
+    appended, taking `slots` in each (one each when empty); `member` names its slots in each window
+    (the check's id: unique)."""
+
+    agent: str
+    member: str
+    rules: tuple[RateRule, ...]
+    slots: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class BreakerView:
     agent: str
@@ -125,8 +142,12 @@ class Append:
     whose results arrived (each taken once; one already recorded as an MCP call, per `signatures`
     noted so far, is dropped). `put`: pending calls an answer asked for; `signatures`: MCP calls
     recorded; `keep_alive`: slot keys renewed with the run; `links`: slot key -> run id to set
-    (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step;
-    `windows`: the budget windows to reserve the checks in, in the same step.
+    (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step,
+    `breaker_at` the position (from 1) of each one's check among the bodies; `rates`: (position,
+    request) of the checks to admit through their agent's rate limits first: a refused one is not
+    appended (nor are tool calls taken before it, nor is its circuit admitted);
+    `windows`: (position, request) of the checks to reserve in their agent's budget windows, in the
+    same step (skipped for a check a rate limit refused).
     `since`: the entries the caller has (0: none); `epoch`: the log it followed (a log started
     anew since answers `lost`)."""
 
@@ -144,7 +165,9 @@ class Append:
     keep_alive: Sequence[str] = ()
     links: Mapping[str, str] | None = None
     breakers: Sequence[BreakerRequest] = ()
-    windows: Sequence[WindowRequest] = ()  # budget windows to reserve the checks in (proxy/state/windows.py)
+    breaker_at: Sequence[int] = ()
+    rates: Sequence[tuple[int, RateRequest]] = ()
+    windows: Sequence[tuple[int, WindowRequest]] = ()  # budget windows (proxy/state/windows.py)
 
 
 class StateBackend(Protocol):

@@ -283,20 +283,64 @@ if rev == '' then rev = redis.call('GET', KEYS[1]) or '0' end
 return {rev, redis.call('GET', ARGV[1] .. rev) or ''}
 """
 
+# Rate limits (SPEC §9, proxy/guards/rate_limit.py's SlidingWindows): a window is a sorted set of the
+# checks it admitted, scored by the time (Redis TIME, seconds) they were admitted; entries at or
+# before now - per_s no longer count. `rate_admit(asks, now)`: asks = {{position, member, {{key,
+# max_calls, per_s, slots (<= max_calls)}, ...}}, ...}; each check is admitted through all its rules
+# or none (all or nothing, in order, so checks of one append see each other), taking its slots in
+# each (members `member`, `member#2`, ...). Returns the positions refused (a set)
+# and, per ask, {0, '0', 0} admitted or {rule index (from 1), seconds until room, calls held}.
+_RATE = r"""
+local function rate_admit(asks, now)
+  local refused, out = {}, {}
+  for _, ask in ipairs(asks) do
+    local hit, wait, held = 0, 0, 0
+    for j, rule in ipairs(ask[3]) do
+      local k, max, per, need = rule[1], tonumber(rule[2]), tonumber(rule[3]), tonumber(rule[4])
+      redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%.6f', now - per))
+      local n = redis.call('ZCARD', k)
+      if n + need > max then
+        -- n + need - max of the oldest must leave: room comes when the last of them is per old
+        local at = redis.call('ZRANGE', k, n + need - max - 1, n + need - max - 1, 'WITHSCORES')
+        local w = tonumber(at[2]) + per - now
+        if hit == 0 or w > wait then hit, wait, held = j, w, n end
+      end
+    end
+    if hit == 0 then
+      local stamp = string.format('%.6f', now)
+      for _, rule in ipairs(ask[3]) do
+        redis.call('ZADD', rule[1], stamp, ask[2])
+        for i = 2, tonumber(rule[4]) do redis.call('ZADD', rule[1], stamp, ask[2] .. '#' .. i) end
+        redis.call('PEXPIRE', rule[1], math.ceil(tonumber(rule[3]) * 1000))
+      end
+      table.insert(out, {0, '0', 0})
+    else
+      refused[ask[1]] = true
+      table.insert(out, {hit, string.format('%.6f', wait), held})
+    end
+  end
+  return refused, out
+end
+"""
+
 # A run's guard log. KEYS: 1 log list, 2 run hash (its expiry is the run's idle clock), 3 config
 # revision, 4 pending function-calling tool calls, 5 MCP signatures recorded, 6.. slot keys kept
 # alive, then slot keys linked to the run. ARGV[1]: header JSON {since, idle, logttl, mapttl,
 # sigs (MCP signatures recorded), put (tool_call_id -> pending call JSON), take (tool_call_ids whose
 # results arrived), take_at (the body before which their TOOL_CALL entries go; 0: none), alive (how
 # many keep-alive keys), run (this run's id, for them), links (run id per link key), breakers (per
-# check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max}), breaker_index,
-# windows (per check to reserve in its agent's budget windows: {keys, `window_reserve` header})};
+# check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max, its check's position}),
+# breaker_index, rates (the checks to admit through rate limits first, as `rate_admit` takes them),
+# windows (per check to reserve in its agent's budget windows: {keys, `window_reserve` header, its
+# check's position})};
 # ARGV[2..]: entry
 # bodies. A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
 # the run hash's start stamp) appends nothing and returns first = 0.
 # Stored entry: "<time> <config revision> <body>". Returns {seq of the first entry added, entries
 # after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live, epoch,
-# the breakers' admissions (as BREAKER_ADMIT), the windows' reservations (as WINDOW_RESERVE)}.
+# the breakers' admissions (as BREAKER_ADMIT; {'skip'} for a check refused by a rate limit), the
+# rate limits' answers (as `rate_admit`), the windows' reservations (as WINDOW_RESERVE; {0, {}} for a
+# check refused by a rate limit)}.
 
 _APPEND = r"""
 local h = cjson.decode(ARGV[1])
@@ -304,8 +348,11 @@ local epoch = redis.call('HGET', KEYS[2], 'started') or ''
 if h.since > 0 and (redis.call('LLEN', KEYS[1]) < h.since or (h.epoch ~= '' and h.epoch ~= epoch)) then
   -- the log is not the one this replica has followed (Redis restarted without its data, or the
   -- run expired and started again): append nothing; the replica seeds it again or rebuilds (SEED)
-  return {0, {}, {}, '', 0, epoch, {}}
+  return {0, {}, {}, '', 0, epoch, {}, {}, {}}
 end
+-- the agent's rate limits before anything is appended: a check they refuse is not appended
+local rate_refused, rated = {}, {}
+if #h.rates > 0 then rate_refused, rated = rate_admit(h.rates, clock('')) end
 local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 local stamp = now .. ' ' .. (redis.call('GET', KEYS[3]) or '0') .. ' '
@@ -342,8 +389,10 @@ local function take()
   end
 end
 for i = 2, #ARGV do
-  if i - 1 == h.take_at then take() end
-  redis.call('RPUSH', KEYS[1], stamp .. ARGV[i])
+  if not rate_refused[i - 1] then
+    if i - 1 == h.take_at then take() end
+    redis.call('RPUSH', KEYS[1], stamp .. ARGV[i])
+  end
 end
 redis.call('PEXPIRE', KEYS[1], h.logttl)
 redis.call('PEXPIRE', KEYS[2], h.idle)
@@ -366,14 +415,25 @@ local breakers = {}
 if #h.breakers > 0 then
   local now = clock('')
   for _, a in ipairs(h.breakers) do
-    local b = breaker(a[1], h.breaker_index, now, a[2], a[3], a[4])
-    table.insert(breakers, admit(b, a[5], a[6], a[7]))
+    if rate_refused[a[8]] then
+      table.insert(breakers, {'skip'})  -- never goes upstream: no trial taken
+    else
+      local b = breaker(a[1], h.breaker_index, now, a[2], a[3], a[4])
+      table.insert(breakers, admit(b, a[5], a[6], a[7]))
+    end
   end
 end
 -- the agents' budget windows of the checks appended, reserved in the same step (SPEC §9)
 local windows = {}
-for _, r in ipairs(h.windows or {}) do table.insert(windows, window_reserve(r[1], r[2])) end
-return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers, windows}
+for _, r in ipairs(h.windows) do
+  if rate_refused[r[3]] then
+    table.insert(windows, {0, {}})  -- never goes upstream: nothing reserved
+  else
+    table.insert(windows, window_reserve(r[1], r[2]))
+  end
+end
+return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers, rated,
+  windows}
 """
 
 # --- budgets over time (SPEC §9; proxy/state/windows.py) -----------------------------------------
@@ -498,4 +558,4 @@ end
 return 1
 """
 
-APPEND = _BREAKER + _WINDOW_FUNCS + _APPEND
+APPEND = _BREAKER + _RATE + _WINDOW_FUNCS + _APPEND

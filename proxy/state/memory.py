@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.guards.breaker import CircuitBreaker, Ticket, Transition
 from proxy.guards.config import CircuitBreakerConfig
+from proxy.guards.rate_limit import RateRefusal, SlidingWindows
 from proxy.state import keys
 from proxy.state.base import (
     Append,
@@ -72,6 +73,7 @@ class MemoryBackend:
         self.clock = clock
         self._keys = _Expiring(clock)
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        self._rates = SlidingWindows()  # the pure windows themselves (Redis: lua.py's `_RATE`)
         self._config_rev = 0
         self._configs: dict[int, bytes] = {}
         self.windows = MemoryWindows()  # budgets over time (SPEC §9)
@@ -114,6 +116,11 @@ class MemoryBackend:
             self._keys.set(run_key, run)
         pending: dict[str, PendingCall] = self._keys.setdefault(keys.pending(agent, run_id), dict)
         sigs: dict[str, int] = self._keys.setdefault(keys.mcp_signatures(agent, run_id), dict)
+        # the agent's rate limits before anything is appended: a check they refuse is not appended
+        rated: list[RateRefusal | None] = [
+            self._rates.admit(r.agent, r.rules, now, r.slots) for _, r in step.rates
+        ]
+        refused = {at for (at, _), refusal in zip(step.rates, rated, strict=True) if refusal is not None}
         first = len(log) + 1
         rev = self._config_rev
         for sig in signatures:
@@ -134,6 +141,8 @@ class MemoryBackend:
                 taken.append((call_id, call.detail))
 
         for i, body in enumerate(bodies, start=1):
+            if i in refused:
+                continue
             if i == take_at:
                 take_now()
             log.append(LogEntry(len(log) + 1, now, rev, bytes(body)))
@@ -151,10 +160,26 @@ class MemoryBackend:
             self._keys.set(k, target, slot_s)
         if links:
             run["lin"] = "1"
-        admitted = [await self.breaker_admit(b.agent, b.upstream, b.config, now=now) for b in breakers]
-        reserved = [await self.windows.reserve(w.keys, w.header) for w in step.windows]
+        breaker_at = list(step.breaker_at) or [0] * len(breakers)
+        admitted = [
+            None if at in refused else await self.breaker_admit(b.agent, b.upstream, b.config, now=now)
+            for b, at in zip(breakers, breaker_at, strict=True)
+        ]
+        # (a check a rate limit refused is not reserved in its windows: it never goes upstream)
+        reserved = [
+            (0, []) if at in refused else await self.windows.reserve(w.keys, w.header)
+            for at, w in step.windows
+        ]
         return Appended(
-            list(log[since:]), first, taken, run.get("term"), was_live, run["started"], admitted, reserved
+            list(log[since:]),
+            first,
+            taken,
+            run.get("term"),
+            was_live,
+            run["started"],
+            admitted,
+            rated,
+            reserved,
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from proxy.guards.breaker import State, Ticket, Transition, refusal
 from proxy.guards.config import CircuitBreakerConfig
+from proxy.guards.rate_limit import RateRefusal
 from proxy.state import keys, lua
 from proxy.state.base import (
     Append,
@@ -30,6 +31,7 @@ from proxy.state.base import (
     BreakerView,
     LogEntry,
     PendingCall,
+    RateRequest,
     Resolved,
     ResolveMode,
     StateUnavailable,
@@ -77,6 +79,34 @@ def admission(upstream: str, reply: Sequence[Any], config: CircuitBreakerConfig)
     return BreakerAdmission(
         None, refusal(upstream, State(text(state)), int(failures), float(text(left)), config)
     )
+
+
+def rate_asks(rates: Sequence[tuple[int, RateRequest]]) -> list[Any]:
+    """The rate limits to admit checks through, as the append script's `rate_admit` takes them."""
+    return [
+        [
+            at,
+            r.member,
+            [
+                [
+                    keys.rate(r.agent, rule.key),
+                    rule.max_calls,
+                    repr(float(rule.per_s)),
+                    min(need, rule.max_calls),
+                ]
+                for rule, need in zip(r.rules, r.slots or (1,) * len(r.rules), strict=True)
+            ],
+        ]
+        for at, r in rates
+    ]
+
+
+def rate_answer(request: RateRequest, reply: Sequence[Any]) -> RateRefusal | None:
+    """`rate_admit`'s answer for one check: None admitted, else the refusal of its fullest rule."""
+    hit, wait, held = reply
+    if int(hit) == 0:
+        return None
+    return RateRefusal(request.rules[int(hit) - 1], int(held), float(text(wait)))
 
 
 def parse_entry(seq: int, raw: bytes | str) -> LogEntry:
@@ -146,6 +176,7 @@ class RedisBackend:
         take, take_at, put, signatures = step.take, step.take_at, step.put, step.signatures
         keep_alive, links, breakers = step.keep_alive, step.links, step.breakers
         links = links or {}
+        breaker_at = list(step.breaker_at) or [0] * len(breakers)
         header = {
             "since": since,
             "epoch": epoch,
@@ -166,11 +197,13 @@ class RedisBackend:
                     b.upstream,
                     BREAKER_TTL_MS,
                     *admit_args(b.config),
+                    at,
                 ]
-                for b in breakers
+                for b, at in zip(breakers, breaker_at, strict=True)
             ],
             "breaker_index": keys.BREAKER_INDEX,
-            "windows": [[list(w.keys), dict(w.header)] for w in step.windows],
+            "rates": rate_asks(step.rates),
+            "windows": [[list(w.keys), dict(w.header), at] for at, w in step.windows],
         }
         script_keys = [
             keys.log(agent, run_id),
@@ -181,7 +214,7 @@ class RedisBackend:
             *keep_alive,
             *links.keys(),
         ]
-        first, raw, taken, term, was_live, started, admitted, *reserved = await self._call(
+        first, raw, taken, term, was_live, started, admitted, rated, reserved = await self._call(
             self._append, script_keys, [orjson.dumps(header), *bodies]
         )
         return Appended(
@@ -191,8 +224,12 @@ class RedisBackend:
             terminated=text(term) or None,
             was_live=bool(was_live),
             epoch=text(started),
-            breakers=[admission(b.upstream, r, b.config) for b, r in zip(breakers, admitted, strict=False)],
-            windows=[parse_reserved(r) for r in reserved[0]] if reserved else [],
+            breakers=[
+                None if text(r[0]) == "skip" else admission(b.upstream, r, b.config)
+                for b, r in zip(breakers, admitted, strict=False)
+            ],
+            rates=[rate_answer(request, r) for (_, request), r in zip(step.rates, rated, strict=False)],
+            windows=[parse_reserved(r) for r in reserved],
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.guards.config import GuardConfig
+from proxy.guards.rate_limit import RateRefusal, SlidingWindows
 from proxy.state.base import (
     Append,
     Appended,
@@ -34,6 +35,7 @@ from proxy.state.base import (
     BreakerRequest,
     LogEntry,
     PendingCall,
+    RateRequest,
     StateUnavailable,
 )
 from proxy.state.configs import SharedConfigs
@@ -56,14 +58,15 @@ class Admission:
     """A check's outcome: its verdict (or the decision that had ended the session), the pending
     function-calling tool calls it took (their TOOL_CALL events are this replica's to write)."""
 
-    applied: Applied
+    applied: Applied | None  # None: refused by a rate limit, never appended
     taken: list[tuple[str, bytes]] = field(default_factory=list)
     shared: bool = True  # False: decided from this replica's memory (backend down, fail_open)
     breaker: BreakerAdmission | None = None  # the circuit's answer, when one was asked (and shared)
     windows: Reserved | None = None  # the budget windows' answer, when asked (and shared)
+    rate_limited: RateRefusal | None = None  # over a rate limit of the agent: not appended
 
 
-Outcome = tuple[Applied, BreakerAdmission | None]
+Outcome = tuple[Applied | None, BreakerAdmission | None, RateRefusal | None]
 
 
 @dataclass
@@ -73,6 +76,7 @@ class _Item:
     take: tuple[str, ...] = ()
     event_ids: Mapping[str, str] | None = None
     breaker: BreakerRequest | None = None
+    rates: RateRequest | None = None
     windows: WindowRequest | None = None  # budget windows to reserve the check in (SPEC §9)
     reserved: Reserved | None = None  # what they answered, set before the waiter is
     on_applied: Callable[[Applied], None] | None = None  # a queued entry's outcome (soft alert, cycle)
@@ -127,20 +131,29 @@ class RunChannel:
         keep_alive: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
         breaker: BreakerRequest | None = None,
+        rates: RateRequest | None = None,
         windows: WindowRequest | None = None,
     ) -> Admission:
         """Append a check and return its verdict (one round trip, shared with concurrent checks);
-        `breaker`: the circuit the call goes through, admitted in the same round trip; `windows`:
-        the agent's budget windows, the call reserved in them in the same round trip."""
+        `breaker`: the circuit the call goes through, `rates`: the agent's rate limits, both
+        admitted in the same round trip (a rate limit first: a check it refuses is not appended);
+        `windows`: the agent's budget windows, the call reserved in them in the same round trip."""
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._extras.keep_alive.update(keep_alive)
         self._extras.links.update(links or {})
-        item = _Item(check, waiter, tuple(take), event_ids, breaker, windows)
+        item = _Item(check, waiter, tuple(take), event_ids, breaker, rates, windows)
         self._queue.append(item)
         self._kick()
-        applied, admitted = await waiter
+        applied, admitted, refused = await waiter
         taken = [(i, self._taken.pop(i)) for i in take if i in self._taken]
-        return Admission(applied, taken, shared=not self.dirty, breaker=admitted, windows=item.reserved)
+        return Admission(
+            applied,
+            taken,
+            shared=not self.dirty,
+            breaker=admitted,
+            rate_limited=refused,
+            windows=item.reserved,
+        )
 
     def queue(
         self,
@@ -245,7 +258,9 @@ class RunChannel:
         if not bodies:
             return
         take = batch[-1].take if batch and batch[-1].take else ()
+        at = {id(item): n for n, item in enumerate(batch, start=len(backlog) + 1)}  # position in bodies
         asking = [i for i in batch if i.breaker is not None and i.waiter is not None]
+        rating = [i for i in batch if i.rates is not None and i.waiter is not None]
         reserving = [i for i in batch if i.windows is not None and i.waiter is not None]
         appended: Appended = await owner.link.call(
             lambda: owner.backend.append(
@@ -263,7 +278,9 @@ class RunChannel:
                     keep_alive=sorted(extras.keep_alive),
                     links=extras.links,
                     breakers=[i.breaker for i in asking if i.breaker is not None],
-                    windows=[i.windows for i in reserving if i.windows is not None],
+                    breaker_at=[at[id(i)] for i in asking],
+                    rates=[(at[id(i)], i.rates) for i in rating if i.rates is not None],
+                    windows=[(at[id(i)], i.windows) for i in reserving if i.windows is not None],
                 )
             )
         )
@@ -294,10 +311,19 @@ class RunChannel:
             self.dirty = False
         self._taken.update(appended.taken)
         self.terminated = appended.terminated
+        # checks a rate limit refused were not appended: answered now, and given no seq
+        refused: dict[int, RateRefusal] = {}
+        for item, refusal in zip(rating, appended.rates, strict=False):
+            if refusal is not None:
+                refused[id(item)] = refusal
+                if item.waiter is not None and not item.waiter.done():
+                    item.waiter.set_result((None, None, refusal))
         # the seq of each body of the batch: after the backlog, and after the taken TOOL_CALLs
         own: dict[int, _Item] = {}
         seq = appended.first_own + len(backlog)
         for n, item in enumerate(batch, start=1):
+            if id(item) in refused:
+                continue
             if take and n == len(batch):
                 seq += len(appended.taken)
             own[seq] = item
@@ -319,7 +345,7 @@ class RunChannel:
     @staticmethod
     def _deliver(item: _Item, applied: Applied, admitted: BreakerAdmission | None) -> None:
         if item.waiter is not None and not item.waiter.done():
-            item.waiter.set_result((applied, admitted))
+            item.waiter.set_result((applied, admitted, None))
         if item.on_applied is not None:
             try:
                 item.on_applied(applied)
@@ -352,6 +378,16 @@ class RunChannel:
         )
         now = time.time()
         for item in batch:
+            if item.rates is not None and item.waiter is not None:
+                # the agent's rate limits from this replica's memory meanwhile (SPEC §8 fail_open)
+                rates = item.rates
+                refusal = self.owner.local_rates.admit(
+                    rates.agent, rates.rules, time.monotonic(), rates.slots
+                )
+                if refusal is not None:
+                    if not item.waiter.done():
+                        item.waiter.set_result((None, None, refusal))
+                    continue
             entry = LogEntry(self.replica.applied + 1, now, revision, item.body)
             applied = self.replica.apply(entry, item.event_ids)
             self.backlog.append(item.body)
@@ -384,6 +420,7 @@ class SharedGuards:
         self.idle_s = idle_s
         self.tasks: set[asyncio.Task[None]] = set()
         self._channels: dict[str, RunChannel] = {}
+        self.local_rates = SlidingWindows()  # rate limits while the backend is down (fail_open)
         link.listeners.append(self._on_link)
 
     def _on_link(self, up: bool) -> None:

@@ -975,11 +975,15 @@ async function resetGuards() {
 
 function showView() {
   const agents = param('view') === 'agents';
-  $('view-runs').hidden = agents;
+  const keys = param('view') === 'keys'; // the Keys page: keys.js
+  $('view-runs').hidden = agents || keys;
   $('view-agents').hidden = !agents;
-  $('nav-runs').classList.toggle('active', !agents);
+  $('nav-runs').classList.toggle('active', !agents && !keys);
   $('nav-agents').classList.toggle('active', agents);
-  if (agents) {
+  keysView(keys);
+  if (keys) {
+    runsPoller.stop(); eventsPoller.stop();
+  } else if (agents) {
     runsPoller.stop(); eventsPoller.stop();
     loadAgents();
     const a = param('agent');
@@ -998,7 +1002,7 @@ document.querySelectorAll('[data-nav]').forEach((a) => a.addEventListener('click
   const url = new URL(location.href);
   const keep = ['poll_runs', 'poll_events'];
   for (const k of [...url.searchParams.keys()]) if (!keep.includes(k)) url.searchParams.delete(k);
-  if (a.dataset.nav === 'agents') url.searchParams.set('view', 'agents');
+  if (a.dataset.nav !== 'runs') url.searchParams.set('view', a.dataset.nav);
   history.pushState(null, '', url.toString());
   showView();
 }));

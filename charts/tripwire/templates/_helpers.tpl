@@ -79,16 +79,69 @@ TRIPWIRE_APIKEY_MCP_<NAME>. Call with (list "llm" "name").
 {{- end }}
 
 {{/*
-One upstream as Tripwire's config shape (url, auth_header, api_key_env). Call with (list kind name spec).
+The chart-created Secret of upstream keys given inline (an upstream's `apiKey`).
+*/}}
+{{- define "tripwire.upstreamKeysSecretName" -}}
+{{- printf "%s-upstream-keys" (include "tripwire.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Where an upstream's key comes from, as JSON {"name", "key"} of a Secret, or {} for none: its
+apiKeySecret (an existing Secret), else its inline apiKey (the chart's upstream-keys Secret, under
+KIND-NAME). Call with (list root kind name spec).
+*/}}
+{{- define "tripwire.upstreamKeyRef" -}}
+{{- $root := index . 0 }}{{- $kind := index . 1 }}{{- $name := index . 2 }}{{- $spec := index . 3 }}
+{{- if and $spec.apiKeySecret $spec.apiKeySecret.name }}
+{{- toJson (dict "name" $spec.apiKeySecret.name "key" (default "api-key" $spec.apiKeySecret.key)) }}
+{{- else if and $spec.apiKey (ne $spec.apiKey "none") }}
+{{- toJson (dict "name" (include "tripwire.upstreamKeysSecretName" $root) "key" (include "tripwire.upstreamKeyName" (list $kind $name))) }}
+{{- else }}{}{{- end }}
+{{- end }}
+
+{{/*
+The key of an inline upstream key in the chart's upstream-keys Secret. Call with (list kind name).
+*/}}
+{{- define "tripwire.upstreamKeyName" -}}
+{{- if eq (index . 0) "default" }}default{{ else }}{{ printf "%s-%s" (index . 0) (index . 1) }}{{ end }}
+{{- end }}
+
+{{/*
+One upstream as Tripwire's config shape (url, auth_header, api_key_env, api_key: none). Call with
+(list root kind name spec).
 */}}
 {{- define "tripwire.upstreamConfig" -}}
-{{- $kind := index . 0 }}{{- $name := index . 1 }}{{- $spec := index . 2 }}
+{{- $root := index . 0 }}{{- $kind := index . 1 }}{{- $name := index . 2 }}{{- $spec := index . 3 }}
 {{- $out := dict "url" $spec.url }}
 {{- if $spec.authHeader }}{{- $_ := set $out "auth_header" $spec.authHeader }}{{- end }}
-{{- if and $spec.apiKeySecret $spec.apiKeySecret.name }}
+{{- if (include "tripwire.upstreamKeyRef" (list $root $kind $name $spec) | fromJson) }}
 {{- $_ := set $out "api_key_env" (include "tripwire.keyEnvName" (list $kind $name)) }}
+{{- else if eq (default "" $spec.apiKey) "none" }}
+{{- $_ := set $out "api_key" "none" }}
 {{- end }}
 {{- toJson $out }}
+{{- end }}
+
+{{/*
+The env entries that carry the upstreams' keys into the container. Call with the root context.
+*/}}
+{{- define "tripwire.upstreamKeyEnv" -}}
+{{- $root := . }}
+{{- $all := list }}
+{{- if .Values.upstream.url }}{{- $all = append $all (list "default" "" .Values.upstream) }}{{- end }}
+{{- range $kind := list "llm" "mcp" }}
+{{- range $name, $spec := (index $root.Values $kind) }}{{- $all = append $all (list $kind $name $spec) }}{{- end }}
+{{- end }}
+{{- range $entry := $all }}
+{{- $ref := include "tripwire.upstreamKeyRef" (list $root (index $entry 0) (index $entry 1) (index $entry 2)) | fromJson }}
+{{- if $ref }}
+- name: {{ include "tripwire.keyEnvName" (list (index $entry 0) (index $entry 1)) }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.name }}
+      key: {{ $ref.key }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -97,14 +150,14 @@ config.yaml: the `config` value with the chart's upstream sections on top.
 {{- define "tripwire.configYaml" -}}
 {{- $cfg := deepCopy (default dict .Values.config) }}
 {{- if .Values.upstream.url }}
-{{- $_ := set $cfg "upstream" (include "tripwire.upstreamConfig" (list "default" "" .Values.upstream) | fromJson) }}
+{{- $_ := set $cfg "upstream" (include "tripwire.upstreamConfig" (list $ "default" "" .Values.upstream) | fromJson) }}
 {{- end }}
 {{- range $kind := list "llm" "mcp" }}
 {{- $section := index $.Values $kind }}
 {{- if $section }}
 {{- $named := dict }}
 {{- range $name, $spec := $section }}
-{{- $_ := set $named $name (include "tripwire.upstreamConfig" (list $kind $name $spec) | fromJson) }}
+{{- $_ := set $named $name (include "tripwire.upstreamConfig" (list $ $kind $name $spec) | fromJson) }}
 {{- end }}
 {{- $_ := set $cfg $kind $named }}
 {{- end }}
@@ -118,6 +171,9 @@ config.yaml: the `config` value with the chart's upstream sections on top.
 {{- end }}
 {{- if .Values.otlp.endpoint }}
 {{- $_ := set $cfg "otlp" (dict "endpoint" .Values.otlp.endpoint) }}
+{{- end }}
+{{- if .Values.auth.requireAgentKey }}
+{{- $_ := set $cfg "auth" (dict "require_agent_key" true) }}
 {{- end }}
 {{- toYaml $cfg }}
 {{- end }}
@@ -133,6 +189,23 @@ config.yaml: the `config` value with the chart's upstream sections on top.
 Values that cannot work together, refused at render time with the fix.
 */}}
 {{- define "tripwire.validate" -}}
+{{- if .Values.auth.requireAgentKey }}
+{{- $root := . }}
+{{- $missing := list }}
+{{- if and .Values.upstream.url (not (include "tripwire.upstreamKeyRef" (list $root "default" "" .Values.upstream) | fromJson)) (ne (default "" .Values.upstream.apiKey) "none") }}
+{{- $missing = append $missing "upstream" }}
+{{- end }}
+{{- range $kind := list "llm" "mcp" }}
+{{- range $name, $spec := (index $root.Values $kind) }}
+{{- if and (not (include "tripwire.upstreamKeyRef" (list $root $kind $name $spec) | fromJson)) (ne (default "" $spec.apiKey) "none") }}
+{{- $missing = append $missing (printf "%s.%s" $kind $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "auth.requireAgentKey: the agent's key is never forwarded, so every upstream needs its own key (apiKeySecret, or apiKey) or apiKey: none; missing for %s (docs/gateway.md)" (join ", " $missing)) }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.mode "standalone") (gt (int .Values.replicas) 1) }}
 {{- if not (include "tripwire.sharedState" .) }}
 {{- fail (printf "replicas: %v replicas need shared guard state: set state.url or state.urlSecret (a Redis), or each replica guards only the calls it sees (docs/scaling.md)" .Values.replicas) }}
@@ -187,24 +260,7 @@ The Tripwire container. Call with (dict "root" $ "sidecar" true|false).
         secretKeyRef:
           name: {{ include "tripwire.adminSecretName" $root }}
           key: {{ include "tripwire.adminSecretKey" $root }}
-    {{- if and $v.upstream.url $v.upstream.apiKeySecret $v.upstream.apiKeySecret.name }}
-    - name: {{ include "tripwire.keyEnvName" (list "default" "") }}
-      valueFrom:
-        secretKeyRef:
-          name: {{ $v.upstream.apiKeySecret.name }}
-          key: {{ default "api-key" $v.upstream.apiKeySecret.key }}
-    {{- end }}
-    {{- range $kind := list "llm" "mcp" }}
-    {{- range $name, $spec := (index $v $kind) }}
-    {{- if and $spec.apiKeySecret $spec.apiKeySecret.name }}
-    - name: {{ include "tripwire.keyEnvName" (list $kind $name) }}
-      valueFrom:
-        secretKeyRef:
-          name: {{ $spec.apiKeySecret.name }}
-          key: {{ default "api-key" $spec.apiKeySecret.key }}
-    {{- end }}
-    {{- end }}
-    {{- end }}
+    {{- include "tripwire.upstreamKeyEnv" $root | nindent 4 }}
     {{- if $v.state.urlSecret.name }}
     - name: TRIPWIRE_STATE_URL
       valueFrom:
@@ -316,7 +372,7 @@ placeholder key when Tripwire injects the real one.
 {{- end -}}
 - name: OPENAI_BASE_URL
   value: {{ printf "%s/v1" $base | quote }}
-{{- if and .Values.upstream.apiKeySecret .Values.upstream.apiKeySecret.name }}
+{{- if and (include "tripwire.upstreamKeyRef" (list . "default" "" .Values.upstream) | fromJson) (not .Values.auth.requireAgentKey) }}
 - name: OPENAI_API_KEY
   value: "tripwire-injects-the-real-key"
 {{- end }}

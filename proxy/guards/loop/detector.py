@@ -58,6 +58,7 @@ class LoopDetector:
         self._answers: dict[tuple[str, ...], list[Decision]] = {}  # last request's decisions
         self._event_ids: Mapping[str, str] | None = None  # tool_call_id -> TOOL_CALL event id
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
+        self.new_call_names: list[str] = []  # the names of those calls (tool permissions)
         self._cycle = AgentDbgCycle(config)
         # stats
         self.tool_totals: Counter[str] = Counter()
@@ -158,6 +159,7 @@ class LoopDetector:
         turn_start = max(0, min(turn_start, len(steps)))
         read = self._history.read(steps, turn_start, judged=enabled, reading=reading, read_from=read_from)
         self.new_history_calls = read.new_history_calls
+        self.new_call_names = read.new_names
         if not enabled:
             return []
         self._llm_seen = True

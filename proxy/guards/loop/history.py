@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guards.signatures import call_keys, content_text, result_fingerprint
@@ -115,6 +115,8 @@ class Reading:
     turn_steps: list[list[NewCall]]  # the turn's steps read now (oldest first), their new calls
     new_calls: int  # calls seen for the first time (MCP-claimed ones included)
     new_history_calls: int  # of those, the tool calls the budget has not counted yet
+    # the names of the new calls not counted as MCP calls (tool permissions judge them)
+    new_names: list[str] = field(default_factory=list)
 
 
 class HistoryReader:
@@ -171,6 +173,7 @@ class HistoryReader:
                 earlier = [c[0] for step in new_steps[:turn_start] for c in step]
         turn_steps: list[list[NewCall]] = []
         new_calls = new_history_calls = 0
+        new_names: list[str] = []
         for k, step in enumerate(new_steps, start):
             in_turn = k >= turn_start
             fresh: list[NewCall] = []
@@ -186,12 +189,14 @@ class HistoryReader:
                 # a call of an earlier turn Tripwire never saw, in a history it has seen, came after
                 # it joined (its result sent along with the next user message): a tool call of the
                 # session all the same (limits)
-                if not claimed and (in_turn or self._history_seen):
-                    new_history_calls += 1
+                if not claimed:
+                    new_names.append(name)
+                    if in_turn or self._history_seen:
+                        new_history_calls += 1
                 if in_turn:
                     fresh.append(NewCall(call_id, name, args, sig, ident, claimed))
             if in_turn:
                 turn_steps.append(fresh)
         self._history_seen = True
         self._last = _Read(reading, len(steps), turn_start, inside, judged)
-        return Reading(bool(start), inside, earlier, turn_steps, new_calls, new_history_calls)
+        return Reading(bool(start), inside, earlier, turn_steps, new_calls, new_history_calls, new_names)
