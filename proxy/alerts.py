@@ -25,7 +25,7 @@ class Alerts:
 
     @staticmethod
     def body(session: Session, decision: Decision) -> dict[str, Any]:
-        return {
+        body = {
             "source": "tripwire",
             "agent": session.agent,
             "session_id": session.session_id,
@@ -37,6 +37,9 @@ class Alerts:
             "threshold": decision.threshold,
             "actual": decision.actual,
         }
+        if decision.resets_at is not None:  # a budget over time: when its window resets (SPEC §9)
+            body["resets_at"] = decision.resets_at
+        return body
 
     def send(self, session: Session, decision: Decision) -> None:
         if not self.webhook or decision.action == Action.ALLOW:

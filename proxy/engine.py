@@ -19,7 +19,7 @@ from proxy.alerts import Alerts
 from proxy.approvals.service import Approvals, approval_book_for, approvals_url
 from proxy.auth import AgentKeyGate
 from proxy.forward import Forwarder
-from proxy.guard_backend import GuardBackend, guard_backend_for
+from proxy.guard_backend import GuardBackend, WindowBook, guard_backend_for, windows_for
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -93,7 +93,9 @@ class Engine:
         # guard state shared with other replicas (--state, docs/scaling.md); None: this process's
         self.shared = SharedState(settings, self.guard_store, self.metrics) if settings.state.url else None
         # where guard state lives, chosen once: the stages and the session policy only ask it
-        self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store)
+        # the agents' budgets over time (SPEC §9): this process's, kept in the data dir, or shared
+        self.windows: WindowBook = windows_for(self.shared, self.data_dir, self.metrics)
+        self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store, self.windows)
         # agent keys (SPEC §9): the store (data dir, or the shared state) and, when keys are
         # required, the proxy listener's check (None: calls name their agent themselves)
         self.agent_keys: KeyStore = key_store_for(self.data_dir, settings.state.url)

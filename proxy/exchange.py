@@ -11,6 +11,7 @@ from aiohttp import web
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
 from proxy.guards.breaker import Ticket
 from proxy.guards.budget import Reservation
+from proxy.guards.budget_window import WindowHold
 from proxy.guards.decision import Decision
 from proxy.responses_chain import History
 from proxy.routing import Route
@@ -104,6 +105,7 @@ class Exchange:
     # guards
     decisions: list[Decision] = field(default_factory=list)
     reservation: Reservation | None = None  # the budget's hold, settled or released after the call
+    window_hold: WindowHold | None = None  # the agent's budgets over time: its hold, settled after (SPEC §9)
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
     guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay

@@ -42,6 +42,8 @@ def guard_error(decision: Decision, **extra: Any) -> dict[str, Any]:
     }
     if decision.retry_after is not None:
         payload["retry_after"] = round(decision.retry_after, 3)
+    if decision.resets_at is not None:
+        payload["resets_at"] = decision.resets_at
     payload.update(extra)
     return payload
 

@@ -34,6 +34,8 @@ def refusal_429(
     if expose_details:
         error["threshold"] = decision.threshold
         error["actual"] = decision.actual
+    if decision.resets_at is not None:  # a budget over time: when the agent may call again (SPEC §9)
+        error["resets_at"] = decision.resets_at
     headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
     retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE, GUARD_RATE_LIMITED)
     if retry_later and decision.retry_after is not None:

@@ -337,6 +337,10 @@ class Metrics:
             "tripwire_pending_approvals", "Calls this process holds for a person's decision.", registry=r
         )
         self.state_backend_up: Gauge | None = None  # only with a shared state backend (--state)
+        # budgets over time (SPEC §9), created on first use (`set_budget_window`)
+        self._window_spent: Gauge | None = None
+        self._window_reserved: Gauge | None = None
+        self._window_limit: Gauge | None = None
         self._store = _StoreCollector()
         r.register(self._store)
         # agent keys (SPEC §9): refused calls by why (never the key, its hash or its agent)
@@ -455,6 +459,38 @@ class Metrics:
                 registry=self.registry,
             )
         self.state_backend_up.set(1 if up else 0)
+
+    def set_budget_window(
+        self, agent: str, period: str, spent_usd: float, limit_usd: float | None, reserved_usd: float
+    ) -> None:
+        """An agent's budget over time as this replica last saw it (SPEC §9); created on first use, so
+        a gateway without `budget_windows` exposes nothing new. Labels: agent and period only."""
+        if self._window_spent is None:
+            r = self.registry
+            self._window_spent = Gauge(
+                "tripwire_budget_window_spent_usd",
+                "Settled spend of an agent in its current budget window (day, week, month).",
+                ["agent", "period"],
+                registry=r,
+            )
+            self._window_reserved = Gauge(
+                "tripwire_budget_window_reserved_usd",
+                "What the agent's calls in flight have reserved in its current budget window.",
+                ["agent", "period"],
+                registry=r,
+            )
+            self._window_limit = Gauge(
+                "tripwire_budget_window_limit_usd",
+                "The cost limit of an agent's budget window (absent when it limits tokens only).",
+                ["agent", "period"],
+                registry=r,
+            )
+        assert self._window_reserved is not None and self._window_limit is not None
+        name = self._agent(agent)
+        self._window_spent.labels(name, period).set(spent_usd)
+        self._window_reserved.labels(name, period).set(reserved_usd)
+        if limit_usd is not None:
+            self._window_limit.labels(name, period).set(limit_usd)
 
     def set_live_sessions(self, n: int) -> None:
         self.live_sessions.set(n)

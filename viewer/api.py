@@ -44,6 +44,7 @@ from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from viewer.engine_view import EngineView
 from viewer.resume_api import setup_resume
 from viewer.runs import RunReader, is_valid_run_id
+from viewer.spend_api import setup_spend
 
 log = logging.getLogger(__name__)
 
@@ -684,6 +685,7 @@ def setup_admin(app: web.Application, engine: EngineView) -> None:
     r.add_get("/api/projects/prevention-config", get_project_config)
     r.add_put("/api/projects/prevention-config", put_project_config)
     r.add_delete("/api/projects/prevention-config", delete_project_config)
+    setup_spend(app, engine)  # budgets over time (viewer/spend_api.py)
     r.add_get("/metrics", metrics)
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)

@@ -23,10 +23,15 @@ guards decided (`Admitted`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from proxy.guard_backend.contract import Admitted, CallInputs, GuardBackend, OnCycle, OnSettled
 from proxy.guard_backend.local import LocalGuardBackend, session_guards
 from proxy.guard_backend.shared import SharedGuardBackend, pending_calls
+from proxy.guard_backend.shared_windows import SharedWindows
+from proxy.guard_backend.windows import WINDOWS_FILE, LocalWindows, WindowBook
 from proxy.guard_store import GuardConfigStore
+from proxy.metrics import Metrics
 from proxy.state.service import SharedState
 
 __all__ = [
@@ -37,12 +42,27 @@ __all__ = [
     "OnCycle",
     "OnSettled",
     "SharedGuardBackend",
+    "WindowBook",
+    "windows_for",
     "guard_backend_for",
     "pending_calls",
     "session_guards",
 ]
 
 
-def guard_backend_for(state: SharedState | None, guard_store: GuardConfigStore) -> GuardBackend:
-    """The one strategy of this process: shared when replicas share guard state (`--state`)."""
-    return SharedGuardBackend(state) if state is not None else LocalGuardBackend(guard_store)
+def guard_backend_for(
+    state: SharedState | None, guard_store: GuardConfigStore, windows: WindowBook | None = None
+) -> GuardBackend:
+    """The one strategy of this process: shared when replicas share guard state (`--state`).
+    `windows`: where the agents' budgets over time live (in memory only when not given)."""
+    return (
+        SharedGuardBackend(state, windows) if state is not None else LocalGuardBackend(guard_store, windows)
+    )
+
+
+def windows_for(state: SharedState | None, data_dir: Path, metrics: Metrics) -> WindowBook:
+    """The agents' budgets over time: shared through the state backend when replicas share guard
+    state, else this process's, kept in the data dir."""
+    if state is not None:
+        return SharedWindows(state, metrics)
+    return LocalWindows(data_dir / WINDOWS_FILE, metrics)

@@ -11,8 +11,10 @@ from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects.base import ToolCall, ToolResult
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
+from proxy.guard_backend.windows import WindowBook
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
+from proxy.guards.budget_window import WindowHold
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.loop.history import HistoryResults
@@ -61,6 +63,9 @@ class Admitted:
     taken: list[tuple[str, bytes]] | None = None
     asked: list[str] = field(default_factory=list)
     record_results: bool = False  # the backend was down: the calls this replica asked for are written
+    # the agent's budget windows (SPEC §9) when the backend reserved the call in them in the
+    # admission's round trip: (refusal, hold); None: the guard stage asks `windows` itself
+    windows: tuple[Decision | None, WindowHold | None] | None = None
     # over a rate limit of its agent (SPEC §9): refused before any session guard saw it, retryable
     rate_limited: Decision | None = None
 
@@ -69,6 +74,9 @@ class GuardBackend(Protocol):
     # True: the function-calling results a request brings are matched in the guards' round trip
     # (`Admitted.taken`), not by the tool results stage before it
     results_at_admit: bool
+    # the agents' budgets over time (SPEC §9): reserved by the guard stage after the session's
+    # guards admitted a call, settled after its answer
+    windows: WindowBook
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...

@@ -11,6 +11,7 @@ from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import ENDED_BY_GUARD, Admitted, CallInputs, OnCycle, OnSettled
 from proxy.guard_backend.rates import rate_ask
+from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_store import GuardConfigStore
 from proxy.guard_trace import mark_settled
@@ -42,15 +43,16 @@ class LocalGuardBackend:
 
     results_at_admit = False
 
-    def __init__(self, guard_store: GuardConfigStore) -> None:
+    def __init__(self, guard_store: GuardConfigStore, windows: WindowBook | None = None) -> None:
         self.guard_store = guard_store
+        self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
         self.rates = SlidingWindows()  # every agent's rate-limit windows (SPEC §9)
 
     async def start(self) -> None:
-        return None
+        await self.windows.start()
 
     async def close(self) -> None:
-        return None
+        await self.windows.close()
 
     async def keep_alive(self, sessions: SessionManager, now: float) -> None:
         self.rates.sweep(now)  # idle agents' windows hold no memory

@@ -15,6 +15,8 @@ from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
 from proxy.guard_backend.rates import rate_ask
+from proxy.guard_backend.shared_windows import SharedWindows
+from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
@@ -44,13 +46,18 @@ class SharedGuardBackend:
 
     results_at_admit = True
 
-    def __init__(self, state: SharedState) -> None:
+    def __init__(self, state: SharedState, windows: WindowBook | None = None) -> None:
         self.state = state
+        self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
+        # shared budget windows are reserved in the admission's round trip (`admit`)
+        self.in_admission = windows if isinstance(windows, SharedWindows) else None
 
     async def start(self) -> None:
         await self.state.start()
+        await self.windows.start()
 
     async def close(self) -> None:
+        await self.windows.close()
         await self.state.close()
 
     async def keep_alive(self, sessions: SessionManager, now: float) -> None:
@@ -143,6 +150,11 @@ class SharedGuardBackend:
             ]
         alive, links = shared.slots(session)
         config = self.config(session.agent)
+        pending = None
+        if self.in_admission is not None and config.budget_windows:
+            pending = self.in_admission.prepare(
+                session.agent, config, judged.estimate, judged.tokens, shadow=config.in_shadow
+            )
         ask = rate_ask(ex, config)
         admission = await channel.admit(  # StateUnavailable under fail_closed: the stage refuses
             check,
@@ -151,6 +163,7 @@ class SharedGuardBackend:
             keep_alive=alive,
             links=links,
             breaker=self.breaker_request(ex, session.agent),
+            windows=pending.request if pending is not None else None,
             rates=RateRequest(session.agent, cid, ask.rules, ask.slots) if ask is not None else None,
         )
         if admission.rate_limited is not None:
@@ -169,6 +182,11 @@ class SharedGuardBackend:
         ex.hold_end = True  # the answer ends once its settle is in the shared log (`settle`)
         ex.breaker_admission = admission.breaker
         admitted = Admitted(guards, asked=take)
+        if pending is not None and self.in_admission is not None:
+            # (the hold is given back at the settle when the session's guards refuse the call)
+            admitted.windows = self.in_admission.decide(
+                pending, admission.windows if admission.shared else None
+            )
         if not is_tool_call(ex):
             if admission.shared:
                 admitted.taken = admission.taken

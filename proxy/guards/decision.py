@@ -40,6 +40,7 @@ class Decision:
     new_finding: bool = True
     retry_after: float | None = None  # circuit breaker: seconds left in the cooldown
     tags: tuple[str, ...] = field(default=())  # session health tags this decision adds
+    resets_at: str | None = None  # budgets over time: when the window that refused resets (ISO, SPEC §9)
 
 
 ALLOW = Decision(Action.ALLOW, guard="none")

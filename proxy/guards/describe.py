@@ -8,6 +8,8 @@ counts (a model that knows the threshold can learn to stay one call below it).
 from __future__ import annotations
 
 from proxy.constants import (
+    GUARD_BUDGET_WINDOW_EXCEEDED,
+    GUARD_BUDGET_WINDOW_SOFT_ALERT,
     GUARD_CIRCUIT_BREAKER,
     GUARD_MAX_COST_USD,
     GUARD_MAX_DURATION_S,
@@ -30,6 +32,8 @@ _BUDGET = {
     GUARD_MAX_TOKENS: "the session's token budget is spent",
     GUARD_MAX_WALL_TIME_SECONDS: "the session's time budget is spent",
     GUARD_SOFT_ALERT_THRESHOLD_USD: "the session's cost is close to its budget",
+    GUARD_BUDGET_WINDOW_EXCEEDED: "the agent's budget for this period is spent",
+    GUARD_BUDGET_WINDOW_SOFT_ALERT: "the agent's spend is close to its budget for this period",
 }
 _LIMITS = {
     GUARD_MAX_LLM_CALLS: "the session reached its limit of LLM calls",
@@ -62,6 +66,8 @@ def _advice(d: Decision) -> str:
         # rounded up, as the Retry-After header and the JSON-RPC error's retry_after are
         left = f" in {retry_after_seconds(d.retry_after)}s" if d.retry_after is not None else " later"
         return f"Try again{left}."
+    if d.guard == GUARD_BUDGET_WINDOW_EXCEEDED and d.resets_at is not None:
+        return f"It resets at {d.resets_at}; do not retry before then."
     if d.guard == GUARD_MAX_TIME_PER_TURN:
         return "Stop calling tools and answer the user with what you have."
     if d.guard == GUARD_TOOL_DENIED:

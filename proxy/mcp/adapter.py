@@ -88,6 +88,8 @@ class MCPProtocol:
             data["actual"] = decision.actual
         if decision.retry_after is not None:
             data["retry_after"] = retry_after_seconds(decision.retry_after)
+        if decision.resets_at is not None:
+            data["resets_at"] = decision.resets_at
         body = jsonrpc.render_error(call.jsonrpc_id, jsonrpc.TRIPWIRE_GUARD_ERROR, text, data)
         answer = self.answer(body)
         answer.headers["X-Tripwire-Guard"] = decision.guard

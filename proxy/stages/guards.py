@@ -9,6 +9,7 @@ Fails open: a bug in a guard is logged and the call goes through (pipeline `fail
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -149,6 +150,8 @@ class GuardStage(BaseStage):
         if admitted.rate_limited is not None:
             self.refuse_rate_limited(ex, admitted.rate_limited)
             return
+        if admitted.windows is not None:  # reserved in the admission's round trip (shared state)
+            ex.window_hold = admitted.windows[1]  # (given back at the finish if the call is refused)
         if admitted.ended is not None:
             self.refuse_ended(ex, admitted.ended, elsewhere=admitted.elsewhere)
             return
@@ -160,6 +163,47 @@ class GuardStage(BaseStage):
             return
         if verdict.refused and verdict.decision.action == Action.TERMINATE:
             self.guards.terminated(session, f"guard:{verdict.decision.guard}")
+        if ex.answer is None and admitted.windows is not None:
+            self.judge_windows(ex, admitted.guards, admitted.windows[0])
+        elif ex.answer is None and admitted.guards.config.budget_windows:
+            await self.admit_windows(ex, admitted.guards, inputs)
+
+    async def admit_windows(self, ex: Exchange, guards: SessionGuards, inputs: CallInputs) -> None:
+        """The agent's budgets over time, across its sessions (SPEC §9), reserved once the session's
+        guards admitted the call (this process's windows; shared ones were reserved in the
+        admission's round trip)."""
+        session = ex.session
+        assert session is not None
+        try:
+            refusal, ex.window_hold = await self.guards.windows.reserve(
+                session.agent, guards.config, inputs.estimate, inputs.tokens, shadow=guards.shadow
+            )
+        except StateUnavailable:
+            self.guards.give_back(guards, ex.reservation)
+            ex.reservation = None
+            refuse_unavailable(self.policy, ex, self.guards.retry_after_s())
+            return
+        self.judge_windows(ex, guards, refusal)
+
+    def judge_windows(self, ex: Exchange, guards: SessionGuards, refusal: Decision | None) -> None:
+        """A window's refusal is the budget refusal with `resets_at`; the session goes on (the agent
+        may call again in the next window or after a reset)."""
+        session = ex.session
+        assert session is not None and ex.protocol is not None
+        if refusal is None:
+            return
+        ex.decisions.append(refusal)
+        self.services.metrics.observe_decision(refusal.guard, refusal.action.name, shadow=guards.shadow)
+        if guards.shadow:  # recorded, refused nothing (SPEC §5.7)
+            self.services.recorder.add_tags(session.run_id, TAG_SHADOW_FIRED)
+            return
+        self.guards.give_back(guards, ex.reservation)
+        ex.reservation = None
+        self.write_error(ex, refusal)
+        self.services.recorder.add_tags(session.run_id, *refusal.tags)
+        ex.answer = ex.protocol.render_refusal(
+            ex, refusal, describe(refusal, self.services.settings.expose_guard_details)
+        )
 
     def write_taken_tool_calls(self, ex: Exchange, taken: list[tuple[str, bytes]], asked: list[str]) -> None:
         """The TOOL_CALLs of the function-calling results this request brings (SPEC §4.1), written
@@ -497,10 +541,61 @@ class GuardStage(BaseStage):
                 await stream.end_with(ex.answer.body, refusal=True)
             ex.response = stream.response  # the lane's own answer object, which the handler returns
         try:
-            await self.guards.settle(ex, self.write_settled)
+            if ex.window_hold is None:
+                await self.guards.settle(ex, self.write_settled)
+            else:  # the windows' round trip (shared state) overlaps the session's settle
+                outcomes = await asyncio.gather(
+                    self.guards.settle(ex, self.write_settled),
+                    self.settle_windows(ex),
+                    return_exceptions=True,
+                )
+                for outcome in outcomes:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
         finally:
             if session is not None and session.terminated:
                 self.policy.end_if_pending(session)  # its RUN_END follows the calls that were in flight
+
+    async def settle_windows(self, ex: Exchange) -> None:
+        """The call's hold on its agent's budgets over time: its real cost, or given back when it was
+        never forwarded; a soft alert crossed is a STATE_UPDATE and the webhook, once per window."""
+        session, hold = ex.session, ex.window_hold
+        assert session is not None and hold is not None
+        ex.window_hold = None
+        windows = self.guards.windows
+        try:
+            if ex.refused or not ex.forwarded:
+                await windows.release(session.agent, hold)
+                return
+            config = self.guards.config(session.agent)
+            tool = is_tool_call(ex)
+            cost = 0.0 if tool else float(ex.cost_usd)
+            alerts = await windows.settle(session.agent, config, hold, cost, 0 if tool else int(ex.tokens))
+        except StateUnavailable:
+            log.warning("budget_windows.settle_unavailable agent=%s", session.agent)
+            return
+        shadow = config.in_shadow
+        for d in alerts:
+            self.services.metrics.observe_decision(d.guard, d.action.name, shadow=shadow)
+            if session.ended:
+                continue
+            self.services.recorder.add_tags(session.run_id, *(d.tags if not shadow else (TAG_SHADOW_FIRED,)))
+            event_id = self.policy.write_event(
+                session,
+                EventType.STATE_UPDATE,
+                "state",
+                {
+                    "state": {"budget_window": {"spent": d.actual, "soft_alert": d.threshold}},
+                    "diff": {"budget_warning": True},
+                    "guardrail": d.guard,
+                    "message": d.message,
+                    "resets_at": d.resets_at,
+                    **({"shadow": True} if shadow else {}),
+                },
+            )
+            self.policy.observe_event(session, EventType.STATE_UPDATE, "state", event_id)
+            if not shadow:
+                self.services.alerts.send(session, d)
 
     def write_settled(self, session: Session, guards: SessionGuards, decisions: list[Decision]) -> None:
         """What settling concluded (the soft budget alert): a STATE_UPDATE, tags, the alert."""

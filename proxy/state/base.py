@@ -28,6 +28,7 @@ from proxy.guards.breaker import State, Ticket, Transition
 from proxy.guards.config import CircuitBreakerConfig
 from proxy.guards.decision import Decision
 from proxy.guards.rate_limit import RateRefusal, RateRule
+from proxy.state.windows import Reserved, WindowRequest, WindowStore
 
 # how a call names its run (SPEC §3): explicit session id, announced episode, conversation lineage,
 # a conversation's first request (continues no run: a new one, unless the agent's latest has seen
@@ -62,6 +63,7 @@ class Appended:
     breakers: list[BreakerAdmission | None] = field(default_factory=list)  # one per `breakers` asked
     # one per `rates` asked: None admitted (a slot taken), else the refusal (that check not appended)
     rates: list[RateRefusal | None] = field(default_factory=list)
+    windows: list[Reserved] = field(default_factory=list)  # one per `windows` asked
 
     @property
     def lost(self) -> bool:
@@ -143,7 +145,9 @@ class Append:
     (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step,
     `breaker_at` the position (from 1) of each one's check among the bodies; `rates`: (position,
     request) of the checks to admit through their agent's rate limits first: a refused one is not
-    appended (nor are tool calls taken before it, nor is its circuit admitted).
+    appended (nor are tool calls taken before it, nor is its circuit admitted);
+    `windows`: (position, request) of the checks to reserve in their agent's budget windows, in the
+    same step (skipped for a check a rate limit refused).
     `since`: the entries the caller has (0: none); `epoch`: the log it followed (a log started
     anew since answers `lost`)."""
 
@@ -163,12 +167,18 @@ class Append:
     breakers: Sequence[BreakerRequest] = ()
     breaker_at: Sequence[int] = ()
     rates: Sequence[tuple[int, RateRequest]] = ()
+    windows: Sequence[tuple[int, WindowRequest]] = ()  # budget windows (proxy/state/windows.py)
 
 
 class StateBackend(Protocol):
     """Storage primitives shared by replicas. Methods raise `StateUnavailable` when unreachable."""
 
     name: str
+
+    @property
+    def windows(self) -> WindowStore:
+        """The agents' budgets over time (SPEC §9)."""
+        ...
 
     async def ping(self) -> None: ...
 

@@ -91,6 +91,11 @@ def breaker(agent: str, upstream: str) -> str:
     return f"{PREFIX}breaker:{part(agent)}:{part(upstream)}"
 
 
+def window(agent: str, window_key: str) -> str:
+    """An agent's budget window (SPEC §9): `tripwire:window:<agent>:<period>:<first day>`."""
+    return f"{PREFIX}window:{part(agent)}:{window_key}"
+
+
 def rate(agent: str, rule_key: str) -> str:
     """The sliding window of one agent's rate-limit rule: a sorted set of admitted checks by time."""
     return f"{PREFIX}rate:{part(agent)}:{part(rule_key)}"

@@ -330,14 +330,17 @@ end
 # results arrived), take_at (the body before which their TOOL_CALL entries go; 0: none), alive (how
 # many keep-alive keys), run (this run's id, for them), links (run id per link key), breakers (per
 # check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max, its check's position}),
-# breaker_index, rates (the checks to admit through rate limits first, as `rate_admit` takes them)};
+# breaker_index, rates (the checks to admit through rate limits first, as `rate_admit` takes them),
+# windows (per check to reserve in its agent's budget windows: {keys, `window_reserve` header, its
+# check's position})};
 # ARGV[2..]: entry
 # bodies. A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
 # the run hash's start stamp) appends nothing and returns first = 0.
 # Stored entry: "<time> <config revision> <body>". Returns {seq of the first entry added, entries
 # after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live, epoch,
 # the breakers' admissions (as BREAKER_ADMIT; {'skip'} for a check refused by a rate limit), the
-# rate limits' answers (as `rate_admit`)}.
+# rate limits' answers (as `rate_admit`), the windows' reservations (as WINDOW_RESERVE; {0, {}} for a
+# check refused by a rate limit)}.
 
 _APPEND = r"""
 local h = cjson.decode(ARGV[1])
@@ -345,7 +348,7 @@ local epoch = redis.call('HGET', KEYS[2], 'started') or ''
 if h.since > 0 and (redis.call('LLEN', KEYS[1]) < h.since or (h.epoch ~= '' and h.epoch ~= epoch)) then
   -- the log is not the one this replica has followed (Redis restarted without its data, or the
   -- run expired and started again): append nothing; the replica seeds it again or rebuilds (SEED)
-  return {0, {}, {}, '', 0, epoch, {}, {}}
+  return {0, {}, {}, '', 0, epoch, {}, {}, {}}
 end
 -- the agent's rate limits before anything is appended: a check they refuse is not appended
 local rate_refused, rated = {}, {}
@@ -420,7 +423,139 @@ if #h.breakers > 0 then
     end
   end
 end
-return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers, rated}
+-- the agents' budget windows of the checks appended, reserved in the same step (SPEC §9)
+local windows = {}
+for _, r in ipairs(h.windows) do
+  if rate_refused[r[3]] then
+    table.insert(windows, {0, {}})  -- never goes upstream: nothing reserved
+  else
+    table.insert(windows, window_reserve(r[1], r[2]))
+  end
+end
+return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers, rated,
+  windows}
 """
 
-APPEND = _BREAKER + _RATE + _APPEND
+# --- budgets over time (SPEC §9; proxy/state/windows.py) -----------------------------------------
+# One hash per agent and window, `tripwire:window:<agent>:<period key>`: spent (USD), tokens,
+# alerted (the soft alert fired), r:<hold id> = "<usd> <tokens> <reserved at>" per call in flight.
+# A window Redis lost (restart, FLUSHALL) is put back from what the calling replica last saw of it
+# (`w.spent`, `w.tokens`, `w.alerted`) before anything else: the replica writes back what it knows,
+# as runs' logs are (SEED); until a reset, a replica that saw more raises it (`seeded`). `window_reserve(keys, h)` also runs inside APPEND, for the checks it admits.
+_WINDOW_FUNCS = r"""
+local function window_seed(k, w)
+  if redis.call('EXISTS', k) == 0 then
+    redis.call('HSET', k, 'spent', string.format('%.17g', w.spent), 'tokens', w.tokens,
+      'alerted', w.alerted and '1' or '0', 'seeded', '1')
+  elseif redis.call('HGET', k, 'seeded') == '1' then
+    -- put back by a replica: one that saw more raises it (the most any replica saw wins, until a reset)
+    if w.spent > tonumber(redis.call('HGET', k, 'spent')) then
+      redis.call('HSET', k, 'spent', string.format('%.17g', w.spent))
+    end
+    if w.tokens > tonumber(redis.call('HGET', k, 'tokens')) then redis.call('HSET', k, 'tokens', w.tokens) end
+    if w.alerted then redis.call('HSET', k, 'alerted', '1') end
+  end
+end
+local function window_load(k, now, stale)
+  local v = redis.call('HGETALL', k)
+  local s = {spent = 0, tokens = 0, rusd = 0, rtok = 0, alerted = '0'}
+  for j = 1, #v, 2 do
+    local f, val = v[j], v[j + 1]
+    if f == 'spent' then s.spent = tonumber(val)
+    elseif f == 'tokens' then s.tokens = tonumber(val)
+    elseif f == 'alerted' then s.alerted = val
+    elseif string.sub(f, 1, 2) == 'r:' then
+      local u, t, at = string.match(val, '^(%S+) (%S+) (%S+)$')
+      if tonumber(at) < now - stale then
+        redis.call('HDEL', k, f)  -- a reservation of a replica that died with the call in flight
+      else
+        s.rusd = s.rusd + tonumber(u)
+        s.rtok = s.rtok + tonumber(t)
+      end
+    end
+  end
+  return s
+end
+-- h: {id, usd, tok, now, stale (s), place (reserve when admitted), force (shadow: reserve even when
+-- refused), w: [{max_usd, max_tok (-1: none), ttl (ms), spent, tokens, alerted}]}. Returns {index of
+-- the window that refuses (0: none), {spent, tokens, reserved usd, reserved tokens, alerted} per
+-- window, as they were before this call's reservation}.
+local function window_reserve(ks, h)
+  local refused, rows = 0, {}
+  for i, k in ipairs(ks) do
+    local w = h.w[i]
+    window_seed(k, w)
+    local s = window_load(k, h.now, h.stale)
+    if refused == 0 and ((w.max_usd >= 0 and s.spent + s.rusd >= w.max_usd)
+        or (w.max_tok >= 0 and s.tokens + s.rtok >= w.max_tok)) then
+      refused = i
+    end
+    rows[i] = {string.format('%.17g', s.spent), tostring(s.tokens), string.format('%.17g', s.rusd),
+      tostring(s.rtok), s.alerted}
+  end
+  if h.place and (refused == 0 or h.force) then
+    local hold = string.format('%.17g %d %.6f', h.usd, h.tok, h.now)
+    for i, k in ipairs(ks) do
+      redis.call('HSET', k, 'r:' .. h.id, hold)
+      redis.call('PEXPIRE', k, h.w[i].ttl)
+    end
+  end
+  return {refused, rows}
+end
+"""
+
+# KEYS: the agent's windows; ARGV 1 the header of `window_reserve` (the API's read: place false).
+WINDOW_RESERVE = (
+    _WINDOW_FUNCS
+    + r"""
+return window_reserve(KEYS, cjson.decode(ARGV[1]))
+"""
+)
+
+# KEYS: the windows the call was admitted in. ARGV 1 {id, usd, tok, w: [{ttl, alert_usd, alert_tok
+# (-1: none), spent, tokens, alerted}]}. Returns per window {spent, tokens, 1 if this settle crossed
+# the soft alert first}.
+WINDOW_SETTLE = (
+    _WINDOW_FUNCS
+    + r"""
+local h = cjson.decode(ARGV[1])
+local out = {}
+for i, k in ipairs(KEYS) do
+  local w = h.w[i]
+  window_seed(k, w)
+  redis.call('HDEL', k, 'r:' .. h.id)
+  local spent = tonumber(redis.call('HINCRBYFLOAT', k, 'spent', string.format('%.17g', h.usd)))
+  local tokens = redis.call('HINCRBY', k, 'tokens', h.tok)
+  local crossed = 0
+  if (w.alert_usd >= 0 and spent >= w.alert_usd) or (w.alert_tok >= 0 and tokens >= w.alert_tok) then
+    if redis.call('HGET', k, 'alerted') ~= '1' then
+      redis.call('HSET', k, 'alerted', '1')
+      crossed = 1
+    end
+  end
+  redis.call('PEXPIRE', k, w.ttl)
+  out[i] = {string.format('%.17g', spent), tostring(tokens), crossed}
+end
+return out
+"""
+)
+
+# KEYS: windows. ARGV 1 {id}: a call never forwarded gives its reservations back.
+WINDOW_RELEASE = r"""
+local h = cjson.decode(ARGV[1])
+for _, k in ipairs(KEYS) do redis.call('HDEL', k, 'r:' .. h.id) end
+return 1
+"""
+
+# KEYS: windows. ARGV 1 {w: [{ttl}]}: spend back to zero; calls in flight keep their reservations.
+WINDOW_RESET = r"""
+local h = cjson.decode(ARGV[1])
+for i, k in ipairs(KEYS) do
+  redis.call('HSET', k, 'spent', '0', 'tokens', '0', 'alerted', '0')
+  redis.call('HDEL', k, 'seeded')
+  redis.call('PEXPIRE', k, h.w[i].ttl)
+end
+return 1
+"""
+
+APPEND = _BREAKER + _RATE + _WINDOW_FUNCS + _APPEND

@@ -26,6 +26,7 @@ from proxy.state.base import (
     ResolveMode,
 )
 from proxy.state.keys import LOG_GRACE_MS, slot_ttl_ms
+from proxy.state.windows import MemoryWindows
 
 Clock = Callable[[], float]
 
@@ -78,6 +79,7 @@ class MemoryBackend:
         self._rates = SlidingWindows()  # the pure windows themselves (Redis: lua.py's `_RATE`)
         self._config_rev = 0
         self._configs: dict[int, bytes] = {}
+        self.windows = MemoryWindows()  # budgets over time (SPEC §9)
 
     async def ping(self) -> None:
         return None
@@ -166,8 +168,21 @@ class MemoryBackend:
             None if at in refused else await self.breaker_admit(b.agent, b.upstream, b.config, now=now)
             for b, at in zip(breakers, breaker_at, strict=True)
         ]
+        # (a check a rate limit refused is not reserved in its windows: it never goes upstream)
+        reserved = [
+            (0, []) if at in refused else await self.windows.reserve(w.keys, w.header)
+            for at, w in step.windows
+        ]
         return Appended(
-            list(log[since:]), first, taken, run.get("term"), was_live, run["started"], admitted, rated
+            list(log[since:]),
+            first,
+            taken,
+            run.get("term"),
+            was_live,
+            run["started"],
+            admitted,
+            rated,
+            reserved,
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:

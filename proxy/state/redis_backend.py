@@ -37,6 +37,8 @@ from proxy.state.base import (
     StateUnavailable,
 )
 from proxy.state.keys import LOG_GRACE_MS, ms, slot_ttl_ms
+from proxy.state.redis_windows import RedisWindows
+from proxy.state.windows import parse_reserved
 
 # A reply or a connection slower than this marks Redis down (the failure policy applies until a probe
 # gets through). Generous enough that a busy machine is not taken for an outage: 0.5 s connects
@@ -143,6 +145,7 @@ class RedisBackend:
         self._publish_config = c.register_script(lua.PUBLISH_CONFIG)
         self._config_snapshot = c.register_script(lua.CONFIG_SNAPSHOT)
         self._chain = c.register_script(lua.CHAIN)
+        self.windows = RedisWindows(c)  # budgets over time (SPEC §9)
 
     async def _call(self, script: Any, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -200,6 +203,7 @@ class RedisBackend:
             ],
             "breaker_index": keys.BREAKER_INDEX,
             "rates": rate_asks(step.rates),
+            "windows": [[list(w.keys), dict(w.header), at] for at, w in step.windows],
         }
         script_keys = [
             keys.log(agent, run_id),
@@ -210,7 +214,7 @@ class RedisBackend:
             *keep_alive,
             *links.keys(),
         ]
-        first, raw, taken, term, was_live, started, admitted, rated = await self._call(
+        first, raw, taken, term, was_live, started, admitted, rated, reserved = await self._call(
             self._append, script_keys, [orjson.dumps(header), *bodies]
         )
         return Appended(
@@ -225,6 +229,7 @@ class RedisBackend:
                 for b, r in zip(breakers, admitted, strict=False)
             ],
             rates=[rate_answer(request, r) for (_, request), r in zip(step.rates, rated, strict=False)],
+            windows=[parse_reserved(r) for r in reserved],
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:

@@ -41,6 +41,7 @@ from proxy.state.base import (
 from proxy.state.configs import SharedConfigs
 from proxy.state.link import StateLink
 from proxy.state.replica import Applied, SessionReplica
+from proxy.state.windows import Reserved, WindowRequest
 
 log = logging.getLogger("tripwire.state")
 
@@ -61,6 +62,7 @@ class Admission:
     taken: list[tuple[str, bytes]] = field(default_factory=list)
     shared: bool = True  # False: decided from this replica's memory (backend down, fail_open)
     breaker: BreakerAdmission | None = None  # the circuit's answer, when one was asked (and shared)
+    windows: Reserved | None = None  # the budget windows' answer, when asked (and shared)
     rate_limited: RateRefusal | None = None  # over a rate limit of the agent: not appended
 
 
@@ -75,6 +77,8 @@ class _Item:
     event_ids: Mapping[str, str] | None = None
     breaker: BreakerRequest | None = None
     rates: RateRequest | None = None
+    windows: WindowRequest | None = None  # budget windows to reserve the check in (SPEC §9)
+    reserved: Reserved | None = None  # what they answered, set before the waiter is
     on_applied: Callable[[Applied], None] | None = None  # a queued entry's outcome (soft alert, cycle)
     done: asyncio.Future[None] | None = None  # a settle: appended (or kept, backend down)
 
@@ -128,18 +132,28 @@ class RunChannel:
         links: Mapping[str, str] | None = None,
         breaker: BreakerRequest | None = None,
         rates: RateRequest | None = None,
+        windows: WindowRequest | None = None,
     ) -> Admission:
         """Append a check and return its verdict (one round trip, shared with concurrent checks);
         `breaker`: the circuit the call goes through, `rates`: the agent's rate limits, both
-        admitted in the same round trip (a rate limit first: a check it refuses is not appended)."""
+        admitted in the same round trip (a rate limit first: a check it refuses is not appended);
+        `windows`: the agent's budget windows, the call reserved in them in the same round trip."""
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._extras.keep_alive.update(keep_alive)
         self._extras.links.update(links or {})
-        self._queue.append(_Item(check, waiter, tuple(take), event_ids, breaker, rates))
+        item = _Item(check, waiter, tuple(take), event_ids, breaker, rates, windows)
+        self._queue.append(item)
         self._kick()
         applied, admitted, refused = await waiter
         taken = [(i, self._taken.pop(i)) for i in take if i in self._taken]
-        return Admission(applied, taken, shared=not self.dirty, breaker=admitted, rate_limited=refused)
+        return Admission(
+            applied,
+            taken,
+            shared=not self.dirty,
+            breaker=admitted,
+            rate_limited=refused,
+            windows=item.reserved,
+        )
 
     def queue(
         self,
@@ -247,6 +261,7 @@ class RunChannel:
         at = {id(item): n for n, item in enumerate(batch, start=len(backlog) + 1)}  # position in bodies
         asking = [i for i in batch if i.breaker is not None and i.waiter is not None]
         rating = [i for i in batch if i.rates is not None and i.waiter is not None]
+        reserving = [i for i in batch if i.windows is not None and i.waiter is not None]
         appended: Appended = await owner.link.call(
             lambda: owner.backend.append(
                 Append(
@@ -265,6 +280,7 @@ class RunChannel:
                     breakers=[i.breaker for i in asking if i.breaker is not None],
                     breaker_at=[at[id(i)] for i in asking],
                     rates=[(at[id(i)], i.rates) for i in rating if i.rates is not None],
+                    windows=[(at[id(i)], i.windows) for i in reserving if i.windows is not None],
                 )
             )
         )
@@ -313,6 +329,8 @@ class RunChannel:
             own[seq] = item
             seq += 1
         admitted = dict(zip((id(i) for i in asking), appended.breakers, strict=False))
+        for item, reserved in zip(reserving, appended.windows, strict=False):
+            item.reserved = reserved
         for entry in entries:
             mine = own.get(entry.seq)
             applied = self.replica.apply(entry, mine.event_ids if mine is not None else None)

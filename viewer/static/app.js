@@ -921,6 +921,7 @@ async function openAgent(name, push) {
   $('guard-status').textContent = '';
   $('agent-title').textContent = name === PROJECT ? 'Project default' : name;
   $('agent-sub').textContent = name === PROJECT ? 'Guards for every agent that has no override of its own' : 'Agent';
+  if (typeof showAgentPolicy === 'function') showAgentPolicy(name);  // spend.js: permissions, rate limits, windows
   try {
     agentConfig = await api(configUrl(name));
     renderBanner(agentConfig);
