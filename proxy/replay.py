@@ -54,6 +54,7 @@ __all__ = ["BadRecord", "ReplayError", "RunReplay", "replay_dir"]
 # events the live guards never observed (not handed to `SessionPolicy.observe_event`): the session's
 # start (counted when its guards were made), its end, and what AgentDbg's cycle and the kill switch
 # wrote after the fact
+APPROVAL_DECIDED = "approval_decided"  # the STATE_UPDATE of a held call's outcome (proxy/stages/guards.py)
 NOT_OBSERVED_GUARDRAILS = frozenset({GUARD_STOP_ON_LOOP, GUARD_KILL_SWITCH})
 
 
@@ -67,6 +68,7 @@ class ReplayDecision:
     action: str
     message: str = ""
     replayed: bool = True
+    decision: str | None = None  # an ask's recorded outcome (approved, denied, timeout, ...)
 
     def as_json(self) -> dict[str, Any]:
         """The stable `--json` object (SPEC §5.7)."""
@@ -80,6 +82,8 @@ class ReplayDecision:
         }
         if not self.replayed:
             out["replayed"] = False
+        if self.decision is not None:
+            out["decision"] = self.decision
         return out
 
 
@@ -342,6 +346,22 @@ class _Replayer:
             payload = ev.payload
             if payload.call_seq is not None:
                 last = payload.call_seq
+            if ev.event_type == EventType.STATE_UPDATE and ev.name == APPROVAL_DECIDED:
+                # a person's decision (SPEC §5.5a): listed as recorded, never recomputed
+                self.out.decisions.append(
+                    ReplayDecision(
+                        self.run_id,
+                        payload.call_seq,
+                        ev.event_id,
+                        str(payload.guardrail),
+                        payload.kind if isinstance(payload.kind, str) else None,
+                        "ask",
+                        str(payload.message or ""),
+                        replayed=False,
+                        decision=str(payload.decision),
+                    )
+                )
+                continue
             if ev.event_type != EventType.ERROR or payload.guardrail not in RECORDED_ONLY_GUARDRAILS:
                 continue
             self.out.decisions.append(
@@ -425,7 +445,7 @@ def as_text(replay: RunReplay, config_label: str) -> str:
         lines.append("  nothing fired")
     for d in replay.decisions:
         where = "-" if d.call_index is None else str(d.call_index)
-        note = "" if d.replayed else "  [recorded, not replayed]"
+        note = "" if d.replayed else f"  [recorded{': ' + d.decision if d.decision else ''}, not replayed]"
         lines.append(
             f"  call {where:>4}  event {d.event_id}  {d.guard}  {d.kind or '-'}  {d.action}  {d.message}{note}"
         )

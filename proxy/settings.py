@@ -30,8 +30,9 @@ from pydantic import (
 
 from proxy.guards.config import GuardConfig
 
-# the guard config's top-level keys (LangSight's sections and `shadow`), accepted at the YAML's top level
-GUARD_SECTIONS = ("shadow", "loop_detection", "budget", "limits", "circuit_breaker")
+# the guard config's top-level keys (LangSight's sections, `shadow`, the gateway's and asking a
+# person's keys: SPEC §5.4), accepted at the YAML's top level
+GUARD_SECTIONS = tuple(GuardConfig.model_fields)
 DEFAULT_UPSTREAM = "https://api.openai.com"
 
 

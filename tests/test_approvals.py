@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import openai
 
+from proxy.replay import replay_dir
 from tests.conftest import AGENT_KEY, Running, StartTripwire
 from tests.fakes import FakeUpstream, Reply, webhook_receiver
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
@@ -116,6 +117,15 @@ async def test_approved_loop_call_gets_the_upstreams_real_answer(
     assert len(fake.calls(CHAT)) == 6
     assert await approvals(tw) == []
     assert [a["status"] for a in await approvals(tw, decided=True)] == ["approved"]
+    # replay: the ask recomputed, and the person's decision listed as recorded
+    replay = replay_dir(tw.data_dir / "runs" / approval["run_id"])
+    listed = [d.as_json() for d in replay.decisions if d.action == "ask"]
+    assert {"guard": "loop_detection", "kind": "repetition", "call_index": 6} == {
+        k: listed[0][k] for k in ("guard", "kind", "call_index")
+    }
+    assert "replayed" not in listed[0]  # the guards' ask, recomputed
+    recorded = [d for d in listed if d.get("replayed") is False]
+    assert [(d["call_index"], d["decision"]) for d in recorded] == [(6, "approved")]
     metrics = tw.engine.metrics.render().decode()
     assert 'tripwire_approvals_total{decision="approved",guard="loop_detection"} 1.0' in metrics
     assert "tripwire_pending_approvals 0.0" in metrics
@@ -330,3 +340,98 @@ async def test_budget_on_limit_ask_raised_through_the_api(
     await decide(tw, approval["id"], {"decision": "deny", "note": "enough"})
     assert "enough" in await fourth  # ask_fallback block: a synthetic answer, the session goes on
     assert len(fake.calls(CHAT)) == 4
+
+
+def test_the_yaml_top_level_takes_the_ask_keys(tmp_path: Any) -> None:
+    """`ask_timeout_s` / `ask_fallback` (and every other guard config key) at the YAML's top level,
+    as docs/configuration.md shows them, like LangSight's sections."""
+    from proxy.settings import load_settings
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "ask_timeout_s: 30\nask_fallback: terminate\nloop_detection: {action: ask}\nlimits: {on_limit: ask}\n"
+    )
+    settings = load_settings({}, config_file=config, environ={}, cwd=tmp_path, home=tmp_path)
+    assert settings.guards.ask_timeout_s == 30 and settings.guards.ask_fallback == "terminate"
+    assert settings.guards.loop_detection.action == "ask" and settings.guards.limits.on_limit == "ask"
+
+
+async def test_the_tag_stays_while_any_call_of_the_run_is_held(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = [Reply(text=f"answer {i}") for i in range(5)]
+    guards = {"limits": {"max_llm_calls": 1, "on_limit": "ask"}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    client = openai.AsyncOpenAI(
+        base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=SESSION, max_retries=0
+    )
+
+    async def ask(i: int) -> Any:
+        return await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": f"question {i}"}]
+        )
+
+    await ask(0)
+    held = [asyncio.create_task(ask(i)) for i in (1, 2)]
+
+    async def both() -> list[dict[str, Any]]:
+        found = await approvals(tw)
+        return found if len(found) == 2 else []
+
+    first, second = await until(both, "two calls held")
+    tags = tw.engine.recorder._registry.get(first["run_id"]).tags
+    assert "awaiting_approval" in tags
+    await decide(tw, first["id"], {"decision": "deny"})
+    await until(lambda: _async(any(t.done() for t in held)), "the denied call answered")
+    assert "awaiting_approval" in tags  # the other is still held
+    await decide(tw, second["id"], {"decision": "deny"})
+    await asyncio.gather(*held)
+    assert "awaiting_approval" not in tags
+
+
+async def test_an_approved_streak_asks_again_after_threshold_more_calls(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 30, "unused")
+    # only the repetition pattern speaks (the graduated no-progress and per-tool ones would end it)
+    quiet = {"no_progress_warn": 50, "no_progress_halt": 50, "idempotent": [50, 50, 50]}
+    guards = {"loop_detection": {**ASK_LOOP["loop_detection"], **quiet}}
+    tw = await start_tripwire(upstream={"url": url}, guards=guards, admin_token="hunter2")
+    agent = asyncio.create_task(agent_loop(tw.url, max_steps=40))
+    first = await pending_one(tw)
+    assert len(fake.calls(CHAT)) == 5
+    await decide(tw, first["id"], {"decision": "approve"})
+
+    async def next_one() -> list[dict[str, Any]]:
+        return [a for a in await approvals(tw) if a["id"] != first["id"]]
+
+    (second,) = await until(next_one, "the streak asks again")
+    # the approved 6th call, then 4 more let through; the 5th call after the approval asks
+    assert len(fake.calls(CHAT)) == 10
+    await decide(tw, second["id"], {"decision": "deny", "note": "stop"})
+    answer = await agent
+    assert "stop" in answer.choices[0].message.content
+
+
+async def test_a_call_approved_after_the_kill_switch_is_refused(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = fake_upstream
+    loop_then(fake, 5, "never sent")
+    tw = await start_tripwire(upstream={"url": url}, guards=ASK_LOOP, admin_token="hunter2")
+    agent = asyncio.create_task(agent_loop(tw.url))
+    approval = await pending_one(tw)
+    async with aiohttp.ClientSession() as c:
+        url_kill = tw.admin_url + f"/api/runs/{approval['run_id']}/terminate"
+        async with c.post(url_kill, headers=AUTH) as r:
+            assert r.status == 200
+    status, _ = await decide(tw, approval["id"], {"decision": "approve"})
+    assert status == 200
+    try:
+        await agent
+        raise AssertionError("refused: the session was ended")
+    except openai.RateLimitError as e:
+        assert e.response.headers["X-Tripwire-Guard"] == "kill_switch"
+    assert len(fake.calls(CHAT)) == 5

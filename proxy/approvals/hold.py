@@ -21,6 +21,8 @@ from multidict import CIMultiDict
 
 from proxy.call_request import ClientAnswer
 from proxy.exchange import Exchange
+from proxy.mcp import jsonrpc
+from proxy.redact import sanitize
 
 log = logging.getLogger("tripwire.approvals")
 
@@ -169,7 +171,7 @@ class Watch:
             for held in list(self.held.values()):
                 if held.gone.done():
                     continue
-                if client_gone(held.ex):
+                if client_gone(held.ex, held.stream):
                     held.gone.set_result(None)
                     continue
                 if held.stream is not None and now >= held.next_keepalive:
@@ -186,21 +188,127 @@ class Watch:
                 await self._task
 
 
-def client_gone(ex: Exchange) -> bool:
-    transport = ex.request.transport
+def client_gone(ex: Exchange, stream: HeldStream | None = None) -> bool:
+    watched = stream.watched if isinstance(stream, HeldAccepted) else ex
+    transport = watched.request.transport
     return transport is None or transport.is_closing()
 
 
-def held_streamed(ex: Exchange) -> bool:
-    """A streamed LLM call: its answer starts while held, with keep-alives (SPEC §5.5a)."""
-    if ex.ws_call is not None:  # a Responses WebSocket call: nothing is sent until decided
-        return False
-    return getattr(ex.protocol, "kind", None) == "llm" and bool(getattr(ex.call, "stream", False))
+def held_stream_for(ex: Exchange) -> HeldStream | None:
+    """The answer a held call starts at once (SPEC §5.5a), or None: it waits with no byte sent.
+
+    A streamed LLM call: its SSE stream, with keep-alives. An MCP call whose client reads SSE
+    answers (Streamable HTTP, every revision): an SSE answer with keep-alives, which the server's
+    answer (JSON or SSE) or Tripwire's own goes on in. A legacy HTTP+SSE POST: its 202 at once (the
+    answer comes on the session's stream). A Responses WebSocket call or a JSON-only client: nothing.
+    """
+    if ex.ws_call is not None:
+        return None
+    kind = getattr(ex.protocol, "kind", None)
+    if kind == "llm":
+        return HeldStream(ex) if getattr(ex.call, "stream", False) else None
+    if kind != "mcp":
+        return None
+    legacy = getattr(ex.protocol, "legacy", None)
+    if legacy is not None and legacy.exchange is not None:
+        return HeldAccepted(ex, legacy.exchange)
+    if "text/event-stream" in ex.request.headers.get("Accept", ""):
+        return HeldMcpStream(ex)
+    return None
 
 
-def held_call(ex: Exchange) -> dict[str, Any]:
-    """What the person is asked about: the tool and its arguments, or the model."""
+class HeldMcpStream(HeldStream):
+    """An MCP Streamable HTTP answer started while held: SSE comments, then one `message` event
+    (the server's SSE relayed as it is, a JSON answer wrapped as an event)."""
+
+    def relay_into(self) -> None:
+        held = self
+
+        def maker(status: int, reason: str | None, headers: CIMultiDict[str], stream: bool) -> ClientAnswer:
+            assert held.response is not None
+            return StartedAnswer(held.response) if stream else JsonIntoStream(held.response)
+
+        self.ex.answer_maker = maker
+
+    async def end_with(self, body: bytes, *, refusal: bool) -> None:
+        assert self.response is not None
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            if body.strip():
+                await self.response.write(jsonrpc.sse_message(body.strip()))
+            await self.response.write_eof()
+        self.ex.response = self.response
+
+
+class JsonIntoStream(ErrorIntoStream):
+    """The server answered a held MCP call with JSON: one SSE `message` event in the started answer."""
+
+    def __init__(self, response: ClientAnswer) -> None:
+        self.response = response
+        self.body = bytearray()
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        self.body += data
+        if bytes(self.body).strip():
+            await self.response.write(jsonrpc.sse_message(bytes(self.body).strip()))
+        await self.response.write_eof()
+
+
+class HeldAccepted(HeldStream):
+    """A legacy HTTP+SSE POST: its 202 goes at once, as the server's would; the call's answer comes
+    on the session's stream (the server's result, or Tripwire's own injected). The POST's connection
+    is closed after the 202 (aiohttp would serve the client's next request on it only after this
+    handler returns); the client's hang-up is its stream's."""
+
+    def __init__(self, ex: Exchange, stream_exchange: Exchange) -> None:
+        super().__init__(ex)
+        self.watched = stream_exchange
+
+    async def start(self) -> None:
+        response = self.lane_maker(
+            202, "Accepted", CIMultiDict({"Content-Type": "text/plain; charset=utf-8"}), False
+        )
+        await response.prepare(self.ex.request)
+        await response.write_eof(b"Accepted")
+        self.response = response
+        transport = self.ex.request.transport
+        if transport is not None:
+            transport.close()
+
+    async def keep_alive(self) -> None:
+        return None  # the session's stream has the server's own
+
+    def relay_into(self) -> None:
+        self.ex.answer_maker = lambda status, reason, headers, stream: Discarded()
+
+    async def end_with(self, body: bytes, *, refusal: bool) -> None:
+        self.ex.response = self.response  # the answer was injected into the stream
+
+
+class Discarded:
+    """The server's 202 to a legacy POST whose 202 went already."""
+
+    async def prepare(self, request: Any) -> object:
+        return None
+
+    @property
+    def prepared(self) -> bool:
+        return True
+
+    async def write(self, data: bytes) -> None:
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
+
+    def force_close(self) -> None:
+        return None
+
+
+def held_call(ex: Exchange, max_field_bytes: int = 8192) -> dict[str, Any]:
+    """What the person is asked about: the tool and its arguments (secrets redacted and long values
+    cut as the trace keeps them: the API and the webhook show them), or the model."""
     call = ex.call
     if getattr(ex.protocol, "kind", None) == "mcp":
-        return {"tool": call.tool_name, "arguments": call.arguments, "server": ex.route.upstream}
+        arguments = sanitize(call.arguments, max_field_bytes)
+        return {"tool": call.tool_name, "arguments": arguments, "server": ex.route.upstream}
     return {"model": getattr(call, "model", None), "stream": bool(getattr(call, "stream", False))}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 from proxy.alerts import Alerts
@@ -25,6 +26,7 @@ class Approvals:
         # same streak asks again only once it goes on `threshold` more calls (SPEC §5.5a)
         self._quiet: dict[tuple[str, str, str | None], int] = {}
         self.held = 0  # calls this process holds now (the gauge)
+        self.held_runs: collections.Counter[str] = collections.Counter()  # runs tagged awaiting_approval
 
     def quiet(self, run_id: str, guard: str, kind: str | None, call_seq: int) -> bool:
         """An approved streak going on: this call is let through without asking."""
@@ -32,11 +34,18 @@ class Approvals:
         return until is not None and call_seq <= until
 
     def approved_streak(self, run_id: str, guard: str, kind: str | None, call_seq: int, calls: int) -> None:
-        self._quiet[(run_id, guard, kind)] = call_seq + calls
+        self._quiet[(run_id, guard, kind)] = call_seq + calls - 1  # the T-th call on asks, as a loop fires
 
-    def holding(self, delta: int) -> None:
+    def holding(self, run_id: str, delta: int) -> bool:
+        """One more (or one fewer) call of the run held here; True when the run's first starts or
+        its last ends (its `awaiting_approval` tag goes on or off)."""
         self.held += delta
         self.metrics.set_pending_approvals(self.held)
+        self.held_runs[run_id] += delta
+        if self.held_runs[run_id] <= 0:
+            del self.held_runs[run_id]
+            return True
+        return delta > 0 and self.held_runs[run_id] == 1
 
     def notify(self, approval: Approval) -> None:
         """The webhook: the pending approval with its id and where to decide it."""

@@ -128,6 +128,7 @@ class SharedApprovalBook(ApprovalBook):
         try:
             if future is None:
                 return decided_of(await self.get(approval_id))
+            started = time.time()
             approval = await wait_first(future, wait_s, gone)
             if approval is None:
                 status = WITHDRAWN if gone is not None and gone.done() else TIMEOUT
@@ -135,6 +136,9 @@ class SharedApprovalBook(ApprovalBook):
                     approval = await self._closing(approval_id, status, by="tripwire")
                 except AlreadyDecided:  # a decision came just now (its message may still be on its way)
                     approval = await self.get(approval_id)
+                except (RedisError, OSError) as e:  # Redis away: the timeout applies here all the same
+                    log.warning("approval %s: %s without Redis (%r)", approval_id, status, e)
+                    return Decided(status, by="tripwire", waited_s=time.time() - started)
             return decided_of(approval)
         finally:
             self._futures.pop(approval_id, None)

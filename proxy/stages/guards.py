@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import guard_trace
-from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval
-from proxy.approvals.hold import HeldStream, held_call, held_streamed
+from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
+from proxy.approvals.hold import HeldStream, held_call, held_stream_for
 from proxy.constants import (
+    GUARD_KILL_SWITCH,
     GUARD_TOOL_ASK,
     TAG_AWAITING_APPROVAL,
     TAG_BUDGET_EXCEEDED,
@@ -29,7 +30,7 @@ from proxy.constants import (
     EventType,
 )
 from proxy.dialects.base import ParseState, ToolCall, ToolResult
-from proxy.exchange import Exchange
+from proxy.exchange import Answer, Exchange
 from proxy.guard_backend import CallInputs
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
@@ -235,17 +236,17 @@ class GuardStage(BaseStage):
             message=decision.message,
             threshold=decision.threshold,
             actual=decision.actual,
-            call=held_call(ex),
+            call=held_call(ex, self.services.settings.max_field_bytes),
             approving=approving(decision),
             requested_at=time.time(),
             timeout_s=float(config.ask_timeout_s),
         )
         await approvals.book.open(approval)
         self.write_state(session, "approval_requested", {"approval": approval.to_json()})
-        self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
+        if approvals.holding(session.run_id, 1):
+            self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
         approvals.notify(approval)
-        approvals.holding(1)
-        stream = HeldStream(ex) if held_streamed(ex) else None
+        stream = held_stream_for(ex)
         gone = approvals.watch.add(ex, stream)
         try:
             if stream is not None:
@@ -256,15 +257,41 @@ class GuardStage(BaseStage):
             decided = await approvals.book.wait(approval.id, approval.timeout_s, gone)
         finally:
             approvals.watch.remove(ex)
-            approvals.holding(-1)
+            if approvals.holding(session.run_id, -1):
+                self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
+        try:
+            await self.carry_out(ex, guards, decision, approval, decided, stream, call_seq)
+        except Exception:
+            if stream is not None and stream.response is not None and ex.answer is None:
+                # failing open (a bug): the call goes on in the answer already started, not in a second
+                stream.relay_into()
+                ex.held_stream = stream
+            raise
+
+    async def carry_out(
+        self,
+        ex: Exchange,
+        guards: SessionGuards,
+        decision: Decision,
+        approval: Approval,
+        decided: Decided,
+        stream: HeldStream | None,
+        call_seq: int,
+    ) -> None:
+        """What the decision (or its absence) does: the trace, then the call goes on or is answered."""
+        session = ex.session
+        assert session is not None
+        approvals = self.services.approvals
+        config = guards.config
         self.services.metrics.observe_approval(decision.guard, decided.status)
-        self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
         self.write_state(
             session,
             "approval_decided",
             {
                 "approval_id": approval.id,
+                "call_seq": call_seq,
                 "guardrail": decision.guard,
+                "kind": decision.kind,
                 "decision": decided.status,
                 "note": decided.note,
                 "by": decided.by,
@@ -272,6 +299,18 @@ class GuardStage(BaseStage):
                 **({"raise": decided.raised} if decided.raised else {}),
             },
         )
+        if decided.status == APPROVED and session.terminated:
+            # the session was ended while its call was held (the kill switch): refused like its
+            # every later call, whatever the approval said
+            ended = Decision(
+                Action.TERMINATE, GUARD_KILL_SWITCH, "the session was ended while this call was held"
+            )
+            self.guards.give_back(guards, ex.reservation)
+            ex.reservation = None
+            self.refuse_ended(ex, ended, elsewhere=False)
+            if stream is not None and ex.answer is not None:
+                await stream.end_with(ex.answer.body, refusal=True)
+            return
         if decided.status == APPROVED:
             if decided.raised:
                 try:
@@ -289,8 +328,7 @@ class GuardStage(BaseStage):
         ex.reservation = None
         if decided.status == WITHDRAWN:  # nobody to answer: nothing forwarded, nothing more written
             ex.client_disconnected = True
-            assert ex.protocol is not None
-            ex.answer = ex.protocol.render_block(ex, decision, "[tripwire] withdrawn")
+            ex.answer = Answer(400, b"withdrawn: the client hung up while its call was held", "text/plain")
             return
         fallback = Action.TERMINATE if config.ask_fallback == "terminate" else Action.BLOCK
         final = dataclasses.replace(decision, action=fallback)
