@@ -10,7 +10,18 @@ import pytest
 from tests.conftest import StartTripwire
 from tests.fakes import FakeUpstream
 from tests.pipeline_errors import no_pipeline_errors  # noqa: F401 (autouse fixture)
-from tests.test_state_replicas import CHAT, HELLO, api, client, settle_all, start_replicas
+from tests.redis_server import RedisServer
+from tests.test_state_replicas import (
+    CHAT,
+    HELLO,
+    api,
+    client,
+    expected_outage,
+    health,
+    settle_all,
+    start_replicas,
+    until,
+)
 
 
 async def test_a_killed_session_resumed_on_one_replica_goes_on_on_all(
@@ -49,3 +60,41 @@ async def test_a_killed_session_resumed_on_one_replica_goes_on_on_all(
         assert len(served) == 1
     assert replicas[0].events(new)[0]["payload"]["resumed_from"] == old
     assert replicas[0].tripwire_json(old)["resumed_as"] == new
+
+
+async def test_a_resume_while_redis_is_down_changes_nothing_and_works_once_it_is_back(
+    own_redis: RedisServer,  # first: it outlives the replicas (they close before it stops)
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, own_redis.url, n=2)
+    for r in replicas:
+        assert r.engine.shared is not None
+        r.engine.shared.link.probe_interval_s = 0.1
+    clients = [client(r, max_retries=0) for r in replicas]
+    await clients[0].chat.completions.create(model="gpt-4o", messages=HELLO)
+    await settle_all(replicas)
+    (old,) = replicas[0].run_ids()
+    assert (await api(replicas[0], "POST", f"/api/runs/{old}/terminate"))[0] == 200
+    await settle_all(replicas)
+    own_redis.stop()
+    status, body = await api(replicas[0], "POST", f"/api/runs/{old}/resume")
+    assert status == 503 and "not resumed" in body["detail"]
+    with pytest.raises(openai.RateLimitError):  # still refused
+        await clients[0].chat.completions.create(model="gpt-4o", messages=HELLO)
+    own_redis.start()
+
+    async def back() -> bool:
+        return (await health(replicas[0]))["state"]["up"] is True
+
+    await until(back, "replica 0 to see Redis back")
+    expected_outage(caplog)
+    await settle_all(replicas)
+    status, body = await api(replicas[0], "POST", f"/api/runs/{old}/resume")
+    assert status == 200, body
+    for c in clients:
+        await c.chat.completions.create(model="gpt-4o", messages=HELLO)
+        await settle_all(replicas)
+    assert len(fake.calls(CHAT)) == 3
