@@ -1,4 +1,4 @@
-"""A held streamed call in every LLM dialect (SPEC §5.5a): chat, Responses and Anthropic Messages,
+"""A held call in every LLM dialect (SPEC §5.5a), streamed and not: chat, Responses and Anthropic Messages,
 with their SDKs. The answer's SSE head goes out at once, with `: keep-alive` comments while held
 (the SDKs read through them); then the upstream's real stream, or Tripwire's own answer in the same
 stream: the synthetic block, or, for a refusal (`ask_fallback: terminate`), the dialect's in-stream
@@ -22,22 +22,30 @@ HEADERS = {"X-Tripwire-Session": "held-stream", "X-Tripwire-Agent": "streamer"}
 ONE_CALL = {"limits": {"max_llm_calls": 1, "on_limit": "ask"}}
 
 
-async def streamed(tw: Any, dialect: str, text: str) -> str:
-    """One streamed call through the dialect's SDK; the text it read."""
+async def streamed(tw: Any, dialect: str, text: str, *, stream: bool = True) -> str:
+    """One call through the dialect's SDK (streamed unless told); the text it read."""
     if dialect == "anthropic":
         a = anthropic.AsyncAnthropic(
             base_url=tw.url + "/llm/anthropic", api_key=AGENT_KEY, default_headers=HEADERS, max_retries=0
         )
         messages: Any = [{"role": "user", "content": text}]
+        if not stream:
+            whole = await a.messages.create(model="claude-sonnet-4-5", max_tokens=50, messages=messages)
+            return str(whole.content[0].text)  # type: ignore[union-attr]
         async with a.messages.stream(model="claude-sonnet-4-5", max_tokens=50, messages=messages) as s:
             msg = await s.get_final_message()
         return str(msg.content[0].text)  # type: ignore[union-attr]
     o = openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=HEADERS, max_retries=0)
     if dialect == "responses":
+        if not stream:
+            return (await o.responses.create(model="gpt-4o-mini", input=text)).output_text
         async with o.responses.stream(model="gpt-4o-mini", input=text) as r:
             final = await r.get_final_response()
         return final.output_text
     chat: Any = [{"role": "user", "content": text}]
+    if not stream:
+        answer = await o.chat.completions.create(model="gpt-4o-mini", messages=chat)
+        return str(answer.choices[0].message.content)
     async with o.chat.completions.stream(model="gpt-4o-mini", messages=chat) as c:
         done = await c.get_final_completion()
     return str(done.choices[0].message.content)
@@ -50,18 +58,23 @@ async def started(start_tripwire: StartTripwire, url: str, dialect: str, guards:
     return tw
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
 @pytest.mark.parametrize("dialect", ["chat", "responses", "anthropic"])
 @pytest.mark.parametrize("decision", ["approve", "deny"])
-async def test_held_stream_in_each_dialect(
-    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], dialect: str, decision: str
+async def test_held_call_in_each_dialect(
+    start_tripwire: StartTripwire,
+    fake_upstream: tuple[FakeUpstream, str],
+    dialect: str,
+    decision: str,
+    stream: bool,
 ) -> None:
     fake, url = fake_upstream
     fake.replies = [Reply(text="first"), Reply(text="second, from upstream")]
     tw = await started(start_tripwire, url, dialect, ONE_CALL)
     assert await streamed(tw, dialect, "one") == "first"
-    held = asyncio.create_task(streamed(tw, dialect, "two"))
+    held = asyncio.create_task(streamed(tw, dialect, "two", stream=stream))
     (approval,) = await until(lambda: approvals(tw), "the second call held")
-    assert approval["guard"] == "max_llm_calls"
+    assert approval["guard"] == "max_llm_calls" and approval["call"]["stream"] is stream
     await asyncio.sleep(0.2)  # a few keep-alive comments go out meanwhile (tick 0.05 s)
     assert not held.done()
     status, _ = await decide(tw, approval["id"], {"decision": decision, "note": "one is enough"})
