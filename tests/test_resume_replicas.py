@@ -4,6 +4,8 @@ one replica's API: every replica then serves it in the new run, spend and counts
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 
@@ -98,3 +100,42 @@ async def test_a_resume_while_redis_is_down_changes_nothing_and_works_once_it_is
         await c.chat.completions.create(model="gpt-4o", messages=HELLO)
         await settle_all(replicas)
     assert len(fake.calls(CHAT)) == 3
+
+
+async def test_an_automatic_session_resumed_is_found_by_its_lineage_on_other_replicas(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    """No session header: the conversation's next request, on a replica that never saw it, finds
+    the new run by the history digests and answers the old run named (moved to the new one)."""
+    fake, url = fake_upstream
+    replicas = await start_replicas(start_tripwire, url, redis_url, guards={"limits": {"max_llm_calls": 2}})
+    clients = [client(r, session=None, agent="auto", max_retries=0) for r in replicas]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "plan a trip"}]
+
+    async def step(c: openai.AsyncOpenAI, i: int) -> None:
+        answer = await c.chat.completions.create(model="gpt-4o", messages=messages)
+        messages.extend(
+            [
+                answer.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": f"and {i}?"},
+            ]
+        )
+        await settle_all(replicas)
+
+    for i in range(2):
+        await step(clients[0], i)
+    with pytest.raises(openai.RateLimitError):
+        await clients[0].chat.completions.create(model="gpt-4o", messages=messages)
+    await settle_all(replicas)
+    (old,) = replicas[0].run_ids()
+    status, body = await api(replicas[0], "POST", f"/api/runs/{old}/resume", {"raise": {"max_llm_calls": 4}})
+    assert status == 200, body
+    new = body["run_id"]
+    await step(clients[1], 2)
+    await step(clients[2], 3)
+    with pytest.raises(openai.RateLimitError) as refused:  # 2 + 2: the raised limit, across replicas
+        await clients[0].chat.completions.create(model="gpt-4o", messages=messages)
+    assert refused.value.response.headers["X-Tripwire-Guard"] == "max_llm_calls"
+    assert len(fake.calls(CHAT)) == 4
+    for r in replicas[1:]:
+        assert r.run_ids() == [new]
