@@ -10,11 +10,13 @@ recorded (`end_if_pending`). The guard state itself is the backend's (proxy/guar
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from proxy import storage
 from proxy.alerts import Alerts
 from proxy.constants import GUARD_KILL_SWITCH, TAG_LOOP_DETECTED, TAG_SHADOW_FIRED, TAG_TERMINATED, EventType
 from proxy.episodes import Episode
@@ -312,6 +314,8 @@ class SessionPolicy:
         old.conversation.configs_recorded.clear()  # the new run records its config again
         old.conversation.guard_history = []  # and its first call's whole history (replay)
         new_run_id = str(uuid.uuid4())
+        # the episode goes on: the new run keeps the old one's name (what the run is about)
+        name = await asyncio.to_thread(storage.run_name_of, self.recorder.data_dir, old.run_id)
         await self.guards.resumed(old, new_run_id)  # shared: every replica finds the new run
         session = self.sessions.resume(old, new_run_id, now=time.monotonic(), wall=time.time())
         config, is_override = self.guard_store.effective(session.agent)
@@ -323,7 +327,7 @@ class SessionPolicy:
             carried_over["raised"] = dict(guards.raised)
         self.recorder.start_run(
             run_id=session.run_id,
-            run_name=default_name(session.agent, session.session_id),
+            run_name=name or default_name(session.agent, session.session_id),
             agent_name=session.agent,
             session_id=session.session_id,
             argv=self.argv,

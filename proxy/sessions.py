@@ -226,6 +226,12 @@ class SessionManager:
             del self._terminated_explicit[key]
         episode = episode or NO_CONVERSATION
         current = self.match(agent, explicit_id, episode) if isinstance(matched, Unmatched) else matched
+        if current is None and run_id is not None:
+            # the shared state names a run this replica holds, which the call's own evidence did not
+            # find here (another replica gave the answer it carries; a resumed run)
+            held = self._by_run.get(run_id)
+            if held is not None and held.agent == agent and not held.ended:
+                current = held
         if current is not None:
             # a call still in flight (a long stream) keeps its session alive
             idle = current.inflight == 0 and now - current.last_seen >= self.idle_timeout_s

@@ -416,6 +416,16 @@ def rename_run(data_dir: Path, run_id: str, name: str) -> dict[str, Any] | None:
     return meta
 
 
+def run_name_of(data_dir: Path, run_id: str) -> str | None:
+    """run.json's run_name, or None (no run, unreadable, no name)."""
+    try:
+        meta = read_json(run_dir(data_dir, run_id) / RUN_JSON)
+    except (ValueError, OSError):
+        return None
+    name = (meta or {}).get("run_name")
+    return name if isinstance(name, str) and name else None
+
+
 def update_tripwire_json(data_dir: Path, run_id: str, fields: dict[str, Any]) -> bool:
     """Set fields of an ended run's tripwire.json (a resumed run's `resumed_as`); False when it has
     none. For a run the recorder still has open, use `TraceRecorder.update_tripwire`."""

@@ -89,6 +89,7 @@ async def test_a_limit_ended_session_resumes_with_a_raise_in_a_linked_run(
     assert events[-2]["payload"]["threshold"] == 4
     assert tw.tripwire_json(old)["resumed_as"] == new
     assert tw.tripwire_json(new)["resumed_from"] == old
+    assert tw.run_json(new)["run_name"] == tw.run_json(old)["run_name"] == "hello"
     # replay of the new run starts from the counts its RUN_START carried over: decides as live
     replayed = replay_dir(tw.data_dir / "runs" / new)
     assert [(d.call_index, d.guard, d.action) for d in replayed.decisions] == [
@@ -183,3 +184,37 @@ async def test_a_raise_in_a_live_session_is_replayed_where_it_stands(
     assert [(d.call_index, d.guard, d.action) for d in replayed.decisions] == [
         (3, "max_llm_calls", "terminate")
     ]
+
+
+async def test_a_limit_ended_automatic_session_found_by_lineage_resumes(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """No session header, nothing announced: the conversation's next request finds the new run by
+    the answer its history carries."""
+    fake, url = fake_upstream
+    fake.default = Reply(text="step done", prompt_tokens=10, completion_tokens=5)
+    tw = await start_tripwire(upstream={"url": url}, guards={"limits": {"max_llm_calls": 1}})
+    llm = client(tw)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "plan a trip"}]
+    answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    messages += [
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "and then?"},
+    ]
+    with pytest.raises(openai.RateLimitError):
+        await llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    await tw.flush()
+    (old,) = tw.run_ids()
+    status, body = await resume(tw, old, {"raise": {"max_llm_calls": 3}})
+    assert status == 200, body
+    new = body["run_id"]
+    answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    messages += [answer.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    # another conversation of the agent is another run, not the resumed one
+    await llm.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "other"}])
+    await tw.flush()
+    assert len(tw.run_ids()) == 3
+    _, events = assert_run_valid(tw.data_dir, new)
+    assert [e["event_type"] for e in events].count("LLM_CALL") == 2
+    assert start_payload(tw, new)["resumed_from"] == old

@@ -293,10 +293,14 @@ class SharedGuardBackend:
         channel = self.state.guards.channel(session.agent, session.run_id)
         await channel.flush()
         replica = channel.replica
-        guards = replica.guards or SessionGuards(self.config(session.agent), started_at=0.0)
+        # an ended run's channel is forgotten: a fresh one has applied nothing yet, the session's
+        # last copy of its guards says what was spent
+        guards = replica.guards or session.guards or SessionGuards(self.config(session.agent), started_at=0.0)
         values = validate_raise(raised, guards.config, guards.budget, replica.now)
         channel.queue([entries.raise_limits(values)])
         await channel.flush()
+        if replica.guards is not None:
+            session.guards = replica.guards  # the run's guards with the raise (and all the log)
         return values
 
     async def resumed(self, old: Session, run_id: str) -> None:
@@ -314,6 +318,8 @@ class SharedGuardBackend:
         )
         slots = shared.all_slots(session)
         if not session.explicit:
+            # and the answers it gave: a conversation's next request is found by the one it carries
+            slots += [keys.slot_history(agent, key.hex()) for key in session.lineage.answers]
             slots.append(keys.slot_latest(agent))
         lineage = not session.explicit and not session.lineage.is_empty()
         await shared.link.call(
