@@ -62,6 +62,10 @@ LIST_CHANGED = (
     "notifications/prompts/list_changed",
     "notifications/resources/list_changed",
 )
+# 2026-07-28 results that carry ttlMs and cacheScope
+CACHEABLE = frozenset(
+    ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read")
+)
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 RESOURCE_NOT_FOUND = -32002
@@ -359,8 +363,10 @@ class Aggregate:
             return jsonrpc.render_error(msg_id, e.code, e.message, e.data)
         except (ServerUnavailable, TransportStatus) as e:
             return jsonrpc.render_error(msg_id, jsonrpc.TRIPWIRE_UPSTREAM_ERROR, str(e))
-        if s.modern:
+        if s.modern:  # what 2026-07-28 requires of results, whatever revision the server spoke
             result.setdefault("resultType", "complete")
+            if method in CACHEABLE:  # never cached: a server may drop out or come back any time
+                result["ttlMs"], result["cacheScope"] = 0, "private"
         return jsonrpc.render_result(msg_id, result)
 
     async def _discover(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
