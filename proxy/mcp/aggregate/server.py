@@ -35,6 +35,7 @@ from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
 from proxy.mcp.aggregate.upstream import (
+    REOPENED,
     JsonObject,
     ServerUnavailable,
     Transport,
@@ -187,6 +188,13 @@ class Aggregate:
 
     def _relay(self, s: ClientSession, server: str, method: str, params: JsonObject | None) -> None:
         """A server's notification: list changes and resource updates go to the client as they are."""
+        if method == REOPENED:  # back after a loss, or restarted: what it listed may have changed
+            if s.down.pop(server, None) is not None:
+                log.warning("aggregate /mcp: MCP server %r is back in tools/list", server)
+            self.server_health.pop(server, None)
+            for changed in LIST_CHANGED:
+                s.send(changed)
+            return
         if method in LIST_CHANGED or method in ("notifications/resources/updated", "notifications/message"):
             s.send(method, params)
 
