@@ -25,6 +25,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy import jsonparse
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer
+from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate.upstream import JsonObject, ServerUnavailable, TransportStatus
 from proxy.routing import TRIPWIRE_HEADER_PREFIX, Route
 from proxy.sse import SSEDecoder
@@ -211,6 +212,10 @@ class PipelineTransport:
         body_bytes = bytes(getattr(own, "body", b"") or b"")
         status = int(getattr(own, "status", 500))
         own_headers = CIMultiDict(getattr(own, "headers", {}) or {})
+        error = (_json_object(body_bytes) or {}).get("error")
+        if isinstance(error, dict) and error.get("code") == jsonrpc.TRIPWIRE_UPSTREAM_ERROR:
+            # the pipeline could not reach the server (recorded, counted by its breaker): unavailable
+            raise ServerUnavailable(server, str(error.get("message") or "no answer"))
 
         async def whole() -> AsyncIterator[bytes]:
             if body_bytes:
