@@ -19,7 +19,7 @@ from mcp import Client  # noqa: E402
 
 from tests.conftest import StartTripwire  # noqa: E402
 from tests.mcp_revision_servers import RevisionServer  # noqa: E402
-from tests.mcp_servers import serve  # noqa: E402
+from tests.mcp_servers import connect, serve  # noqa: E402
 
 SERVER = Path(__file__).parent / "mcp_servers.py"
 DEMO_TOOLS = {"add", "echo", "slow_count", "explode"}
@@ -120,3 +120,24 @@ async def test_a_server_killed_drops_out_and_returns_with_list_changed(start_tri
             assert (await r.json())["mcp_aggregate"]["down"] == {}
         await tw.flush()
         assert [c["name"] for c in tool_events(tw.events())] == ["flaky__add", "steady__add", "flaky__add"]
+
+
+async def test_legacy_sse_client_through_the_aggregate(start_tripwire: StartTripwire) -> None:
+    """An old client on the HTTP+SSE transport: `/mcp` is its SSE stream, answers come on it."""
+    with serve() as alpha, RevisionServer("stateless") as modern:
+        tw = await start_tripwire(mcp={"alpha": {"url": alpha}, "modern": {"url": modern.url}})
+        async with connect("sse", f"{tw.url}/agents/old/mcp") as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"alpha__add", "modern__add"} <= names
+            assert (await client.call_tool("modern__add", {"a": 5, "b": 5})).structured_content == {
+                "result": 10
+            }
+            assert (await client.call_tool("alpha__echo", {"text": "hi"})).structured_content == {
+                "result": "echo: hi"
+            }
+        await tw.flush()
+        calls = tool_events(tw.events())
+        assert [(c["name"], c["meta"]["agent"]) for c in calls] == [
+            ("modern__add", "old"),
+            ("alpha__echo", "old"),
+        ]
