@@ -141,3 +141,23 @@ async def test_legacy_sse_client_through_the_aggregate(start_tripwire: StartTrip
             ("modern__add", "old"),
             ("alpha__echo", "old"),
         ]
+
+
+async def test_openai_agents_sdk_mcp_client_through_the_aggregate(start_tripwire: StartTripwire) -> None:
+    """The OpenAI Agents SDK's own MCP client, given the one URL `/mcp`."""
+    agents_mcp = pytest.importorskip("agents.mcp")
+    with serve() as alpha, serve() as beta:
+        tw = await start_tripwire(mcp={"alpha": {"url": alpha}, "beta": {"url": beta}})
+        server = agents_mcp.MCPServerStreamableHttp(
+            {"url": f"{tw.url}/agents/planner/mcp", "timeout": 30}, cache_tools_list=False
+        )
+        await server.connect()
+        try:
+            names = {t.name for t in await server.list_tools()}
+            assert {"alpha__add", "beta__echo"} <= names
+            result = await server.call_tool("beta__echo", {"text": "agents"})
+            assert "echo: agents" in str(result.content)
+        finally:
+            await server.cleanup()
+        await tw.flush()
+        assert [c["name"] for c in tool_events(tw.events())] == ["beta__echo"]
