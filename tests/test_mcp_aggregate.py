@@ -161,3 +161,54 @@ async def test_openai_agents_sdk_mcp_client_through_the_aggregate(start_tripwire
             await server.cleanup()
         await tw.flush()
         assert [c["name"] for c in tool_events(tw.events())] == ["beta__echo"]
+
+
+async def test_an_aggregated_call_in_llm_history_counts_once_and_is_guarded(
+    start_tripwire: StartTripwire, fake_upstream: Any
+) -> None:
+    """The model asks for `alpha__add` (the name `/mcp` lists), the agent runs it through `/mcp`
+    and sends the result back: each call counts once, so the 3rd MCP call is the one the loop guard
+    blocks (the guards of `alpha`'s own pipeline), and each forwarded call is one TOOL_CALL."""
+    import json
+
+    import httpx2
+    import openai
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.fakes import Reply
+    from tests.schema import assert_run_valid
+
+    fake, llm_url = fake_upstream
+    fake.replies = [Reply(tool_calls=[(f"call_{i}", "alpha__add", {"a": 1, "b": 2})]) for i in range(3)]
+    fake.default = Reply(text="three")
+    headers = {"X-Tripwire-Session": "both-1", "X-Tripwire-Agent": "mixed"}
+    guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
+    with serve() as alpha, serve() as beta:
+        tw = await start_tripwire(
+            upstream={"url": llm_url}, mcp={"alpha": {"url": alpha}, "beta": {"url": beta}}, guards=guards
+        )
+        llm = openai.AsyncOpenAI(base_url=f"{tw.url}/v1", api_key="sk-test", default_headers=headers)
+        texts: list[str] = []
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(f"{tw.url}/mcp", http_client=http), cache=None) as tools,
+        ):
+            messages: list[Any] = [{"role": "user", "content": "1 + 2?"}]
+            for _ in range(6):
+                answer = await llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
+                msg = answer.choices[0].message
+                if not msg.tool_calls:
+                    break
+                messages.append(msg.model_dump(exclude_none=True))
+                for tc in msg.tool_calls:
+                    result = await tools.call_tool(tc.function.name, json.loads(tc.function.arguments))
+                    texts.append(result.content[0].text)
+                    messages.append(
+                        {"role": "tool", "tool_call_id": tc.id, "content": result.content[0].text}
+                    )
+        await tw.flush()
+        (run_id,) = tw.run_ids()
+        _, events = assert_run_valid(tw.data_dir, run_id)
+    assert texts[:2] == ["3", "3"] and texts[2].startswith("[tripwire] blocked:")
+    calls = tool_events(events)
+    assert [(c["payload"]["source"], c["payload"]["tool_name"]) for c in calls] == [("mcp", "alpha__add")] * 2
