@@ -212,3 +212,29 @@ async def test_an_aggregated_call_in_llm_history_counts_once_and_is_guarded(
     assert texts[:2] == ["3", "3"] and texts[2].startswith("[tripwire] blocked:")
     calls = tool_events(events)
     assert [(c["payload"]["source"], c["payload"]["tool_name"]) for c in calls] == [("mcp", "alpha__add")] * 2
+
+
+async def test_a_2026_client_listens_for_a_server_coming_back(start_tripwire: StartTripwire) -> None:
+    """Acceptance 2 for a 2026-07-28 client: no GET stream, a `subscriptions/listen` stream instead;
+    a server that comes back after being down is announced there."""
+    with serve() as steady, RevisionServer("stateless") as flaky:
+        tw = await start_tripwire(
+            mcp={"steady": {"url": steady}, "flaky": {"url": flaky.url}}, list_timeout_s=3
+        )
+        async with Client(f"{tw.url}/mcp", mode="auto", cache=None) as client:  # type: ignore[arg-type]
+            assert "flaky__add" in {t.name for t in (await client.list_tools()).tools}
+            async with client.listen(tools_list_changed=True) as sub:
+                flaky.stop()
+                names = {t.name for t in (await client.list_tools()).tools}
+                assert "steady__add" in names and "flaky__add" not in names
+                assert (await client.call_tool("steady__add", {"a": 1, "b": 2})).structured_content == {
+                    "result": 3
+                }
+                flaky.start()
+                event = await asyncio.wait_for(sub.__anext__(), 60)
+                assert "tools" in str(event).lower()
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"steady__add", "flaky__add"} <= names
+            assert (await client.call_tool("flaky__add", {"a": 2, "b": 2})).structured_content == {
+                "result": 4
+            }

@@ -63,6 +63,13 @@ LIST_CHANGED = (
     "notifications/prompts/list_changed",
     "notifications/resources/list_changed",
 )
+# 2026-07-28 `subscriptions/listen`: the filter's flag of each notification the aggregate relays
+LISTEN_FLAGS = {
+    "notifications/tools/list_changed": "toolsListChanged",
+    "notifications/prompts/list_changed": "promptsListChanged",
+    "notifications/resources/list_changed": "resourcesListChanged",
+}
+SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 # 2026-07-28 results that carry ttlMs and cacheScope
 CACHEABLE = frozenset(
     ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read")
@@ -99,19 +106,31 @@ class ClientSession:
     templates: dict[str, str] = field(default_factory=dict)  # URI template -> its server
     probe: asyncio.Task[None] | None = None
     closed: bool = False
+    # 2026-07-28 clients' `subscriptions/listen` streams: (their request id, what they asked for, queue)
+    listeners: list[tuple[Any, frozenset[str], asyncio.Queue[bytes]]] = field(default_factory=list)
 
     def send(self, method: str, params: JsonObject | None = None) -> None:
-        """A notification for the client's GET stream (handshake era, legacy SSE)."""
+        """A notification for the client's GET stream (handshake era, legacy SSE) or its listen
+        streams (2026-07-28: only what each asked for, stamped with its subscription id)."""
         msg: JsonObject = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             msg["params"] = params
         self.push(orjson.dumps(msg))
+        for listen_id, wanted, queue in self.listeners:
+            if LISTEN_FLAGS.get(method) in wanted:
+                meta = {**_dict(_dict(params).get("_meta")), SUBSCRIPTION_META: listen_id}
+                _put(queue, orjson.dumps({**msg, "params": {**_dict(params), "_meta": meta}}))
 
     def push(self, message: bytes) -> None:
-        if self.stream.full():
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self.stream.get_nowait()
-        self.stream.put_nowait(message)
+        _put(self.stream, message)
+
+
+def _put(queue: asyncio.Queue[bytes], message: bytes) -> None:
+    """Queued for a stream; past its bound the oldest is dropped (a client that does not read)."""
+    if queue.full():
+        with contextlib.suppress(asyncio.QueueEmpty):
+            queue.get_nowait()
+    queue.put_nowait(message)
 
 
 class Aggregate:
@@ -251,6 +270,8 @@ class Aggregate:
             answers = await asyncio.gather(*(self._answer(s, m, None) for m in requests))
             return _json(b"[" + b",".join(answers) + b"]")
         msg = requests[0]
+        if msg.get("method") == "subscriptions/listen":
+            return await self._listen(request, s, msg)
         if _progress_token(msg) is not None and "text/event-stream" in request.headers.get("Accept", ""):
             return await self._sse_answer(request, s, msg)
         return _json(
@@ -284,6 +305,25 @@ class Aggregate:
         await response.write_eof()
         return response
 
+    async def _listen(self, request: web.Request, s: ClientSession, msg: JsonObject) -> web.StreamResponse:
+        """2026-07-28 `subscriptions/listen`: an SSE stream of the list changes the client asked for,
+        acknowledged first, kept until the client closes it."""
+        asked = _dict(_dict(msg.get("params")).get("notifications"))
+        honored = {flag: True for flag in LISTEN_FLAGS.values() if asked.get(flag)}
+        queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE)
+        listener = (msg.get("id"), frozenset(honored), queue)
+        ack = {
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": honored, "_meta": {SUBSCRIPTION_META: msg.get("id")}},
+        }
+        _put(queue, orjson.dumps(ack))
+        s.listeners.append(listener)
+        try:
+            return await self._stream(request, s, None, queue)
+        finally:
+            s.listeners.remove(listener)
+
     async def _get(self, request: web.Request, route: Route) -> web.StreamResponse:
         session_id = request.headers.get("Mcp-Session-Id")
         if session_id:
@@ -302,7 +342,11 @@ class Aggregate:
             await _close(s)
 
     async def _stream(
-        self, request: web.Request, s: ClientSession, endpoint: str | None
+        self,
+        request: web.Request,
+        s: ClientSession,
+        endpoint: str | None,
+        queue: asyncio.Queue[bytes] | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -313,7 +357,7 @@ class Aggregate:
                 await response.write(b"event: endpoint\ndata: " + endpoint.encode() + b"\n\n")
             while not s.closed:
                 try:
-                    message = await asyncio.wait_for(s.stream.get(), KEEPALIVE_S)
+                    message = await asyncio.wait_for((queue or s.stream).get(), KEEPALIVE_S)
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
@@ -617,6 +661,8 @@ async def _close(s: ClientSession) -> None:
     if s.probe is not None:
         s.probe.cancel()
     s.push(b"")  # wakes its GET stream, which then ends
+    for _, _, queue in s.listeners:
+        _put(queue, b"")
     with contextlib.suppress(Exception):
         await s.upstreams.close()
 
