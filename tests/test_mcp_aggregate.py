@@ -238,3 +238,55 @@ async def test_a_2026_client_listens_for_a_server_coming_back(start_tripwire: St
             assert (await client.call_tool("flaky__add", {"a": 2, "b": 2})).structured_content == {
                 "result": 4
             }
+
+
+def library(kind: str) -> Any:
+    """An SDK server with a prompt, a resource and a resource template, its URIs its own (`kind://`)."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer(f"{kind}-library")
+
+    @server.prompt()
+    def greet(name: str) -> str:
+        """Greet someone."""
+        return f"Hello {name}, from {kind}"
+
+    @server.resource(f"{kind}://index")
+    def index() -> str:
+        return f"the {kind} index"
+
+    @server.resource(f"{kind}://item/{{item_id}}")
+    def item(item_id: str) -> str:
+        return f"{kind} item {item_id}"
+
+    return server
+
+
+async def test_prompts_prefixed_and_resources_routed_by_who_listed_them(
+    start_tripwire: StartTripwire,
+) -> None:
+    from tests.mcp_servers import ServerThread
+
+    threads = [ServerThread(library(kind).streamable_http_app()) for kind in ("books", "films")]
+    urls = [t.start() + "/mcp" for t in threads]
+    try:
+        tw = await start_tripwire(mcp={"books": {"url": urls[0]}, "films": {"url": urls[1]}})
+        for mode in ("auto", "legacy"):
+            async with Client(f"{tw.url}/mcp", mode=mode, cache=None) as client:  # type: ignore[arg-type]
+                prompts = {p.name for p in (await client.list_prompts()).prompts}
+                assert prompts == {"books__greet", "films__greet"}
+                got = await client.get_prompt("films__greet", {"name": "Ada"})
+                assert "Hello Ada, from films" in str(got.messages[0].content)
+                resources = {str(r.uri) for r in (await client.list_resources()).resources}
+                assert resources == {"books://index", "films://index"}
+                read = await client.read_resource("films://index")
+                assert read.contents[0].text == "the films index"  # type: ignore[union-attr]
+                templates = {
+                    t.uri_template for t in (await client.list_resource_templates()).resource_templates
+                }
+                assert templates == {"books://item/{item_id}", "films://item/{item_id}"}
+                read = await client.read_resource("books://item/42")  # routed by its template's server
+                assert read.contents[0].text == "books item 42"  # type: ignore[union-attr]
+    finally:
+        for t in threads:
+            t.stop()
