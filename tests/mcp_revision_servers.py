@@ -37,6 +37,7 @@ STATELESS = ("2026-07-28",)
 
 def add_revision_tools(server: Any) -> None:
     """`grow`: adds a tool and announces the change (GET stream or `subscriptions/listen`)."""
+
     @server.tool()
     async def grow(name: str, ctx: Context) -> str:
         """Add a tool named `name`, then announce that the tool list changed."""
@@ -91,7 +92,9 @@ class EraGate:
         self.seen.append((scope["method"], version))
         if self.era == "handshake" and version is not None and version not in HANDSHAKE:
             message = f"Bad Request: Unsupported protocol version: {version} (supported versions: {', '.join(HANDSHAKE)})"
-            await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}})
+            await _send_json(
+                send, 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+            )
             return
         if self.era == "stateless" and version not in STATELESS:
             if scope["method"] != "POST":

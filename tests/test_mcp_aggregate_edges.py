@@ -197,3 +197,24 @@ async def test_circuit_of_a_server_is_its_own_and_refuses_in_its_shape(start_tri
             ("dead__boom", "error"),
             ("alive__fine", "ok"),
         ]
+
+
+async def test_idle_sessions_close_and_their_client_is_told_to_start_again(
+    start_tripwire: StartTripwire, monkeypatch: Any
+) -> None:
+    from proxy.mcp.aggregate import server as aggregate_server
+
+    fake = FakeMCP([["run"]])
+    async with served(fake) as url:
+        tw = await start_tripwire(mcp={"files": {"url": url}})
+        async with aiohttp.ClientSession() as http:
+            first = RawClient(http, f"{tw.url}/mcp")
+            await first.open()
+            assert (await first.rpc("tools/list"))["result"]["tools"]
+            monkeypatch.setattr(aggregate_server, "SESSION_IDLE_S", 0.0)
+            second = RawClient(http, f"{tw.url}/mcp")
+            await second.open()  # a new session sweeps the idle ones
+            body = {"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {}}
+            async with http.post(first.url, json=body, headers=first.headers) as r:
+                assert r.status == 404  # the client starts a new session, as after a server restart
+            assert (await second.rpc("tools/list"))["result"]["tools"]

@@ -47,7 +47,9 @@ def test_cursors_are_tripwires_own_and_checked() -> None:
 
 
 def test_every_server_unless_narrowed(tmp_path: Path) -> None:
-    s = settings(tmp_path, mcp={"files": {"url": "http://127.0.0.1:1"}}, mcp_stdio={"local": {"command": "cmd"}})
+    s = settings(
+        tmp_path, mcp={"files": {"url": "http://127.0.0.1:1"}}, mcp_stdio={"local": {"command": "cmd"}}
+    )
     assert aggregate_servers(s) == ("files", "local")
     narrowed = settings(tmp_path, mcp={"files": {"url": "http://127.0.0.1:1"}}, mcp_aggregate=["files"])
     assert aggregate_servers(narrowed) == ("files",)
@@ -112,3 +114,11 @@ def test_the_aggregate_route() -> None:
 def test_no_header_makes_a_direct_call_aggregated() -> None:
     route = resolve("/mcp/files", {"X-Tripwire-Aggregated": "1", "X-Tripwire-Aggregate": "true"}, **NAMES)
     assert isinstance(route, Route) and route.aggregated is False
+
+
+def test_a_calls_permission_name_is_server__tool_either_way() -> None:
+    from proxy.mcp.jsonrpc import MCPToolCall
+
+    direct = MCPToolCall("files", "read", {}, 1, None, None, "streamable")
+    aggregated = MCPToolCall("files", "files__read", {}, 1, None, None, "streamable", aggregated=True)
+    assert direct.qualified_name == aggregated.qualified_name == "files__read"

@@ -80,6 +80,7 @@ RESOURCE_NOT_FOUND = -32002
 PROBE_INTERVAL_S = 1.0  # how often a server that dropped out is asked again for its tools
 KEEPALIVE_S = 15.0  # a comment on an idle GET stream, which also notices a client that left
 MAX_SESSIONS = 1000  # client sessions kept; the least recently used one closes past it
+SESSION_IDLE_S = 3600.0  # a client session without a request or an open stream this long is closed
 STREAM_QUEUE = 256  # notifications waiting for a client's GET stream; older ones drop past it
 
 TransportFor = Callable[[Route, Mapping[str, str]], Transport]
@@ -106,6 +107,8 @@ class ClientSession:
     templates: dict[str, str] = field(default_factory=dict)  # URI template -> its server
     probe: asyncio.Task[None] | None = None
     closed: bool = False
+    used: float = field(default_factory=time.monotonic)  # its last request
+    streams: int = 0  # its open GET / listen streams (a session with one open is in use)
     # 2026-07-28 clients' `subscriptions/listen` streams: (their request id, what they asked for, queue)
     listeners: list[tuple[Any, frozenset[str], asyncio.Queue[bytes]]] = field(default_factory=list)
 
@@ -183,6 +186,9 @@ class Aggregate:
         s = ClientSession(key, route, UpstreamSessions(self.transport_for(route, _client_headers(headers))))
         s.modern, s.legacy = modern, legacy
         s.upstreams.on_notification = lambda server, method, params: self._relay(s, server, method, params)
+        now = time.monotonic()
+        for old in [o for o in self.sessions.values() if not o.streams and now - o.used > SESSION_IDLE_S]:
+            _close_later(self.sessions.pop(old.key))  # its client left without a DELETE
         self.sessions[key] = s
         while len(self.sessions) > MAX_SESSIONS:
             oldest = next(iter(self.sessions))
@@ -193,6 +199,7 @@ class Aggregate:
         s = self.sessions.pop(key, None)
         if s is not None:
             self.sessions[key] = s  # most recently used last
+            s.used = time.monotonic()
         return s
 
     def _stateless(self, route: Route, headers: Mapping[str, str]) -> ClientSession:
@@ -352,6 +359,7 @@ class Aggregate:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
+        s.streams += 1
         try:
             if endpoint is not None:
                 await response.write(b"event: endpoint\ndata: " + endpoint.encode() + b"\n\n")
@@ -364,8 +372,11 @@ class Aggregate:
                 if not message:  # the session closed
                     break
                 await response.write(jsonrpc.sse_message(message))
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+        except ConnectionError:
+            pass  # the client left
+        finally:
+            s.streams -= 1
+            s.used = time.monotonic()
         return response
 
     async def _legacy_post(self, key: str, messages: list[Any]) -> web.Response:
