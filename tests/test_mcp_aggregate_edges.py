@@ -218,3 +218,24 @@ async def test_idle_sessions_close_and_their_client_is_told_to_start_again(
             async with http.post(first.url, json=body, headers=first.headers) as r:
                 assert r.status == 404  # the client starts a new session, as after a server restart
             assert (await second.rpc("tools/list"))["result"]["tools"]
+
+
+async def test_a_session_is_its_agents_own_and_unknown_revisions_are_named(
+    start_tripwire: StartTripwire,
+) -> None:
+    fake = FakeMCP([["run"]])
+    async with served(fake) as url:
+        tw = await start_tripwire(mcp={"files": {"url": url}})
+        async with aiohttp.ClientSession() as http:
+            mine = RawClient(http, f"{tw.url}/agents/a/mcp")
+            await mine.open()
+            body = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+            for path in ("/agents/b/mcp", "/mcp"):  # another agent naming a's session: not found
+                async with http.post(f"{tw.url}{path}", json=body, headers=mine.headers) as r:
+                    assert r.status == 404
+            assert (await mine.rpc("tools/list"))["result"]["tools"]
+            future = {"MCP-Protocol-Version": "2099-01-01"}
+            async with http.post(f"{tw.url}/mcp", json=body, headers=future) as r:
+                answer = await r.json()
+            assert r.status == 400 and answer["error"]["code"] == -32022
+            assert "2026-07-28" in answer["error"]["data"]["supported"]

@@ -195,17 +195,19 @@ class Aggregate:
             _close_later(self.sessions.pop(oldest))
         return s
 
-    def _find(self, key: str) -> ClientSession | None:
-        s = self.sessions.pop(key, None)
-        if s is not None:
-            self.sessions[key] = s  # most recently used last
-            s.used = time.monotonic()
+    def _find(self, key: str, route: Route) -> ClientSession | None:
+        """The client's session; None when unknown, or opened by another agent (never shared)."""
+        s = self.sessions.get(key)
+        if s is None or s.route.agent != route.agent:
+            return None
+        self.sessions[key] = self.sessions.pop(key)  # most recently used last
+        s.used = time.monotonic()
         return s
 
     def _stateless(self, route: Route, headers: Mapping[str, str]) -> ClientSession:
         """2026-07-28 clients keep no session: one per agent and session keeps the upstream ones."""
         key = f"modern:{route.agent}:{route.session or ''}"
-        return self._find(key) or self._open(key, route, headers, modern=True, legacy=False)
+        return self._find(key, route) or self._open(key, route, headers, modern=True, legacy=False)
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}
@@ -230,9 +232,10 @@ class Aggregate:
         if request.method == "GET":
             return await self._get(request, route)
         if request.method == "DELETE":
-            s = self.sessions.pop(request.headers.get("Mcp-Session-Id", ""), None)
+            s = self._find(request.headers.get("Mcp-Session-Id", ""), route)
             if s is None:
                 return web.Response(status=404, text="unknown session")
+            self.sessions.pop(s.key, None)
             await _close(s)
             return web.Response(status=200)
         if request.method != "POST":
@@ -245,7 +248,7 @@ class Aggregate:
         messages, batch = parsed
         legacy_key = request.query.get("session")
         if legacy_key is not None:
-            return await self._legacy_post(legacy_key, messages)
+            return await self._legacy_post(legacy_key, route, messages)
         first = messages[0] if messages and isinstance(messages[0], dict) else {}
         if first.get("method") == "initialize" and not batch:
             return self._initialize(request, route, first)
@@ -253,9 +256,16 @@ class Aggregate:
         session_id = request.headers.get("Mcp-Session-Id")
         if version == MODERN_VERSION and not session_id:
             s = self._stateless(route, request.headers)
+        elif version and version not in HANDSHAKE_VERSIONS and not session_id:
+            data = {"supported": [*HANDSHAKE_VERSIONS, MODERN_VERSION], "requested": version}
+            body = jsonrpc.render_error(
+                first.get("id"), UNSUPPORTED_VERSION, "Unsupported protocol version", data
+            )
+            return _json(body, 400)
         elif session_id:
-            found = self._find(session_id)
-            if found is None:  # the client starts a new session (as after a server restart)
+            found = self._find(session_id, route)
+            if found is None:
+                # unknown (or another agent's): the client starts a new session, as after a server restart
                 return _json(
                     jsonrpc.render_error(first.get("id"), INVALID_PARAMS_SESSION, "Session not found"), 404
                 )
@@ -334,7 +344,7 @@ class Aggregate:
     async def _get(self, request: web.Request, route: Route) -> web.StreamResponse:
         session_id = request.headers.get("Mcp-Session-Id")
         if session_id:
-            s = self._find(session_id)
+            s = self._find(session_id, route)
             if s is None:
                 return web.Response(status=404, text="unknown session")
             return await self._stream(request, s, None)
@@ -379,8 +389,8 @@ class Aggregate:
             s.used = time.monotonic()
         return response
 
-    async def _legacy_post(self, key: str, messages: list[Any]) -> web.Response:
-        s = self._find(key)
+    async def _legacy_post(self, key: str, route: Route, messages: list[Any]) -> web.Response:
+        s = self._find(key, route)
         if s is None or not s.legacy:
             return web.Response(status=404, text="unknown session")
         for m in messages:
@@ -619,6 +629,7 @@ class Aggregate:
 
 
 INVALID_PARAMS_SESSION = -32001  # the SDKs' "Session not found" with HTTP 404
+UNSUPPORTED_VERSION = -32022  # 2026-07-28's UnsupportedProtocolVersionError, naming what is supported
 
 
 def _dict(value: Any) -> JsonObject:
