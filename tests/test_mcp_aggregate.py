@@ -303,3 +303,27 @@ async def test_prompts_prefixed_and_resources_routed_by_who_listed_them(
     finally:
         for t in threads:
             t.stop()
+
+
+@pytest.mark.parametrize("era", ["handshake", "stateless"])
+async def test_a_servers_own_list_changed_reaches_the_client(start_tripwire: StartTripwire, era: str) -> None:
+    """`grow` adds a tool and announces it (GET stream, or subscriptions/listen at 2026-07-28): the
+    handshake client hears it on its GET stream, and the grown tool is listed prefixed."""
+    heard: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        method = getattr(getattr(message, "root", message), "method", None)
+        if isinstance(method, str):
+            heard.append(method)
+
+    with RevisionServer(era) as server:
+        tw = await start_tripwire(mcp={"grower": {"url": server.url}}, list_timeout_s=LIST_TIMEOUT_S)
+        async with Client(f"{tw.url}/mcp", mode="legacy", cache=None, message_handler=on_message) as client:  # type: ignore[arg-type]
+            assert "grower__sprout" not in {t.name for t in (await client.list_tools()).tools}
+            await client.call_tool("grower__grow", {"name": "sprout"})
+            for _ in range(600):
+                if "notifications/tools/list_changed" in heard:
+                    break
+                await asyncio.sleep(0.05)
+            assert "notifications/tools/list_changed" in heard
+            assert "grower__sprout" in {t.name for t in (await client.list_tools()).tools}

@@ -263,7 +263,10 @@ class PipelineTransport:
                 method,
                 url,
                 data=body,
-                headers={**inner_headers(headers), "Accept": "text/event-stream"},
+                # a GET stream accepts only SSE; a POST (listen) both, or the server refuses it (406)
+                headers=inner_headers(headers)
+                if body is not None
+                else {**inner_headers(headers), "Accept": "text/event-stream"},
                 timeout=None,
             ) as response:
                 if response.status >= 400:
