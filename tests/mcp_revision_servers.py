@@ -37,6 +37,7 @@ STATELESS = ("2026-07-28",)
 
 def add_revision_tools(server: Any) -> None:
     """`grow`: adds a tool and announces the change (GET stream or `subscriptions/listen`)."""
+
     @server.tool()
     async def grow(name: str, ctx: Context) -> str:
         """Add a tool named `name`, then announce that the tool list changed."""
@@ -91,7 +92,9 @@ class EraGate:
         self.seen.append((scope["method"], version))
         if self.era == "handshake" and version is not None and version not in HANDSHAKE:
             message = f"Bad Request: Unsupported protocol version: {version} (supported versions: {', '.join(HANDSHAKE)})"
-            await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}})
+            await _send_json(
+                send, 400, {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+            )
             return
         if self.era == "stateless" and version not in STATELESS:
             if scope["method"] != "POST":
@@ -130,7 +133,9 @@ class RevisionServer:
         add_revision_tools(server)
         app = server.streamable_http_app(json_response=self.json_response)
         self.gate = EraGate(app, self.era)
-        config = uvicorn.Config(self.gate, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            self.gate, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
@@ -145,7 +150,6 @@ class RevisionServer:
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
-            self._server.force_exit = True
         if self._thread is not None:
             self._thread.join(timeout=20)
         self._server = self._thread = None
