@@ -653,11 +653,12 @@ class UpstreamSession:
     def _status_error(self, status: TransportStatus) -> Exception:
         message = status.message if isinstance(status.message, dict) else None
         error = message.get("error") if message else None
+        if status.status >= 500:  # a failing server or gateway, whatever its body says: isolation's business
+            self._lost = True
+            detail = f": {error.get('message')}" if isinstance(error, dict) and error.get("message") else ""
+            return ServerUnavailable(self.server, f"HTTP {status.status}{detail}")
         if isinstance(error, dict) and "code" in error:
             return UpstreamError(int(error["code"]), str(error.get("message", "")), error.get("data"))
-        if status.status >= 500:
-            self._lost = True
-            return ServerUnavailable(self.server, f"HTTP {status.status}")
         return UpstreamError(rev.INTERNAL_ERROR, f"MCP server {self.server!r} answered HTTP {status.status}")
 
     async def _drain(self, stream: AsyncIterator[JsonObject]) -> None:
