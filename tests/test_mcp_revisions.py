@@ -210,3 +210,20 @@ async def test_a_server_speaking_only_revisions_we_do_not_is_refused() -> None:
     with pytest.raises(UpstreamError) as raised:
         await session.request("tools/list", None)
     assert raised.value.code == -32022
+
+
+async def test_tripwires_own_could_not_reach_error_is_unavailability_not_an_era() -> None:
+    """In process, the server's pipeline answers an unreachable server with JSON-RPC -32051 over 200
+    (docs/reliability.md): not an answer to the probe, and not the server's own error."""
+    unreachable = [{"jsonrpc": "2.0", "id": 1, "error": {"code": -32051, "message": "could not reach 's'"}}]
+    transport = ScriptedTransport(
+        [unreachable, DISCOVERED, [{"jsonrpc": "2.0", "id": 3, "error": unreachable[0]["error"]}]]
+    )
+    transport.outcomes[1] = [{"jsonrpc": "2.0", "id": 2, "result": DISCOVERED[0]["result"]}]
+    session = UpstreamSession("s", transport)
+    with pytest.raises(ServerUnavailable, match="could not reach"):
+        await session.request("tools/list", None)
+    assert session.revision == ""  # no era concluded from it
+    with pytest.raises(ServerUnavailable):
+        await session.request("tools/list", None)
+    assert session.revision == "2026-07-28"

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.mcp.aggregate import revisions as rev
+from proxy.mcp.jsonrpc import TRIPWIRE_UPSTREAM_ERROR
 
 log = logging.getLogger("tripwire.mcp.aggregate")
 
@@ -133,6 +134,16 @@ class Transport(Protocol):
     async def delete(self, server: str, headers: Mapping[str, str]) -> None:
         """End the session (handshake era, `Mcp-Session-Id` in `headers`)."""
         ...
+
+
+def _error(server: str, error: Any) -> Exception:
+    """The exception for a JSON-RPC `error` member: the server's own error, or, when Tripwire's
+    pipeline in front of the server says it could not reach it (-32051), the server's absence."""
+    err = error if isinstance(error, dict) else {}
+    code, message = int(err.get("code", rev.INTERNAL_ERROR)), str(err.get("message", ""))
+    if code == TRIPWIRE_UPSTREAM_ERROR:
+        return ServerUnavailable(server, message)
+    return UpstreamError(code, message, err.get("data"))
 
 
 def _dumps(message: JsonObject) -> bytes:
@@ -372,6 +383,8 @@ class UpstreamSession:
             error = (status.message or {}).get("error") if isinstance(status.message, dict) else None
             if status.status >= 500:
                 raise ServerUnavailable(self.server, f"HTTP {status.status} to server/discover") from None
+        if isinstance(error, dict) and error.get("code") == TRIPWIRE_UPSTREAM_ERROR:
+            raise _error(self.server, error)  # not an era verdict: the server is not there
         verdict = rev.probe_verdict(error, result)
         if verdict == "incompatible":
             err = error or {}
@@ -419,10 +432,7 @@ class UpstreamSession:
         if answer is None:
             raise ServerUnavailable(self.server, "no answer to initialize")
         if "error" in answer:
-            err = answer["error"] or {}
-            raise UpstreamError(
-                int(err.get("code", rev.INTERNAL_ERROR)), str(err.get("message", "")), err.get("data")
-            )
+            raise _error(self.server, answer["error"])
         result = answer.get("result") or {}
         revision = rev.newest_handshake(str(result.get("protocolVersion", "")))
         if revision is None:
@@ -506,14 +516,12 @@ class UpstreamSession:
                 if "method" not in msg:
                     if msg.get("id") != request_id:
                         continue
-                    self._mark_reachable()
                     if "error" in msg:
-                        err = msg["error"] or {}
-                        raise UpstreamError(
-                            int(err.get("code", rev.INTERNAL_ERROR)),
-                            str(err.get("message", "")),
-                            err.get("data"),
-                        )
+                        failure = _error(self.server, msg["error"])
+                        if isinstance(failure, UpstreamError):
+                            self._mark_reachable()
+                        raise failure
+                    self._mark_reachable()
                     result = msg.get("result")
                     return dict(result) if isinstance(result, dict) else {}
                 params = msg.get("params")
