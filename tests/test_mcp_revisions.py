@@ -85,7 +85,7 @@ def test_initialize_and_discover_results_translate_both_ways() -> None:
     assert discover == {
         "resultType": "complete",
         "supportedVersions": ["2026-07-28"],
-        "capabilities": {"tools": {"listChanged": True}},  # logging: no connection-wide log at 2026-07-28
+        "capabilities": {"tools": {"listChanged": True}, "logging": {}},
         "ttlMs": 0,
         "cacheScope": "private",
         "instructions": "read only",
@@ -94,7 +94,7 @@ def test_initialize_and_discover_results_translate_both_ways() -> None:
     back = rev.initialize_from_discover(discover, "2025-11-25", "files")
     assert back == {
         "protocolVersion": "2025-11-25",
-        "capabilities": {"tools": {"listChanged": True}},
+        "capabilities": {"tools": {"listChanged": True}, "logging": {}},
         "serverInfo": {"name": "files", "version": "2"},
         "instructions": "read only",
     }

@@ -249,7 +249,7 @@ def discover_from_initialize(initialize: Mapping[str, Any]) -> JsonObject:
     capabilities and instructions, `serverInfo` in `_meta`, `resultType: "complete"`, and cache hints
     that promise nothing (`ttlMs: 0`, `cacheScope: "private"`: the aggregate's answer depends on who
     asks and on which servers are up)."""
-    capabilities = {k: v for k, v in dict(initialize.get("capabilities") or {}).items() if k != "logging"}
+    capabilities = dict(initialize.get("capabilities") or {})
     out: JsonObject = {
         "resultType": RESULT_COMPLETE,
         "supportedVersions": list(STATELESS_REVISIONS),
