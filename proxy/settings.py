@@ -142,6 +142,11 @@ class Settings(BaseModel):
     llm: dict[str, UpstreamConfig] = Field(default_factory=dict)
     mcp: dict[str, UpstreamConfig] = Field(default_factory=dict)
     mcp_stdio: dict[str, StdioServerConfig] = Field(default_factory=dict)
+    # the aggregate endpoint `/mcp` (SPEC §3, docs/mcp.md): which servers it serves (null: every
+    # `mcp` and `mcp_stdio` server; [] turns it off), and how long each server's own listing may take
+    # before that server drops out of the merged list
+    mcp_aggregate: tuple[str, ...] | None = None
+    list_timeout_s: PositiveFloat = 5
     agent: str = "default"
     data_dir: Path = Path("~/.tripwire")
     admin_token: str | None = None

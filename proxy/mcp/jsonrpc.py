@@ -66,6 +66,8 @@ class MCPToolCall:
     continuation: bool = False
     # WARN: a "[tripwire] ..." text block appended to the result the client receives
     append_text: str | None = None
+    # sent through the aggregate endpoint `/mcp`: `tool_name` is then `SERVER__TOOL` (SPEC §3)
+    aggregated: bool = False
 
 
 @dataclass

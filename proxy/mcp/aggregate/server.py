@@ -1,0 +1,616 @@
+"""The aggregate endpoint `/mcp` (SPEC §3): one MCP server in front of every configured one.
+
+To its client it is an ordinary MCP server, in whichever revision the client speaks: the handshake
+era (`initialize`, then `Mcp-Session-Id` naming Tripwire's own session; a GET stream for
+notifications), 2026-07-28 (stateless requests, `server/discover`), or the legacy HTTP+SSE
+transport (a GET stream whose `endpoint` event names where to POST). Each client session maps to
+one upstream session per server (`UpstreamSessions`, opened lazily), whose requests run that
+server's own pipeline in process (proxy/mcp/aggregate/inprocess.py).
+
+`tools/list` is the union of every server's tools named `SERVER__TOOL`, fetched concurrently, each
+server within `list_timeout_s`: a server down, slow or failing drops out (a warning, `/healthz`)
+and is probed until it answers again, when `notifications/tools/list_changed` tells the client.
+Tools the agent may not call (SPEC §9) are left out. Prompts are prefixed the same way; resources
+keep their URIs and are routed to the server that listed them. Cursors are Tripwire's own
+(proxy/mcp/aggregate/names.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy import __version__, jsonparse
+from proxy.guards.config import GuardConfig
+from proxy.guards.permissions import permission
+from proxy.mcp import jsonrpc
+from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
+from proxy.mcp.aggregate.upstream import (
+    JsonObject,
+    ServerUnavailable,
+    Transport,
+    TransportStatus,
+    UpstreamError,
+    UpstreamSessions,
+)
+from proxy.routing import Route
+
+log = logging.getLogger("tripwire.mcp.aggregate")
+
+HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+MODERN_VERSION = "2026-07-28"
+VERSION_META = "io.modelcontextprotocol/protocolVersion"
+SERVER_INFO = {"name": "tripwire", "version": __version__}
+CAPABILITIES: JsonObject = {
+    "tools": {"listChanged": True},
+    "prompts": {"listChanged": True},
+    "resources": {"listChanged": True, "subscribe": True},
+    "completions": {},
+    "logging": {},
+}
+LIST_CHANGED = (
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/resources/list_changed",
+)
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+RESOURCE_NOT_FOUND = -32002
+PROBE_INTERVAL_S = 1.0  # how often a server that dropped out is asked again for its tools
+KEEPALIVE_S = 15.0  # a comment on an idle GET stream, which also notices a client that left
+MAX_SESSIONS = 1000  # client sessions kept; the least recently used one closes past it
+STREAM_QUEUE = 256  # notifications waiting for a client's GET stream; older ones drop past it
+
+TransportFor = Callable[[Route, Mapping[str, str]], Transport]
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+@dataclass
+class ClientSession:
+    """One client's session with the aggregate: Tripwire's own, whatever its servers' are."""
+
+    key: str
+    route: Route
+    upstreams: UpstreamSessions
+    modern: bool = False
+    legacy: bool = False
+    stream: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
+    down: dict[str, str] = field(default_factory=dict)  # server -> why it dropped out
+    resources: dict[str, str] = field(default_factory=dict)  # URI -> the server that listed it
+    templates: dict[str, str] = field(default_factory=dict)  # URI template -> its server
+    probe: asyncio.Task[None] | None = None
+    closed: bool = False
+
+    def send(self, method: str, params: JsonObject | None = None) -> None:
+        """A notification for the client's GET stream (handshake era, legacy SSE)."""
+        msg: JsonObject = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.push(orjson.dumps(msg))
+
+    def push(self, message: bytes) -> None:
+        if self.stream.full():
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self.stream.get_nowait()
+        self.stream.put_nowait(message)
+
+
+class Aggregate:
+    def __init__(
+        self,
+        guard_config: Callable[[str], GuardConfig],
+        servers: tuple[str, ...],
+        list_timeout_s: float,
+        transport_for: TransportFor,
+    ) -> None:
+        self.guard_config = guard_config  # the agent's effective guard config (its tool permissions)
+        self.servers = servers
+        self.list_timeout_s = list_timeout_s
+        self.transport_for = transport_for
+        self.sessions: dict[str, ClientSession] = {}  # in least-recently-used order
+        self.server_health: dict[str, JsonObject] = {}
+
+    # --- health --------------------------------------------------------------------------------
+
+    def health(self) -> JsonObject:
+        """For /healthz: the servers that last failed to list, and why (never fails readiness)."""
+        return {"servers": list(self.servers), "down": dict(self.server_health)}
+
+    def _dropped(self, s: ClientSession, server: str, why: str) -> None:
+        if server not in s.down:
+            log.warning("aggregate /mcp: MCP server %r dropped out of tools/list: %s", server, why)
+        s.down[server] = why
+        self.server_health[server] = {"error": why, "since": time.time()}
+        if s.probe is None or s.probe.done():
+            s.probe = asyncio.create_task(self._probe(s), name=f"tripwire-aggregate-probe-{s.key}")
+
+    def _back(self, s: ClientSession, server: str) -> None:
+        if s.down.pop(server, None) is not None:
+            log.warning("aggregate /mcp: MCP server %r is back in tools/list", server)
+            for method in LIST_CHANGED:
+                s.send(method)
+        self.server_health.pop(server, None)
+
+    async def _probe(self, s: ClientSession) -> None:
+        """Ask the servers that dropped out for their tools until they answer (list-changed then)."""
+        while s.down and not s.closed:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            await asyncio.gather(*(self._list_one(s, srv, "tools/list", None) for srv in list(s.down)))
+
+    # --- sessions ------------------------------------------------------------------------------
+
+    def _open(
+        self, key: str, route: Route, headers: Mapping[str, str], *, modern: bool, legacy: bool
+    ) -> ClientSession:
+        s = ClientSession(key, route, UpstreamSessions(self.transport_for(route, _client_headers(headers))))
+        s.modern, s.legacy = modern, legacy
+        s.upstreams.on_notification = lambda server, method, params: self._relay(s, server, method, params)
+        self.sessions[key] = s
+        while len(self.sessions) > MAX_SESSIONS:
+            oldest = next(iter(self.sessions))
+            _close_later(self.sessions.pop(oldest))
+        return s
+
+    def _find(self, key: str) -> ClientSession | None:
+        s = self.sessions.pop(key, None)
+        if s is not None:
+            self.sessions[key] = s  # most recently used last
+        return s
+
+    def _stateless(self, route: Route, headers: Mapping[str, str]) -> ClientSession:
+        """2026-07-28 clients keep no session: one per agent and session keeps the upstream ones."""
+        key = f"modern:{route.agent}:{route.session or ''}"
+        return self._find(key) or self._open(key, route, headers, modern=True, legacy=False)
+
+    async def close(self) -> None:
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for s in sessions:
+            await _close(s)
+
+    def _relay(self, s: ClientSession, server: str, method: str, params: JsonObject | None) -> None:
+        """A server's notification: list changes and resource updates go to the client as they are."""
+        if method in LIST_CHANGED or method in ("notifications/resources/updated", "notifications/message"):
+            s.send(method, params)
+
+    # --- HTTP ----------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        if request.method == "GET":
+            return await self._get(request, route)
+        if request.method == "DELETE":
+            s = self.sessions.pop(request.headers.get("Mcp-Session-Id", ""), None)
+            if s is None:
+                return web.Response(status=404, text="unknown session")
+            await _close(s)
+            return web.Response(status=200)
+        if request.method != "POST":
+            return web.Response(status=405, headers={"Allow": "GET, POST, DELETE"})
+        parsed = jsonrpc.parse_body(await request.read())
+        if parsed is None:
+            return _json(
+                jsonrpc.render_error(None, jsonrpc.PARSE_ERROR, "Parse error: the body is not JSON"), 400
+            )
+        messages, batch = parsed
+        legacy_key = request.query.get("session")
+        if legacy_key is not None:
+            return await self._legacy_post(legacy_key, messages)
+        first = messages[0] if messages and isinstance(messages[0], dict) else {}
+        if first.get("method") == "initialize" and not batch:
+            return self._initialize(request, route, first)
+        version = request.headers.get("MCP-Protocol-Version") or _meta_version(first)
+        session_id = request.headers.get("Mcp-Session-Id")
+        if version == MODERN_VERSION and not session_id:
+            s = self._stateless(route, request.headers)
+        elif session_id:
+            found = self._find(session_id)
+            if found is None:  # the client starts a new session (as after a server restart)
+                return _json(
+                    jsonrpc.render_error(first.get("id"), INVALID_PARAMS_SESSION, "Session not found"), 404
+                )
+            s = found
+        else:
+            body = jsonrpc.render_error(
+                first.get("id"),
+                jsonrpc.INVALID_REQUEST,
+                "Bad Request: initialize first (or send Mcp-Session-Id)",
+            )
+            return _json(body, 400)
+        requests = [m for m in messages if jsonrpc.kind(m) == "request"]
+        for m in messages:
+            if jsonrpc.kind(m) == "notification":
+                self._client_notification(s, m)
+        if not requests:
+            return web.Response(status=202)
+        if batch:
+            answers = await asyncio.gather(*(self._answer(s, m, None) for m in requests))
+            return _json(b"[" + b",".join(answers) + b"]")
+        msg = requests[0]
+        if _progress_token(msg) is not None and "text/event-stream" in request.headers.get("Accept", ""):
+            return await self._sse_answer(request, s, msg)
+        return _json(
+            await self._answer(s, msg, None), headers={"Mcp-Session-Id": s.key} if not s.modern else None
+        )
+
+    def _initialize(self, request: web.Request, route: Route, msg: JsonObject) -> web.Response:
+        params = _dict(msg.get("params"))
+        asked = params.get("protocolVersion")
+        version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
+        s = self._open(uuid.uuid4().hex, route, request.headers, modern=False, legacy=False)
+        result = {"protocolVersion": version, "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO}
+        return _json(jsonrpc.render_result(msg.get("id"), result), headers={"Mcp-Session-Id": s.key})
+
+    async def _sse_answer(
+        self, request: web.Request, s: ClientSession, msg: JsonObject
+    ) -> web.StreamResponse:
+        """A request that asked for progress: its progress events, then its answer, on one SSE stream."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        if not s.modern:
+            response.headers["Mcp-Session-Id"] = s.key
+        await response.prepare(request)
+        out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        task = asyncio.create_task(self._answer(s, msg, out.put_nowait))
+        task.add_done_callback(lambda t: out.put_nowait(None))
+        while (event := await out.get()) is not None:
+            await response.write(jsonrpc.sse_message(event))
+        await response.write(jsonrpc.sse_message(task.result()))
+        await response.write_eof()
+        return response
+
+    async def _get(self, request: web.Request, route: Route) -> web.StreamResponse:
+        session_id = request.headers.get("Mcp-Session-Id")
+        if session_id:
+            s = self._find(session_id)
+            if s is None:
+                return web.Response(status=404, text="unknown session")
+            return await self._stream(request, s, None)
+        if "text/event-stream" not in request.headers.get("Accept", "") or request.query.get("session"):
+            return web.Response(status=405, headers={"Allow": "POST"})
+        # the legacy HTTP+SSE transport: this stream is the session; its `endpoint` names the POSTs'
+        s = self._open(uuid.uuid4().hex, route, request.headers, modern=False, legacy=True)
+        try:
+            return await self._stream(request, s, f"{request.path}?session={s.key}")
+        finally:
+            self.sessions.pop(s.key, None)
+            await _close(s)
+
+    async def _stream(
+        self, request: web.Request, s: ClientSession, endpoint: str | None
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        try:
+            if endpoint is not None:
+                await response.write(b"event: endpoint\ndata: " + endpoint.encode() + b"\n\n")
+            while not s.closed:
+                try:
+                    message = await asyncio.wait_for(s.stream.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                if not message:  # the session closed
+                    break
+                await response.write(jsonrpc.sse_message(message))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return response
+
+    async def _legacy_post(self, key: str, messages: list[Any]) -> web.Response:
+        s = self._find(key)
+        if s is None or not s.legacy:
+            return web.Response(status=404, text="unknown session")
+        for m in messages:
+            kind = jsonrpc.kind(m)
+            if kind == "notification":
+                self._client_notification(s, m)
+            elif kind == "request":
+                if m.get("method") == "initialize":
+                    params = _dict(m.get("params"))
+                    asked = params.get("protocolVersion")
+                    version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
+                    result = {
+                        "protocolVersion": version,
+                        "capabilities": CAPABILITIES,
+                        "serverInfo": SERVER_INFO,
+                    }
+                    s.push(jsonrpc.render_result(m.get("id"), result))
+                else:
+                    task = asyncio.create_task(self._answer(s, m, s.push))
+                    task.add_done_callback(lambda t: s.push(t.result()) if not t.cancelled() else None)
+        return web.Response(status=202, text="Accepted")
+
+    def _client_notification(self, s: ClientSession, msg: JsonObject) -> None:
+        return None  # initialized, cancelled, roots changed: nothing the aggregate forwards
+
+    # --- JSON-RPC ------------------------------------------------------------------------------
+
+    async def _answer(
+        self, s: ClientSession, msg: JsonObject, progress: Callable[[bytes], None] | None
+    ) -> bytes:
+        """The response message to one client request."""
+        msg_id = msg.get("id")
+        method = msg.get("method")
+        params = _dict(msg.get("params"))
+        try:
+            handler = self.METHODS.get(method) if isinstance(method, str) else None
+            if handler is None:
+                raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            result = await handler(self, s, params, _progress_relay(msg, progress))
+        except RpcError as e:
+            return jsonrpc.render_error(msg_id, e.code, e.message, e.data)
+        except UpstreamError as e:
+            return jsonrpc.render_error(msg_id, e.code, e.message, e.data)
+        except (ServerUnavailable, TransportStatus) as e:
+            return jsonrpc.render_error(msg_id, jsonrpc.TRIPWIRE_UPSTREAM_ERROR, str(e))
+        if s.modern:
+            result.setdefault("resultType", "complete")
+        return jsonrpc.render_result(msg_id, result)
+
+    async def _discover(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        return {
+            "supportedVersions": [*HANDSHAKE_VERSIONS, MODERN_VERSION],
+            "capabilities": CAPABILITIES,
+            "resultType": "complete",
+            "ttlMs": 0,
+            "cacheScope": "private",
+            "_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO},
+        }
+
+    async def _ping(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        return {}
+
+    async def _list_one(
+        self, s: ClientSession, server: str, method: str, cursor: str | None
+    ) -> JsonObject | None:
+        """One server's page of a list, or None when it failed or took longer than `list_timeout_s`."""
+        try:
+            result = await asyncio.wait_for(
+                s.upstreams.get(server).request(
+                    method, {"cursor": cursor} if cursor else None, timeout=self.list_timeout_s
+                ),
+                self.list_timeout_s,
+            )
+        except UpstreamError as e:
+            if e.code == METHOD_NOT_FOUND:  # the server has none of these: not a failure
+                return None
+            why = f"{method} failed: {e.message}"
+        except (ServerUnavailable, TransportStatus) as e:
+            why = str(e)
+        except TimeoutError:
+            why = f"{method} took longer than list_timeout_s ({self.list_timeout_s:g}s)"
+        except Exception as e:  # one server's surprise must not fail the others' list
+            log.exception("aggregate /mcp: %s of %r failed", method, server)
+            why = f"{method} failed: {e!r}"
+        else:
+            if method == "tools/list":
+                self._back(s, server)
+            return result
+        if method == "tools/list":
+            self._dropped(s, server, why)
+        else:
+            log.warning("aggregate /mcp: %r left out of %s: %s", server, method, why)
+        return None
+
+    async def _merged(
+        self, s: ClientSession, method: str, key: str, params: JsonObject
+    ) -> tuple[list[tuple[str, JsonObject]], str | None]:
+        """Every server's page of a list, concurrently; each item with its server, and the next cursor."""
+        cursor = params.get("cursor")
+        if cursor is None:
+            cursors: dict[str, str | None] = dict.fromkeys(self.servers)
+        else:
+            decoded = decode_cursor(cursor, method, self.servers)
+            if decoded is None:
+                raise RpcError(INVALID_PARAMS, f"Invalid cursor for {method}")
+            cursors = dict(decoded)
+        pages = await asyncio.gather(*(self._list_one(s, srv, method, c) for srv, c in cursors.items()))
+        items: list[tuple[str, JsonObject]] = []
+        more: dict[str, str] = {}
+        for server, page in zip(cursors, pages, strict=True):
+            if page is None:
+                continue
+            items.extend((server, item) for item in page.get(key) or () if isinstance(item, dict))
+            nxt = page.get("nextCursor")
+            if isinstance(nxt, str) and nxt:
+                more[server] = nxt
+        return items, encode_cursor(method, more) if more else None
+
+    async def _tools_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        items, nxt = await self._merged(s, "tools/list", "tools", params)
+        tools_config = self.guard_config(s.route.agent).tools
+        tools = []
+        for server, tool in items:
+            name = prefixed(server, str(tool.get("name") or ""))
+            if name is None:
+                log.warning(
+                    "aggregate /mcp: tool %r of %r left out: its name is too long", tool.get("name"), server
+                )
+                continue
+            if permission(tools_config, name) == "deny":
+                continue
+            tools.append({**tool, "name": name})
+        return _page({"tools": tools}, nxt)
+
+    async def _tools_call(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        server, tool = self._owned(params.get("name"), "tool")
+        return await s.upstreams.get(server).request(
+            "tools/call", {**params, "name": tool}, on_progress=progress
+        )
+
+    def _owned(self, name: Any, what: str) -> tuple[str, str]:
+        found = owner(name) if isinstance(name, str) else None
+        if found is None or found[0] not in self.servers:
+            # what an MCP server answers for a name it does not know (spec: "Unknown tool")
+            raise RpcError(INVALID_PARAMS, f"Unknown {what}: {name}")
+        return found
+
+    async def _prompts_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        items, nxt = await self._merged(s, "prompts/list", "prompts", params)
+        prompts = []
+        for server, prompt in items:
+            name = prefixed(server, str(prompt.get("name") or ""))
+            if name is not None:
+                prompts.append({**prompt, "name": name})
+        return _page({"prompts": prompts}, nxt)
+
+    async def _prompts_get(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        server, prompt = self._owned(params.get("name"), "prompt")
+        return await s.upstreams.get(server).request("prompts/get", {**params, "name": prompt})
+
+    async def _resources_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        items, nxt = await self._merged(s, "resources/list", "resources", params)
+        for server, resource in items:
+            s.resources.setdefault(str(resource.get("uri")), server)
+        return _page({"resources": [r for _, r in items]}, nxt)
+
+    async def _templates_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        items, nxt = await self._merged(s, "resources/templates/list", "resourceTemplates", params)
+        for server, template in items:
+            s.templates.setdefault(str(template.get("uriTemplate")), server)
+        return _page({"resourceTemplates": [t for _, t in items]}, nxt)
+
+    async def _resource_owner(self, s: ClientSession, uri: Any) -> str:
+        if not isinstance(uri, str):
+            raise RpcError(INVALID_PARAMS, "uri is required")
+        for attempt in range(2):
+            if uri in s.resources:
+                return s.resources[uri]
+            for template, server in s.templates.items():
+                if uri.startswith(template.split("{", 1)[0]) and "{" in template:
+                    return server
+            if attempt == 0:  # not listed yet in this session: list, then look again
+                await self._resources_list(s, {}, None)
+                await self._templates_list(s, {}, None)
+        raise RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+
+    async def _by_uri(self, method: str, s: ClientSession, params: JsonObject) -> JsonObject:
+        server = await self._resource_owner(s, params.get("uri"))
+        return await s.upstreams.get(server).request(method, params)
+
+    async def _resources_read(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        return await self._by_uri("resources/read", s, params)
+
+    async def _subscribe(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        return await self._by_uri("resources/subscribe", s, params)
+
+    async def _unsubscribe(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        return await self._by_uri("resources/unsubscribe", s, params)
+
+    async def _complete(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        ref = _dict(params.get("ref"))
+        if ref.get("type") == "ref/prompt":
+            server, prompt = self._owned(ref.get("name"), "prompt")
+            params = {**params, "ref": {**ref, "name": prompt}}
+        else:
+            server = await self._resource_owner(s, ref.get("uri"))
+        return await s.upstreams.get(server).request("completion/complete", params)
+
+    async def _set_level(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
+        await asyncio.gather(
+            *(
+                s.upstreams.get(srv).request("logging/setLevel", params, timeout=self.list_timeout_s)
+                for srv in self.servers
+            ),
+            return_exceptions=True,
+        )
+        return {}
+
+    METHODS: dict[str, Callable[[Aggregate, ClientSession, JsonObject, Any], Awaitable[JsonObject]]] = {
+        "server/discover": _discover,
+        "ping": _ping,
+        "tools/list": _tools_list,
+        "tools/call": _tools_call,
+        "prompts/list": _prompts_list,
+        "prompts/get": _prompts_get,
+        "resources/list": _resources_list,
+        "resources/templates/list": _templates_list,
+        "resources/read": _resources_read,
+        "resources/subscribe": _subscribe,
+        "resources/unsubscribe": _unsubscribe,
+        "completion/complete": _complete,
+        "logging/setLevel": _set_level,
+    }
+
+
+INVALID_PARAMS_SESSION = -32001  # the SDKs' "Session not found" with HTTP 404
+
+
+def _dict(value: Any) -> JsonObject:
+    return value if isinstance(value, dict) else {}
+
+
+def _page(result: JsonObject, nxt: str | None) -> JsonObject:
+    if nxt is not None:
+        result["nextCursor"] = nxt
+    return result
+
+
+def _progress_token(msg: JsonObject) -> Any:
+    params = msg.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+def _progress_relay(
+    msg: JsonObject, sink: Callable[[bytes], None] | None
+) -> Callable[[JsonObject], None] | None:
+    """The server's progress for this request, as the client's own token's."""
+    token = _progress_token(msg)
+    if token is None or sink is None:
+        return None
+
+    def relay(params: JsonObject) -> None:
+        progress = {**params, "progressToken": token}
+        sink(jsonparse.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress}))
+
+    return relay
+
+
+def _meta_version(msg: JsonObject) -> Any:
+    params = msg.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(VERSION_META) if isinstance(meta, dict) else None
+
+
+def _client_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """What the client's request carries for its servers: its credentials, as a direct route forwards them."""
+    return {k: v for k in ("Authorization",) if (v := headers.get(k))}
+
+
+def _json(body: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+async def _close(s: ClientSession) -> None:
+    s.closed = True
+    if s.probe is not None:
+        s.probe.cancel()
+    s.push(b"")  # wakes its GET stream, which then ends
+    with contextlib.suppress(Exception):
+        await s.upstreams.close()
+
+
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _close_later(s: ClientSession) -> None:
+    task = asyncio.create_task(_close(s))
+    _CLOSING.add(task)
+    task.add_done_callback(_CLOSING.discard)
