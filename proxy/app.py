@@ -222,6 +222,7 @@ def make_aggregate(engine: Engine, app: web.Application) -> Aggregate:
         return PipelineTransport(
             app,
             handle_call,
+            lambda: engine.upstreams.names("mcp"),
             outer,
             lambda server: engine.upstreams.get("mcp", server).url,
             http,

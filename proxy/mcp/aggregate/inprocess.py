@@ -149,6 +149,7 @@ class PipelineTransport:
         self,
         app: web.Application,
         run_call: RunCall,
+        known: Callable[[], tuple[str, ...]],
         outer: Route,
         upstream_url: UpstreamUrl,
         http: Callable[[], aiohttp.ClientSession],
@@ -156,6 +157,7 @@ class PipelineTransport:
     ) -> None:
         self.app = app
         self.run_call = run_call
+        self.known = known  # the MCP servers running now (a stdio child registers once started)
         self.outer = outer
         self.upstream_url = upstream_url
         self.http = http

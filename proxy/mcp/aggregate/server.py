@@ -35,6 +35,7 @@ from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
 from proxy.mcp.aggregate.upstream import (
+    REOPENED,
     JsonObject,
     ServerUnavailable,
     Transport,
@@ -61,6 +62,10 @@ LIST_CHANGED = (
     "notifications/tools/list_changed",
     "notifications/prompts/list_changed",
     "notifications/resources/list_changed",
+)
+# 2026-07-28 results that carry ttlMs and cacheScope
+CACHEABLE = frozenset(
+    ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read")
 )
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
@@ -183,6 +188,13 @@ class Aggregate:
 
     def _relay(self, s: ClientSession, server: str, method: str, params: JsonObject | None) -> None:
         """A server's notification: list changes and resource updates go to the client as they are."""
+        if method == REOPENED:  # back after a loss, or restarted: what it listed may have changed
+            if s.down.pop(server, None) is not None:
+                log.warning("aggregate /mcp: MCP server %r is back in tools/list", server)
+            self.server_health.pop(server, None)
+            for changed in LIST_CHANGED:
+                s.send(changed)
+            return
         if method in LIST_CHANGED or method in ("notifications/resources/updated", "notifications/message"):
             s.send(method, params)
 
@@ -359,8 +371,10 @@ class Aggregate:
             return jsonrpc.render_error(msg_id, e.code, e.message, e.data)
         except (ServerUnavailable, TransportStatus) as e:
             return jsonrpc.render_error(msg_id, jsonrpc.TRIPWIRE_UPSTREAM_ERROR, str(e))
-        if s.modern:
+        if s.modern:  # what 2026-07-28 requires of results, whatever revision the server spoke
             result.setdefault("resultType", "complete")
+            if method in CACHEABLE:  # never cached: a server may drop out or come back any time
+                result["ttlMs"], result["cacheScope"] = 0, "private"
         return jsonrpc.render_result(msg_id, result)
 
     async def _discover(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
