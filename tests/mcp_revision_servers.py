@@ -19,9 +19,14 @@ the session re-open.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -235,3 +240,60 @@ class HttpTransport:
                         yield orjson.loads(event.data)
         except (aiohttp.ClientError, OSError) as exc:
             raise ServerUnavailable(server, repr(exc)) from None
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sibling_python(env: str) -> Path | None:
+    """The python of the repository's other environment (`.venv` or `.venv-mcp1`, side by side as
+    scripts/test.sh builds them), for a server of the other SDK major; None when it is not there."""
+    python = Path(sys.prefix).parent / env / "bin" / "python"
+    return python if python.exists() else None
+
+
+@contextmanager
+def spawned(python: Path, kind: str) -> Iterator[str]:
+    """A server in a child process of another environment (`python -m tests.mcp_revision_servers
+    KIND`): `handshake` / `stateless` (mcp 2.x, gated) or `v1` (mcp 1.x FastMCP, handshake era by
+    nature). Yields its URL; the child ends when its stdin closes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [str(python), "-m", "tests.mcp_revision_servers", kind],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"MCP test server {kind} did not start: {url!r}")
+        yield url
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _serve_until_stdin_closes(kind: str) -> None:
+    if kind == "v1":
+        from tests.mcp_servers import serve
+
+        with serve() as url:
+            print(url, flush=True)
+            sys.stdin.read()
+        return
+    with RevisionServer(kind) as server:
+        print(server.url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _serve_until_stdin_closes(sys.argv[1])

@@ -47,7 +47,9 @@ def test_cursors_are_tripwires_own_and_checked() -> None:
 
 
 def test_every_server_unless_narrowed(tmp_path: Path) -> None:
-    s = settings(tmp_path, mcp={"files": {"url": "http://127.0.0.1:1"}}, mcp_stdio={"local": {"command": "cmd"}})
+    s = settings(
+        tmp_path, mcp={"files": {"url": "http://127.0.0.1:1"}}, mcp_stdio={"local": {"command": "cmd"}}
+    )
     assert aggregate_servers(s) == ("files", "local")
     narrowed = settings(tmp_path, mcp={"files": {"url": "http://127.0.0.1:1"}}, mcp_aggregate=["files"])
     assert aggregate_servers(narrowed) == ("files",)

@@ -15,7 +15,7 @@ pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
 from mcp import Client  # noqa: E402
 
 from tests.conftest import StartTripwire  # noqa: E402
-from tests.mcp_revision_servers import RevisionServer  # noqa: E402
+from tests.mcp_revision_servers import RevisionServer, sibling_python, spawned  # noqa: E402
 
 MIXED = [("legacy", "stateless"), ("auto", "handshake")]  # (client mode, the only era the server accepts)
 
@@ -57,6 +57,28 @@ async def test_a_client_of_one_era_lists_calls_and_gets_progress_from_a_server_o
         calls = [e for e in tw.events() if e["event_type"] == "TOOL_CALL"]
         assert [c["payload"]["tool_name"] for c in calls] == ["srv__add", "srv__slow_count", "srv__explode"]
         assert [c["payload"]["status"] for c in calls] == ["ok", "ok", "error"]
+
+
+async def test_a_2026_client_over_a_real_mcp1_server(start_tripwire: StartTripwire) -> None:
+    """The handshake-only server here is no gate: mcp 1.x's FastMCP, in the repository's
+    `.venv-mcp1`, which answers a 2026-07-28 `MCP-Protocol-Version` with its own 400."""
+    python = sibling_python(".venv-mcp1")
+    if python is None:
+        pytest.skip("no .venv-mcp1 next to this environment (scripts/test.sh builds it)")
+    with spawned(python, "v1") as url:
+        tw = await start_tripwire(mcp={"old": {"url": url}})
+        progress: list[float] = []
+
+        async def on_progress(p: float, total: float | None, message: str | None) -> None:
+            progress.append(p)
+
+        async with Client(f"{tw.url}/mcp", mode="auto", cache=None) as client:  # type: ignore[arg-type]
+            listed = await client.list_tools()
+            assert {"old__add", "old__slow_count"} <= {t.name for t in listed.tools}
+            added = await client.call_tool("old__add", {"a": 1, "b": 2})
+            await client.call_tool("old__slow_count", {"steps": 2}, progress_callback=on_progress)
+    assert added.structured_content == {"result": 3}
+    assert progress == [1, 2]
 
 
 async def test_a_handshake_client_hears_a_stateless_servers_list_change(
