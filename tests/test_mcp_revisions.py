@@ -3,13 +3,20 @@ it answers for says, and the upstream session's reading of answers no server of 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
 
 from proxy.mcp.aggregate import revisions as rev
-from proxy.mcp.aggregate.upstream import ServerUnavailable, TransportStatus, UpstreamError, UpstreamSession
+from proxy.mcp.aggregate.upstream import (
+    REOPENED,
+    ServerUnavailable,
+    TransportStatus,
+    UpstreamError,
+    UpstreamSession,
+)
 
 
 def unsupported(*supported: str) -> dict[str, Any]:
@@ -227,3 +234,25 @@ async def test_tripwires_own_could_not_reach_error_is_unavailability_not_an_era(
     with pytest.raises(ServerUnavailable):
         await session.request("tools/list", None)
     assert session.revision == "2026-07-28"
+
+
+async def test_a_server_that_could_not_be_opened_is_reported_back_at_its_first_answer() -> None:
+    """It dropped out of the aggregate's lists when it was not there; the first answer after tells the
+    aggregate (REOPENED) that its lists may be back."""
+    heard: list[str] = []
+    transport = ScriptedTransport(
+        [
+            ServerUnavailable("s", "connection refused"),
+            [{"jsonrpc": "2.0", "id": 2, "result": DISCOVERED[0]["result"]}],
+            [{"jsonrpc": "2.0", "id": 3, "result": {"tools": []}}],
+        ]
+    )
+    session = UpstreamSession("s", transport, lambda server, method, params: heard.append(method))
+    with pytest.raises(ServerUnavailable):
+        await session.request("tools/list", None)
+    assert await session.request("tools/list", None) == {"tools": []}
+    for _ in range(100):
+        if heard:
+            break
+        await asyncio.sleep(0.01)
+    assert heard == [REOPENED]

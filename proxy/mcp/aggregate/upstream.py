@@ -326,7 +326,11 @@ class UpstreamSession:
         async with self._open_lock:
             if self._state is None:
                 self._closed = False
-                self._state = await self._open()
+                try:
+                    self._state = await self._open()
+                except ServerUnavailable:
+                    self._lost = True  # so its first answer after this reports REOPENED
+                    raise
                 self.revision = self._state.revision
                 self._start_stream()
             return self._state
