@@ -41,7 +41,8 @@ STATELESS = ("2026-07-28",)
 
 
 def add_revision_tools(server: Any) -> None:
-    """`grow`: adds a tool and announces the change (GET stream or `subscriptions/listen`)."""
+    """`grow`: adds a tool and announces the change (GET stream or `subscriptions/listen`); `chatty`
+    logs; `nap` sleeps."""
 
     @server.tool()
     async def grow(name: str, ctx: Context) -> str:
@@ -57,6 +58,12 @@ def add_revision_tools(server: Any) -> None:
         except Exception:  # no connection-wide channel at 2026-07-28
             pass
         return f"grew {name}"
+
+    @server.tool()
+    async def chatty(text: str, ctx: Context) -> str:
+        """Log `text` at info level, then answer."""
+        await ctx.info(text)
+        return "said it"
 
     @server.tool()
     async def nap(seconds: float) -> str:

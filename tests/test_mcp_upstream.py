@@ -120,6 +120,28 @@ async def test_list_changed_reaches_on_notification(
 
 
 @pytest.mark.parametrize("era", ERAS)
+async def test_log_messages_reach_on_notification_once_a_level_is_set(
+    sessions: tuple[UpstreamSessions, Notes], era: str
+) -> None:
+    """Handshake era: `logging/setLevel` goes to the server (this one, the SDK's, has dropped the
+    deprecated method and says so; it logs anyway). 2026-07-28 has no such method: the level is kept
+    and rides each request's `_meta` (`io.modelcontextprotocol/logLevel`), without which the server
+    sends no log at all."""
+    upstream, notes = sessions
+    session = upstream.get(era)
+    if era == "handshake":
+        with pytest.raises(UpstreamError) as raised:
+            await session.request("logging/setLevel", {"level": "info"}, timeout=30)
+        assert raised.value.code == rev.METHOD_NOT_FOUND  # the server's answer: forwarded, not ours
+    else:
+        assert await session.request("logging/setLevel", {"level": "info"}, timeout=30) == {}
+    await session.request("tools/call", {"name": "chatty", "arguments": {"text": "hello log"}}, timeout=30)
+    await until(lambda: "notifications/message" in notes.methods(era), "notifications/message")
+    logged = [p for s, m, p in notes.seen if s == era and m == "notifications/message"]
+    assert logged[0]["data"] == "hello log" and logged[0]["level"] == "info"
+
+
+@pytest.mark.parametrize("era", ERAS)
 async def test_a_servers_question_comes_back_as_input_required_and_the_retry_answers_it(
     sessions: tuple[UpstreamSessions, Notes], era: str
 ) -> None:
