@@ -59,6 +59,17 @@ def add_revision_tools(server: Any) -> None:
             pass
         return f"grew {name}"
 
+    @server.resource("memo://note")
+    def note() -> str:
+        """A note whose updates `touch` announces."""
+        return "a note"
+
+    @server.tool()
+    async def touch(uri: str, ctx: Context) -> str:
+        """Announce that the resource `uri` was updated (2026-07-28: to listen streams naming it)."""
+        await ctx.notify_resource_updated(uri)
+        return "touched"
+
     @server.tool()
     async def chatty(text: str, ctx: Context) -> str:
         """Log `text` at info level, then answer."""

@@ -135,6 +135,7 @@ def test_what_one_era_has_and_the_other_has_not() -> None:
     assert rev.cancels_by_notification("2025-11-25") and not rev.cancels_by_notification("2026-07-28")
     capabilities = {"tools": {"listChanged": True}, "prompts": {}, "resources": {"listChanged": True}}
     assert rev.listen_filter(capabilities) == {"toolsListChanged": True, "resourcesListChanged": True}
+    assert rev.listen_filter({}, ["memo://a"]) == {"resourceSubscriptions": ["memo://a"]}
     stamped = {"_meta": {rev.SUBSCRIPTION_ID_META: 7}}
     assert rev.listen_notification(stamped) == {}
 

@@ -119,6 +119,26 @@ async def test_list_changed_reaches_on_notification(
     assert f"new_{era}" in {t["name"] for t in listed["tools"]}
 
 
+async def test_resource_subscriptions_ride_the_listen_filter_at_2026(
+    sessions: tuple[UpstreamSessions, Notes],
+) -> None:
+    """2026-07-28 has no `resources/subscribe`: the URI joins the `subscriptions/listen` filter's
+    `resourceSubscriptions` and the server's `notifications/resources/updated` for it arrives;
+    unsubscribed, it no longer does."""
+    upstream, notes = sessions
+    session = upstream.get("stateless")
+    assert await session.request("resources/subscribe", {"uri": "memo://note"}, timeout=30) == {}
+    await session.request("tools/call", {"name": "touch", "arguments": {"uri": "memo://note"}}, timeout=30)
+    await until(lambda: "notifications/resources/updated" in notes.methods("stateless"), "resources/updated")
+    updated = [p for s, m, p in notes.seen if m == "notifications/resources/updated"]
+    assert updated == [{"uri": "memo://note"}]
+    assert await session.request("resources/unsubscribe", {"uri": "memo://note"}, timeout=30) == {}
+    await session.request("tools/call", {"name": "touch", "arguments": {"uri": "memo://note"}}, timeout=30)
+    await session.request("tools/call", {"name": "grow", "arguments": {"name": "marker"}}, timeout=30)
+    await until(lambda: "notifications/tools/list_changed" in notes.methods("stateless"), "the marker")
+    assert [m for _, m, _ in notes.seen].count("notifications/resources/updated") == 1
+
+
 @pytest.mark.parametrize("era", ERAS)
 async def test_log_messages_reach_on_notification_once_a_level_is_set(
     sessions: tuple[UpstreamSessions, Notes], era: str

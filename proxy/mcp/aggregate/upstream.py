@@ -68,6 +68,8 @@ DEFAULT_CLIENT_INFO: JsonObject = {"name": "tripwire-aggregate", "version": "1"}
 SUSPENDED_TTL_S = 300.0
 """How long a handshake POST waiting on an `input_required` retry is kept open before it is cancelled."""
 RECONNECT_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+RESUBSCRIBE_WAIT_S = 10.0
+"""How long `resources/subscribe` at 2026-07-28 waits for the new listen stream's acknowledgement."""
 
 ACCEPT = "application/json, text/event-stream"
 
@@ -196,6 +198,8 @@ class UpstreamSession:
         self._open_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._log_level: str | None = None
+        self._resource_uris: list[str] = []  # resources/subscribe'd, for a 2026-07-28 listen filter
+        self._listen_acked = asyncio.Event()
         self._tool_schemas: dict[str, Any] = {}  # tools/list inputSchemas, for Mcp-Param-* (2026-07-28)
         self._suspended: dict[str, _Suspended] = {}
         self._stream_task: asyncio.Task[None] | None = None
@@ -262,6 +266,8 @@ class UpstreamSession:
         _, _, request_state = rev.split_retry(params)
         if request_state is not None and request_state in self._suspended:
             return await self._resume(state, params, on_progress)
+        if rev.is_stateless(state.revision) and method in ("resources/subscribe", "resources/unsubscribe"):
+            return await self._resubscribe(state, method, params)
         local = rev.local_answer(method, state.revision)
         if local is not None:
             if method == "logging/setLevel":
@@ -279,6 +285,29 @@ class UpstreamSession:
                 except TransportStatus as again:
                     raise self._status_error(again) from None
             raise self._status_error(status) from None
+
+    async def _resubscribe(self, state: _State, method: str, params: JsonObject | None) -> JsonObject:
+        """2026-07-28 replaced `resources/subscribe` / `unsubscribe` by the `resourceSubscriptions` of
+        a `subscriptions/listen` filter: the set changes, the listen stream is opened again with it
+        (the new one acknowledged before the answer, so no update falls between the two streams)."""
+        uri = (params or {}).get("uri")
+        if not isinstance(uri, str):
+            raise UpstreamError(rev.INVALID_PARAMS, f"{method} needs a uri")
+        if method == "resources/subscribe" and uri not in self._resource_uris:
+            self._resource_uris.append(uri)
+        elif method == "resources/unsubscribe" and uri in self._resource_uris:
+            self._resource_uris.remove(uri)
+        else:
+            return {}
+        old, self._stream_task = self._stream_task, None
+        self._start_stream()
+        if self._stream_task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RESUBSCRIBE_WAIT_S):
+                    await self._listen_acked.wait()
+        if old is not None:
+            old.cancel()
+        return {}
 
     async def notify(self, method: str, params: JsonObject | None) -> None:
         """Send one notification, as the server's revision has it.
@@ -685,11 +714,12 @@ class UpstreamSession:
         if state is None or self._closed:
             return
         if rev.is_stateless(state.revision):
-            wanted = rev.listen_filter(state.server_result.get("capabilities") or {})
+            wanted = rev.listen_filter(state.server_result.get("capabilities") or {}, self._resource_uris)
             if not wanted:
                 return
+            self._listen_acked = asyncio.Event()
             self._stream_task = asyncio.create_task(
-                self._listen(state, wanted), name=f"tripwire-mcp-listen-{self.server}"
+                self._listen(state, wanted, self._listen_acked), name=f"tripwire-mcp-listen-{self.server}"
             )
         elif state.session_id is not None:
             self._stream_task = asyncio.create_task(
@@ -720,7 +750,7 @@ class UpstreamSession:
                 failures += 1
             await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
 
-    async def _listen(self, state: _State, wanted: JsonObject) -> None:
+    async def _listen(self, state: _State, wanted: JsonObject, acked: asyncio.Event) -> None:
         failures = 0
         while not self._closed and self._state is state:
             request_id = f"tripwire-listen-{next(self._ids)}"
@@ -733,6 +763,7 @@ class UpstreamSession:
                 async with _closing(self._transport.post(self.server, headers, _dumps(message))) as stream:
                     async for msg in stream:
                         if msg.get("method") == "notifications/subscriptions/acknowledged":
+                            acked.set()
                             if failures:
                                 failures = 0
                                 await self._emit(REOPENED, None)  # re-listen and refetch
