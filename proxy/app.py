@@ -291,6 +291,8 @@ def startup_lines(settings: Settings, engine: Engine) -> str:
     ]
     mcp = engine.upstreams.names("mcp")
     mcp_part = ("MCP: " + "  ".join(f"{n} -> {base}/mcp/{n}" for n in mcp) + "   ") if mcp else ""
+    if mcp and aggregate_servers(settings):
+        mcp_part += f"all as one: {base}/mcp   "
     lines.append(f"  {mcp_part}viewer: http://{ashown}:{aport}/")
     return "\n".join(lines)
 

@@ -60,3 +60,7 @@ def test_the_benchmark_runs_and_reports_every_number(tmp_path: Path) -> None:
     assert w["events_per_s"] > 0 and w["calls"] > 0 and 0 <= w["lag_p50_ms"] <= w["lag_p99_ms"]
 
     assert r["targets"] and all(t["met"] in (True, False, None) and t["value"] != "" for t in r["targets"])
+    a = r["aggregate"]  # tools/list through /mcp over 3 servers against the slowest alone
+    assert a["servers"] == 3 and a["n"] > 0
+    assert all(finite(a[k]) and a[k] > 0 for k in ("slowest_p50_ms", "aggregate_p50_ms", "aggregate_p99_ms"))
+    assert finite(a["added_p50_ms"]) and finite(a["added_p99_ms"])

@@ -114,3 +114,11 @@ def test_the_aggregate_route() -> None:
 def test_no_header_makes_a_direct_call_aggregated() -> None:
     route = resolve("/mcp/files", {"X-Tripwire-Aggregated": "1", "X-Tripwire-Aggregate": "true"}, **NAMES)
     assert isinstance(route, Route) and route.aggregated is False
+
+
+def test_a_calls_permission_name_is_server__tool_either_way() -> None:
+    from proxy.mcp.jsonrpc import MCPToolCall
+
+    direct = MCPToolCall("files", "read", {}, 1, None, None, "streamable")
+    aggregated = MCPToolCall("files", "files__read", {}, 1, None, None, "streamable", aggregated=True)
+    assert direct.qualified_name == aggregated.qualified_name == "files__read"

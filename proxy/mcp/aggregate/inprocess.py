@@ -25,6 +25,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy import jsonparse
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer
+from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate.upstream import JsonObject, ServerUnavailable, TransportStatus
 from proxy.routing import TRIPWIRE_HEADER_PREFIX, Route
 from proxy.sse import SSEDecoder
@@ -211,6 +212,10 @@ class PipelineTransport:
         body_bytes = bytes(getattr(own, "body", b"") or b"")
         status = int(getattr(own, "status", 500))
         own_headers = CIMultiDict(getattr(own, "headers", {}) or {})
+        error = (_json_object(body_bytes) or {}).get("error")
+        if isinstance(error, dict) and error.get("code") == jsonrpc.TRIPWIRE_UPSTREAM_ERROR:
+            # the pipeline could not reach the server (recorded, counted by its breaker): unavailable
+            raise ServerUnavailable(server, str(error.get("message") or "no answer"))
 
         async def whole() -> AsyncIterator[bytes]:
             if body_bytes:
@@ -225,6 +230,13 @@ class PipelineTransport:
         body: bytes,
         headers_out: Callable[[Mapping[str, str]], None] | None = None,
     ) -> AsyncIterator[JsonObject]:
+        if (
+            b"subscriptions/listen" in body
+            and (_json_object(body) or {}).get("method") == "subscriptions/listen"
+        ):
+            async for msg in self._direct("POST", server, headers, body):  # a stream, not a call
+                yield msg
+            return
         status, answer_headers, chunks = await self._run(server, "POST", headers, body)
         if headers_out is not None:
             headers_out(answer_headers)
@@ -235,17 +247,29 @@ class PipelineTransport:
         async for msg in messages_of(answer_headers.get("Content-Type", ""), chunks):
             yield msg
 
-    async def get_stream(self, server: str, headers: Mapping[str, str]) -> AsyncIterator[JsonObject]:
+    def get_stream(self, server: str, headers: Mapping[str, str]) -> AsyncIterator[JsonObject]:
+        return self._direct("GET", server, headers, None)
+
+    async def _direct(
+        self, method: str, server: str, headers: Mapping[str, str], body: bytes | None
+    ) -> AsyncIterator[JsonObject]:
+        """A long-lived stream straight from the server: not a call (GET streams bypass the
+        pipeline on `/mcp/NAME` too), and it must not count as a call in flight for the drain."""
+        if server not in self.known():
+            raise ServerUnavailable(server, "not running")
         url = self.upstream_url(server)
         try:
-            async with self.http().get(
-                url, headers={**inner_headers(headers), "Accept": "text/event-stream"}, timeout=None
+            async with self.http().request(
+                method,
+                url,
+                data=body,
+                headers={**inner_headers(headers), "Accept": "text/event-stream"},
+                timeout=None,
             ) as response:
                 if response.status >= 400:
                     raise TransportStatus(response.status)
-                async for msg in messages_of(
-                    response.headers.get("Content-Type", ""), response.content.iter_any()
-                ):
+                content_type = response.headers.get("Content-Type", "")
+                async for msg in messages_of(content_type, response.content.iter_any()):
                     yield msg
         except (aiohttp.ClientError, OSError) as e:
             raise ServerUnavailable(server, str(e) or type(e).__name__) from e

@@ -63,6 +63,13 @@ LIST_CHANGED = (
     "notifications/prompts/list_changed",
     "notifications/resources/list_changed",
 )
+# 2026-07-28 `subscriptions/listen`: the filter's flag of each notification the aggregate relays
+LISTEN_FLAGS = {
+    "notifications/tools/list_changed": "toolsListChanged",
+    "notifications/prompts/list_changed": "promptsListChanged",
+    "notifications/resources/list_changed": "resourcesListChanged",
+}
+SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 # 2026-07-28 results that carry ttlMs and cacheScope
 CACHEABLE = frozenset(
     ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read")
@@ -73,6 +80,7 @@ RESOURCE_NOT_FOUND = -32002
 PROBE_INTERVAL_S = 1.0  # how often a server that dropped out is asked again for its tools
 KEEPALIVE_S = 15.0  # a comment on an idle GET stream, which also notices a client that left
 MAX_SESSIONS = 1000  # client sessions kept; the least recently used one closes past it
+SESSION_IDLE_S = 3600.0  # a client session without a request or an open stream this long is closed
 STREAM_QUEUE = 256  # notifications waiting for a client's GET stream; older ones drop past it
 
 TransportFor = Callable[[Route, Mapping[str, str]], Transport]
@@ -99,19 +107,33 @@ class ClientSession:
     templates: dict[str, str] = field(default_factory=dict)  # URI template -> its server
     probe: asyncio.Task[None] | None = None
     closed: bool = False
+    used: float = field(default_factory=time.monotonic)  # its last request
+    streams: int = 0  # its open GET / listen streams (a session with one open is in use)
+    # 2026-07-28 clients' `subscriptions/listen` streams: (their request id, what they asked for, queue)
+    listeners: list[tuple[Any, frozenset[str], asyncio.Queue[bytes]]] = field(default_factory=list)
 
     def send(self, method: str, params: JsonObject | None = None) -> None:
-        """A notification for the client's GET stream (handshake era, legacy SSE)."""
+        """A notification for the client's GET stream (handshake era, legacy SSE) or its listen
+        streams (2026-07-28: only what each asked for, stamped with its subscription id)."""
         msg: JsonObject = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             msg["params"] = params
         self.push(orjson.dumps(msg))
+        for listen_id, wanted, queue in self.listeners:
+            if LISTEN_FLAGS.get(method) in wanted:
+                meta = {**_dict(_dict(params).get("_meta")), SUBSCRIPTION_META: listen_id}
+                _put(queue, orjson.dumps({**msg, "params": {**_dict(params), "_meta": meta}}))
 
     def push(self, message: bytes) -> None:
-        if self.stream.full():
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self.stream.get_nowait()
-        self.stream.put_nowait(message)
+        _put(self.stream, message)
+
+
+def _put(queue: asyncio.Queue[bytes], message: bytes) -> None:
+    """Queued for a stream; past its bound the oldest is dropped (a client that does not read)."""
+    if queue.full():
+        with contextlib.suppress(asyncio.QueueEmpty):
+            queue.get_nowait()
+    queue.put_nowait(message)
 
 
 class Aggregate:
@@ -164,22 +186,28 @@ class Aggregate:
         s = ClientSession(key, route, UpstreamSessions(self.transport_for(route, _client_headers(headers))))
         s.modern, s.legacy = modern, legacy
         s.upstreams.on_notification = lambda server, method, params: self._relay(s, server, method, params)
+        now = time.monotonic()
+        for old in [o for o in self.sessions.values() if not o.streams and now - o.used > SESSION_IDLE_S]:
+            _close_later(self.sessions.pop(old.key))  # its client left without a DELETE
         self.sessions[key] = s
         while len(self.sessions) > MAX_SESSIONS:
             oldest = next(iter(self.sessions))
             _close_later(self.sessions.pop(oldest))
         return s
 
-    def _find(self, key: str) -> ClientSession | None:
-        s = self.sessions.pop(key, None)
-        if s is not None:
-            self.sessions[key] = s  # most recently used last
+    def _find(self, key: str, route: Route) -> ClientSession | None:
+        """The client's session; None when unknown, or opened by another agent (never shared)."""
+        s = self.sessions.get(key)
+        if s is None or s.route.agent != route.agent:
+            return None
+        self.sessions[key] = self.sessions.pop(key)  # most recently used last
+        s.used = time.monotonic()
         return s
 
     def _stateless(self, route: Route, headers: Mapping[str, str]) -> ClientSession:
         """2026-07-28 clients keep no session: one per agent and session keeps the upstream ones."""
         key = f"modern:{route.agent}:{route.session or ''}"
-        return self._find(key) or self._open(key, route, headers, modern=True, legacy=False)
+        return self._find(key, route) or self._open(key, route, headers, modern=True, legacy=False)
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}
@@ -204,9 +232,10 @@ class Aggregate:
         if request.method == "GET":
             return await self._get(request, route)
         if request.method == "DELETE":
-            s = self.sessions.pop(request.headers.get("Mcp-Session-Id", ""), None)
+            s = self._find(request.headers.get("Mcp-Session-Id", ""), route)
             if s is None:
                 return web.Response(status=404, text="unknown session")
+            self.sessions.pop(s.key, None)
             await _close(s)
             return web.Response(status=200)
         if request.method != "POST":
@@ -219,7 +248,7 @@ class Aggregate:
         messages, batch = parsed
         legacy_key = request.query.get("session")
         if legacy_key is not None:
-            return await self._legacy_post(legacy_key, messages)
+            return await self._legacy_post(legacy_key, route, messages)
         first = messages[0] if messages and isinstance(messages[0], dict) else {}
         if first.get("method") == "initialize" and not batch:
             return self._initialize(request, route, first)
@@ -227,9 +256,16 @@ class Aggregate:
         session_id = request.headers.get("Mcp-Session-Id")
         if version == MODERN_VERSION and not session_id:
             s = self._stateless(route, request.headers)
+        elif version and version not in HANDSHAKE_VERSIONS and not session_id:
+            data = {"supported": [*HANDSHAKE_VERSIONS, MODERN_VERSION], "requested": version}
+            body = jsonrpc.render_error(
+                first.get("id"), UNSUPPORTED_VERSION, "Unsupported protocol version", data
+            )
+            return _json(body, 400)
         elif session_id:
-            found = self._find(session_id)
-            if found is None:  # the client starts a new session (as after a server restart)
+            found = self._find(session_id, route)
+            if found is None:
+                # unknown (or another agent's): the client starts a new session, as after a server restart
                 return _json(
                     jsonrpc.render_error(first.get("id"), INVALID_PARAMS_SESSION, "Session not found"), 404
                 )
@@ -251,6 +287,8 @@ class Aggregate:
             answers = await asyncio.gather(*(self._answer(s, m, None) for m in requests))
             return _json(b"[" + b",".join(answers) + b"]")
         msg = requests[0]
+        if msg.get("method") == "subscriptions/listen":
+            return await self._listen(request, s, msg)
         if _progress_token(msg) is not None and "text/event-stream" in request.headers.get("Accept", ""):
             return await self._sse_answer(request, s, msg)
         return _json(
@@ -284,10 +322,29 @@ class Aggregate:
         await response.write_eof()
         return response
 
+    async def _listen(self, request: web.Request, s: ClientSession, msg: JsonObject) -> web.StreamResponse:
+        """2026-07-28 `subscriptions/listen`: an SSE stream of the list changes the client asked for,
+        acknowledged first, kept until the client closes it."""
+        asked = _dict(_dict(msg.get("params")).get("notifications"))
+        honored = {flag: True for flag in LISTEN_FLAGS.values() if asked.get(flag)}
+        queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE)
+        listener = (msg.get("id"), frozenset(honored), queue)
+        ack = {
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": honored, "_meta": {SUBSCRIPTION_META: msg.get("id")}},
+        }
+        _put(queue, orjson.dumps(ack))
+        s.listeners.append(listener)
+        try:
+            return await self._stream(request, s, None, queue)
+        finally:
+            s.listeners.remove(listener)
+
     async def _get(self, request: web.Request, route: Route) -> web.StreamResponse:
         session_id = request.headers.get("Mcp-Session-Id")
         if session_id:
-            s = self._find(session_id)
+            s = self._find(session_id, route)
             if s is None:
                 return web.Response(status=404, text="unknown session")
             return await self._stream(request, s, None)
@@ -302,30 +359,38 @@ class Aggregate:
             await _close(s)
 
     async def _stream(
-        self, request: web.Request, s: ClientSession, endpoint: str | None
+        self,
+        request: web.Request,
+        s: ClientSession,
+        endpoint: str | None,
+        queue: asyncio.Queue[bytes] | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
+        s.streams += 1
         try:
             if endpoint is not None:
                 await response.write(b"event: endpoint\ndata: " + endpoint.encode() + b"\n\n")
             while not s.closed:
                 try:
-                    message = await asyncio.wait_for(s.stream.get(), KEEPALIVE_S)
+                    message = await asyncio.wait_for((queue or s.stream).get(), KEEPALIVE_S)
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
                 if not message:  # the session closed
                     break
                 await response.write(jsonrpc.sse_message(message))
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+        except ConnectionError:
+            pass  # the client left
+        finally:
+            s.streams -= 1
+            s.used = time.monotonic()
         return response
 
-    async def _legacy_post(self, key: str, messages: list[Any]) -> web.Response:
-        s = self._find(key)
+    async def _legacy_post(self, key: str, route: Route, messages: list[Any]) -> web.Response:
+        s = self._find(key, route)
         if s is None or not s.legacy:
             return web.Response(status=404, text="unknown session")
         for m in messages:
@@ -564,6 +629,7 @@ class Aggregate:
 
 
 INVALID_PARAMS_SESSION = -32001  # the SDKs' "Session not found" with HTTP 404
+UNSUPPORTED_VERSION = -32022  # 2026-07-28's UnsupportedProtocolVersionError, naming what is supported
 
 
 def _dict(value: Any) -> JsonObject:
@@ -617,6 +683,8 @@ async def _close(s: ClientSession) -> None:
     if s.probe is not None:
         s.probe.cancel()
     s.push(b"")  # wakes its GET stream, which then ends
+    for _, _, queue in s.listeners:
+        _put(queue, b"")
     with contextlib.suppress(Exception):
         await s.upstreams.close()
 
