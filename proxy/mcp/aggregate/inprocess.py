@@ -263,7 +263,10 @@ class PipelineTransport:
                 method,
                 url,
                 data=body,
-                headers={**inner_headers(headers), "Accept": "text/event-stream"},
+                headers={
+                    **inner_headers(headers),
+                    **({"Accept": "text/event-stream"} if method == "GET" else {}),
+                },
                 timeout=None,
             ) as response:
                 if response.status >= 400:

@@ -776,7 +776,10 @@ class UpstreamSession:
             except asyncio.CancelledError:
                 raise
             except TransportStatus as status:
-                if status.status in (400, 404, 405):
+                if 400 <= status.status < 500:  # the server will not listen (or not like this): stop
+                    log.warning(
+                        "MCP server %r refuses subscriptions/listen: HTTP %s", self.server, status.status
+                    )
                     return
                 failures += 1
             except Exception as exc:
