@@ -776,7 +776,7 @@ class UpstreamSession:
             except asyncio.CancelledError:
                 raise
             except TransportStatus as status:
-                if 400 <= status.status < 500:  # the server will not listen (or not like this): stop
+                if 400 <= status.status < 500 and status.status not in (408, 429):  # it will not listen: stop
                     log.warning(
                         "MCP server %r refuses subscriptions/listen: HTTP %s", self.server, status.status
                     )
