@@ -110,6 +110,22 @@ async def test_a_handshake_client_hears_a_stateless_servers_list_change(
             assert "srv__sprout" in {t.name for t in listed.tools}
 
 
+async def test_a_2026_client_hears_a_handshake_servers_list_change(start_tripwire: StartTripwire) -> None:
+    """The handshake server announces it unasked on its GET stream; the 2026-07-28 client hears it on
+    its `subscriptions/listen` stream, and the new tool is in its next `tools/list`."""
+    with RevisionServer("handshake") as server:
+        tw = await start_tripwire(mcp={"srv": {"url": server.url}})
+        async with Client(f"{tw.url}/mcp", mode="auto", cache=None) as client:  # type: ignore[arg-type]
+            await client.list_tools()
+            async with client.listen(tools_list_changed=True) as sub:
+                await asyncio.sleep(0.5)  # the upstream GET stream opens with the upstream session
+                await client.call_tool("srv__grow", {"name": "shoot"})
+                event = await asyncio.wait_for(sub.__anext__(), 60)
+                assert "tools" in str(event).lower()
+            listed = await client.list_tools()
+            assert "srv__shoot" in {t.name for t in listed.tools}
+
+
 NEEDS_CLIENT_CAPABILITIES = pytest.mark.xfail(
     strict=True,
     reason="the aggregate does not yet pass its client's capabilities to UpstreamSessions(capabilities=...): "
