@@ -19,9 +19,14 @@ the session re-open.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -36,7 +41,8 @@ STATELESS = ("2026-07-28",)
 
 
 def add_revision_tools(server: Any) -> None:
-    """`grow`: adds a tool and announces the change (GET stream or `subscriptions/listen`)."""
+    """`grow`: adds a tool and announces the change (GET stream or `subscriptions/listen`); `chatty`
+    logs; `nap` sleeps."""
 
     @server.tool()
     async def grow(name: str, ctx: Context) -> str:
@@ -52,6 +58,23 @@ def add_revision_tools(server: Any) -> None:
         except Exception:  # no connection-wide channel at 2026-07-28
             pass
         return f"grew {name}"
+
+    @server.resource("memo://note")
+    def note() -> str:
+        """A note whose updates `touch` announces."""
+        return "a note"
+
+    @server.tool()
+    async def touch(uri: str, ctx: Context) -> str:
+        """Announce that the resource `uri` was updated (2026-07-28: to listen streams naming it)."""
+        await ctx.notify_resource_updated(uri)
+        return "touched"
+
+    @server.tool()
+    async def chatty(text: str, ctx: Context) -> str:
+        """Log `text` at info level, then answer."""
+        await ctx.info(text)
+        return "said it"
 
     @server.tool()
     async def nap(seconds: float) -> str:
@@ -133,7 +156,9 @@ class RevisionServer:
         add_revision_tools(server)
         app = server.streamable_http_app(json_response=self.json_response)
         self.gate = EraGate(app, self.era)
-        config = uvicorn.Config(self.gate, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            self.gate, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
@@ -148,7 +173,6 @@ class RevisionServer:
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
-            self._server.force_exit = True
         if self._thread is not None:
             self._thread.join(timeout=20)
         self._server = self._thread = None
@@ -234,3 +258,60 @@ class HttpTransport:
                         yield orjson.loads(event.data)
         except (aiohttp.ClientError, OSError) as exc:
             raise ServerUnavailable(server, repr(exc)) from None
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sibling_python(env: str) -> Path | None:
+    """The python of the repository's other environment (`.venv` or `.venv-mcp1`, side by side as
+    scripts/test.sh builds them), for a server of the other SDK major; None when it is not there."""
+    python = Path(sys.prefix).parent / env / "bin" / "python"
+    return python if python.exists() else None
+
+
+@contextmanager
+def spawned(python: Path, kind: str) -> Iterator[str]:
+    """A server in a child process of another environment (`python -m tests.mcp_revision_servers
+    KIND`): `handshake` / `stateless` (mcp 2.x, gated) or `v1` (mcp 1.x FastMCP, handshake era by
+    nature). Yields its URL; the child ends when its stdin closes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [str(python), "-m", "tests.mcp_revision_servers", kind],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"MCP test server {kind} did not start: {url!r}")
+        yield url
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _serve_until_stdin_closes(kind: str) -> None:
+    if kind == "v1":
+        from tests.mcp_servers import serve
+
+        with serve() as url:
+            print(url, flush=True)
+            sys.stdin.read()
+        return
+    with RevisionServer(kind) as server:
+        print(server.url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _serve_until_stdin_closes(sys.argv[1])

@@ -264,9 +264,10 @@ class PipelineTransport:
                 url,
                 data=body,
                 # a GET stream accepts only SSE; a POST (listen) both, or the server refuses it (406)
-                headers=inner_headers(headers)
-                if body is not None
-                else {**inner_headers(headers), "Accept": "text/event-stream"},
+                headers={
+                    **inner_headers(headers),
+                    **({"Accept": "text/event-stream"} if method == "GET" else {}),
+                },
                 timeout=None,
             ) as response:
                 if response.status >= 400:

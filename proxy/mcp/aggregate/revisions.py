@@ -46,6 +46,7 @@ X_MCP_HEADER = "x-mcp-header"
 METHOD_NOT_FOUND = -32601
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
+INVALID_PARAMS = -32602
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 """2026-07-28's UnsupportedProtocolVersionError: `data = {"supported": [...], "requested": ...}`."""
 
@@ -249,7 +250,7 @@ def discover_from_initialize(initialize: Mapping[str, Any]) -> JsonObject:
     capabilities and instructions, `serverInfo` in `_meta`, `resultType: "complete"`, and cache hints
     that promise nothing (`ttlMs: 0`, `cacheScope: "private"`: the aggregate's answer depends on who
     asks and on which servers are up)."""
-    capabilities = {k: v for k, v in dict(initialize.get("capabilities") or {}).items() if k != "logging"}
+    capabilities = dict(initialize.get("capabilities") or {})
     out: JsonObject = {
         "resultType": RESULT_COMPLETE,
         "supportedVersions": list(STATELESS_REVISIONS),
@@ -374,9 +375,12 @@ def cancels_by_notification(revision: str) -> bool:
     return not is_stateless(revision)
 
 
-def listen_filter(capabilities: Mapping[str, Any]) -> JsonObject:
+def listen_filter(capabilities: Mapping[str, Any], resource_uris: list[str] | None = None) -> JsonObject:
     """The `subscriptions/listen` filter asking a 2026-07-28 server for every list-changed
-    notification its capabilities announce (what a handshake server sends on its GET stream unasked)."""
+    notification its capabilities announce (what a handshake server sends on its GET stream unasked),
+    and for `notifications/resources/updated` of the URIs a handshake client subscribed to with
+    `resources/subscribe` (2026-07-28: `resourceSubscriptions` "replaces the former
+    `resources/subscribe` RPC")."""
     wanted: JsonObject = {}
     for kind, flag in (
         ("tools", "toolsListChanged"),
@@ -386,6 +390,8 @@ def listen_filter(capabilities: Mapping[str, Any]) -> JsonObject:
         entry = capabilities.get(kind)
         if isinstance(entry, Mapping) and entry.get("listChanged"):
             wanted[flag] = True
+    if resource_uris:
+        wanted["resourceSubscriptions"] = list(resource_uris)
     return wanted
 
 

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.mcp.aggregate import revisions as rev
+from proxy.mcp.jsonrpc import TRIPWIRE_UPSTREAM_ERROR
 
 log = logging.getLogger("tripwire.mcp.aggregate")
 
@@ -67,6 +68,8 @@ DEFAULT_CLIENT_INFO: JsonObject = {"name": "tripwire-aggregate", "version": "1"}
 SUSPENDED_TTL_S = 300.0
 """How long a handshake POST waiting on an `input_required` retry is kept open before it is cancelled."""
 RECONNECT_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+RESUBSCRIBE_WAIT_S = 10.0
+"""How long `resources/subscribe` at 2026-07-28 waits for the new listen stream's acknowledgement."""
 
 ACCEPT = "application/json, text/event-stream"
 
@@ -135,6 +138,16 @@ class Transport(Protocol):
         ...
 
 
+def _error(server: str, error: Any) -> Exception:
+    """The exception for a JSON-RPC `error` member: the server's own error, or, when Tripwire's
+    pipeline in front of the server says it could not reach it (-32051), the server's absence."""
+    err = error if isinstance(error, dict) else {}
+    code, message = int(err.get("code", rev.INTERNAL_ERROR)), str(err.get("message", ""))
+    if code == TRIPWIRE_UPSTREAM_ERROR:
+        return ServerUnavailable(server, message)
+    return UpstreamError(code, message, err.get("data"))
+
+
 def _dumps(message: JsonObject) -> bytes:
     return orjson.dumps(message)
 
@@ -185,6 +198,8 @@ class UpstreamSession:
         self._open_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._log_level: str | None = None
+        self._resource_uris: list[str] = []  # resources/subscribe'd, for a 2026-07-28 listen filter
+        self._listen_acked = asyncio.Event()
         self._tool_schemas: dict[str, Any] = {}  # tools/list inputSchemas, for Mcp-Param-* (2026-07-28)
         self._suspended: dict[str, _Suspended] = {}
         self._stream_task: asyncio.Task[None] | None = None
@@ -251,6 +266,8 @@ class UpstreamSession:
         _, _, request_state = rev.split_retry(params)
         if request_state is not None and request_state in self._suspended:
             return await self._resume(state, params, on_progress)
+        if rev.is_stateless(state.revision) and method in ("resources/subscribe", "resources/unsubscribe"):
+            return await self._resubscribe(state, method, params)
         local = rev.local_answer(method, state.revision)
         if local is not None:
             if method == "logging/setLevel":
@@ -268,6 +285,29 @@ class UpstreamSession:
                 except TransportStatus as again:
                     raise self._status_error(again) from None
             raise self._status_error(status) from None
+
+    async def _resubscribe(self, state: _State, method: str, params: JsonObject | None) -> JsonObject:
+        """2026-07-28 replaced `resources/subscribe` / `unsubscribe` by the `resourceSubscriptions` of
+        a `subscriptions/listen` filter: the set changes, the listen stream is opened again with it
+        (the new one acknowledged before the answer, so no update falls between the two streams)."""
+        uri = (params or {}).get("uri")
+        if not isinstance(uri, str):
+            raise UpstreamError(rev.INVALID_PARAMS, f"{method} needs a uri")
+        if method == "resources/subscribe" and uri not in self._resource_uris:
+            self._resource_uris.append(uri)
+        elif method == "resources/unsubscribe" and uri in self._resource_uris:
+            self._resource_uris.remove(uri)
+        else:
+            return {}
+        old, self._stream_task = self._stream_task, None
+        self._start_stream()
+        if self._stream_task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RESUBSCRIBE_WAIT_S):
+                    await self._listen_acked.wait()
+        if old is not None:
+            old.cancel()
+        return {}
 
     async def notify(self, method: str, params: JsonObject | None) -> None:
         """Send one notification, as the server's revision has it.
@@ -315,7 +355,11 @@ class UpstreamSession:
         async with self._open_lock:
             if self._state is None:
                 self._closed = False
-                self._state = await self._open()
+                try:
+                    self._state = await self._open()
+                except ServerUnavailable:
+                    self._lost = True  # so its first answer after this reports REOPENED
+                    raise
                 self.revision = self._state.revision
                 self._start_stream()
             return self._state
@@ -372,6 +416,8 @@ class UpstreamSession:
             error = (status.message or {}).get("error") if isinstance(status.message, dict) else None
             if status.status >= 500:
                 raise ServerUnavailable(self.server, f"HTTP {status.status} to server/discover") from None
+        if isinstance(error, dict) and error.get("code") == TRIPWIRE_UPSTREAM_ERROR:
+            raise _error(self.server, error)  # not an era verdict: the server is not there
         verdict = rev.probe_verdict(error, result)
         if verdict == "incompatible":
             err = error or {}
@@ -419,10 +465,7 @@ class UpstreamSession:
         if answer is None:
             raise ServerUnavailable(self.server, "no answer to initialize")
         if "error" in answer:
-            err = answer["error"] or {}
-            raise UpstreamError(
-                int(err.get("code", rev.INTERNAL_ERROR)), str(err.get("message", "")), err.get("data")
-            )
+            raise _error(self.server, answer["error"])
         result = answer.get("result") or {}
         revision = rev.newest_handshake(str(result.get("protocolVersion", "")))
         if revision is None:
@@ -506,14 +549,12 @@ class UpstreamSession:
                 if "method" not in msg:
                     if msg.get("id") != request_id:
                         continue
-                    self._mark_reachable()
                     if "error" in msg:
-                        err = msg["error"] or {}
-                        raise UpstreamError(
-                            int(err.get("code", rev.INTERNAL_ERROR)),
-                            str(err.get("message", "")),
-                            err.get("data"),
-                        )
+                        failure = _error(self.server, msg["error"])
+                        if isinstance(failure, UpstreamError):
+                            self._mark_reachable()
+                        raise failure
+                    self._mark_reachable()
                     result = msg.get("result")
                     return dict(result) if isinstance(result, dict) else {}
                 params = msg.get("params")
@@ -653,11 +694,12 @@ class UpstreamSession:
     def _status_error(self, status: TransportStatus) -> Exception:
         message = status.message if isinstance(status.message, dict) else None
         error = message.get("error") if message else None
+        if status.status >= 500:  # a failing server or gateway, whatever its body says: isolation's business
+            self._lost = True
+            detail = f": {error.get('message')}" if isinstance(error, dict) and error.get("message") else ""
+            return ServerUnavailable(self.server, f"HTTP {status.status}{detail}")
         if isinstance(error, dict) and "code" in error:
             return UpstreamError(int(error["code"]), str(error.get("message", "")), error.get("data"))
-        if status.status >= 500:
-            self._lost = True
-            return ServerUnavailable(self.server, f"HTTP {status.status}")
         return UpstreamError(rev.INTERNAL_ERROR, f"MCP server {self.server!r} answered HTTP {status.status}")
 
     async def _drain(self, stream: AsyncIterator[JsonObject]) -> None:
@@ -672,11 +714,12 @@ class UpstreamSession:
         if state is None or self._closed:
             return
         if rev.is_stateless(state.revision):
-            wanted = rev.listen_filter(state.server_result.get("capabilities") or {})
+            wanted = rev.listen_filter(state.server_result.get("capabilities") or {}, self._resource_uris)
             if not wanted:
                 return
+            self._listen_acked = asyncio.Event()
             self._stream_task = asyncio.create_task(
-                self._listen(state, wanted), name=f"tripwire-mcp-listen-{self.server}"
+                self._listen(state, wanted, self._listen_acked), name=f"tripwire-mcp-listen-{self.server}"
             )
         elif state.session_id is not None:
             self._stream_task = asyncio.create_task(
@@ -707,7 +750,7 @@ class UpstreamSession:
                 failures += 1
             await asyncio.sleep(RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)])
 
-    async def _listen(self, state: _State, wanted: JsonObject) -> None:
+    async def _listen(self, state: _State, wanted: JsonObject, acked: asyncio.Event) -> None:
         failures = 0
         while not self._closed and self._state is state:
             request_id = f"tripwire-listen-{next(self._ids)}"
@@ -720,6 +763,7 @@ class UpstreamSession:
                 async with _closing(self._transport.post(self.server, headers, _dumps(message))) as stream:
                     async for msg in stream:
                         if msg.get("method") == "notifications/subscriptions/acknowledged":
+                            acked.set()
                             if failures:
                                 failures = 0
                                 await self._emit(REOPENED, None)  # re-listen and refetch
@@ -732,7 +776,10 @@ class UpstreamSession:
             except asyncio.CancelledError:
                 raise
             except TransportStatus as status:
-                if status.status in (400, 404, 405):
+                if 400 <= status.status < 500 and status.status not in (408, 429):  # it will not listen: stop
+                    log.warning(
+                        "MCP server %r refuses subscriptions/listen: HTTP %s", self.server, status.status
+                    )
                     return
                 failures += 1
             except Exception as exc:
