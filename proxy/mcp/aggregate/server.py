@@ -33,6 +33,7 @@ from proxy import __version__, jsonparse
 from proxy.guards.config import GuardConfig
 from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
+from proxy.mcp.aggregate import revisions as rev
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
 from proxy.mcp.aggregate.upstream import (
     REOPENED,
@@ -79,6 +80,8 @@ INVALID_PARAMS = -32602
 RESOURCE_NOT_FOUND = -32002
 PROBE_INTERVAL_S = 1.0  # how often a server that dropped out is asked again for its tools
 KEEPALIVE_S = 15.0  # a comment on an idle GET stream, which also notices a client that left
+MAX_INPUT_ROUNDS = 8  # a server asking a handshake client again and again: answered this often at most
+ASK_TIMEOUT_S = 600.0  # how long a server's question (sampling, elicitation) waits for the client
 MAX_SESSIONS = 1000  # client sessions kept; the least recently used one closes past it
 SESSION_IDLE_S = 3600.0  # a client session without a request or an open stream this long is closed
 STREAM_QUEUE = 256  # notifications waiting for a client's GET stream; older ones drop past it
@@ -108,6 +111,8 @@ class ClientSession:
     probe: asyncio.Task[None] | None = None
     closed: bool = False
     used: float = field(default_factory=time.monotonic)  # its last request
+    # questions a server asked this (handshake) client through the aggregate: request id -> its answer
+    asked: dict[str, asyncio.Future[JsonObject]] = field(default_factory=dict)
     streams: int = 0  # its open GET / listen streams (a session with one open is in use)
     # 2026-07-28 clients' `subscriptions/listen` streams: (their request id, what they asked for, queue)
     listeners: list[tuple[Any, frozenset[str], asyncio.Queue[bytes]]] = field(default_factory=list)
@@ -181,9 +186,22 @@ class Aggregate:
     # --- sessions ------------------------------------------------------------------------------
 
     def _open(
-        self, key: str, route: Route, headers: Mapping[str, str], *, modern: bool, legacy: bool
+        self,
+        key: str,
+        route: Route,
+        headers: Mapping[str, str],
+        *,
+        modern: bool,
+        legacy: bool,
+        client: tuple[Any, Any] = (None, None),
     ) -> ClientSession:
-        s = ClientSession(key, route, UpstreamSessions(self.transport_for(route, _client_headers(headers))))
+        """A client session. `client`: its (clientInfo, capabilities), which its upstream sessions
+        declare to the servers, so a server may ask it what it can answer (sampling, elicitation)."""
+        info, capabilities = (c if isinstance(c, dict) else None for c in client)
+        transport = self.transport_for(route, _client_headers(headers))
+        s = ClientSession(
+            key, route, UpstreamSessions(transport, client_info=info, capabilities=capabilities)
+        )
         s.modern, s.legacy = modern, legacy
         s.upstreams.on_notification = lambda server, method, params: self._relay(s, server, method, params)
         now = time.monotonic()
@@ -204,10 +222,12 @@ class Aggregate:
         s.used = time.monotonic()
         return s
 
-    def _stateless(self, route: Route, headers: Mapping[str, str]) -> ClientSession:
+    def _stateless(self, route: Route, headers: Mapping[str, str], first: JsonObject) -> ClientSession:
         """2026-07-28 clients keep no session: one per agent and session keeps the upstream ones."""
         key = f"modern:{route.agent}:{route.session or ''}"
-        return self._find(key, route) or self._open(key, route, headers, modern=True, legacy=False)
+        return self._find(key, route) or self._open(
+            key, route, headers, modern=True, legacy=False, client=_meta_client(first)
+        )
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}
@@ -255,7 +275,7 @@ class Aggregate:
         version = request.headers.get("MCP-Protocol-Version") or _meta_version(first)
         session_id = request.headers.get("Mcp-Session-Id")
         if version == MODERN_VERSION and not session_id:
-            s = self._stateless(route, request.headers)
+            s = self._stateless(route, request.headers, first)
         elif version and version not in HANDSHAKE_VERSIONS and not session_id:
             data = {"supported": [*HANDSHAKE_VERSIONS, MODERN_VERSION], "requested": version}
             body = jsonrpc.render_error(
@@ -281,6 +301,8 @@ class Aggregate:
         for m in messages:
             if jsonrpc.kind(m) == "notification":
                 self._client_notification(s, m)
+            elif jsonrpc.kind(m) == "response":
+                _answered(s, m)
         if not requests:
             return web.Response(status=202)
         if batch:
@@ -289,35 +311,36 @@ class Aggregate:
         msg = requests[0]
         if msg.get("method") == "subscriptions/listen":
             return await self._listen(request, s, msg)
-        if _progress_token(msg) is not None and "text/event-stream" in request.headers.get("Accept", ""):
-            return await self._sse_answer(request, s, msg)
-        return _json(
-            await self._answer(s, msg, None), headers={"Mcp-Session-Id": s.key} if not s.modern else None
-        )
+        return await self._respond(request, s, msg)
 
     def _initialize(self, request: web.Request, route: Route, msg: JsonObject) -> web.Response:
         params = _dict(msg.get("params"))
         asked = params.get("protocolVersion")
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
-        s = self._open(uuid.uuid4().hex, route, request.headers, modern=False, legacy=False)
+        client = (params.get("clientInfo"), params.get("capabilities"))
+        s = self._open(uuid.uuid4().hex, route, request.headers, modern=False, legacy=False, client=client)
         result = {"protocolVersion": version, "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO}
         return _json(jsonrpc.render_result(msg.get("id"), result), headers={"Mcp-Session-Id": s.key})
 
-    async def _sse_answer(
-        self, request: web.Request, s: ClientSession, msg: JsonObject
-    ) -> web.StreamResponse:
-        """A request that asked for progress: its progress events, then its answer, on one SSE stream."""
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        if not s.modern:
-            response.headers["Mcp-Session-Id"] = s.key
-        await response.prepare(request)
+    async def _respond(self, request: web.Request, s: ClientSession, msg: JsonObject) -> web.StreamResponse:
+        """One request's answer: JSON, unless something must go to the client before it (progress,
+        a server's question): then an SSE stream, those first, the answer last."""
+        headers = {"Mcp-Session-Id": s.key} if not s.modern else {}
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
-        task = asyncio.create_task(self._answer(s, msg, out.put_nowait))
+        sse = "text/event-stream" in request.headers.get("Accept", "")
+        task = asyncio.create_task(self._answer(s, msg, out.put_nowait if sse else None))
         task.add_done_callback(lambda t: out.put_nowait(None))
-        while (event := await out.get()) is not None:
+        first = await out.get()
+        if first is None:
+            return _json(task.result(), headers=headers)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+        )
+        await response.prepare(request)
+        event: bytes | None = first
+        while event is not None:
             await response.write(jsonrpc.sse_message(event))
+            event = await out.get()
         await response.write(jsonrpc.sse_message(task.result()))
         await response.write_eof()
         return response
@@ -397,11 +420,19 @@ class Aggregate:
             kind = jsonrpc.kind(m)
             if kind == "notification":
                 self._client_notification(s, m)
+            elif kind == "response":
+                _answered(s, m)
             elif kind == "request":
                 if m.get("method") == "initialize":
                     params = _dict(m.get("params"))
                     asked = params.get("protocolVersion")
                     version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
+                    for name, value in (
+                        ("client_info", params.get("clientInfo")),
+                        ("capabilities", params.get("capabilities")),
+                    ):
+                        if isinstance(value, dict):  # before any upstream session opens
+                            setattr(s.upstreams, name, dict(value))
                     result = {
                         "protocolVersion": version,
                         "capabilities": CAPABILITIES,
@@ -430,6 +461,13 @@ class Aggregate:
             if handler is None:
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
             result = await handler(self, s, params, _progress_relay(msg, progress))
+            for _ in range(MAX_INPUT_ROUNDS):
+                if s.modern or result.get("resultType") != "input_required":
+                    break  # a 2026-07-28 client answers input_required itself
+                # a handshake client: the server's questions as requests on this answer's stream
+                answers = await self._ask_client(s, result, progress)
+                retry = rev.retry_params(params, answers, result.get("requestState"))
+                result = await handler(self, s, retry, _progress_relay(msg, progress))
         except RpcError as e:
             return jsonrpc.render_error(msg_id, e.code, e.message, e.data)
         except UpstreamError as e:
@@ -441,6 +479,39 @@ class Aggregate:
             if method in CACHEABLE:  # never cached: a server may drop out or come back any time
                 result["ttlMs"], result["cacheScope"] = 0, "private"
         return jsonrpc.render_result(msg_id, result)
+
+    async def _ask_client(
+        self, s: ClientSession, result: JsonObject, sink: Callable[[bytes], None] | None
+    ) -> dict[str, Any]:
+        """Send each request of an `input_required` result to a handshake client; its answers by key."""
+        if sink is None:
+            raise RpcError(
+                jsonrpc.INTERNAL_ERROR,
+                "the MCP server asked the client a question; accept text/event-stream to answer it",
+            )
+        asked: list[tuple[str, str, asyncio.Future[JsonObject]]] = []
+        for key, method, params in rev.input_requests(result):
+            request_id = f"tripwire-{uuid.uuid4().hex}"
+            future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
+            s.asked[jsonrpc.id_key(request_id)] = future
+            asked.append((key, request_id, future))
+            request: JsonObject = {"jsonrpc": "2.0", "id": request_id, "method": method}
+            if params is not None:
+                request["params"] = params
+            sink(orjson.dumps(request))
+        answers: dict[str, Any] = {}
+        try:
+            for key, _, future in asked:
+                answer = await asyncio.wait_for(future, ASK_TIMEOUT_S)
+                answers[key] = answer["result"] if "result" in answer else {"error": answer.get("error")}
+        except TimeoutError:
+            raise RpcError(
+                jsonrpc.INTERNAL_ERROR, "the client did not answer the MCP server's question"
+            ) from None
+        finally:
+            for _, request_id, _ in asked:
+                s.asked.pop(jsonrpc.id_key(request_id), None)
+        return answers
 
     async def _discover(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
         return {
@@ -630,6 +701,19 @@ class Aggregate:
 
 INVALID_PARAMS_SESSION = -32001  # the SDKs' "Session not found" with HTTP 404
 UNSUPPORTED_VERSION = -32022  # 2026-07-28's UnsupportedProtocolVersionError, naming what is supported
+
+
+def _answered(s: ClientSession, msg: JsonObject) -> None:
+    """The client's answer to a question the aggregate sent it for a server."""
+    future = s.asked.get(jsonrpc.id_key(msg.get("id")))
+    if future is not None and not future.done():
+        future.set_result(msg)
+
+
+def _meta_client(msg: JsonObject) -> tuple[Any, Any]:
+    """A 2026-07-28 request's (clientInfo, clientCapabilities) from its `_meta` envelope."""
+    meta = _dict(_dict(msg.get("params")).get("_meta"))
+    return meta.get(rev.CLIENT_INFO_META), meta.get(rev.CLIENT_CAPABILITIES_META)
 
 
 def _dict(value: Any) -> JsonObject:
