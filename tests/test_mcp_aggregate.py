@@ -183,6 +183,7 @@ async def test_an_aggregated_call_in_llm_history_counts_once_and_is_guarded(
     import openai
     from mcp.client.streamable_http import streamable_http_client
 
+    from proxy.replay import replay_dir
     from tests.fakes import Reply
     from tests.schema import assert_run_valid
 
@@ -223,6 +224,10 @@ async def test_an_aggregated_call_in_llm_history_counts_once_and_is_guarded(
     assert texts[:2] == ["3", "3"] and texts[2].startswith("[tripwire] blocked:")
     calls = tool_events(events)
     assert [(c["payload"]["source"], c["payload"]["tool_name"]) for c in calls] == [("mcp", "alpha__add")] * 2
+    # replay decides call for call what the live guards decided, the block included
+    replay = replay_dir(tw.data_dir / "runs" / run_id)
+    assert replay.live and replay.replayed_checks == replay.live
+    assert "block" in {d.action for d in replay.decisions}
 
 
 async def test_a_2026_client_listens_for_a_server_coming_back(start_tripwire: StartTripwire) -> None:
