@@ -122,3 +122,10 @@ def test_a_calls_permission_name_is_server__tool_either_way() -> None:
     direct = MCPToolCall("files", "read", {}, 1, None, None, "streamable")
     aggregated = MCPToolCall("files", "files__read", {}, 1, None, None, "streamable", aggregated=True)
     assert direct.qualified_name == aggregated.qualified_name == "files__read"
+
+
+def test_list_timeout_from_the_environment(tmp_path: Path) -> None:
+    from proxy.settings import load_settings
+
+    loaded = load_settings({}, environ={"TRIPWIRE_LIST_TIMEOUT_S": "2.5"}, cwd=tmp_path, home=tmp_path)
+    assert loaded.list_timeout_s == 2.5
