@@ -31,7 +31,7 @@ from proxy.mcp.aggregate.server import Aggregate
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
 from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
-from proxy.settings import Settings, split_host_port, url_host
+from proxy.settings import Settings, StdioServerConfig, UpstreamConfig, split_host_port, url_host
 from proxy.websocket.handler import handle_websocket_within_limits
 from proxy.websocket.handshake import is_websocket_upgrade
 
@@ -229,11 +229,14 @@ def make_aggregate(engine: Engine, app: web.Application) -> Aggregate:
             client_headers,
         )
 
+    settings = engine.settings
+    own: dict[str, UpstreamConfig | StdioServerConfig] = {**settings.mcp, **settings.mcp_stdio}
     aggregate = Aggregate(
         engine.guards.config,
-        aggregate_servers(engine.settings),
-        engine.settings.list_timeout_s,
+        aggregate_servers(settings),
+        settings.list_timeout_s,
         transport_for,
+        {name: c.list_timeout_s for name, c in own.items() if c.list_timeout_s is not None},
     )
     engine.health_reports["mcp_aggregate"] = aggregate.health
 

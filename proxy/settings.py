@@ -49,6 +49,8 @@ class UpstreamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
+    # an MCP server on /mcp: its own list_timeout_s (null: the top-level one)
+    list_timeout_s: PositiveFloat | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
     # Anthropic-style upstreams take the key in x-api-key; OpenAI-style in Authorization.
@@ -77,6 +79,7 @@ class StdioServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     command: str
     env: dict[str, str] = Field(default_factory=dict)
+    list_timeout_s: PositiveFloat | None = None  # on /mcp: its own (null: the top-level one)
 
 
 class RetentionConfig(BaseModel):

@@ -239,3 +239,18 @@ async def test_a_session_is_its_agents_own_and_unknown_revisions_are_named(
                 answer = await r.json()
             assert r.status == 400 and answer["error"]["code"] == -32022
             assert "2026-07-28" in answer["error"]["data"]["supported"]
+
+
+async def test_a_servers_own_list_timeout(start_tripwire: StartTripwire) -> None:
+    """`list_timeout_s` on a server's entry is its own: a server known to list slowly is waited for."""
+    slow, quick = FakeMCP([["late"]], list_delay=2.0), FakeMCP([["fast"]])
+    async with served(slow) as slow_url, served(quick) as quick_url:
+        tw = await start_tripwire(
+            mcp={"slow": {"url": slow_url, "list_timeout_s": 60}, "quick": {"url": quick_url}},
+            list_timeout_s=1.0,  # shorter than `slow` takes: its own 60 s decides
+        )
+        async with aiohttp.ClientSession() as http:
+            client = RawClient(http, f"{tw.url}/mcp")
+            await client.open()
+            listed = (await client.rpc("tools/list"))["result"]["tools"]
+            assert "slow__late" in {t["name"] for t in listed}

@@ -148,10 +148,12 @@ class Aggregate:
         servers: tuple[str, ...],
         list_timeout_s: float,
         transport_for: TransportFor,
+        server_list_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         self.guard_config = guard_config  # the agent's effective guard config (its tool permissions)
         self.servers = servers
         self.list_timeout_s = list_timeout_s
+        self.server_list_timeouts = dict(server_list_timeouts or {})  # servers with their own
         self.transport_for = transport_for
         self.sessions: dict[str, ClientSession] = {}  # in least-recently-used order
         self.server_health: dict[str, JsonObject] = {}
@@ -530,12 +532,13 @@ class Aggregate:
         self, s: ClientSession, server: str, method: str, cursor: str | None
     ) -> JsonObject | None:
         """One server's page of a list, or None when it failed or took longer than `list_timeout_s`."""
+        limit = self.server_list_timeouts.get(server, self.list_timeout_s)
         try:
             result = await asyncio.wait_for(
                 s.upstreams.get(server).request(
-                    method, {"cursor": cursor} if cursor else None, timeout=self.list_timeout_s
+                    method, {"cursor": cursor} if cursor else None, timeout=limit
                 ),
-                self.list_timeout_s,
+                limit,
             )
         except UpstreamError as e:
             if e.code == METHOD_NOT_FOUND:  # the server has none of these: not a failure
@@ -544,7 +547,7 @@ class Aggregate:
         except (ServerUnavailable, TransportStatus) as e:
             why = str(e)
         except TimeoutError:
-            why = f"{method} took longer than list_timeout_s ({self.list_timeout_s:g}s)"
+            why = f"{method} took longer than list_timeout_s ({limit:g}s)"
         except Exception as e:  # one server's surprise must not fail the others' list
             log.exception("aggregate /mcp: %s of %r failed", method, server)
             why = f"{method} failed: {e!r}"
