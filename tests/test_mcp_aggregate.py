@@ -332,3 +332,25 @@ async def test_a_servers_own_list_changed_reaches_the_client(start_tripwire: Sta
                 await asyncio.sleep(0.05)
             assert "notifications/tools/list_changed" in heard
             assert "grower__sprout" in {t.name for t in (await client.list_tools()).tools}
+
+
+async def test_a_client_cancelling_a_call_cancels_it_upstream(start_tripwire: StartTripwire) -> None:
+    """A client's `notifications/cancelled` cancels the aggregated call and its upstream request (a
+    handshake server gets the notification): the server stops napping, so the call ends (recorded as
+    failed, as on `/mcp/NAME`) long before its 600 s nap would."""
+    import anyio
+
+    with RevisionServer("handshake") as server:
+        tw = await start_tripwire(mcp={"srv": {"url": server.url}}, list_timeout_s=LIST_TIMEOUT_S)
+        async with Client(f"{tw.url}/mcp", mode="legacy", cache=None) as client:  # type: ignore[arg-type]
+            await client.list_tools()
+            with anyio.move_on_after(1.0):
+                await client.call_tool("srv__nap", {"seconds": 600})
+            assert (await client.call_tool("srv__add", {"a": 1, "b": 1})).structured_content == {"result": 2}
+            for _ in range(1200):
+                await tw.engine.recorder.flush()
+                if any(e["name"] == "srv__nap" for e in tool_events(tw.events())):
+                    break
+                await asyncio.sleep(0.05)
+        naps = [e for e in tool_events(tw.events()) if e["name"] == "srv__nap"]
+        assert len(naps) == 1 and naps[0]["payload"]["status"] == "error"

@@ -111,6 +111,8 @@ class ClientSession:
     probe: asyncio.Task[None] | None = None
     closed: bool = False
     used: float = field(default_factory=time.monotonic)  # its last request
+    # the client's requests being answered (id -> task), for its notifications/cancelled
+    running: dict[str, asyncio.Task[bytes]] = field(default_factory=dict)
     # questions a server asked this (handshake) client through the aggregate: request id -> its answer
     asked: dict[str, asyncio.Future[JsonObject]] = field(default_factory=dict)
     streams: int = 0  # its open GET / listen streams (a session with one open is in use)
@@ -330,10 +332,12 @@ class Aggregate:
         headers = {"Mcp-Session-Id": s.key} if not s.modern else {}
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         sse = "text/event-stream" in request.headers.get("Accept", "")
-        task = asyncio.create_task(self._answer(s, msg, out.put_nowait if sse else None))
+        task = self._running(s, msg, out.put_nowait if sse else None)
         task.add_done_callback(lambda t: out.put_nowait(None))
         first = await out.get()
         if first is None:
+            if task.cancelled():  # the client cancelled it: no answer (MCP "Cancellation")
+                return web.Response(status=202, headers=headers)
             return _json(task.result(), headers=headers)
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
@@ -343,9 +347,20 @@ class Aggregate:
         while event is not None:
             await response.write(jsonrpc.sse_message(event))
             event = await out.get()
-        await response.write(jsonrpc.sse_message(task.result()))
+        if not task.cancelled():
+            await response.write(jsonrpc.sse_message(task.result()))
         await response.write_eof()
         return response
+
+    def _running(
+        self, s: ClientSession, msg: JsonObject, sink: Callable[[bytes], None] | None
+    ) -> asyncio.Task[bytes]:
+        """A client request being answered, cancellable by its `notifications/cancelled`."""
+        key = jsonrpc.id_key(msg.get("id"))
+        task = asyncio.create_task(self._answer(s, msg, sink))
+        s.running[key] = task
+        task.add_done_callback(lambda t: s.running.pop(key, None) if s.running.get(key) is t else None)
+        return task
 
     async def _listen(self, request: web.Request, s: ClientSession, msg: JsonObject) -> web.StreamResponse:
         """2026-07-28 `subscriptions/listen`: an SSE stream of the list changes the client asked for,
@@ -442,12 +457,17 @@ class Aggregate:
                     }
                     s.push(jsonrpc.render_result(m.get("id"), result))
                 else:
-                    task = asyncio.create_task(self._answer(s, m, s.push))
+                    task = self._running(s, m, s.push)
                     task.add_done_callback(lambda t: s.push(t.result()) if not t.cancelled() else None)
         return web.Response(status=202, text="Accepted")
 
     def _client_notification(self, s: ClientSession, msg: JsonObject) -> None:
-        return None  # initialized, cancelled, roots changed: nothing the aggregate forwards
+        """`notifications/cancelled` cancels the request it names (its upstream request is cancelled
+        as the server's revision says); initialized and roots changes are Tripwire's own business."""
+        if msg.get("method") == "notifications/cancelled":
+            task = s.running.get(jsonrpc.id_key(_dict(msg.get("params")).get("requestId")))
+            if task is not None:
+                task.cancel()
 
     # --- JSON-RPC ------------------------------------------------------------------------------
 
