@@ -209,6 +209,50 @@ async def test_timeout_raises_server_unavailable_and_the_session_carries_on(
     assert called["content"][0]["text"] == "echo: hi"
 
 
+@pytest.mark.parametrize("era", ERAS)
+async def test_cancelling_a_request_cancels_it_as_its_revision_says(
+    sessions: tuple[UpstreamSessions, Notes], servers: dict[str, RevisionServer], era: str
+) -> None:
+    """Handshake era: `notifications/cancelled` naming Tripwire's upstream request id. 2026-07-28
+    defines no client-to-server notification for it: the request's stream is closed, nothing posted."""
+    upstream, _ = sessions
+    session = upstream.get(era)
+    await session.open()
+    gate = servers[era].gate
+    assert gate is not None
+    before = len(gate.posted)
+    call = asyncio.ensure_future(
+        session.request("tools/call", {"name": "nap", "arguments": {"seconds": 30}}, timeout=60)
+    )
+    await until(
+        lambda: any(m.get("method") == "tools/call" for m in gate.posted[before:] if isinstance(m, dict)),
+        "the call reaching the server",
+    )
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    sent = [m for m in gate.posted[before:] if isinstance(m, dict)]
+    napping = next(m for m in sent if m.get("method") == "tools/call")
+    if era == "handshake":
+        await until(
+            lambda: any(
+                m.get("method") == "notifications/cancelled" for m in gate.posted if isinstance(m, dict)
+            ),
+            "notifications/cancelled",
+        )
+        cancelled = next(
+            m for m in gate.posted if isinstance(m, dict) and m.get("method") == "notifications/cancelled"
+        )
+        assert cancelled["params"]["requestId"] == napping["id"]
+    else:
+        await asyncio.sleep(0.5)
+        assert not [
+            m for m in gate.posted[before:] if isinstance(m, dict) and "cancel" in str(m.get("method"))
+        ]
+    called = await session.request("tools/call", {"name": "echo", "arguments": {"text": "on"}}, timeout=30)
+    assert called["content"][0]["text"] == "echo: on"
+
+
 async def test_a_server_that_is_not_there_is_unavailable() -> None:
     transport = HttpTransport({"gone": "http://127.0.0.1:9/mcp"})
     upstream = UpstreamSessions(transport)
