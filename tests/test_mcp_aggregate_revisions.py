@@ -126,12 +126,6 @@ async def test_a_2026_client_hears_a_handshake_servers_list_change(start_tripwir
             assert "srv__shoot" in {t.name for t in listed.tools}
 
 
-NEEDS_CLIENT_CAPABILITIES = pytest.mark.xfail(
-    strict=True,
-    reason="the aggregate does not yet pass its client's capabilities to UpstreamSessions(capabilities=...): "
-    "a handshake server is initialized without `sampling`, so it refuses (-32021) instead of asking; with them "
-    "the upstream session turns its question into input_required, which a 2026-07-28 client answers",
-)
 NEEDS_SERVER_REQUESTS = pytest.mark.xfail(
     strict=True,
     reason="the aggregate does not yet express an input_required result as server-to-client requests on a "
@@ -143,7 +137,7 @@ NEEDS_SERVER_REQUESTS = pytest.mark.xfail(
     ("mode", "era"),
     [
         ("auto", "stateless"),
-        pytest.param("auto", "handshake", marks=NEEDS_CLIENT_CAPABILITIES),
+        ("auto", "handshake"),
         pytest.param("legacy", "stateless", marks=NEEDS_SERVER_REQUESTS),
         pytest.param("legacy", "handshake", marks=NEEDS_SERVER_REQUESTS),
     ],

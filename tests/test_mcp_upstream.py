@@ -196,6 +196,42 @@ async def test_without_the_capability_a_handshake_servers_question_is_refused(
         await transport.close()
 
 
+async def test_a_2026_clients_capabilities_widen_a_handshake_session(
+    servers: dict[str, RevisionServer],
+) -> None:
+    """The session opened declaring nothing; a request whose 2026-07-28 envelope declares `sampling`
+    re-opens it declaring that too (quietly: no REOPENED), so the server asks instead of refusing."""
+    transport = HttpTransport({"hs": servers["handshake"].url})
+    notes = Notes()
+    upstream = UpstreamSessions(transport, notes)
+    try:
+        session = upstream.get("hs")
+        await session.request("tools/list", None, timeout=30)
+        first_id = session._state.session_id  # type: ignore[union-attr]
+        params = {
+            "name": "summarize",
+            "arguments": {"topic": "dogs"},
+            "_meta": {
+                rev.PROTOCOL_VERSION_META: "2026-07-28",
+                rev.CLIENT_CAPABILITIES_META: {"sampling": {}},
+            },
+        }
+        asked = await session.request("tools/call", params, timeout=30)
+        assert rev.result_type(asked) == "input_required"
+        assert session._state.session_id != first_id  # type: ignore[union-attr]
+        assert session.capabilities == {"sampling": {}}
+        answer = {"role": "assistant", "content": {"type": "text", "text": "woof"}, "model": "test"}
+        retry = rev.retry_params(
+            params, {k: answer for k, _, _ in rev.input_requests(asked)}, asked["requestState"]
+        )
+        final = await session.request("tools/call", retry, timeout=30)
+        assert final["content"][0]["text"] == "summary of dogs: woof"
+        assert REOPENED not in notes.methods("hs")
+    finally:
+        await upstream.close()
+        await transport.close()
+
+
 @pytest.mark.parametrize("era", ERAS)
 async def test_timeout_raises_server_unavailable_and_the_session_carries_on(
     sessions: tuple[UpstreamSessions, Notes], era: str

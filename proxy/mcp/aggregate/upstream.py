@@ -268,6 +268,8 @@ class UpstreamSession:
             return await self._resume(state, params, on_progress)
         if rev.is_stateless(state.revision) and method in ("resources/subscribe", "resources/unsubscribe"):
             return await self._resubscribe(state, method, params)
+        if not rev.is_stateless(state.revision):
+            state = await self._widen(state, params)
         local = rev.local_answer(method, state.revision)
         if local is not None:
             if method == "logging/setLevel":
@@ -364,7 +366,27 @@ class UpstreamSession:
                 self._start_stream()
             return self._state
 
-    async def _reopen(self, stale: _State) -> _State:
+    async def _widen(self, state: _State, params: JsonObject | None) -> _State:
+        """A 2026-07-28 client declares its capabilities on every request; a handshake server learnt
+        ours once, at `initialize`. When a request's envelope declares a server-to-client request
+        capability (elicitation, sampling, roots) the session did not, it is opened again declaring it
+        too, so the server may ask (and its question comes back as input_required). Requests already
+        under way keep the old session id, which the server still knows."""
+        _, _, declared = rev.envelope_of(params)
+        if not isinstance(declared, Mapping):
+            return state
+        wider = {
+            name: declared[name]
+            for name in rev.SERVER_REQUEST_CAPABILITY.values()
+            if declared.get(name) is not None and self.capabilities.get(name) is None
+        }
+        if not wider:
+            return state
+        self.capabilities = {**self.capabilities, **wider}
+        log.info("MCP server %r: session re-opened declaring %s", self.server, ", ".join(sorted(wider)))
+        return await self._reopen(state, report=False)
+
+    async def _reopen(self, stale: _State, *, report: bool = True) -> _State:
         async with self._open_lock:
             if self._state is stale or self._state is None:
                 if self._stream_task is not None:
@@ -374,7 +396,8 @@ class UpstreamSession:
                 self._state = await self._open()
                 self.revision = self._state.revision
                 self._start_stream()
-                await self._emit(REOPENED, None)
+                if report:
+                    await self._emit(REOPENED, None)
             return self._state
 
     async def _open(self) -> _State:
