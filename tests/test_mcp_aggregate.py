@@ -23,6 +23,9 @@ from tests.mcp_servers import connect, serve  # noqa: E402
 
 SERVER = Path(__file__).parent / "mcp_servers.py"
 DEMO_TOOLS = {"add", "echo", "slow_count", "explode"}
+# where a test is not about a slow server: a stdio child's first answer (a Python start and the SDK's
+# import) can take longer than the default 5 s on a loaded machine, and would rightly drop out
+LIST_TIMEOUT_S = 60
 
 
 def tool_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -37,6 +40,7 @@ async def test_one_client_sees_the_union_and_calls_each_server(
         tw = await start_tripwire(
             mcp={"alpha": {"url": alpha}, "beta": {"url": beta}, "modern": {"url": modern.url}},
             mcp_stdio={"local": {"command": f"{sys.executable} {SERVER} stdio"}},
+            list_timeout_s=LIST_TIMEOUT_S,
         )
         await tw.engine.start_children()
         progress: list[float] = []
@@ -125,7 +129,9 @@ async def test_a_server_killed_drops_out_and_returns_with_list_changed(start_tri
 async def test_legacy_sse_client_through_the_aggregate(start_tripwire: StartTripwire) -> None:
     """An old client on the HTTP+SSE transport: `/mcp` is its SSE stream, answers come on it."""
     with serve() as alpha, RevisionServer("stateless") as modern:
-        tw = await start_tripwire(mcp={"alpha": {"url": alpha}, "modern": {"url": modern.url}})
+        tw = await start_tripwire(
+            mcp={"alpha": {"url": alpha}, "modern": {"url": modern.url}}, list_timeout_s=LIST_TIMEOUT_S
+        )
         async with connect("sse", f"{tw.url}/agents/old/mcp") as client:
             names = {t.name for t in (await client.list_tools()).tools}
             assert {"alpha__add", "modern__add"} <= names
@@ -147,7 +153,9 @@ async def test_openai_agents_sdk_mcp_client_through_the_aggregate(start_tripwire
     """The OpenAI Agents SDK's own MCP client, given the one URL `/mcp`."""
     agents_mcp = pytest.importorskip("agents.mcp")
     with serve() as alpha, serve() as beta:
-        tw = await start_tripwire(mcp={"alpha": {"url": alpha}, "beta": {"url": beta}})
+        tw = await start_tripwire(
+            mcp={"alpha": {"url": alpha}, "beta": {"url": beta}}, list_timeout_s=LIST_TIMEOUT_S
+        )
         server = agents_mcp.MCPServerStreamableHttp(
             {"url": f"{tw.url}/agents/planner/mcp", "timeout": 30}, cache_tools_list=False
         )
@@ -185,7 +193,10 @@ async def test_an_aggregated_call_in_llm_history_counts_once_and_is_guarded(
     guards = {"loop_detection": {"action": "block", "threshold": 3, "max_repeated_tool_steps": 10}}
     with serve() as alpha, serve() as beta:
         tw = await start_tripwire(
-            upstream={"url": llm_url}, mcp={"alpha": {"url": alpha}, "beta": {"url": beta}}, guards=guards
+            upstream={"url": llm_url},
+            mcp={"alpha": {"url": alpha}, "beta": {"url": beta}},
+            guards=guards,
+            list_timeout_s=LIST_TIMEOUT_S,
         )
         llm = openai.AsyncOpenAI(base_url=f"{tw.url}/v1", api_key="sk-test", default_headers=headers)
         texts: list[str] = []
@@ -270,7 +281,9 @@ async def test_prompts_prefixed_and_resources_routed_by_who_listed_them(
     threads = [ServerThread(library(kind).streamable_http_app()) for kind in ("books", "films")]
     urls = [t.start() + "/mcp" for t in threads]
     try:
-        tw = await start_tripwire(mcp={"books": {"url": urls[0]}, "films": {"url": urls[1]}})
+        tw = await start_tripwire(
+            mcp={"books": {"url": urls[0]}, "films": {"url": urls[1]}}, list_timeout_s=LIST_TIMEOUT_S
+        )
         for mode in ("auto", "legacy"):
             async with Client(f"{tw.url}/mcp", mode=mode, cache=None) as client:  # type: ignore[arg-type]
                 prompts = {p.name for p in (await client.list_prompts()).prompts}
@@ -290,3 +303,27 @@ async def test_prompts_prefixed_and_resources_routed_by_who_listed_them(
     finally:
         for t in threads:
             t.stop()
+
+
+@pytest.mark.parametrize("era", ["handshake", "stateless"])
+async def test_a_servers_own_list_changed_reaches_the_client(start_tripwire: StartTripwire, era: str) -> None:
+    """`grow` adds a tool and announces it (GET stream, or subscriptions/listen at 2026-07-28): the
+    handshake client hears it on its GET stream, and the grown tool is listed prefixed."""
+    heard: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        method = getattr(getattr(message, "root", message), "method", None)
+        if isinstance(method, str):
+            heard.append(method)
+
+    with RevisionServer(era) as server:
+        tw = await start_tripwire(mcp={"grower": {"url": server.url}}, list_timeout_s=LIST_TIMEOUT_S)
+        async with Client(f"{tw.url}/mcp", mode="legacy", cache=None, message_handler=on_message) as client:  # type: ignore[arg-type]
+            assert "grower__sprout" not in {t.name for t in (await client.list_tools()).tools}
+            await client.call_tool("grower__grow", {"name": "sprout"})
+            for _ in range(600):
+                if "notifications/tools/list_changed" in heard:
+                    break
+                await asyncio.sleep(0.05)
+            assert "notifications/tools/list_changed" in heard
+            assert "grower__sprout" in {t.name for t in (await client.list_tools()).tools}

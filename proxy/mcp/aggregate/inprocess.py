@@ -263,6 +263,7 @@ class PipelineTransport:
                 method,
                 url,
                 data=body,
+                # a GET stream accepts only SSE; a POST (listen) both, or the server refuses it (406)
                 headers={
                     **inner_headers(headers),
                     **({"Accept": "text/event-stream"} if method == "GET" else {}),
