@@ -28,7 +28,10 @@ Server-to-client requests (handshake era: `elicitation/create`, `sampling/create
 open, the result names the requests under keys and carries an opaque `requestState`; the retry of
 the same request with `inputResponses` and that `requestState` answers the server on its session and
 reads on. So the aggregate sees one shape whichever era the server is (a stateless server's own
-`input_required` is returned unchanged); docs/mcp.md "Aggregation: revisions".
+`input_required` is returned unchanged). A handshake server learns the client's capabilities once, at
+`initialize`: a request whose 2026-07-28 envelope declares a question capability the session did not
+re-opens it declaring that too. What 2026-07-28 lacks is answered as that revision says (`ping`,
+`logging/setLevel`, `resources/subscribe` via the listen filter); docs/mcp.md "Aggregation: revisions".
 
 The bytes go through a `Transport`: the aggregate implements it over the owning server's in-process
 MCP pipeline (so guards and the trace see a direct call); tests implement it over plain HTTP.
@@ -257,7 +260,8 @@ class UpstreamSession:
             async with asyncio.timeout(timeout):
                 return await self._request(method, params, on_progress)
         except TimeoutError:
-            raise ServerUnavailable(self.server, f"no answer to {method} within {timeout:g} s") from None
+            within = f" within {timeout:g} s" if timeout is not None else ""
+            raise ServerUnavailable(self.server, f"no answer to {method}{within}") from None
 
     async def _request(
         self, method: str, params: JsonObject | None, on_progress: ProgressHandler | None
