@@ -19,6 +19,7 @@ the session re-open.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -106,6 +107,7 @@ class EraGate:
         self.app = app
         self.era = era
         self.seen: list[tuple[str, str | None]] = []  # (HTTP method, MCP-Protocol-Version) of each request
+        self.posted: list[Any] = []  # the JSON-RPC message of each POST that passed the gate
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -131,7 +133,31 @@ class EraGate:
             }
             await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": error})
             return
+        if scope["method"] == "POST":
+            receive = await self._keep_body(receive)
         await self.app(scope, receive, send)
+
+    async def _keep_body(self, receive: Any) -> Any:
+        """Read the POST's body (to keep its JSON-RPC message), then replay it to the app."""
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        with contextlib.suppress(ValueError):
+            self.posted.append(orjson.loads(body))
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
 
 
 class RevisionServer:

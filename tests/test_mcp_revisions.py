@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.mcp.aggregate import revisions as rev
@@ -155,6 +156,8 @@ class ScriptedTransport:
         headers_out: Callable[[Mapping[str, str]], None] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         self.bodies.append(body)
+        if headers_out is not None:
+            headers_out({"Mcp-Session-Id": "upstream-1"})
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -257,3 +260,46 @@ async def test_a_server_that_could_not_be_opened_is_reported_back_at_its_first_a
             break
         await asyncio.sleep(0.01)
     assert heard == [REOPENED]
+
+
+async def test_a_handshake_servers_requests_nobody_relays_are_answered_on_its_session() -> None:
+    """On a call's stream: `ping` gets the empty result; a question for a capability the session did
+    not declare gets -32601, as a client without the feature answers; then the call's result."""
+    initialized = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "serverInfo": {"name": "s", "version": "1"},
+    }
+    transport = ScriptedTransport(
+        [
+            TransportStatus(400),  # the probe: a handshake-only server
+            [{"jsonrpc": "2.0", "id": 2, "result": initialized}],
+            [],  # notifications/initialized: 202
+            [
+                {"jsonrpc": "2.0", "id": "s1", "method": "ping"},
+                {
+                    "jsonrpc": "2.0",
+                    "id": "s2",
+                    "method": "elicitation/create",
+                    "params": {"message": "sure?"},
+                },
+                {"jsonrpc": "2.0", "id": 3, "result": {"content": []}},
+            ],
+            [],  # the answer to the ping
+            [],  # the answer to the elicitation
+        ]
+    )
+    session = UpstreamSession("s", transport)
+    assert await session.request("tools/call", {"name": "t"}) == {"content": []}
+    assert session.revision == "2025-06-18"  # the server's counter-offer, which we speak
+    answers = [orjson.loads(b) for b in transport.bodies[4:]]
+    assert answers == [
+        {"jsonrpc": "2.0", "id": "s1", "result": {}},
+        {
+            "jsonrpc": "2.0",
+            "id": "s2",
+            "error": {"code": -32601, "message": "client does not support elicitation/create"},
+        },
+    ]
+    call = orjson.loads(transport.bodies[3])
+    assert "_meta" not in call["params"]  # no 2026-07-28 envelope for a handshake server

@@ -196,6 +196,42 @@ async def test_without_the_capability_a_handshake_servers_question_is_refused(
         await transport.close()
 
 
+async def test_a_2026_clients_capabilities_widen_a_handshake_session(
+    servers: dict[str, RevisionServer],
+) -> None:
+    """The session opened declaring nothing; a request whose 2026-07-28 envelope declares `sampling`
+    re-opens it declaring that too (quietly: no REOPENED), so the server asks instead of refusing."""
+    transport = HttpTransport({"hs": servers["handshake"].url})
+    notes = Notes()
+    upstream = UpstreamSessions(transport, notes)
+    try:
+        session = upstream.get("hs")
+        await session.request("tools/list", None, timeout=30)
+        first_id = session._state.session_id  # type: ignore[union-attr]
+        params = {
+            "name": "summarize",
+            "arguments": {"topic": "dogs"},
+            "_meta": {
+                rev.PROTOCOL_VERSION_META: "2026-07-28",
+                rev.CLIENT_CAPABILITIES_META: {"sampling": {}},
+            },
+        }
+        asked = await session.request("tools/call", params, timeout=30)
+        assert rev.result_type(asked) == "input_required"
+        assert session._state.session_id != first_id  # type: ignore[union-attr]
+        assert session.capabilities == {"sampling": {}}
+        answer = {"role": "assistant", "content": {"type": "text", "text": "woof"}, "model": "test"}
+        retry = rev.retry_params(
+            params, {k: answer for k, _, _ in rev.input_requests(asked)}, asked["requestState"]
+        )
+        final = await session.request("tools/call", retry, timeout=30)
+        assert final["content"][0]["text"] == "summary of dogs: woof"
+        assert REOPENED not in notes.methods("hs")
+    finally:
+        await upstream.close()
+        await transport.close()
+
+
 @pytest.mark.parametrize("era", ERAS)
 async def test_timeout_raises_server_unavailable_and_the_session_carries_on(
     sessions: tuple[UpstreamSessions, Notes], era: str
@@ -207,6 +243,50 @@ async def test_timeout_raises_server_unavailable_and_the_session_carries_on(
         await session.request("tools/call", {"name": "nap", "arguments": {"seconds": 30}}, timeout=0.5)
     called = await session.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}}, timeout=30)
     assert called["content"][0]["text"] == "echo: hi"
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_cancelling_a_request_cancels_it_as_its_revision_says(
+    sessions: tuple[UpstreamSessions, Notes], servers: dict[str, RevisionServer], era: str
+) -> None:
+    """Handshake era: `notifications/cancelled` naming Tripwire's upstream request id. 2026-07-28
+    defines no client-to-server notification for it: the request's stream is closed, nothing posted."""
+    upstream, _ = sessions
+    session = upstream.get(era)
+    await session.open()
+    gate = servers[era].gate
+    assert gate is not None
+    before = len(gate.posted)
+    call = asyncio.ensure_future(
+        session.request("tools/call", {"name": "nap", "arguments": {"seconds": 30}}, timeout=60)
+    )
+    await until(
+        lambda: any(m.get("method") == "tools/call" for m in gate.posted[before:] if isinstance(m, dict)),
+        "the call reaching the server",
+    )
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    sent = [m for m in gate.posted[before:] if isinstance(m, dict)]
+    napping = next(m for m in sent if m.get("method") == "tools/call")
+    if era == "handshake":
+        await until(
+            lambda: any(
+                m.get("method") == "notifications/cancelled" for m in gate.posted if isinstance(m, dict)
+            ),
+            "notifications/cancelled",
+        )
+        cancelled = next(
+            m for m in gate.posted if isinstance(m, dict) and m.get("method") == "notifications/cancelled"
+        )
+        assert cancelled["params"]["requestId"] == napping["id"]
+    else:
+        await asyncio.sleep(0.5)
+        assert not [
+            m for m in gate.posted[before:] if isinstance(m, dict) and "cancel" in str(m.get("method"))
+        ]
+    called = await session.request("tools/call", {"name": "echo", "arguments": {"text": "on"}}, timeout=30)
+    assert called["content"][0]["text"] == "echo: on"
 
 
 async def test_a_server_that_is_not_there_is_unavailable() -> None:

@@ -28,7 +28,10 @@ Server-to-client requests (handshake era: `elicitation/create`, `sampling/create
 open, the result names the requests under keys and carries an opaque `requestState`; the retry of
 the same request with `inputResponses` and that `requestState` answers the server on its session and
 reads on. So the aggregate sees one shape whichever era the server is (a stateless server's own
-`input_required` is returned unchanged); docs/mcp.md "Aggregation: revisions".
+`input_required` is returned unchanged). A handshake server learns the client's capabilities once, at
+`initialize`: a request whose 2026-07-28 envelope declares a question capability the session did not
+re-opens it declaring that too. What 2026-07-28 lacks is answered as that revision says (`ping`,
+`logging/setLevel`, `resources/subscribe` via the listen filter); docs/mcp.md "Aggregation: revisions".
 
 The bytes go through a `Transport`: the aggregate implements it over the owning server's in-process
 MCP pipeline (so guards and the trace see a direct call); tests implement it over plain HTTP.
@@ -257,7 +260,8 @@ class UpstreamSession:
             async with asyncio.timeout(timeout):
                 return await self._request(method, params, on_progress)
         except TimeoutError:
-            raise ServerUnavailable(self.server, f"no answer to {method} within {timeout:g} s") from None
+            within = f" within {timeout:g} s" if timeout is not None else ""
+            raise ServerUnavailable(self.server, f"no answer to {method}{within}") from None
 
     async def _request(
         self, method: str, params: JsonObject | None, on_progress: ProgressHandler | None
@@ -268,6 +272,8 @@ class UpstreamSession:
             return await self._resume(state, params, on_progress)
         if rev.is_stateless(state.revision) and method in ("resources/subscribe", "resources/unsubscribe"):
             return await self._resubscribe(state, method, params)
+        if not rev.is_stateless(state.revision):
+            state = await self._widen(state, params)
         local = rev.local_answer(method, state.revision)
         if local is not None:
             if method == "logging/setLevel":
@@ -364,7 +370,27 @@ class UpstreamSession:
                 self._start_stream()
             return self._state
 
-    async def _reopen(self, stale: _State) -> _State:
+    async def _widen(self, state: _State, params: JsonObject | None) -> _State:
+        """A 2026-07-28 client declares its capabilities on every request; a handshake server learnt
+        ours once, at `initialize`. When a request's envelope declares a server-to-client request
+        capability (elicitation, sampling, roots) the session did not, it is opened again declaring it
+        too, so the server may ask (and its question comes back as input_required). Requests already
+        under way keep the old session id, which the server still knows."""
+        _, _, declared = rev.envelope_of(params)
+        if not isinstance(declared, Mapping):
+            return state
+        wider = {
+            name: declared[name]
+            for name in rev.SERVER_REQUEST_CAPABILITY.values()
+            if declared.get(name) is not None and self.capabilities.get(name) is None
+        }
+        if not wider:
+            return state
+        self.capabilities = {**self.capabilities, **wider}
+        log.info("MCP server %r: session re-opened declaring %s", self.server, ", ".join(sorted(wider)))
+        return await self._reopen(state, report=False)
+
+    async def _reopen(self, stale: _State, *, report: bool = True) -> _State:
         async with self._open_lock:
             if self._state is stale or self._state is None:
                 if self._stream_task is not None:
@@ -374,7 +400,8 @@ class UpstreamSession:
                 self._state = await self._open()
                 self.revision = self._state.revision
                 self._start_stream()
-                await self._emit(REOPENED, None)
+                if report:
+                    await self._emit(REOPENED, None)
             return self._state
 
     async def _open(self) -> _State:
