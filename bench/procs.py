@@ -89,6 +89,24 @@ async def upstream() -> Target:
     return await _spawn("upstream", port, sys.executable, "-m", "bench.upstream", "--port", str(port))
 
 
+async def mcp_server(name: str, delay_ms: float, tools: int) -> Target:
+    """A handshake-era MCP server whose tools/list takes `delay_ms` (bench/mcp_upstream.py)."""
+    port = free_port()
+    return await _spawn(
+        name,
+        port,
+        sys.executable,
+        "-m",
+        "bench.mcp_upstream",
+        "--port",
+        str(port),
+        "--delay-ms",
+        str(delay_ms),
+        "--tools",
+        str(tools),
+    )
+
+
 async def floor(up: int) -> Target:
     port = free_port()
     return await _spawn(

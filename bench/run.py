@@ -51,7 +51,11 @@ PHASES = (
     "session_count",
     "writer",
     "permissions",
+    "aggregate",
 )
+# the aggregate phase: three MCP servers whose tools/list takes this long each (ms)
+AGGREGATE_DELAYS_MS = (1.0, 3.0, 5.0)
+AGGREGATE_TOOLS = 20
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -409,6 +413,78 @@ async def session_count(
 # --- the run ----------------------------------------------------------------------------------
 
 
+def mcp_request(port: int, path: str, method: str, session: str, msg_id: int = 1) -> bytes:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": {}})
+    headers = {"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session}
+    return request_bytes(port, path, body, headers)
+
+
+async def mcp_session(port: int, path: str) -> str:
+    """An initialized handshake-era session on `path`: its Mcp-Session-Id."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"},
+        },
+    }
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            request_bytes(port, path, orjson.dumps(init), {"Accept": "application/json, text/event-stream"})
+        )
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    finally:
+        writer.close()
+    for line in head.split("\r\n"):
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "mcp-session-id":
+            return value.strip()
+    raise RuntimeError(f"no Mcp-Session-Id from {path}: {head!r}")
+
+
+async def aggregate(up: procs.Target, rounds: int, batch: int, started: list[procs.Target]) -> dict[str, Any]:
+    """`tools/list` through `/mcp` over three servers (each listing within AGGREGATE_DELAYS_MS) against
+    the slowest server's own `tools/list` alone, in alternating batches (issue 24: <= 2 ms added)."""
+    servers = []
+    for i, delay in enumerate(AGGREGATE_DELAYS_MS):
+        servers.append(await procs.mcp_server(f"mcp{i}", delay, AGGREGATE_TOOLS))
+        started.append(servers[-1])
+    extra: list[str] = []
+    for i, s in enumerate(servers):
+        extra += ["--mcp", f"s{i}=http://127.0.0.1:{s.port}/mcp"]
+    tw = await procs.tripwire("tripwire-aggregate", up.port, extra=tuple(extra))
+    started.append(tw)
+    slowest = servers[-1]
+    raw_direct = mcp_request(slowest.port, "/mcp", "tools/list", await mcp_session(slowest.port, "/mcp"))
+    raw_tw = mcp_request(tw.port, "/mcp", "tools/list", await mcp_session(tw.port, "/mcp"))
+    direct_s: list[float] = []
+    through_s: list[float] = []
+    for raw, port in ((raw_direct, slowest.port), (raw_tw, tw.port)):  # warm-up: upstream sessions opened
+        _check(tw, await sequential(port, raw, max(5, batch // 4)))
+    for _ in range(rounds):
+        through = await sequential(tw.port, raw_tw, batch)
+        _check(tw, through)
+        through_s += [a.total_s for a in through]
+        direct_s += [a.total_s for a in await sequential(slowest.port, raw_direct, batch)]
+    await tw.stop()
+    return {
+        "servers": len(servers),
+        "tools_per_server": AGGREGATE_TOOLS,
+        "list_delays_ms": list(AGGREGATE_DELAYS_MS),
+        "n": len(through_s),
+        "slowest_p50_ms": ms(pct(direct_s, 0.5)),
+        "slowest_p99_ms": ms(pct(direct_s, 0.99)),
+        "aggregate_p50_ms": ms(pct(through_s, 0.5)),
+        "aggregate_p99_ms": ms(pct(through_s, 0.99)),
+        "added_p50_ms": ms(pct(through_s, 0.5) - pct(direct_s, 0.5)),
+        "added_p99_ms": ms(pct(through_s, 0.99) - pct(direct_s, 0.99)),
+    }
+
+
 async def maybe(
     what: str, start: Callable[[], Awaitable[procs.Target]], skipped: dict[str, str]
 ) -> procs.Target | None:
@@ -533,6 +609,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             started.append(many_tw)
             result["session_count"] = await session_count(direct, many_tw, args.sessions, args.probe)
             await many_tw.stop()
+        if "aggregate" in only:
+            step("aggregate: tools/list over 3 MCP servers through /mcp")
+            result["aggregate"] = await aggregate(up, args.rounds, max(10, args.batch // 5), started)
         if "writer" in only:
             step("trace writer")
             result["writer"] = {
@@ -650,6 +729,13 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"{cost:+.1f} us",
             cost <= 20,
         )
+    a = r.get("aggregate")
+    if a:
+        add(
+            "tools/list over 3 MCP servers through /mcp adds <= 2 ms to the slowest server alone (p50)",
+            f"{a['added_p50_ms']:.2f} ms",
+            a["added_p50_ms"] <= 2.0,
+        )
     return out
 
 
@@ -717,6 +803,13 @@ def print_table(r: dict[str, Any]) -> None:
             f"trace writer: {w['events_per_s']:.0f} events/s (record {w['record_us_per_event']:.1f} us + write "
             f"{w['write_us_per_event']:.1f} us per event); lag at {w['rate_calls_per_s']} calls/s over "
             f"{w['sessions']} sessions: p50 {w['lag_p50_ms']:.1f} ms, p99 {w['lag_p99_ms']:.1f} ms"
+        )
+    a = r.get("aggregate")
+    if a:
+        print(
+            f"aggregate /mcp tools/list over {a['servers']} servers ({a['tools_per_server']} tools each, "
+            f"lists taking {a['list_delays_ms']} ms): p50 {a['aggregate_p50_ms']:.3f} ms vs the slowest alone "
+            f"{a['slowest_p50_ms']:.3f} ms: added p50 {a['added_p50_ms']:.3f}, p99 {a['added_p99_ms']:.3f} ms"
         )
     print("\ntargets:")
     for t in r["targets"]:

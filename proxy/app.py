@@ -26,10 +26,13 @@ from proxy.lean_http import LeanAppRunner
 from proxy.lifecycle import running_engine
 from proxy.llm_errors import error_in_dialect
 from proxy.mcp import jsonrpc
+from proxy.mcp.aggregate.inprocess import PipelineTransport
+from proxy.mcp.aggregate.names import aggregate_servers
+from proxy.mcp.aggregate.server import Aggregate
 from proxy.pipeline import Pipeline
 from proxy.pipelines import pipelines
 from proxy.routing import AGENT_HEADER, SESSION_HEADER, Route, RouteError, resolve
-from proxy.settings import Settings, split_host_port, url_host
+from proxy.settings import Settings, StdioServerConfig, UpstreamConfig, split_host_port, url_host
 from proxy.websocket.handler import handle_websocket_within_limits
 from proxy.websocket.handshake import is_websocket_upgrade
 
@@ -43,6 +46,7 @@ RUNNER_SHUTDOWN_S = 2.0
 RUNNER_ARGS: dict[str, Any] = {"access_log": None, "shutdown_timeout": RUNNER_SHUTDOWN_S}
 PROXY_MAX_FIELD_SIZE = 65536  # agents send long headers (cookies, tokens): aiohttp's 8190 is short
 PIPELINES: web.AppKey[dict[str, Pipeline]] = web.AppKey("tripwire_pipelines", dict)
+AGGREGATE: web.AppKey[Aggregate] = web.AppKey("tripwire_aggregate", Aggregate)
 
 
 def route_of(engine: Engine, raw_path: str, headers: Mapping[str, str]) -> Route | RouteError:
@@ -90,6 +94,8 @@ async def proxy_handler(request: web.Request) -> web.StreamResponse:
         if isinstance(checked, AuthRefusal):
             return refusal_answer(route, request.method, checked).to_response()
         route = checked
+    if route.kind == "aggregate":  # `/mcp`: every MCP server behind one endpoint (SPEC §3)
+        return await request.app[AGGREGATE].handle(request, route)
     # what only aiohttp's lane serves (the lean lane hands these over): while draining, every call
     # is refused alike (handle_routed_call)
     if not engine.draining:
@@ -222,8 +228,45 @@ def make_proxy_app(engine: Engine) -> web.Application:
     )
     app[ENGINE] = engine
     app[PIPELINES] = pipelines(engine.services)
+    app[AGGREGATE] = make_aggregate(engine, app)
     app.router.add_route("*", "/{tail:.*}", proxy_handler)
     return app
+
+
+def make_aggregate(engine: Engine, app: web.Application) -> Aggregate:
+    """The aggregate endpoint `/mcp`, whose calls run their server's pipeline through `handle_call`."""
+
+    def transport_for(outer: Route, client_headers: Mapping[str, str]) -> PipelineTransport:
+        def http() -> aiohttp.ClientSession:
+            assert engine.forwarder.http is not None, "the forwarder starts before the listeners"
+            return engine.forwarder.http
+
+        return PipelineTransport(
+            app,
+            handle_call,
+            lambda: engine.upstreams.names("mcp"),
+            outer,
+            lambda server: engine.upstreams.get("mcp", server).url,
+            http,
+            client_headers,
+        )
+
+    settings = engine.settings
+    own: dict[str, UpstreamConfig | StdioServerConfig] = {**settings.mcp, **settings.mcp_stdio}
+    aggregate = Aggregate(
+        engine.guards.config,
+        aggregate_servers(settings),
+        settings.list_timeout_s,
+        transport_for,
+        {name: c.list_timeout_s for name, c in own.items() if c.list_timeout_s is not None},
+    )
+    engine.health_reports["mcp_aggregate"] = aggregate.health
+
+    async def close(app: web.Application) -> None:
+        await aggregate.close()
+
+    app.on_cleanup.append(close)
+    return aggregate
 
 
 def lean_route(engine: Engine) -> Callable[[str, Mapping[str, str]], Route | None]:
@@ -277,6 +320,8 @@ def startup_lines(settings: Settings, engine: Engine) -> str:
     ]
     mcp = engine.upstreams.names("mcp")
     mcp_part = ("MCP: " + "  ".join(f"{n} -> {base}/mcp/{n}" for n in mcp) + "   ") if mcp else ""
+    if mcp and aggregate_servers(settings):
+        mcp_part += f"all as one: {base}/mcp   "
     lines.append(f"  {mcp_part}viewer: http://{ashown}:{aport}/")
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from proxy import __version__
 from proxy.cli_keys import add_keys_parser, run_keys
+from proxy.mcp.aggregate.names import aggregate_problems
 from proxy.settings import ConfigError, Settings, is_loopback, load_settings, split_host_port
 
 EPILOG = """\
@@ -209,6 +210,9 @@ def check_startup(settings: Settings) -> None:
     overlap = set(settings.mcp) & set(settings.mcp_stdio)
     if overlap:
         raise ConfigError(f"mcp and mcp_stdio both name {sorted(overlap)}: names must be unique")
+    aggregate = aggregate_problems(settings)
+    if aggregate:
+        raise ConfigError("; ".join(aggregate))
     if settings.otlp.endpoint and not otlp_installed():
         raise ConfigError(
             f"otlp.endpoint {settings.otlp.endpoint} is set but the OpenTelemetry exporter is not installed: "

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy.agent_keys import KeyStore, key_store_for
@@ -77,6 +78,8 @@ class Engine:
         )
         self.admin_token = settings.admin_token
         self.draining = False
+        # parts of /healthz the listeners add (the aggregate endpoint's servers that dropped out)
+        self.health_reports: dict[str, Callable[[], Any]] = {}
         self.inflight = 0
         # the relayed WebSockets (proxy/websocket/relay.py SocketRelay): drain cuts their answers too
         self.sockets: set[Any] = set()
@@ -266,4 +269,6 @@ class Engine:
         state = self.guards.health()
         if state is not None:
             out["state"] = state  # shared guard state: never fails readiness (SPEC §6, §8)
+        for name, report in self.health_reports.items():
+            out[name] = report()
         return out

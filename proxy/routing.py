@@ -15,7 +15,7 @@ SESSION_HEADER = "X-Tripwire-Session"
 TRIPWIRE_HEADER_PREFIX = "x-tripwire-"
 DEFAULT_LLM = "default"
 
-Kind = Literal["llm", "mcp"]
+Kind = Literal["llm", "mcp", "aggregate"]  # aggregate: `/mcp`, every MCP server behind one endpoint
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class Route:
     agent: str
     session: str | None  # explicit session id, or None for the agent's automatic session
     prefix: str  # the path prefix the client used up to and including the upstream part
+    # a call the aggregate endpoint (`/mcp`) makes to its owning server in process: set only there,
+    # never from a path or a header, so a client cannot pass a direct call off as an aggregated one
+    aggregated: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ def resolve(
     if rest and rest[0] == "v1":
         upstream_path = "/" + "/".join(raw_segments[consumed:])
         return Route("llm", DEFAULT_LLM, upstream_path, agent, session, prefix_for(0))
+    if rest in (["mcp"], ["mcp", ""]):
+        return Route("aggregate", "", "", agent, session, prefix_for(1))
     if rest and rest[0] in ("llm", "mcp"):
         kind: Kind = "llm" if rest[0] == "llm" else "mcp"
         names = llm_names if kind == "llm" else mcp_names
@@ -88,7 +93,7 @@ def resolve(
             upstream_path = ""
         return Route(kind, name, upstream_path, agent, session, prefix_for(2))
     return RouteError(
-        404, "no route: use /v1/..., /llm/NAME/..., or /mcp/NAME (optionally under /agents/NAME/)"
+        404, "no route: use /v1/..., /llm/NAME/..., /mcp/NAME or /mcp (optionally under /agents/NAME/)"
     )
 
 

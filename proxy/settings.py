@@ -51,6 +51,8 @@ class UpstreamConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
+    # an MCP server on /mcp: its own list_timeout_s (null: the top-level one)
+    list_timeout_s: PositiveFloat | None = None
     api_key_env: str | None = None
     api_key_file: Path | None = None
     # Anthropic-style upstreams take the key in x-api-key; OpenAI-style in Authorization.
@@ -86,6 +88,7 @@ class StdioServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     command: str
     env: dict[str, str] = Field(default_factory=dict)
+    list_timeout_s: PositiveFloat | None = None  # on /mcp: its own (null: the top-level one)
 
 
 class RetentionConfig(BaseModel):
@@ -160,6 +163,11 @@ class Settings(BaseModel):
     llm: dict[str, UpstreamConfig] = Field(default_factory=dict)
     mcp: dict[str, UpstreamConfig] = Field(default_factory=dict)
     mcp_stdio: dict[str, StdioServerConfig] = Field(default_factory=dict)
+    # the aggregate endpoint `/mcp` (SPEC §3, docs/mcp.md): which servers it serves (null: every
+    # `mcp` and `mcp_stdio` server; [] turns it off), and how long each server's own listing may take
+    # before that server drops out of the merged list
+    mcp_aggregate: tuple[str, ...] | None = None
+    list_timeout_s: PositiveFloat = 5
     agent: str = "default"
     data_dir: Path = Path("~/.tripwire")
     admin_token: str | None = None
@@ -320,6 +328,7 @@ ENV_FIELDS = (
     "upstream_retries",
     "upstream_retry_base_s",
     "max_tokens_recovery",
+    "list_timeout_s",
 )
 # Friendlier aliases documented in the README.
 ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}

@@ -135,6 +135,9 @@ class ServerThread:
 
     def stop(self) -> None:
         self.server.should_exit = True
+        # without waiting for open connections: a stream a client keeps open (the aggregate's upstream
+        # session listens for list changes until its own session ends) would hold the join's 10 s
+        self.server.force_exit = True
         self.thread.join(timeout=10)
 
 

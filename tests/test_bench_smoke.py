@@ -66,3 +66,7 @@ def test_the_benchmark_runs_and_reports_every_number(tmp_path: Path) -> None:
     assert perm["permissions"]["rps"] > 0 and perm["permissions"]["non_2xx"] == 0
 
     assert r["targets"] and all(t["met"] in (True, False, None) and t["value"] != "" for t in r["targets"])
+    a = r["aggregate"]  # tools/list through /mcp over 3 servers against the slowest alone
+    assert a["servers"] == 3 and a["n"] > 0
+    assert all(finite(a[k]) and a[k] > 0 for k in ("slowest_p50_ms", "aggregate_p50_ms", "aggregate_p99_ms"))
+    assert finite(a["added_p50_ms"]) and finite(a["added_p99_ms"])

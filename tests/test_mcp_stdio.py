@@ -90,6 +90,10 @@ async def test_tripwire_serve_starts_and_stops_its_stdio_children(tmp_path: Path
         async with Client(f"{url}/mcp/local", mode="legacy", cache=None) as client:
             added = await client.call_tool("add", {"a": 3, "b": 4})
         assert added.structured_content == {"result": 7}
+        assert f"all as one: {url}/mcp " in banner  # the aggregate endpoint, stdio children included
+        async with Client(f"{url}/mcp", mode="auto", cache=None) as client:
+            added = await client.call_tool("local__add", {"a": 4, "b": 4})
+        assert added.structured_content == {"result": 8}
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)

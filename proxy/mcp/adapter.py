@@ -248,6 +248,9 @@ def record_tool_call(
     }
     if call.protocol_version:
         meta["mcp_protocol_version"] = call.protocol_version
+    if call.aggregated:  # through `/mcp`: the tool is `SERVER__TOOL`, the server its owner
+        meta["server"] = call.server
+        meta["aggregate"] = True
     event_id = engine.policy.write_event(
         session,
         EventType.TOOL_CALL,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy import jsonparse
+from proxy.guards.permissions import mcp_tool_name
 from proxy.guards.signatures import content_text, result_fingerprint
 
 PARSE_ERROR = -32700
@@ -66,6 +67,13 @@ class MCPToolCall:
     continuation: bool = False
     # WARN: a "[tripwire] ..." text block appended to the result the client receives
     append_text: str | None = None
+    # sent through the aggregate endpoint `/mcp`: `tool_name` is then `SERVER__TOOL` (SPEC §3)
+    aggregated: bool = False
+
+    @property
+    def qualified_name(self) -> str:
+        """`SERVER__TOOL`, the name tool permissions match (SPEC §9) on direct and aggregated routes alike."""
+        return self.tool_name if self.aggregated else mcp_tool_name(self.server, self.tool_name)
 
 
 @dataclass

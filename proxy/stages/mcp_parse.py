@@ -14,6 +14,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from proxy.exchange import Answer, Exchange
+from proxy.guards.permissions import mcp_tool_name
 from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol, record_tool_call
 from proxy.mcp.hub import McpHub
@@ -66,7 +67,9 @@ class MCPParseStage(BaseStage):
         else:
             session_key = f"post:{uuid.uuid4().hex}"
         msg = messages[0] if len(messages) == 1 and not batch else None
-        call = tool_call(msg, route.upstream, legacy is not None, mcp_session, request.headers)
+        call = tool_call(
+            msg, route.upstream, legacy is not None, mcp_session, request.headers, aggregated=route.aggregated
+        )
         if call is None:
             lists = self.filter_tools_lists(ex, messages, session_key)
             if legacy is not None:
@@ -197,9 +200,16 @@ class MCPParseStage(BaseStage):
 
 
 def tool_call(
-    msg: object, server: str, legacy: bool, mcp_session: str | None, headers: object
+    msg: object,
+    server: str,
+    legacy: bool,
+    mcp_session: str | None,
+    headers: object,
+    *,
+    aggregated: bool = False,
 ) -> jsonrpc.MCPToolCall | None:
-    """The parsed `tools/call`, or None for any other message."""
+    """The parsed `tools/call`, or None for any other message. A call the aggregate endpoint sent
+    (its route says so; no header can) is named `SERVER__TOOL`, as its client knows it."""
     if not isinstance(msg, dict) or jsonrpc.kind(msg) != "request" or msg.get("method") != "tools/call":
         return None
     params = msg.get("params")
@@ -209,13 +219,14 @@ def tool_call(
     version = get("MCP-Protocol-Version") if get is not None else None
     return jsonrpc.MCPToolCall(
         server=server,
-        tool_name=params["name"],
+        tool_name=mcp_tool_name(server, params["name"]) if aggregated else params["name"],
         arguments=params.get("arguments") if params.get("arguments") is not None else {},
         jsonrpc_id=msg.get("id"),
         mcp_session_id=mcp_session,
         protocol_version=version,
         transport="legacy" if legacy else "streamable",
         continuation="inputResponses" in params or "requestState" in params,
+        aggregated=aggregated,
     )
 
 
