@@ -152,7 +152,7 @@ def refusal_answer(route: Route, method: str, refusal: AuthRefusal) -> Answer:
     headers: dict[str, str] = {}
     if refusal.status == 503:
         headers["Retry-After"] = "5"
-    if route.kind == "mcp":
+    if route.kind in ("mcp", "aggregate"):
         # MCP's authorization spec: 401 with WWW-Authenticate (RFC 6750); 403 is insufficient_scope
         error = {401: "invalid_token", 403: "insufficient_scope"}.get(
             refusal.status, "temporarily_unavailable"

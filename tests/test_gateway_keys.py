@@ -141,12 +141,13 @@ async def test_refused_in_each_protocols_shape_nothing_forwarded_or_recorded(
     async with aiohttp.ClientSession() as http:
         # MCP: HTTP 401 with WWW-Authenticate: Bearer (MCP's authorization spec), for POST, GET and DELETE
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
-        for method in ("POST", "GET", "DELETE"):
-            async with http.request(
-                method, tw.url + "/mcp/demo", json=init if method == "POST" else None, headers=headers
-            ) as r:
-                assert r.status == 401, method
-                assert r.headers["WWW-Authenticate"].startswith("Bearer ")
+        for path in ("/mcp/demo", "/mcp"):  # a server, and the aggregate of every server (SPEC §3)
+            for method in ("POST", "GET", "DELETE"):
+                async with http.request(
+                    method, tw.url + path, json=init if method == "POST" else None, headers=headers
+                ) as r:
+                    assert r.status == 401, (path, method)
+                    assert r.headers["WWW-Authenticate"].startswith("Bearer ")
         # the Responses WebSocket: 401 before the upgrade
         with pytest.raises(aiohttp.WSServerHandshakeError) as we:
             await http.ws_connect(tw.url.replace("http", "ws") + "/v1/responses", headers=headers)

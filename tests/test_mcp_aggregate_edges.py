@@ -166,6 +166,34 @@ async def test_denied_tools_left_out_of_the_merged_list(start_tripwire: StartTri
                 assert sorted(t["name"] for t in listed) == expected
 
 
+async def test_a_denied_tool_called_through_the_aggregate_is_blocked_unforwarded(
+    start_tripwire: StartTripwire,
+) -> None:
+    # the aggregated call's name is already `SERVER__TOOL`: the permissions and the rate limits
+    # must match that, not `files__files__delete`
+    fake = FakeMCP([["read", "delete"]])
+    async with served(fake) as url:
+        guards = {
+            "tools": {"deny": ["files__delete"]},
+            "rate_limits": [{"match": "files__read", "max_calls": 1, "per_s": 3600}],
+        }
+        tw = await start_tripwire(mcp={"files": {"url": url}}, agents={"bot": guards})
+        async with aiohttp.ClientSession() as http:
+            client = RawClient(http, f"{tw.url}/agents/bot/mcp")
+            await client.open()
+            denied = (await client.rpc("tools/call", {"name": "files__delete", "arguments": {}}))["result"]
+            assert denied["isError"] is True
+            assert denied["content"][0]["text"].startswith("[tripwire] denied")
+            assert denied["_meta"]["tripwire"]["guard"] == "tool_denied"
+            first = (await client.rpc("tools/call", {"name": "files__read", "arguments": {}}))["result"]
+            assert first["content"][0]["text"] == "ran read"
+            limited = (await client.rpc("tools/call", {"name": "files__read", "arguments": {"n": 2}}))[
+                "result"
+            ]
+            assert limited["content"][0]["text"].startswith("[tripwire] rate limited")
+            assert [c["name"] for c in fake.calls] == ["read"]  # neither the denied nor the limited call
+
+
 async def test_circuit_of_a_server_is_its_own_and_refuses_in_its_shape(start_tripwire: StartTripwire) -> None:
     dead, alive = FakeMCP([["boom"]]), FakeMCP([["fine"]])
     async with served(alive) as alive_url:

@@ -17,7 +17,6 @@ from proxy.dialects.base import ToolCall, ToolResult
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call
 from proxy.guards.config import GuardConfig
-from proxy.guards.permissions import mcp_tool_name
 from proxy.guards.rate_limit import RateRule, rules_for, slots_for
 
 
@@ -35,7 +34,7 @@ def rate_ask(ex: Exchange, config: GuardConfig) -> RateAsk | None:
     if not limits:
         return None
     if is_tool_call(ex):
-        rules = rules_for(limits, mcp_tool_name(ex.route.upstream, ex.call.tool_name))
+        rules = rules_for(limits, ex.call.qualified_name)
         return RateAsk(rules, (1,) * len(rules)) if rules else None
     tools = results_brought(ex) if any(r.match != "llm" for r in limits) else ()
     slots = slots_for(limits, tools)

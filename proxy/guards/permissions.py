@@ -27,6 +27,18 @@ def mcp_tool_name(server: str, tool: str) -> str:
     return f"{server}{SERVER_SEPARATOR}{tool}"
 
 
+def qualified_tool_name(server: str | None, tool: str) -> str:
+    """The name an MCP call's permissions and rate limits match: `SERVER__TOOL`.
+
+    A call through the aggregate endpoint already carries `SERVER__TOOL` (SPEC §3); a direct
+    call carries the tool's own name. (A tool whose own name begins with its server's name and
+    `__` is taken as already qualified: one name, whichever route it came by.)
+    """
+    if server is None or tool.startswith(server + SERVER_SEPARATOR):
+        return tool
+    return mcp_tool_name(server, tool)
+
+
 @dataclass(frozen=True)
 class _Compiled:
     allow: re.Pattern[str] | None  # None: no allow-list, everything not denied is allowed

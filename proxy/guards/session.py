@@ -24,7 +24,7 @@ from proxy.guards.config import GuardConfig, ToolsConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
 from proxy.guards.loop.detector import LoopDetector
 from proxy.guards.loop.history import HistoryCall, HistoryResults
-from proxy.guards.permissions import mcp_tool_name, permission
+from proxy.guards.permissions import permission, qualified_tool_name
 from proxy.guards.raises import raised_sections
 
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
@@ -202,7 +202,7 @@ class SessionGuards:
         then limits. `server`: the MCP server, whose `SERVER__TOOL` the permissions name (SPEC §9)."""
         tools = self.config.tools
         if tools.restricts:
-            found = tool_permission(tools, tool if server is None else mcp_tool_name(server, tool))
+            found = tool_permission(tools, qualified_tool_name(server, tool))
             if found is not None and found.action is Action.BLOCK:
                 return self._admit("tool", [found], estimate_usd, 0, now)  # never an attempt
             if found is not None:
