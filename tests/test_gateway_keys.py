@@ -18,10 +18,12 @@ import anthropic
 import openai
 import pytest
 
-from proxy.agent_keys import STORE_FILE, FileKeyStore, key_hash
-from tests.conftest import Running, StartTripwire
-from tests.fakes import FakeUpstream
-from tests.mcp_servers import serve
+pytest.importorskip("mcp")  # the MCP test servers; absent from the mitmproxy environment
+
+from proxy.agent_keys import STORE_FILE, FileKeyStore, key_hash  # noqa: E402
+from tests.conftest import Running, StartTripwire  # noqa: E402
+from tests.fakes import FakeUpstream  # noqa: E402
+from tests.mcp_servers import serve  # noqa: E402
 
 UPSTREAM_KEY = "sk-real-upstream-key-0123456789"
 ANTHROPIC_KEY = "sk-ant-real-upstream-key-0123"

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from proxy.mcp.aggregate import revisions as rev
-from proxy.mcp.aggregate.upstream import REOPENED, ServerUnavailable, UpstreamError, UpstreamSessions
-from tests.mcp_revision_servers import HttpTransport, RevisionServer
+pytest.importorskip("mcp")  # the MCP test servers; absent from the mitmproxy environment
+
+from proxy.mcp.aggregate import revisions as rev  # noqa: E402
+from proxy.mcp.aggregate.upstream import REOPENED, ServerUnavailable, UpstreamError, UpstreamSessions  # noqa: E402
+from tests.mcp_revision_servers import HttpTransport, RevisionServer  # noqa: E402
 
 ERAS = {"handshake": "2025-11-25", "stateless": "2026-07-28"}
 
