@@ -153,6 +153,19 @@ def test_upstream_key_from_env_and_file(tmp_path: Path) -> None:
     assert s.llm["b"].read_api_key() == "sk-from-file"
 
 
+def test_a_rotated_key_file_is_read_again_after_a_second(tmp_path: Path) -> None:
+    from proxy.settings import KEY_FILE_REREAD_S, read_key_file
+
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-old\n")
+    assert read_key_file(key_file, now=100.0) == "sk-old"
+    key_file.write_text("sk-new\n")
+    assert read_key_file(key_file, now=100.0 + KEY_FILE_REREAD_S / 2) == "sk-old"  # no read per call
+    assert read_key_file(key_file, now=100.0 + KEY_FILE_REREAD_S) == "sk-new"
+    key_file.unlink()
+    assert read_key_file(key_file, now=102.0 + KEY_FILE_REREAD_S) is None
+
+
 def test_a_blank_admin_token_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="admin_token: .*empty or only whitespace"):
         load_settings({"admin_token": "  "}, environ={}, cwd=tmp_path, home=tmp_path)
