@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -176,6 +177,24 @@ async def serve_fake(default: Reply) -> AsyncIterator[tuple[FakeUpstream, str]]:
         yield fake, str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+# the viewer's browser tests (tests/test_browser*.py, which skip without Playwright or Chromium)
+CHROMIUM = os.environ.get("TRIPWIRE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """Headless Chromium, one per test."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            await b.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import AGENT_KEY
+from tests.conftest import AGENT_KEY, CHROMIUM
 from tests.fakes import Reply
 from tests.viewer_fixtures import T0, FakeEngine, many_events, write_run
 from viewer.api import setup_admin
-
-CHROMIUM = os.environ.get("TRIPWIRE_CHROMIUM", "/usr/bin/chromium")
 
 try:
     from playwright.async_api import Browser, Page, async_playwright, expect
@@ -43,18 +40,6 @@ pytestmark = [
 
 if async_playwright is not None:
     expect.set_options(timeout=15_000)  # the whole suite shares 2 cores: give polling UIs room
-
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 async def start_admin(data_dir: Path, token: str | None = None) -> tuple[TestServer, FakeEngine]:

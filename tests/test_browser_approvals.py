@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import AGENT_KEY
-from tests.test_browser import ARGS, CHROMIUM, new_page, pytestmark, save_copy  # noqa: F401
+from tests.test_browser import new_page, pytestmark, save_copy  # noqa: F401
 from tests.viewer_fixtures import FakeEngine, write_run
 from viewer.api import setup_admin
 
 try:
-    from playwright.async_api import Browser, Page, async_playwright, expect
+    from playwright.async_api import Browser, Page, expect
 except ImportError:  # pragma: no cover - depends on the environment
     pass
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 def approval(run_id: str, **over: Any) -> dict[str, Any]:

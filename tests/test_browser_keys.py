@@ -4,29 +4,18 @@ shows the key once, the key then works with the openai SDK, the list shows it, R
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import openai
 import pytest
 
 from tests.conftest import StartTripwire
 from tests.fakes import FakeUpstream
-from tests.test_browser import ARGS, CHROMIUM, pytestmark  # noqa: F401 (the same skips and marks)
+from tests.test_browser import pytestmark  # noqa: F401 (the same skips and marks)
 
 try:
     from playwright.async_api import Browser, async_playwright, expect
 except ImportError:  # pragma: no cover - depends on the environment
     async_playwright = None  # type: ignore[assignment]
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 async def status_of(base: str, key: str) -> int:

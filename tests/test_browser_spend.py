@@ -5,30 +5,18 @@ rate limits and a bar per budget window of a live Tripwire whose agent spent thr
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
-import pytest
 
 from tests.conftest import AGENT_KEY, StartTripwire
 from tests.fakes import FakeUpstream, Reply
-from tests.test_browser import ARGS, CHROMIUM, async_playwright, new_page, pytestmark  # noqa: F401
+from tests.test_browser import async_playwright, new_page, pytestmark  # noqa: F401
 
 if async_playwright is not None:
     from playwright.async_api import Browser, expect
 
 NOON = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.UTC).timestamp()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 async def test_the_agent_panel_shows_permissions_rate_limits_and_a_bar_per_window(
