@@ -186,14 +186,18 @@ def owner_alive(data_dir: Path, owner_id: str) -> bool:
     return False
 
 
-def dead_owners(data_dir: Path, exclude: str | None = None) -> list[str]:
-    """Owners whose lock file is still there but no longer held: their process is gone."""
+def known_owners(data_dir: Path) -> list[str]:
+    """Every owner with a lock file in the data dir, alive or not."""
     try:
         names = os.listdir(owners_dir(data_dir))
     except OSError:
         return []
-    ids = [n[: -len(".lock")] for n in names if n.endswith(".lock")]
-    return sorted(i for i in ids if is_owner_id(i) and i != exclude and not owner_alive(data_dir, i))
+    return sorted(i for i in (n[: -len(".lock")] for n in names if n.endswith(".lock")) if is_owner_id(i))
+
+
+def dead_owners(data_dir: Path, exclude: str | None = None) -> list[str]:
+    """Owners whose lock file is still there but no longer held: their process is gone."""
+    return [i for i in known_owners(data_dir) if i != exclude and not owner_alive(data_dir, i)]
 
 
 def forget_owner(data_dir: Path, owner_id: str) -> None:

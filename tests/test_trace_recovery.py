@@ -17,7 +17,8 @@ import pytest
 from proxy import runlock, storage
 from proxy.constants import EVENTS_JSONL, REASON_INTERRUPTED, RUN_JSON, STATUS_OK, TRIPWIRE_JSON, EventType
 from proxy.trace.content import encode, envelope
-from proxy.trace.recovery import close_interrupted, recover, repair_tail
+from proxy.trace.recovery import PARTIAL_GRACE_S, close_interrupted, recover, repair_tail
+from tests.schema import assert_run_valid
 
 T0 = 1_780_000_000.0
 
@@ -151,3 +152,84 @@ def test_recover_closes_only_the_runs_of_owners_that_are_gone(tmp_path: Path) ->
     finally:
         me.release()
         living.release()
+
+
+def killed_in_first_write(data_dir: Path, owner: str | None, *, lines: bool = True) -> tuple[Path, str]:
+    """A run whose process died in the run's first write: events.jsonl (maybe), no run.json yet,
+    tripwire.json only when `owner` is given (the writer puts the lines first)."""
+    run_id = str(uuid.uuid4())
+    d = storage.runs_base(data_dir) / run_id
+    d.mkdir(parents=True)
+    if lines:
+        start = {"run_name": "r", "agent_name": "a1", "session_id": "s1"}
+        (d / EVENTS_JSONL).write_bytes(
+            event(run_id, EventType.RUN_START, T0, start) + event(run_id, EventType.LLM_CALL, T0 + 1)
+        )
+    if owner is not None:
+        storage.write_json_atomic(d / TRIPWIRE_JSON, {"owner": {"id": owner, "pid": 1, "host": "h"}})
+    return d, run_id
+
+
+def recover_all(data_dir: Path, me: runlock.OwnerLock) -> list[str]:
+    return recover(data_dir, me, only=None, skip=(), fsync=False, clock=lambda: T0, max_field_bytes=10_000)
+
+
+def test_a_run_killed_before_its_first_run_json_is_closed_from_its_run_start(tmp_path: Path) -> None:
+    """kill -9 between a new run's first lines and its run.json (tests/test_reliability_storage.py
+    caught it under load): the folder was never recovered, so it had no run.json for ever."""
+    me, dead = runlock.OwnerLock(tmp_path), runlock.OwnerLock(tmp_path)
+    assert me.acquire() and dead.acquire()
+    dead.release()
+    dead.path.touch()
+    try:
+        owned, owned_id = killed_in_first_write(tmp_path, dead.id)
+        ownerless, ownerless_id = killed_in_first_write(tmp_path, None)
+        assert sorted(recover_all(tmp_path, me)) == sorted([owned_id, ownerless_id])
+        for d, run_id in ((owned, owned_id), (ownerless, ownerless_id)):
+            run, evs = assert_run_valid(tmp_path, run_id)
+            assert run["status"] == "error" and run["counts"]["llm_calls"] == 1
+            assert run["run_name"] == "r" and run["started_at"] == storage.iso_ms(T0)
+            assert [e["event_type"] for e in evs] == ["RUN_START", "LLM_CALL", "RUN_END"]
+            tw = orjson.loads((d / TRIPWIRE_JSON).read_bytes())
+            assert tw["agent_name"] == "a1" and tw["session_id"] == "s1"
+            assert tw["end_reason"] == REASON_INTERRUPTED
+    finally:
+        me.release()
+
+
+def test_an_ownerless_first_write_is_left_alone_while_another_owner_lives_and_it_is_fresh(
+    tmp_path: Path,
+) -> None:
+    me, living = runlock.OwnerLock(tmp_path), runlock.OwnerLock(tmp_path)
+    assert me.acquire() and living.acquire()
+    try:
+        fresh, _ = killed_in_first_write(tmp_path, None)
+        stale, stale_id = killed_in_first_write(tmp_path, None)
+        old = fresh.stat().st_mtime - 2 * PARTIAL_GRACE_S
+        os.utime(stale, (old, old))
+        now = fresh.stat().st_mtime
+        closed = recover(
+            tmp_path, me, only=None, skip=(), fsync=False, clock=lambda: now, max_field_bytes=10_000
+        )
+        assert closed == [stale_id]
+        assert not (fresh / RUN_JSON).exists()  # may be the living process's run, mid-write
+    finally:
+        me.release()
+        living.release()
+
+
+def test_a_dead_owners_run_folder_with_no_event_on_disk_is_removed(tmp_path: Path) -> None:
+    me, dead = runlock.OwnerLock(tmp_path), runlock.OwnerLock(tmp_path)
+    assert me.acquire() and dead.acquire()
+    dead.release()
+    dead.path.touch()
+    try:
+        owned, _ = killed_in_first_write(tmp_path, dead.id, lines=False)
+        empty, _ = killed_in_first_write(tmp_path, None, lines=False)
+        planted, _ = killed_in_first_write(tmp_path, None, lines=False)
+        (planted / "notes.txt").write_text("not a run file")
+        assert recover_all(tmp_path, me) == []
+        assert not owned.exists() and not empty.exists()
+        assert (planted / "notes.txt").exists()  # only a run's own files are removed
+    finally:
+        me.release()

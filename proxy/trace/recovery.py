@@ -22,6 +22,7 @@ from proxy.constants import (
     EVENTS_JSONL,
     REASON_INTERRUPTED,
     RUN_JSON,
+    SPEC_VERSION,
     STATUS_ERROR,
     STATUS_OK,
     STATUS_RUNNING,
@@ -62,9 +63,16 @@ def recover(
             if not storage.is_valid_run_id(rid) or rid in skip or not entry.is_dir():
                 continue
             try:
-                meta = storage.read_json(entry / RUN_JSON)
-                if meta is None or meta.get("status") != STATUS_RUNNING:
-                    continue
+                # No run.json: its owner died in the run's first write (run.json comes after the
+                # lines), or is in it now. Rebuilt from RUN_START; a run with none on disk recorded
+                # nothing and its folder goes.
+                partial = not os.path.lexists(entry / RUN_JSON)
+                if partial:
+                    meta = started_meta(entry, rid)
+                else:
+                    meta = storage.read_json(entry / RUN_JSON)
+                    if meta is None or meta.get("status") != STATUS_RUNNING:
+                        continue
                 tw = storage.read_json(entry / TRIPWIRE_JSON) or {}
                 run_owner = runlock.owner_of(tw)
                 if only is not None and run_owner not in only:
@@ -76,6 +84,13 @@ def recover(
                         alive[run_owner] = runlock.owner_alive(data_dir, run_owner)
                     if alive[run_owner]:
                         continue
+                elif partial and may_be_starting(entry, data_dir, owner, clock()):
+                    continue
+                if meta is None:
+                    remove_unstarted(entry)
+                    continue
+                if partial:
+                    tw = {**started_tripwire(entry), **tw}
                 close_interrupted(
                     entry, rid, meta, tw, fsync=fsync, clock=clock, max_field_bytes=max_field_bytes
                 )
@@ -90,6 +105,83 @@ def recover(
         for o in gone:
             runlock.forget_owner(data_dir, o)
     return closed
+
+
+PARTIAL_GRACE_S = 60.0  # an ownerless run folder younger than this may be another live process's first write
+
+
+def started_meta(d: Path, run_id: str) -> dict[str, Any] | None:
+    """run.json as the writer would have written it before any call: from RUN_START, the first line."""
+    start = _run_start(d)
+    if start is None:
+        return None
+    return {
+        "spec_version": SPEC_VERSION,
+        "run_id": run_id,
+        "run_name": (start.get("payload") or {}).get("run_name"),
+        "started_at": start.get("ts"),
+        "ended_at": None,
+        "duration_ms": None,
+        "status": STATUS_RUNNING,
+        "counts": default_counts(),
+        "last_event_ts": start.get("ts"),
+    }
+
+
+def started_tripwire(d: Path) -> dict[str, Any]:
+    """tripwire.json's fields RUN_START also holds, for a run killed before its tripwire.json."""
+    payload = (_run_start(d) or {}).get("payload") or {}
+    return {
+        "agent_name": payload.get("agent_name"),
+        "session_id": payload.get("session_id"),
+        "end_reason": None,
+        "guard_config": {},
+    }
+
+
+def _run_start(d: Path) -> dict[str, Any] | None:
+    try:
+        data = storage.read_run_file(d / EVENTS_JSONL)
+    except FileNotFoundError:
+        return None
+    try:
+        first = orjson.loads(data.split(b"\n", 1)[0])
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(first, dict) and first.get("event_type") == EventType.RUN_START:
+        return first
+    return None
+
+
+def may_be_starting(d: Path, data_dir: Path, owner: runlock.OwnerLock, now: float) -> bool:
+    """An ownerless folder without run.json: another live process may be in its first write (the
+    lines land before tripwire.json names the owner). Left alone while any other owner lives and
+    the folder is fresh; with no other owner alive it cannot be anybody's."""
+    try:
+        if now - d.stat().st_mtime >= PARTIAL_GRACE_S:
+            return False
+    except OSError:
+        return True
+    return any(o != owner.id and runlock.owner_alive(data_dir, o) for o in runlock.known_owners(data_dir))
+
+
+def remove_unstarted(d: Path) -> None:
+    """A run folder of a dead owner with no RUN_START on disk: nothing was recorded; the folder goes
+    (only the files a run has: anything else planted there keeps it)."""
+    for name in (EVENTS_JSONL, TRIPWIRE_JSON, RUN_JSON):
+        try:
+            os.unlink(d / name)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            logger.warning("run folder %s not removed: %s", d, e)
+            return
+    try:
+        os.rmdir(d)
+    except OSError as e:
+        logger.warning("run folder %s not removed: %s", d, e)
+        return
+    logger.warning("removed run folder %s: its process died before its first event was written", d.name)
 
 
 def close_interrupted(
