@@ -8,11 +8,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from proxy import jsonparse
+from proxy.classify.calls import LLMCall, Unknown, classify_http
+from proxy.classify.policy import fail_closed
 from proxy.constants import EventType
-from proxy.dialects import dialect_for
+from proxy.dialects import dialect_for, named
 from proxy.dialects.base import LLMRequest
 from proxy.dialects.contract import Dialect
-from proxy.exchange import Exchange
+from proxy.exchange import Answer, Exchange
 from proxy.guards.permissions import permission
 from proxy.llm import RESPONSE_RECORD_LIMIT, BodyCollector, LLMProtocol, fallback_request, parse, read_body
 from proxy.llm_errors import bad_request
@@ -47,7 +49,13 @@ class LLMParseStage(BaseStage):
         return found
 
     async def request(self, ex: Exchange) -> None:
-        dialect = dialect_for(ex.route.path, ex.request.method)
+        classified = ex.classified
+        if classified is None:  # (an exchange made without the handler: a WebSocket message, a test)
+            classified = ex.classified = classify_http(ex.route, ex.request.method, ex.body)
+        if isinstance(classified, Unknown):
+            self.refuse_unknown(ex, classified)
+            return
+        dialect = dialect_for(ex.route.path, ex.request.method) if isinstance(classified, LLMCall) else None
         if dialect is None:
             return
         try:
@@ -79,6 +87,28 @@ class LLMParseStage(BaseStage):
             # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
             ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
         ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
+
+    def refuse_unknown(self, ex: Exchange, call: Unknown) -> None:
+        """Fail closed (issue 30): what no dialect reads is refused when policy applies to the agent,
+        404 in the shape of the protocol the client speaks; else relayed unrecorded."""
+        services = self.services
+        config = services.guards.config(ex.route.agent)
+        if not fail_closed(
+            config, services.settings.auth.require_agent_key, services.settings.passthrough_unknown
+        ):
+            return
+        text = (
+            f"[tripwire] refused {call.what}; policy applies to this agent, so calls Tripwire cannot "
+            "read are refused (set passthrough_unknown: true to relay them unjudged)"
+        )
+        anthropic = "anthropic-version" in ex.request.headers
+        dialect = named("anthropic" if anthropic else "openai_chat")
+        assert dialect is not None
+        error = {**dialect.bad_request_error(text), "code": "unknown_endpoint"}
+        ex.answer = Answer(
+            404, dialect.error_body(404, error), "application/json", {"x-should-retry": "false"}
+        )
+        log.warning("refused a call of agent %s: %s", ex.route.agent, call.what)
 
     def refuse(self, ex: Exchange, dialect: Dialect, message: str) -> None:
         """Answer 400 and record an ERROR in the session's run, when the call names one."""
