@@ -71,7 +71,7 @@ def match(path: str, method: str) -> tuple[str, str] | None:
     path = path.split("?", 1)[0].rstrip("/")
     head = ""
     if path[:4].lower() == "/v1/":
-        head, path = path[:3], path[3:]
+        head, path = "/v1", path[3:]
     found = registry()
     folded = path.lower()
     name = found.exact.get(folded)
