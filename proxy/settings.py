@@ -352,6 +352,7 @@ ENV_FIELDS = (
     "upstream_retry_base_s",
     "max_tokens_recovery",
     "list_timeout_s",
+    "passthrough_unknown",
 )
 # Friendlier aliases documented in the README.
 ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}
