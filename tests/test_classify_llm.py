@@ -275,3 +275,31 @@ async def test_tools_nested_under_response_on_a_responses_socket_are_filtered(
     for sent in fake.ws_messages:
         assert sent["response"]["tools"] == [{"type": "function", "name": "search"}]
         assert DENIED not in json.dumps(sent)
+
+
+async def test_a_history_showing_an_ask_tools_custom_call_is_held(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Break 5, `ask`: the custom tool call in the history holds the request for a person, as a
+    function call does; denied, it is blocked unforwarded."""
+    from tests.test_approvals import approvals, decide, until
+
+    fake, url = fake_upstream
+    tw = await start_tripwire(
+        upstream={"url": url}, guards={"tools": {"ask": [DENIED]}}, admin_token="hunter2"
+    )
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "call_a", "type": "custom", "custom": {"name": DENIED, "input": "ls"}}],
+    }
+    result = {"role": "tool", "tool_call_id": "call_a", "content": "done"}
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "go"}, assistant, result]}
+    held = asyncio.create_task(post(tw, "/v1/chat/completions", body))
+    (approval,) = await until(lambda: approvals(tw), "the history's ask call held")
+    assert approval["guard"] == "tool_ask"
+    status, _ = await decide(tw, approval["id"], {"decision": "deny", "note": "not now"})
+    assert status == 200
+    status, answer = await asyncio.wait_for(held, WAIT_S)
+    assert status == 200 and "not now" in answer["choices"][0]["message"]["content"]
+    assert fake.calls("/v1/chat/completions") == []
