@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from proxy import dialects, jsonparse
@@ -89,7 +90,9 @@ def classify_http(route: Route, method: str, body: bytes) -> Call:
     return classify_mcp(body)
 
 
+@lru_cache(maxsize=512)  # an agent calls the same few paths again and again (paths are bounded by it)
 def classify_llm(path: str, method: str) -> Call:
+    """The call a request on an LLM route is, from its (normalised) path and method: immutable, kept."""
     if method.upper() != "POST":
         return Relayed("read" if method.upper() in ("GET", "HEAD", "OPTIONS") else method.lower())
     found = dialects.match(path, method)

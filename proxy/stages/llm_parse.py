@@ -11,7 +11,7 @@ from proxy import jsonparse
 from proxy.classify.calls import LLMCall, Unknown, classify_http
 from proxy.classify.policy import fail_closed
 from proxy.constants import EventType
-from proxy.dialects import dialect_for, named
+from proxy.dialects import named
 from proxy.dialects.base import LLMRequest
 from proxy.dialects.contract import Dialect
 from proxy.exchange import Answer, Exchange
@@ -55,7 +55,7 @@ class LLMParseStage(BaseStage):
         if isinstance(classified, Unknown):
             self.refuse_unknown(ex, classified)
             return
-        dialect = dialect_for(ex.route.path, ex.request.method) if isinstance(classified, LLMCall) else None
+        dialect = named(classified.dialect) if isinstance(classified, LLMCall) else None
         if dialect is None:
             return
         try:
