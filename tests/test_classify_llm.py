@@ -303,3 +303,15 @@ async def test_a_history_showing_an_ask_tools_custom_call_is_held(
     status, answer = await asyncio.wait_for(held, WAIT_S)
     assert status == 200 and "not now" in answer["choices"][0]["message"]["content"]
     assert fake.calls("/v1/chat/completions") == []
+
+
+async def test_tools_in_a_shape_no_dialect_reads_are_refused_when_policy_applies(
+    replicas: Replicas, fake_upstream: tuple[FakeUpstream, str]
+) -> None:
+    """A `tools` object (not a list) would pass the filter unread: a 400 in the dialect's shape."""
+    fake, url = fake_upstream
+    body = {**CHAT_BODY, "tools": {"0": function(DENIED)}}
+    for tw in await replicas(upstream={"url": url}, guards={"tools": {"deny": [DENIED]}}):
+        status, answer = await post(tw, "/v1/chat/completions", body)
+        assert status == 400 and "'tools'" in answer["error"]["message"]
+    assert fake.calls("/v1/chat/completions") == []

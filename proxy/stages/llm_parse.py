@@ -66,11 +66,17 @@ class LLMParseStage(BaseStage):
         if not isinstance(body, dict):
             self.refuse(ex, dialect, "the request body must be a JSON object")
             return
+        unreadable = unreadable_tools(body)
         try:
             call: LLMRequest = parse(dialect, body)
         except Exception:
             log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
             call = fallback_request(dialect, body)
+            unreadable = unreadable or "its history"
+        if unreadable is not None and self.fails_closed(ex):
+            # a shape the dialect cannot read goes unjudged: refused while policy applies (issue 30)
+            self.refuse(ex, dialect, f"Tripwire cannot read {unreadable} (refused while policy applies)")
+            return
         ex.protocol = self._protocols.get(dialect) or self.protocol(dialect)
         ex.call = call
         ex.request_json = body  # the session stage reads the client's episode id in it
@@ -88,14 +94,15 @@ class LLMParseStage(BaseStage):
             ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
         ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
 
+    def fails_closed(self, ex: Exchange) -> bool:
+        settings = self.services.settings
+        config = self.services.guards.config(ex.route.agent)
+        return fail_closed(config, settings.auth.require_agent_key, settings.passthrough_unknown)
+
     def refuse_unknown(self, ex: Exchange, call: Unknown) -> None:
         """Fail closed (issue 30): what no dialect reads is refused when policy applies to the agent,
         404 in the shape of the protocol the client speaks; else relayed unrecorded."""
-        services = self.services
-        config = services.guards.config(ex.route.agent)
-        if not fail_closed(
-            config, services.settings.auth.require_agent_key, services.settings.passthrough_unknown
-        ):
+        if not self.fails_closed(ex):
             return
         text = (
             f"[tripwire] refused {call.what}; policy applies to this agent, so calls Tripwire cannot "
@@ -149,3 +156,13 @@ class LLMParseStage(BaseStage):
             ts=ex.started_wall,
         )
         self.services.policy.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
+
+
+def unreadable_tools(body: dict) -> str | None:
+    """A body's tool lists in a shape no dialect reads (an object, a string): the tool filter would
+    pass them unread. None when they are lists (or absent)."""
+    for key in ("tools", "functions"):
+        value = body.get(key)
+        if value is not None and not isinstance(value, list):
+            return f"its {key!r} (a list is expected)"
+    return None
