@@ -72,7 +72,7 @@ class Unknown:
 Call = LLMCall | Relayed | MCPCall | SocketCall | Unknown
 
 # POSTs on an LLM route that Tripwire relays without a dialect (upstream-relative, after an optional
-# /v1, lower case): they run no model with tools. Anything else is Unknown.
+# /v1, lower case): no tool call comes out of them. Anything else is Unknown.
 RELAYED_POSTS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"/(files|uploads)(/.*)?"), "files"),
     (re.compile(r"/messages/count_tokens|/responses/input_tokens"), "count_tokens"),
