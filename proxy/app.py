@@ -9,6 +9,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ from proxy.aiohttp_compat import HttpProcessingError
 from proxy.appkeys import ENGINE
 from proxy.auth import AuthRefusal, refusal_answer
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
+from proxy.classify.calls import LLMCall, classify_http
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
@@ -148,6 +150,9 @@ async def handle_routed_call(request: CallRequest, route: Route, answer_maker: A
         # the client hung up (or broke its framing) mid-body: nobody to answer, nothing to record
         log.debug("client went away while sending its body: %r", e)
         return web.Response(status=400, text="incomplete request body")
+    call = classify_http(route, request.method, body)
+    if isinstance(call, LLMCall) and call.path != route.path:
+        route = replace(route, path=call.path)  # forwarded as the dialect spells it
     ex = Exchange(
         request=request,
         route=route,
@@ -156,6 +161,7 @@ async def handle_routed_call(request: CallRequest, route: Route, answer_maker: A
         started_wall=started_wall,
         answer_maker=answer_maker,
     )
+    ex.classified = call
     engine.call_started()
     try:
         try:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
+from proxy.classify.calls import Call
 from proxy.guards.breaker import Ticket
 from proxy.guards.budget import Reservation
 from proxy.guards.budget_window import WindowHold
@@ -83,6 +84,10 @@ class Exchange:
     # (`dialect`, `pending`, an accumulator's `finish`) narrow with isinstance. The fields still typed
     # Any hold objects of the layers above (proxy.mcp, proxy.guard_trace, proxy.websocket), which this
     # module must not import.
+
+    # set by the handler before the pipeline runs (proxy/classify/calls.py): what the call is, decided
+    # once; every stage reads it instead of deriving its own answer
+    classified: Call | None = None
 
     # parse (LLMParseStage, MCPParseStage): the protocol adapter for this call and
     # what it understood of the request

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote
 
+from proxy.classify import paths
+
 AGENT_HEADER = "X-Tripwire-Agent"
 SESSION_HEADER = "X-Tripwire-Session"
 TRIPWIRE_HEADER_PREFIX = "x-tripwire-"
@@ -60,7 +62,7 @@ def resolve(
 ) -> Route | RouteError:
     raw_segments = path.split("/")[1:]
     segments = [unquote(s) for s in raw_segments]
-    if any(part in (".", "..") for s in segments for part in s.split("/")):
+    if paths.has_dot_segment(raw_segments):
         # `..` (or `%2e%2e`) would reach the upstream verbatim and climb out of the API's base path
         return RouteError(
             400, "dot segments ('.', '..', also percent-encoded) are not allowed in the path", ()
@@ -73,8 +75,10 @@ def resolve(
     def prefix_for(n: int) -> str:
         return "/" + "/".join(raw_segments[: consumed + n]) if consumed + n else ""
 
+    # the upstream path is the normalised one (proxy/classify/paths.py): what Tripwire classifies
+    # is what the upstream receives
     if rest and rest[0] == "v1":
-        upstream_path = "/" + "/".join(raw_segments[consumed:])
+        upstream_path = paths.normalised(raw_segments[consumed:])
         return Route("llm", DEFAULT_LLM, upstream_path, agent, session, prefix_for(0))
     if rest in (["mcp"], ["mcp", ""]):
         return Route("aggregate", "", "", agent, session, prefix_for(1))
@@ -88,9 +92,7 @@ def resolve(
                 f"unknown {kind} upstream {name!r}; configured: {', '.join(names) or 'none'}",
                 names,
             )
-        upstream_path = "/" + "/".join(raw_segments[consumed + 2 :])
-        if upstream_path == "/" and not path.endswith("/"):
-            upstream_path = ""
+        upstream_path = paths.normalised(raw_segments[consumed + 2 :])
         return Route(kind, name, upstream_path, agent, session, prefix_for(2))
     return RouteError(
         404, "no route: use /v1/..., /llm/NAME/..., /mcp/NAME or /mcp (optionally under /agents/NAME/)"

@@ -231,6 +231,10 @@ class Settings(BaseModel):
 
     # gateway (SPEC §9): agent keys
     auth: AuthConfig = AuthConfig()
+    # a call Tripwire cannot classify (an unknown POST on an LLM route, a WebSocket without a dialect,
+    # a tools/call in a batch or without an id) is refused whenever policy applies to the agent;
+    # true relays it unjudged as before (docs/gateway.md "Fail closed")
+    passthrough_unknown: bool = False
 
     # scale-out (SPEC §8): shared guard state, trace export
     state: StateConfig = StateConfig()
@@ -348,6 +352,7 @@ ENV_FIELDS = (
     "upstream_retry_base_s",
     "max_tokens_recovery",
     "list_timeout_s",
+    "passthrough_unknown",
 )
 # Friendlier aliases documented in the README.
 ENV_ALIASES = {"TRIPWIRE_UPSTREAM": "upstream", "TRIPWIRE_SESSION_IDLE_TIMEOUT": "session_idle_timeout_s"}

@@ -38,12 +38,19 @@ def test_prefixed_names_and_their_owner() -> None:
 
 
 def test_cursors_are_tripwires_own_and_checked() -> None:
-    cursor = encode_cursor("tools/list", {"files": "page-2", "git": "abc"})
-    assert decode_cursor(cursor, "tools/list", ("files", "git")) == {"files": "page-2", "git": "abc"}
-    assert decode_cursor(cursor, "prompts/list", ("files", "git")) is None  # another list's
-    assert decode_cursor(cursor, "tools/list", ("files",)) is None  # names a server not served
-    assert decode_cursor("not-a-cursor!", "tools/list", ("files",)) is None
-    assert decode_cursor(None, "tools/list", ("files",)) is None
+    key = b"k" * 32
+    cursor = encode_cursor("tools/list", {"files": "page-2", "git": "abc"}, key=key)
+    assert decode_cursor(cursor, "tools/list", ("files", "git"), key=key) == {"files": "page-2", "git": "abc"}
+    assert decode_cursor(cursor, "prompts/list", ("files", "git"), key=key) is None  # another list's
+    assert decode_cursor(cursor, "tools/list", ("files",), key=key) is None  # names a server not served
+    assert decode_cursor("not-a-cursor!", "tools/list", ("files",), key=key) is None
+    assert decode_cursor(None, "tools/list", ("files",), key=key) is None
+    # signed: another key's cursor, or one whose servers' cursors were changed, is not Tripwire's
+    assert decode_cursor(cursor, "tools/list", ("files", "git"), key=b"x" * 32) is None
+    body, _, mac = cursor.partition(".")
+    forged = encode_cursor("tools/list", {"files": "page-9"}, key=key).partition(".")[0] + "." + mac
+    assert decode_cursor(forged, "tools/list", ("files", "git"), key=key) is None
+    assert decode_cursor(body, "tools/list", ("files", "git"), key=key) is None  # unsigned
 
 
 def test_every_server_unless_narrowed(tmp_path: Path) -> None:

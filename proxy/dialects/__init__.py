@@ -56,19 +56,31 @@ def registry() -> Registry:
 
 def dialect_name(path: str, method: str) -> str | None:
     """The dialect of a request, or None for anything that is forwarded unrecorded."""
+    found = match(path, method)
+    return found[0] if found is not None else None
+
+
+def match(path: str, method: str) -> tuple[str, str] | None:
+    """(dialect name, the path in the dialect's own spelling) of a POST, else None.
+
+    Endpoints are matched without regard to case (`/v1/chat/Completions` is read as the chat
+    endpoint, and forwarded as `/v1/chat/completions`: issue 30); a deployment-style prefix keeps
+    its own spelling."""
     if method.upper() != "POST":
         return None
     path = path.split("?", 1)[0].rstrip("/")
-    if path.startswith("/v1/"):
-        path = path[3:]
+    head = ""
+    if path[:4].lower() == "/v1/":
+        head, path = "/v1", path[3:]
     found = registry()
-    name = found.exact.get(path)
+    folded = path.lower()
+    name = found.exact.get(folded)
     if name is not None:
-        return name
+        return name, head + folded
     # deployment-style prefixes (Azure: /openai/deployments/NAME/chat/completions)
     for suffix, name in found.suffixes:
-        if path.endswith(suffix):
-            return name
+        if folded.endswith(suffix):
+            return name, head + path[: len(path) - len(suffix)] + suffix
     return None
 
 

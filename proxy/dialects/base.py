@@ -208,6 +208,20 @@ def tool_name(tool: dict) -> str:
     return str(name or tool.get("type") or "")
 
 
+def tool_names(tool: dict) -> tuple[str, ...]:
+    """Every name a declared tool (or a tool_choice) carries: its `name`, its `function.name` (chat
+    functions), its `custom.name` (chat custom tools); its type when it has none (a hosted tool).
+    A provider reads one of them, which depends on the shape: a tool some name of which is refused
+    is refused (issue 30: `{"name": "harmless", "function": {"name": "shell"}}` is `shell`)."""
+    names = [tool.get("name")]
+    for key in ("function", "custom"):
+        inner = tool.get(key)
+        if isinstance(inner, dict):
+            names.append(inner.get("name"))
+    found = tuple(str(n) for n in names if n)
+    return found or (str(tool.get("type") or ""),)
+
+
 def listed_tools(body: dict, *keys: str) -> list[dict]:
     """The tool definitions (objects) of the lists a body holds under `keys`, in order."""
     found: list[dict] = []
@@ -270,12 +284,15 @@ class ToolFilter:
                 and isinstance(tool.get("tools"), list)
             ):
                 stack.append((iter(tool["tools"]), [], tool))
-            elif isinstance(tool, dict) and not self.keep(name := tool_name(tool)):
-                self.removed.add(name)
+            elif isinstance(tool, dict) and not self.keeps(names := tool_names(tool)):
+                self.removed.update(names)
                 changed = True
             else:
                 out.append(tool)
         return root if changed else None
+
+    def keeps(self, names: tuple[str, ...]) -> bool:
+        return all(self.keep(name) for name in names)
 
     def field(self, body: dict, key: str) -> bool:
         """Filter `body[key]` in place (`body` is the caller's copy); True when something went."""
@@ -287,7 +304,7 @@ class ToolFilter:
 
     def names_removed(self, choice: Any) -> bool:
         """A `tool_choice` naming a removed tool (chat, Responses, Anthropic shapes)."""
-        return isinstance(choice, dict) and tool_name(choice) in self.removed
+        return isinstance(choice, dict) and not self.removed.isdisjoint(tool_names(choice))
 
     def choice(self, body: dict, key: str, *, tools_left: bool) -> None:
         """Reset `body[key]` (a tool_choice) when it names a removed tool, or forces a tool call with

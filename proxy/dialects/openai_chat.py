@@ -112,18 +112,21 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
         prior = None
         steps, results, turns = [], [], Turns()
         new = messages
-    for message in new:
+    at = len(messages) - len(new)
+    for index, message in enumerate(new, at):
         if not isinstance(message, dict):
             continue
         role = message.get("role")
         if role == "assistant":
-            steps.append(_message_tool_calls(message))
+            steps.append(_message_tool_calls(message, index))
         elif role == "tool":
             results.append(
                 ToolResult(
                     tool_call_id=str(message.get("tool_call_id") or ""), content=message.get("content")
                 )
             )
+        elif role == "function":  # the legacy result of the step's `function_call` (no id of its own)
+            results.append(ToolResult(tool_call_id=_legacy_id(index - 1), content=message.get("content")))
         elif role == "user":
             turns.user(message.get("content"), len(steps))
     options = body.get("stream_options")
@@ -148,12 +151,19 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
     )
 
 
-def _message_tool_calls(message: dict) -> list[ToolCall]:
+def _message_tool_calls(message: dict, index: int = -1) -> list[ToolCall]:
+    """The step's calls: its `tool_calls` (functions, and custom tools with their free-form `input`),
+    and a legacy `function_call` (issue 30: judged as any call, e.g. a denied tool's)."""
     calls = []
     for call in message.get("tool_calls") or []:
         if not isinstance(call, dict):
             continue
         function = call.get("function")
+        custom = call.get("custom")
+        if not isinstance(function, dict) and isinstance(custom, dict):
+            name, raw = custom.get("name"), custom.get("input")
+            calls.append(ToolCall(id=str(call.get("id") or ""), name=str(name or ""), arguments=raw))
+            continue
         if not isinstance(function, dict):
             function = {}
         call_id, name, raw = call.get("id"), function.get("name"), function.get("arguments")
@@ -163,7 +173,20 @@ def _message_tool_calls(message: dict) -> list[ToolCall]:
             calls.append(
                 ToolCall(id=str(call_id or ""), name=str(name or ""), arguments=parse_arguments(raw))
             )
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict) and not calls:
+        name = legacy.get("name")
+        calls.append(
+            ToolCall(
+                id=_legacy_id(index), name=str(name or ""), arguments=parse_arguments(legacy.get("arguments"))
+            )
+        )
     return calls
+
+
+def _legacy_id(index: int) -> str:
+    """A legacy `function_call` has no id: its message's place in the conversation stands for one."""
+    return f"function_call:{index}"
 
 
 # Agents resend every earlier tool call on every request: a call seen before is not parsed again

@@ -120,7 +120,7 @@ class LocalGuardBackend:
                 call.tool_name,
                 call.arguments,
                 now=now,
-                server=ex.route.upstream,
+                server=call.naming_server,  # (the one naming rule: proxy/guards/tool_names.py)
                 estimate_usd=judged.estimate,
             )
             return Admitted(guards, verdict, judged, seen)

@@ -137,7 +137,7 @@ class SharedGuardBackend:
         judged = inputs()
         if is_tool_call(ex):
             check = entries.tool_check(
-                cid, call.tool_name, call.arguments, ex.route.upstream, judged.estimate
+                cid, call.tool_name, call.arguments, call.naming_server, judged.estimate
             )
         else:
             check = entries.llm_check(

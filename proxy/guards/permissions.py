@@ -14,29 +14,15 @@ from fnmatch import translate
 from functools import lru_cache
 from typing import Literal
 
+from proxy.guards import tool_names
 from proxy.guards.config import ToolsConfig
 
 Permission = Literal["allow", "ask", "deny"]
 
-# the separator of an aggregated or direct MCP tool's name: `SERVER__TOOL` (SPEC §3)
-SERVER_SEPARATOR = "__"
-
-
-def mcp_tool_name(server: str, tool: str) -> str:
-    """The name permissions (and the aggregate's `tools/list`) give tool `tool` of MCP server `server`."""
-    return f"{server}{SERVER_SEPARATOR}{tool}"
-
-
-def qualified_tool_name(server: str | None, tool: str) -> str:
-    """The name an MCP call's permissions and rate limits match: `SERVER__TOOL`.
-
-    A call through the aggregate endpoint already carries `SERVER__TOOL` (SPEC §3); a direct
-    call carries the tool's own name. (A tool whose own name begins with its server's name and
-    `__` is taken as already qualified: one name, whichever route it came by.)
-    """
-    if server is None or tool.startswith(server + SERVER_SEPARATOR):
-        return tool
-    return mcp_tool_name(server, tool)
+# (the naming rule lives in proxy/guards/tool_names.py; these names are kept for their callers)
+SERVER_SEPARATOR = tool_names.SERVER_SEPARATOR
+mcp_tool_name = tool_names.qualified
+qualified_tool_name = tool_names.policy_name
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy import jsonparse
-from proxy.guards.permissions import mcp_tool_name
+from proxy.guards import tool_names
 from proxy.guards.signatures import content_text, result_fingerprint
 
 PARSE_ERROR = -32700
@@ -73,7 +73,12 @@ class MCPToolCall:
     @property
     def qualified_name(self) -> str:
         """`SERVER__TOOL`, the name tool permissions match (SPEC §9) on direct and aggregated routes alike."""
-        return self.tool_name if self.aggregated else mcp_tool_name(self.server, self.tool_name)
+        return tool_names.policy_name(self.naming_server, self.tool_name)
+
+    @property
+    def naming_server(self) -> str | None:
+        """The server guards qualify `tool_name` with (`tool_names.policy_name`): None when aggregated."""
+        return tool_names.naming_server(self.server, self.aggregated)
 
 
 @dataclass

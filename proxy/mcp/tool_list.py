@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.guards import tool_names
 from proxy.guards.config import ToolsConfig
-from proxy.guards.permissions import mcp_tool_name, permission
+from proxy.guards.permissions import permission
 
 
 def permitted_tools_list(msg: dict[str, Any], server: str, tools: ToolsConfig) -> dict[str, Any] | None:
@@ -26,4 +27,4 @@ def permitted_tools_list(msg: dict[str, Any], server: str, tools: ToolsConfig) -
 
 def _denied(tool: Any, server: str, tools: ToolsConfig) -> bool:
     name = tool.get("name") if isinstance(tool, dict) else None
-    return isinstance(name, str) and permission(tools, mcp_tool_name(server, name)) == "deny"
+    return isinstance(name, str) and permission(tools, tool_names.qualified(server, name)) == "deny"

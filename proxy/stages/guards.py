@@ -110,7 +110,7 @@ def call_inputs(ex: Exchange, estimate: float, tool_call: bool) -> CallInputs:
     if tool_call:
         call = ex.call
         return CallInputs(
-            estimate, guard_trace.mcp_inputs(call.tool_name, call.arguments, ex.route.upstream, estimate)
+            estimate, guard_trace.mcp_inputs(call.tool_name, call.arguments, call.naming_server, estimate)
         )
     steps, turn_start, results, tokens, inputs = llm_guard_inputs(ex, estimate)
     return CallInputs(estimate, inputs, steps, turn_start, results, tokens)

@@ -8,11 +8,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from proxy import jsonparse
+from proxy.classify.calls import LLMCall, Unknown, classify_http
+from proxy.classify.policy import fail_closed
 from proxy.constants import EventType
-from proxy.dialects import dialect_for
+from proxy.dialects import named
 from proxy.dialects.base import LLMRequest
 from proxy.dialects.contract import Dialect
-from proxy.exchange import Exchange
+from proxy.exchange import Answer, Exchange
 from proxy.guards.permissions import permission
 from proxy.llm import RESPONSE_RECORD_LIMIT, BodyCollector, LLMProtocol, fallback_request, parse, read_body
 from proxy.llm_errors import bad_request
@@ -47,7 +49,13 @@ class LLMParseStage(BaseStage):
         return found
 
     async def request(self, ex: Exchange) -> None:
-        dialect = dialect_for(ex.route.path, ex.request.method)
+        classified = ex.classified
+        if classified is None:  # (an exchange made without the handler: a WebSocket message, a test)
+            classified = ex.classified = classify_http(ex.route, ex.request.method, ex.body)
+        if isinstance(classified, Unknown):
+            self.refuse_unknown(ex, classified)
+            return
+        dialect = named(classified.dialect) if isinstance(classified, LLMCall) else None
         if dialect is None:
             return
         try:
@@ -58,11 +66,17 @@ class LLMParseStage(BaseStage):
         if not isinstance(body, dict):
             self.refuse(ex, dialect, "the request body must be a JSON object")
             return
+        unreadable = unreadable_tools(body)
         try:
             call: LLMRequest = parse(dialect, body)
         except Exception:
             log.exception("could not parse a %s request; judging it without its history", dialect.__name__)
             call = fallback_request(dialect, body)
+            unreadable = unreadable or "its history"
+        if unreadable is not None and self.fails_closed(ex):
+            # a shape the dialect cannot read goes unjudged: refused while policy applies (issue 30)
+            self.refuse(ex, dialect, f"Tripwire cannot read {unreadable} (refused while policy applies)")
+            return
         ex.protocol = self._protocols.get(dialect) or self.protocol(dialect)
         ex.call = call
         ex.request_json = body  # the session stage reads the client's episode id in it
@@ -79,6 +93,29 @@ class LLMParseStage(BaseStage):
             # orjson for what orjson read; the rest keeps NaN, big integers, surrogates, any depth
             ex.upstream_body = jsonparse.dumps(rewritten, finite=exact)
         ex.observer = dialect.StreamAccumulator(call) if call.stream else BodyCollector(RESPONSE_RECORD_LIMIT)
+
+    def fails_closed(self, ex: Exchange) -> bool:
+        settings = self.services.settings
+        config = self.services.guards.config(ex.route.agent)
+        return fail_closed(config, settings.auth.require_agent_key, settings.passthrough_unknown)
+
+    def refuse_unknown(self, ex: Exchange, call: Unknown) -> None:
+        """Fail closed (issue 30): what no dialect reads is refused when policy applies to the agent,
+        404 in the shape of the protocol the client speaks; else relayed unrecorded."""
+        if not self.fails_closed(ex):
+            return
+        text = (
+            f"[tripwire] refused {call.what}; policy applies to this agent, so calls Tripwire cannot "
+            "read are refused (set passthrough_unknown: true to relay them unjudged)"
+        )
+        anthropic = "anthropic-version" in ex.request.headers
+        dialect = named("anthropic" if anthropic else "openai_chat")
+        assert dialect is not None
+        error = {**dialect.bad_request_error(text), "code": "unknown_endpoint"}
+        ex.answer = Answer(
+            404, dialect.error_body(404, error), "application/json", {"x-should-retry": "false"}
+        )
+        log.warning("refused a call of agent %s: %s", ex.route.agent, call.what)
 
     def refuse(self, ex: Exchange, dialect: Dialect, message: str) -> None:
         """Answer 400 and record an ERROR in the session's run, when the call names one."""
@@ -119,3 +156,13 @@ class LLMParseStage(BaseStage):
             ts=ex.started_wall,
         )
         self.services.policy.observe_event(session, EventType.ERROR, "invalid_request_body", event_id)
+
+
+def unreadable_tools(body: dict) -> str | None:
+    """A body's tool lists in a shape no dialect reads (an object, a string): the tool filter would
+    pass them unread. None when they are lists (or absent)."""
+    for key in ("tools", "functions"):
+        value = body.get(key)
+        if value is not None and not isinstance(value, list):
+            return f"its {key!r} (a list is expected)"
+    return None

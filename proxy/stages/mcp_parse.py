@@ -13,8 +13,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from proxy.classify.calls import MCPCall, classify_mcp
+from proxy.classify.policy import fail_closed
 from proxy.exchange import Answer, Exchange
-from proxy.guards.permissions import mcp_tool_name
+from proxy.guards import tool_names
 from proxy.mcp import jsonrpc
 from proxy.mcp.adapter import MCPProtocol, record_tool_call
 from proxy.mcp.hub import McpHub
@@ -48,8 +52,10 @@ class MCPParseStage(BaseStage):
             ex.upstream_url = legacy.upstream_post_url
         if request.method != "POST":
             return
-        parsed = jsonrpc.parse_body(ex.body)
-        if parsed is None:
+        classified = ex.classified
+        if not isinstance(classified, MCPCall):  # (an exchange made without the handler)
+            classified = ex.classified = classify_mcp(ex.body)
+        if not isinstance(classified, MCPCall):  # the body is not JSON
             ex.answer = Answer(
                 400,
                 jsonrpc.render_error(
@@ -57,8 +63,10 @@ class MCPParseStage(BaseStage):
                 ),
             )
             return
-        messages, batch = parsed
+        messages, batch = list(classified.raw), classified.batch
         ex.mcp_messages = messages
+        if self.refuse_unjudged(ex, classified):
+            return
         mcp_session = request.headers.get("Mcp-Session-Id")
         if legacy is not None:
             session_key = legacy.session_key
@@ -106,6 +114,42 @@ class MCPParseStage(BaseStage):
                 limit=self.services.settings.max_body_bytes,
                 hold_json=lambda: call.append_text is not None,
             )
+
+    def refuse_unjudged(self, ex: Exchange, classified: MCPCall) -> bool:
+        """Fail closed (issue 30): a `tools/call` the pipeline cannot judge - inside a batch (one
+        answer cannot be part refused, and MCP 2025-06-18 dropped batches), or without an `id`
+        (no answer to refuse it in) - is refused, not forwarded, whenever policy applies to the agent.
+        True when it answered."""
+        batch, messages = classified.batch, classified.raw
+        tool_calls = classified.tool_calls
+        if not tool_calls or (not batch and tool_calls[0].kind == "request"):
+            return False
+        settings = self.services.settings
+        config = self.services.guards.config(ex.route.agent)
+        if not fail_closed(config, settings.auth.require_agent_key, settings.passthrough_unknown):
+            return False
+        agent = ex.route.agent
+        if batch:
+            text = (
+                f"Tripwire: a JSON-RPC batch holding a tools/call is refused while policy applies to agent "
+                f"{agent!r}: send each request alone (MCP 2025-06-18 removed batching)"
+            )
+            errors = [
+                orjson.loads(jsonrpc.render_error(m.get("id"), jsonrpc.INVALID_REQUEST, text))
+                for m, c in zip(messages, classified.messages, strict=True)
+                if c.kind == "request"
+            ]
+            if errors:
+                ex.answer = Answer(200, orjson.dumps(errors))
+                log.warning(
+                    "refused a batch of %d messages of agent %s holding a tools/call", len(messages), agent
+                )
+                return True
+        else:
+            text = f"Tripwire: a tools/call needs an id (it is a request) while policy applies to agent {agent!r}"
+        ex.answer = Answer(400, jsonrpc.render_error(None, jsonrpc.INVALID_REQUEST, text))
+        log.warning("refused a tools/call without an id of agent %s", agent)
+        return True
 
     def filter_tools_lists(self, ex: Exchange, messages: list[Any], session_key: str) -> bool:
         """The `tools/list` requests the agent's tool permissions filter: their answers, wherever
@@ -219,7 +263,7 @@ def tool_call(
     version = get("MCP-Protocol-Version") if get is not None else None
     return jsonrpc.MCPToolCall(
         server=server,
-        tool_name=mcp_tool_name(server, params["name"]) if aggregated else params["name"],
+        tool_name=tool_names.qualified(server, params["name"]) if aggregated else params["name"],
         arguments=params.get("arguments") if params.get("arguments") is not None else {},
         jsonrpc_id=msg.get("id"),
         mcp_session_id=mcp_session,

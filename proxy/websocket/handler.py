@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -13,7 +14,10 @@ from yarl import URL
 
 from proxy.aiohttp_compat import upgrade_headers
 from proxy.appkeys import ENGINE
+from proxy.classify.calls import SocketCall, Unknown, classify_socket
+from proxy.classify.policy import fail_closed
 from proxy.dialects import dialect_for
+from proxy.exchange import Answer
 from proxy.forward import json_error
 from proxy.outages import unreachable_message
 from proxy.pipeline import Pipeline
@@ -44,9 +48,31 @@ def is_responses_socket(route: Route) -> bool:
     return dialect is not None and dialect.WEBSOCKET_CALLS
 
 
+def unknown_refusal(call: Unknown) -> Answer:
+    """404 in the OpenAI error shape (a handshake's answer), naming what was not understood."""
+    return json_error(
+        404,
+        f"Tripwire refused {call.what}; policy applies to this agent, so calls Tripwire cannot read "
+        "are refused (set passthrough_unknown: true to relay them unjudged)",
+        "invalid_request_error",
+        "unknown_endpoint",
+    )
+
+
 async def handle_websocket(request: web.Request, route: Route, http_pipeline: Pipeline) -> web.StreamResponse:
-    """Relay one WebSocket: the upstream's socket first, then the client's, then frames both ways."""
+    """Relay one WebSocket: the upstream's socket first, then the client's, then frames both ways.
+
+    A socket whose messages no dialect reads as calls (`/v1/realtime`, any other path) would carry
+    calls no guard sees: refused when policy applies to the agent (issue 30), else relayed."""
     engine: Engine = request.app[ENGINE]
+    call = classify_socket(route)
+    if isinstance(call, SocketCall):
+        route = replace(route, path=call.path)  # as the dialect spells it
+    elif isinstance(call, Unknown):
+        config = engine.guards.config(route.agent)
+        if fail_closed(config, engine.auth is not None, engine.settings.passthrough_unknown):
+            log.warning("refused a WebSocket of agent %s: %s", route.agent, call.what)
+            return unknown_refusal(call).to_response()
     upstream = engine.upstreams.get(route.kind, route.upstream)
     url = join_upstream(upstream.url, route.path, request.rel_url.raw_query_string)
     extensions = request.headers.get("Sec-WebSocket-Extensions", "").lower()

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from proxy import llm
+from proxy import jsonparse, llm
 from proxy.exchange import Exchange
+from proxy.guards.permissions import permission
 from proxy.pipeline import BaseStage, Pipeline
 from proxy.stages.forward import TEXT_MARGIN, ForwardStage
 from proxy.stages.llm_parse import LLMParseStage
@@ -26,7 +27,7 @@ class SocketParseStage(BaseStage):
 
     name = "parse_llm"
 
-    def __init__(self, inner: BaseStage) -> None:
+    def __init__(self, inner: LLMParseStage) -> None:
         self.inner = inner
 
     async def request(self, ex: Exchange) -> None:
@@ -35,6 +36,23 @@ class SocketParseStage(BaseStage):
             # the events come as the SSE stream's: read them with the stream accumulator
             ex.call = replace(ex.call, stream=True)
             ex.observer = ex.protocol.dialect.StreamAccumulator(ex.call)
+            self.filter_nested(ex, ex.protocol.dialect)
+
+    def filter_nested(self, ex: Exchange, dialect: Any) -> None:
+        """Tools under `response` (the Realtime API's shape of `response.create`) lose the denied
+        ones as top-level tools do (issue 30): an upstream that reads them must not see them."""
+        body = ex.request_json
+        if body is None or not isinstance(body.get("response"), dict):
+            return
+        services = self.inner.services
+        config = services.guards.config(ex.route.agent)
+        if not config.tools.restricts or config.in_shadow:
+            return
+        tools = config.tools
+        sent = jsonparse.loads(ex.upstream_body) if ex.upstream_body is not None else body
+        kept = dialect.without_tools(sent["response"], lambda name: permission(tools, name) != "deny")
+        if kept is not None:
+            ex.upstream_body = jsonparse.dumps({**sent, "response": kept})
 
     async def finish(self, ex: Exchange) -> None:
         await self.inner.finish(ex)

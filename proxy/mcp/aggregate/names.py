@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.guards.permissions import SERVER_SEPARATOR, mcp_tool_name
+from proxy.guards.tool_names import SERVER_SEPARATOR, qualified, split
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -83,34 +85,51 @@ def _may_collide(bad: str, other: str) -> bool:
 
 def prefixed(server: str, name: str) -> str | None:
     """The aggregate's name for tool (or prompt) `name` of `server`; None when it would be too long."""
-    full = mcp_tool_name(server, name)
+    full = qualified(server, name)
     return full if name and len(full) <= MAX_TOOL_NAME else None
 
 
 def owner(full: str) -> tuple[str, str] | None:
     """`SERVER__TOOL` -> (server, tool), split at the first separator; None when it has none."""
-    server, sep, name = full.partition(SERVER_SEPARATOR)
-    if not sep or not server or not name:
-        return None
-    return server, name
+    return split(full)
 
 
 # --- cursors ---------------------------------------------------------------------------------------
 # A merged list's page is one page of each server still listing; Tripwire's cursor carries each such
-# server's own cursor (opaque to the client, checked on the way back).
+# server's own cursor, opaque to the client and signed (HMAC-SHA256 with the aggregate's own key): a
+# cursor Tripwire did not give - a forged one naming a server and any cursor of its - is refused
+# (-32602, docs/mcp.md), never handed to a server (issue 30).
+
+_MAC_BYTES = 16
 
 
-def encode_cursor(method: str, cursors: dict[str, str]) -> str:
-    raw = orjson.dumps({"m": method, "c": cursors})
+def _mac(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).digest()[:_MAC_BYTES]
+
+
+def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: Any, method: str, servers: tuple[str, ...]) -> dict[str, str] | None:
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def encode_cursor(method: str, cursors: dict[str, str], *, key: bytes) -> str:
+    raw = orjson.dumps({"m": method, "c": cursors})
+    return f"{_b64(raw)}.{_b64(_mac(key, raw))}"
+
+
+def decode_cursor(cursor: Any, method: str, servers: tuple[str, ...], *, key: bytes) -> dict[str, str] | None:
     """Each server's own cursor, or None for a cursor Tripwire did not give for this list."""
     if not isinstance(cursor, str) or not cursor:
         return None
+    body, dot, mac = cursor.partition(".")
     try:
-        data = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        raw = _unb64(body)
+        if not dot or not hmac.compare_digest(_unb64(mac), _mac(key, raw)):
+            return None
+        data = orjson.loads(raw)
     except (ValueError, binascii.Error):
         return None
     if not isinstance(data, dict) or data.get("m") != method or not isinstance(data.get("c"), dict):

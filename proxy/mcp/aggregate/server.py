@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,6 +36,7 @@ from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate import revisions as rev
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
+from proxy.mcp.aggregate.resources import Ambiguous, ResourceOwners
 from proxy.mcp.aggregate.upstream import (
     REOPENED,
     JsonObject,
@@ -106,8 +108,7 @@ class ClientSession:
     legacy: bool = False
     stream: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
     down: dict[str, str] = field(default_factory=dict)  # server -> why it dropped out
-    resources: dict[str, str] = field(default_factory=dict)  # URI -> the server that listed it
-    templates: dict[str, str] = field(default_factory=dict)  # URI template -> its server
+    resources: ResourceOwners = field(default_factory=ResourceOwners)  # URI -> the server that owns it
     probe: asyncio.Task[None] | None = None
     closed: bool = False
     used: float = field(default_factory=time.monotonic)  # its last request
@@ -154,6 +155,9 @@ class Aggregate:
     ) -> None:
         self.guard_config = guard_config  # the agent's effective guard config (its tool permissions)
         self.servers = servers
+        # signs Tripwire's list cursors (proxy/mcp/aggregate/names.py); a client's MCP session on
+        # `/mcp` lives in this process, and so do the cursors it is given
+        self.cursor_key = secrets.token_bytes(32)
         self.list_timeout_s = list_timeout_s
         self.server_list_timeouts = dict(server_list_timeouts or {})  # servers with their own
         self.transport_for = transport_for
@@ -589,7 +593,7 @@ class Aggregate:
         if cursor is None:
             cursors: dict[str, str | None] = dict.fromkeys(self.servers)
         else:
-            decoded = decode_cursor(cursor, method, self.servers)
+            decoded = decode_cursor(cursor, method, self.servers, key=self.cursor_key)
             if decoded is None:
                 raise RpcError(INVALID_PARAMS, f"Invalid cursor for {method}")
             cursors = dict(decoded)
@@ -603,7 +607,7 @@ class Aggregate:
             nxt = page.get("nextCursor")
             if isinstance(nxt, str) and nxt:
                 more[server] = nxt
-        return items, encode_cursor(method, more) if more else None
+        return items, encode_cursor(method, more, key=self.cursor_key) if more else None
 
     async def _tools_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
         items, nxt = await self._merged(s, "tools/list", "tools", params)
@@ -650,28 +654,48 @@ class Aggregate:
     async def _resources_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
         items, nxt = await self._merged(s, "resources/list", "resources", params)
         for server, resource in items:
-            s.resources.setdefault(str(resource.get("uri")), server)
+            s.resources.resource(str(resource.get("uri")), server)
         return _page({"resources": [r for _, r in items]}, nxt)
 
     async def _templates_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
         items, nxt = await self._merged(s, "resources/templates/list", "resourceTemplates", params)
+        kept = []
         for server, template in items:
-            s.templates.setdefault(str(template.get("uriTemplate")), server)
-        return _page({"resourceTemplates": [t for _, t in items]}, nxt)
+            if s.resources.template(str(template.get("uriTemplate")), server):
+                kept.append(template)
+            else:
+                log.warning(
+                    "aggregate /mcp: template %r of %r left out: it names no scheme, it would own any URI",
+                    template.get("uriTemplate"),
+                    server,
+                )
+        return _page({"resourceTemplates": kept}, nxt)
 
     async def _resource_owner(self, s: ClientSession, uri: Any) -> str:
         if not isinstance(uri, str):
             raise RpcError(INVALID_PARAMS, "uri is required")
-        for attempt in range(2):
-            if uri in s.resources:
-                return s.resources[uri]
-            for template, server in s.templates.items():
-                if uri.startswith(template.split("{", 1)[0]) and "{" in template:
-                    return server
-            if attempt == 0:  # not listed yet in this session: list, then look again
-                await self._resources_list(s, {}, None)
-                await self._templates_list(s, {}, None)
-        raise RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        listed_now = not s.resources.listed
+        if listed_now:  # every server's listing first: a template never beats a listed URI
+            await self._list_resources(s)
+        found = s.resources.owner(uri)
+        if found is None and not listed_now:  # not listed yet in this session: list, then look again
+            await self._list_resources(s)
+            found = s.resources.owner(uri)
+        if isinstance(found, Ambiguous):
+            servers = ", ".join(found.servers)
+            raise RpcError(
+                INVALID_PARAMS,
+                f"Resource {uri} is claimed by several servers ({servers}): refused",
+                {"uri": uri},
+            )
+        if found is None:
+            raise RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        return found
+
+    async def _list_resources(self, s: ClientSession) -> None:
+        s.resources.listed = True
+        await self._resources_list(s, {}, None)
+        await self._templates_list(s, {}, None)
 
     async def _by_uri(self, method: str, s: ClientSession, params: JsonObject) -> JsonObject:
         server = await self._resource_owner(s, params.get("uri"))
