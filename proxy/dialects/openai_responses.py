@@ -61,7 +61,9 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CALL_ITEM_TYPES",
     "CHAINS_RESPONSES",
+    "CLIENT_ITEM_TYPES",
     "CONVERSATIONAL",
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
@@ -135,6 +137,11 @@ _OUTPUT_TYPES = frozenset(
 )
 # items that are context, neither a turn's start nor a step: declared tools, a compacted history
 _CONTEXT_TYPES = frozenset(("additional_tools", "compaction", "compaction_trigger"))
+# For lineage (proxy/episodes.py): the item types an answer holds as calls, each named by its
+# `call_id` (else `id`), as `ToolCall.id` names it; and the role-less items only a client sends
+# (the rest of the role-less items an answer holds: reasoning, mcp_list_tools, mcp_approval_request)
+CALL_ITEM_TYPES: tuple[str, ...] = tuple(sorted(_CALL_TYPES))
+CLIENT_ITEM_TYPES = _OUTPUT_TYPES | {"item_reference", "mcp_approval_response", "compaction_trigger"}
 # (a hosted MCP call's arguments stream too, but its whole item is what is kept)
 _ARGUMENT_DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
