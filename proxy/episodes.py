@@ -355,7 +355,8 @@ def given_answer_key(call: Any, result: Any, block_text: str | None) -> bytes | 
     memo = call.memo
     if "answer_key" not in memo:
         if result is not None and result.error is None:
-            answered = fingerprint((tc.id for tc in result.tool_calls), result.text)
+            # (the calls an exec call's script makes are Tripwire's reading, not items of the answer)
+            answered = fingerprint((tc.id for tc in result.tool_calls if tc.inside is None), result.text)
         elif result is None and block_text is not None:
             answered = fingerprint((), block_text)
         else:

@@ -1,0 +1,204 @@
+"""Codex code mode: the calls one JavaScript `exec` ran (issue 32 item 5).
+
+Codex's default model (0.171, gpt-6.2-sol) is offered one freeform tool, `exec` (a `custom` tool in
+the `functions` namespace of an `additional_tools` item), whose input is JavaScript that calls every
+other tool as `await tools.NAME(ARGS)`: the shell as `tools.exec_command({cmd: "ls"})`, an MCP tool as
+`tools.mcp__SERVER__TOOL({...})`. Codex runs the script and answers the call with one
+`custom_tool_call_output` holding whatever the script passed to `text()`: the nested calls are not
+reported one by one (tests/fixtures/codex_0171_code_mode_*.json). So the source is what names them:
+this module reads the `tools.NAME(...)` calls out of it, with their arguments when they are written
+as literals (a computed argument is kept as its source text).
+
+A nested call is named as Tripwire names the tool outside code mode: an MCP tool `SERVER__TOOL`
+(what permissions match, docs/gateway.md), Codex's shell tools (`exec_command`, `write_stdin`)
+`shell`, any other by its own name. A call the script builds at run time (`tools[name](...)`, a loop
+over `ALL_TOOLS`) cannot be read from the source: docs/clients.md says what that leaves out.
+
+Pure: a string in, names and arguments out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from proxy.dialects.base import ToolCall, ToolResult
+
+EXEC_TOOL = "exec"
+# Codex's tools that run a shell command, named as permissions name a shell (`tools.deny: [shell]`)
+SHELL_TOOLS = frozenset(("exec_command", "write_stdin", "shell", "shell_command", "local_shell"))
+MCP_PREFIX = "mcp__"
+MAX_NESTED = 64  # calls read from one script; a longer list is cut there (a generated script)
+MAX_SOURCE_CHARS = 256 * 1024  # a larger script is not read
+
+_CALL = re.compile(r"""tools\s*(?:\.\s*([A-Za-z_$][\w$]*)|\[\s*(["'])([^"'\\]+)\2\s*\])\s*\(""")
+_WORD_BEFORE = re.compile(r"[\w$.]")
+_BARE_KEY = re.compile(r"([A-Za-z_$][\w$]*)\s*:")
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+
+
+def is_exec(call: ToolCall, item: dict[str, Any]) -> bool:
+    """A code-mode `exec` call: the custom tool `exec`, in the `functions` namespace or none."""
+    return (
+        call.name == EXEC_TOOL
+        and item.get("type") == "custom_tool_call"
+        and item.get("namespace") in (None, "functions")
+        and isinstance(call.arguments, str)
+    )
+
+
+def with_nested(call: ToolCall, item: dict[str, Any]) -> list[ToolCall]:
+    """A call item's ToolCall, followed, for an `exec` call, by the calls its script makes."""
+    if not is_exec(call, item):
+        return [call]
+    return [call, *nested_calls(call)]
+
+
+def nested_results(result: ToolResult, nested: list[ToolCall]) -> list[ToolResult]:
+    """An `exec` call's output stands for each call its script made: Codex reports the script's
+    output whole, never call by call."""
+    return [ToolResult(c.id, result.content, result.is_error) for c in nested]
+
+
+def nested_name(js_name: str) -> str:
+    """The name Tripwire gives a tool the script calls as `tools.<js_name>`."""
+    if js_name.startswith(MCP_PREFIX) and "__" in js_name[len(MCP_PREFIX) :]:
+        return js_name[len(MCP_PREFIX) :]
+    if js_name in SHELL_TOOLS:
+        return "shell"
+    return js_name
+
+
+def nested_calls(exec_call: ToolCall) -> list[ToolCall]:
+    """The calls an `exec` call's script makes, in source order, each `inside` the exec call; ids
+    are the exec call's id and the call's rank (`call_1:1`, `call_1:2`, ...)."""
+    source = exec_call.arguments
+    if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
+        return []
+    found: list[ToolCall] = []
+    for js_name, raw in _scan(source):
+        found.append(
+            ToolCall(
+                id=f"{exec_call.id}:{len(found) + 1}",
+                name=nested_name(js_name),
+                arguments=_argument(raw),
+                inside=exec_call.id,
+            )
+        )
+        if len(found) >= MAX_NESTED:
+            break
+    return found
+
+
+def _scan(source: str) -> list[tuple[str, str]]:
+    """(tool name, argument source) of each `tools.NAME(...)` outside strings and comments."""
+    code = _code_only(source)
+    out: list[tuple[str, str]] = []
+    for m in _CALL.finditer(code):
+        if m.start() > 0 and _WORD_BEFORE.match(code[m.start() - 1]):
+            continue  # `mytools.x(`, `a.tools.x(`: not the global `tools`
+        # (a quoted name is blanked in `code`: read it from the source, at the same offsets)
+        name = m.group(1) or source[m.start(3) : m.end(3)]
+        end = _closing(code, m.end())
+        out.append((name, source[m.end() : end].strip()))
+    return out
+
+
+def _code_only(source: str) -> str:
+    """The source with the insides of strings, template literals and comments blanked (same
+    length, so offsets hold): a `tools.x(` in a string or a comment is no call, and a `)` in a
+    string does not close one. The quotes themselves are kept."""
+    out = list(source)
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        if c in "\"'`":
+            j = i + 1
+            while j < n and source[j] != c:
+                if source[j] == "\\":
+                    out[j] = " "
+                    j += 1
+                if j < n:
+                    out[j] = " " if source[j] != "\n" else "\n"
+                j += 1
+            i = j + 1
+        elif source.startswith("//", i):
+            j = source.find("\n", i)
+            j = n if j < 0 else j
+            out[i:j] = " " * (j - i)
+            i = j
+        elif source.startswith("/*", i):
+            j = source.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out[i:j] = [ch if ch == "\n" else " " for ch in source[i:j]]
+            i = j
+        else:
+            i += 1
+    return "".join(out)
+
+
+def _closing(code: str, start: int) -> int:
+    """The offset of the `)` that closes the call opened just before `start` (the end if none)."""
+    depth = 0
+    for i in range(start, len(code)):
+        c = code[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                return i
+            depth -= 1
+    return len(code)
+
+
+def _argument(raw: str) -> Any:
+    """A nested call's argument as data when it is written as a literal (JSON, or a JavaScript
+    object with bare keys, single quotes and trailing commas), else `{"source": raw}`."""
+    if not raw:
+        return {}
+    for text in (raw, _as_json(raw)):
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    return {"source": raw}
+
+
+def _as_json(raw: str) -> str:
+    """A JavaScript literal made JSON: single-quoted strings double-quoted, bare keys quoted,
+    trailing commas dropped (a literal with anything else stays unparseable)."""
+    out: list[str] = []
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c in "\"'":
+            j = i + 1
+            chars: list[str] = []
+            while j < n and raw[j] != c:
+                if raw[j] == "\\" and j + 1 < n:
+                    chars.append("'" if raw[j + 1] == "'" else raw[j : j + 2])
+                    j += 2
+                    continue
+                chars.append('\\"' if raw[j] == '"' else raw[j])
+                j += 1
+            out.append('"' + "".join(chars) + '"')
+            i = j + 1
+            continue
+        key = _BARE_KEY.match(raw, i) if c.isalpha() or c in "_$" else None
+        if key is not None and _after_open(out):
+            out.append(f'"{key.group(1)}":')
+            i = key.end()
+            continue
+        out.append(c)
+        i += 1
+    return _TRAILING_COMMA.sub(r"\1", "".join(out))
+
+
+def _after_open(out: list[str]) -> bool:
+    """Whether what was written so far ends (spaces aside) with `{` or `,`: a key may follow."""
+    for piece in reversed(out):
+        stripped = piece.rstrip()
+        if stripped:
+            return stripped[-1] in "{,"
+    return False

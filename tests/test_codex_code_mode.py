@@ -1,0 +1,174 @@
+"""Codex code mode through Tripwire (issue 32 item 5), replayed from the real CLI's traffic.
+
+Codex 0.171's default model gets one JavaScript `exec` tool that calls every other tool
+(`tools.exec_command(...)`, `tools.mcp__demo__echo(...)`); Codex answers each `exec` call with the
+script's output and reports no nested call on its own (tests/fixtures/codex_0171_code_mode_*.json,
+captured with the real CLI). Tripwire records what each script ran as its own TOOL_CALL inside the
+exec call's, and a denied nested tool (`tools.deny: [shell]`) refuses the request that brings the
+exec call's output: the model never sees it. Over HTTP (the whole history each time) and over the
+WebSocket (each request continuing the last), as Codex sent them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.dialects.base import ToolCall
+from proxy.dialects.codex_exec import nested_calls
+from tests.conftest import AGENT_KEY, Running, StartTripwire
+from tests.fakes import Reply
+from tests.schema import assert_run_valid
+from tests.test_websocket import until_done
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HTTP = json.loads((FIXTURES / "codex_0171_code_mode_http.json").read_text())
+WS = json.loads((FIXTURES / "codex_0171_code_mode_websocket.json").read_text())
+EXEC_OUTPUT_1 = HTTP["requests"][1]["body"]["input"][-1]["output"]  # what Codex sent back for exec 1
+
+
+def replies() -> list[Reply]:
+    return [Reply(output_items=copy.deepcopy(items)) for items in HTTP["answers"]]
+
+
+def headers() -> dict[str, str]:
+    return {**HTTP["headers"], "Authorization": f"Bearer {AGENT_KEY}"}
+
+
+async def over_http(tw: Running) -> list[tuple[int, str]]:
+    """The three POSTs Codex sent, until Tripwire answers one itself (Codex's turn then ends);
+    (status, body) of each answer."""
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for request in HTTP["requests"]:
+            async with http.post(tw.url + request["path"], json=request["body"], headers=headers()) as resp:
+                out.append((resp.status, await resp.text()))
+            if "resp_tripwire_" in out[-1][1]:
+                break
+    return out
+
+
+async def over_websocket(tw: Running) -> list[dict[str, Any]]:
+    """The warm-up and the three turns Codex sent on its socket, each continuing the response
+    before it; the final event of each."""
+    handshake = {**WS["handshake_headers"], "Authorization": f"Bearer {AGENT_KEY}"}
+    finals = []
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(tw.url + "/v1/responses", headers=handshake) as ws,
+    ):
+        previous = None
+        for message in WS["messages"]:
+            if message.get("previous_response_id"):
+                message = {**message, "previous_response_id": previous}
+            await ws.send_str(json.dumps(message))
+            final = (await until_done(ws))[-1]
+            finals.append(final)
+            if final["type"] != "response.completed" or "resp_tripwire_" in json.dumps(final):
+                break
+            previous = final["response"]["id"]
+    return finals
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+async def test_what_exec_ran_is_recorded_call_by_call(
+    transport: str, start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    fake, url = fake_upstream
+    fake.replies = replies()
+    fake.default = Reply(text="done.")
+    tw = await start_tripwire(upstream={"url": url})
+    if transport == "http":
+        assert [status for status, _ in await over_http(tw)] == [200, 200, 200]
+    else:
+        assert [f["type"] for f in await over_websocket(tw)] == ["response.completed"] * 4
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    calls = [e for e in events if e["event_type"] == "TOOL_CALL"]
+    assert [(e["name"], e["payload"]["tool_call_id"]) for e in calls] == [
+        ("exec", "call_exec1"),
+        ("shell", "call_exec1:1"),
+        ("demo__echo", "call_exec1:2"),
+        ("exec", "call_exec2"),
+        ("shell", "call_exec2:1"),
+    ]
+    execs = {e["payload"]["tool_call_id"]: e for e in calls if e["name"] == "exec"}
+    shell, echo, listing = (e for e in calls if e["name"] != "exec")
+    assert shell["payload"]["args"] == {"cmd": "echo hello-from-exec"}
+    assert echo["payload"]["args"] == {"text": "hi from exec"}
+    assert listing["payload"]["args"] == {"cmd": "ls", "max_output_tokens": 200}
+    for nested, exec_id in ((shell, "call_exec1"), (echo, "call_exec1"), (listing, "call_exec2")):
+        assert nested["meta"]["inside"] == "exec" and nested["meta"]["exec_call_id"] == exec_id
+        assert nested["parent_id"] == execs[exec_id]["event_id"]
+        assert nested["payload"]["result"] == execs[exec_id]["payload"]["result"]
+    assert shell["payload"]["result"][-1] == EXEC_OUTPUT_1[-1]  # the script's output, as Codex sent it
+    # the LLM_CALL keeps the answer as the model gave it: one exec call
+    answers = [e["payload"]["response"]["tool_calls"] for e in events if e["event_type"] == "LLM_CALL"]
+    assert [[c["name"] for c in calls] for calls in answers] == [["exec"], ["exec"], []]
+    assert tw.run_json(run_id)["counts"]["tool_calls"] == 5
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+async def test_a_denied_nested_tool_refuses_the_exec_output(
+    transport: str, start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """`tools.deny: [shell]`: the exec call's script ran (Codex runs it, Tripwire cannot stop it), but
+    the request bringing its output is blocked, never forwarded: the model does not see it."""
+    fake, url = fake_upstream
+    fake.replies = replies()
+    fake.default = Reply(text="done.")
+    tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": ["shell"]}})
+    if transport == "http":
+        answers = await over_http(tw)
+        status, blocked = answers[1]
+        assert status == 200 and "resp_tripwire_" in blocked and "'shell'" in blocked
+    else:
+        finals = await over_websocket(tw)
+        assert "resp_tripwire_" in json.dumps(finals[2]) and "'shell'" in json.dumps(finals[2])
+    forwarded = [c.body for c in fake.calls("/v1/responses")] if transport == "http" else fake.ws_messages
+    assert not any("custom_tool_call_output" in json.dumps(body) for body in forwarded), "output forwarded"
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    (denied,) = [e for e in events if e["event_type"] == "ERROR" and e["name"] == "tool_denied"]
+    assert "'shell'" in denied["payload"]["message"]
+
+
+def exec_call(source: str) -> ToolCall:
+    return ToolCall("call_x", "exec", source)
+
+
+def test_the_captured_scripts_name_their_calls() -> None:
+    first, second = (answer[0]["input"] for answer in HTTP["answers"])
+    assert [(c.name, c.arguments, c.inside) for c in nested_calls(exec_call(first))] == [
+        ("shell", {"cmd": "echo hello-from-exec"}, "call_x"),
+        ("demo__echo", {"text": "hi from exec"}, "call_x"),
+    ]
+    # after the `// @exec: {...}` pragma line; single quotes, spaces and a second key
+    assert [(c.name, c.arguments) for c in nested_calls(exec_call(second))] == [
+        ("shell", {"cmd": "ls", "max_output_tokens": 200})
+    ]
+
+
+def test_only_calls_of_the_global_tools_object_in_code_count() -> None:
+    source = """
+    // tools.commented({cmd: "no"})
+    /* tools.block_comment() */
+    const s = "tools.in_a_string('no')";
+    helper.tools.not_global(1); mytools.other(2);
+    await tools['apply_patch']("*** Begin Patch\\n*** End Patch\\n");
+    await tools.exec_command({ cmd: 'echo ")" it\\'s', workdir: "/w", });
+    const r = await tools.view_image({path: somePath});
+    await tools.write_stdin();
+    """
+    assert [(c.id, c.name, c.arguments) for c in nested_calls(exec_call(source))] == [
+        ("call_x:1", "apply_patch", "*** Begin Patch\n*** End Patch\n"),
+        ("call_x:2", "shell", {"cmd": 'echo ")" it\'s', "workdir": "/w"}),
+        ("call_x:3", "view_image", {"source": "{path: somePath}"}),
+        ("call_x:4", "shell", {}),
+    ]
