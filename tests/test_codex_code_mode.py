@@ -172,3 +172,33 @@ def test_only_calls_of_the_global_tools_object_in_code_count() -> None:
         ("call_x:3", "view_image", {"source": "{path: somePath}"}),
         ("call_x:4", "shell", {}),
     ]
+
+
+async def test_an_mcp_call_exec_made_through_tripwire_is_recorded_once(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """As Codex ran it: the script's `tools.mcp__demo__echo(...)` went through Tripwire's /mcp/demo
+    (recorded there, source "mcp") before the exec output came back; it is not recorded again."""
+    pytest.importorskip("mcp")
+    from tests.mcp_servers import MCP_MAJOR, connect, serve
+
+    if MCP_MAJOR < 2:
+        pytest.skip("the mcp 2.x client")
+    fake, url = fake_upstream
+    fake.replies = replies()
+    fake.default = Reply(text="done.")
+    with serve() as mcp_url:
+        tw = await start_tripwire(upstream={"url": url}, mcp={"demo": {"url": mcp_url}})
+        async with aiohttp.ClientSession() as http:
+            for n, request in enumerate(HTTP["requests"]):
+                if n == 1:  # the script runs between the answer and the request bringing its output
+                    async with connect("streamable", tw.url + "/mcp/demo") as client:
+                        await client.call_tool("echo", {"text": "hi from exec"})
+                async with http.post(tw.url + request["path"], json=request["body"], headers=headers()) as r:
+                    assert r.status == 200
+                    await r.read()
+        await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    calls = [(e["name"], e["payload"]["source"]) for e in events if e["event_type"] == "TOOL_CALL"]
+    assert calls == [("echo", "mcp"), ("exec", "llm"), ("shell", "llm"), ("exec", "llm"), ("shell", "llm")]
