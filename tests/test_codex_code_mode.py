@@ -92,10 +92,10 @@ async def test_what_exec_ran_is_recorded_call_by_call(
     calls = [e for e in events if e["event_type"] == "TOOL_CALL"]
     assert [(e["name"], e["payload"]["tool_call_id"]) for e in calls] == [
         ("exec", "call_exec1"),
-        ("shell", "call_exec1:1"),
+        ("exec_command", "call_exec1:1"),
         ("demo__echo", "call_exec1:2"),
         ("exec", "call_exec2"),
-        ("shell", "call_exec2:1"),
+        ("exec_command", "call_exec2:1"),
     ]
     execs = {e["payload"]["tool_call_id"]: e for e in calls if e["name"] == "exec"}
     shell, echo, listing = (e for e in calls if e["name"] != "exec")
@@ -117,7 +117,7 @@ async def test_what_exec_ran_is_recorded_call_by_call(
 async def test_a_denied_nested_tool_refuses_the_exec_output(
     transport: str, start_tripwire: StartTripwire, fake_upstream
 ) -> None:
-    """`tools.deny: [shell]`: the exec call's script ran (Codex runs it, Tripwire cannot stop it), but
+    """`tools.deny: [shell]` (which covers Codex's shell tool, `exec_command`): the exec call's script ran (Codex runs it, Tripwire cannot stop it), but
     the request bringing its output is blocked, never forwarded: the model does not see it."""
     fake, url = fake_upstream
     fake.replies = replies()
@@ -126,17 +126,17 @@ async def test_a_denied_nested_tool_refuses_the_exec_output(
     if transport == "http":
         answers = await over_http(tw)
         status, blocked = answers[1]
-        assert status == 200 and "resp_tripwire_" in blocked and "'shell'" in blocked
+        assert status == 200 and "resp_tripwire_" in blocked and "'exec_command'" in blocked
     else:
         finals = await over_websocket(tw)
-        assert "resp_tripwire_" in json.dumps(finals[2]) and "'shell'" in json.dumps(finals[2])
+        assert "resp_tripwire_" in json.dumps(finals[2]) and "'exec_command'" in json.dumps(finals[2])
     forwarded = [c.body for c in fake.calls("/v1/responses")] if transport == "http" else fake.ws_messages
     assert not any("custom_tool_call_output" in json.dumps(body) for body in forwarded), "output forwarded"
     await tw.flush()
     (run_id,) = tw.run_ids()
     _, events = assert_run_valid(tw.data_dir, run_id)
     (denied,) = [e for e in events if e["event_type"] == "ERROR" and e["name"] == "tool_denied"]
-    assert "'shell'" in denied["payload"]["message"]
+    assert "'exec_command'" in denied["payload"]["message"]
 
 
 def exec_call(source: str) -> ToolCall:
@@ -146,12 +146,12 @@ def exec_call(source: str) -> ToolCall:
 def test_the_captured_scripts_name_their_calls() -> None:
     first, second = (answer[0]["input"] for answer in HTTP["answers"])
     assert [(c.name, c.arguments, c.inside) for c in nested_calls(exec_call(first))] == [
-        ("shell", {"cmd": "echo hello-from-exec"}, "call_x"),
+        ("exec_command", {"cmd": "echo hello-from-exec"}, "call_x"),
         ("demo__echo", {"text": "hi from exec"}, "call_x"),
     ]
     # after the `// @exec: {...}` pragma line; single quotes, spaces and a second key
     assert [(c.name, c.arguments) for c in nested_calls(exec_call(second))] == [
-        ("shell", {"cmd": "ls", "max_output_tokens": 200})
+        ("exec_command", {"cmd": "ls", "max_output_tokens": 200})
     ]
 
 
@@ -168,9 +168,9 @@ def test_only_calls_of_the_global_tools_object_in_code_count() -> None:
     """
     assert [(c.id, c.name, c.arguments) for c in nested_calls(exec_call(source))] == [
         ("call_x:1", "apply_patch", "*** Begin Patch\n*** End Patch\n"),
-        ("call_x:2", "shell", {"cmd": 'echo ")" it\'s', "workdir": "/w"}),
+        ("call_x:2", "exec_command", {"cmd": 'echo ")" it\'s', "workdir": "/w"}),
         ("call_x:3", "view_image", {"source": "{path: somePath}"}),
-        ("call_x:4", "shell", {}),
+        ("call_x:4", "write_stdin", {}),
     ]
 
 
@@ -201,4 +201,27 @@ async def test_an_mcp_call_exec_made_through_tripwire_is_recorded_once(
     (run_id,) = tw.run_ids()
     _, events = assert_run_valid(tw.data_dir, run_id)
     calls = [(e["name"], e["payload"]["source"]) for e in events if e["event_type"] == "TOOL_CALL"]
-    assert calls == [("echo", "mcp"), ("exec", "llm"), ("shell", "llm"), ("exec", "llm"), ("shell", "llm")]
+    assert calls == [
+        ("echo", "mcp"),
+        ("exec", "llm"),
+        ("exec_command", "llm"),
+        ("exec", "llm"),
+        ("exec_command", "llm"),
+    ]
+
+
+def test_a_shell_pattern_covers_codexs_shell_tools() -> None:
+    from proxy.guards.config import ToolsConfig
+    from proxy.guards.permissions import permission
+
+    deny = ToolsConfig(deny=("shell",))
+    assert [permission(deny, n) for n in ("exec_command", "write_stdin", "shell", "exec", "view_image")] == [
+        "deny",
+        "deny",
+        "deny",
+        "allow",
+        "allow",
+    ]
+    allow_shell = ToolsConfig(allow=("sh*",))
+    assert permission(allow_shell, "exec_command") == "allow"
+    assert permission(ToolsConfig(ask=("shell",)), "exec_command") == "ask"

@@ -26,9 +26,10 @@ def offered(body: dict) -> set[str]:
 
 
 async def test_the_warmup_is_tool_filtered(start_tripwire: StartTripwire, fake_upstream) -> None:
+    """`deny: [shell]` covers Codex's shell tools (`exec_command`, `write_stdin`)."""
     fake, url = fake_upstream
-    assert WARMUP["generate"] is False and {"exec_command", "view_image"} <= offered(WARMUP)
-    tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": ["exec_command"]}})
+    assert WARMUP["generate"] is False and {"exec_command", "write_stdin", "view_image"} <= offered(WARMUP)
+    tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": ["shell"]}})
     handshake = {**CODEX["handshake_headers"], "Authorization": f"Bearer {AGENT_KEY}"}
     async with (
         aiohttp.ClientSession() as http,
@@ -38,7 +39,7 @@ async def test_the_warmup_is_tool_filtered(start_tripwire: StartTripwire, fake_u
         assert (await until_done(ws))[-1]["type"] == "response.completed"
     (sent,) = fake.ws_messages
     assert sent["generate"] is False
-    assert offered(sent) == offered(WARMUP) - {"exec_command"}
+    assert offered(sent) == offered(WARMUP) - {"exec_command", "write_stdin"}
 
 
 async def test_a_warmup_without_a_denied_tool_is_relayed_as_it_came(

@@ -10,8 +10,8 @@ this module reads the `tools.NAME(...)` calls out of it, with their arguments wh
 as literals (a computed argument is kept as its source text).
 
 A nested call is named as Tripwire names the tool outside code mode: an MCP tool `SERVER__TOOL`
-(what permissions match, docs/gateway.md), Codex's shell tools (`exec_command`, `write_stdin`)
-`shell`, any other by its own name. A call the script builds at run time (`tools[name](...)`, a loop
+(what permissions match, docs/gateway.md), any other by its own name (the shell `exec_command`,
+which a permission pattern for `shell` also matches: proxy/guards/permissions.py). A call the script builds at run time (`tools[name](...)`, a loop
 over `ALL_TOOLS`) cannot be read from the source: docs/clients.md says what that leaves out.
 
 Pure: a string in, names and arguments out.
@@ -26,8 +26,6 @@ from typing import Any
 from proxy.dialects.base import ToolCall, ToolResult
 
 EXEC_TOOL = "exec"
-# Codex's tools that run a shell command, named as permissions name a shell (`tools.deny: [shell]`)
-SHELL_TOOLS = frozenset(("exec_command", "write_stdin", "shell", "shell_command", "local_shell"))
 MCP_PREFIX = "mcp__"
 MAX_NESTED = 64  # calls read from one script; a longer list is cut there (a generated script)
 MAX_SOURCE_CHARS = 256 * 1024  # a larger script is not read
@@ -62,11 +60,10 @@ def nested_results(result: ToolResult, nested: list[ToolCall]) -> list[ToolResul
 
 
 def nested_name(js_name: str) -> str:
-    """The name Tripwire gives a tool the script calls as `tools.<js_name>`."""
+    """The name Tripwire gives a tool the script calls as `tools.<js_name>`: an MCP tool's
+    `SERVER__TOOL`, any other its own (Codex's shell is `exec_command`, as outside code mode)."""
     if js_name.startswith(MCP_PREFIX) and "__" in js_name[len(MCP_PREFIX) :]:
         return js_name[len(MCP_PREFIX) :]
-    if js_name in SHELL_TOOLS:
-        return "shell"
     return js_name
 
 
