@@ -39,13 +39,16 @@ def headers() -> dict[str, str]:
     return {**HTTP["headers"], "Authorization": f"Bearer {AGENT_KEY}"}
 
 
-async def over_http(tw: Running) -> list[tuple[int, str]]:
+async def over_http(
+    tw: Running, requests: list[dict[str, Any]] | None = None, sent_headers: dict[str, str] | None = None
+) -> list[tuple[int, str]]:
     """The three POSTs Codex sent, until Tripwire answers one itself (Codex's turn then ends);
     (status, body) of each answer."""
     out = []
     async with aiohttp.ClientSession() as http:
-        for request in HTTP["requests"]:
-            async with http.post(tw.url + request["path"], json=request["body"], headers=headers()) as resp:
+        for request in requests or HTTP["requests"]:
+            body, url = request["body"], tw.url + request["path"]
+            async with http.post(url, json=body, headers=sent_headers or headers()) as resp:
                 out.append((resp.status, await resp.text()))
             if "resp_tripwire_" in out[-1][1]:
                 break
@@ -74,7 +77,18 @@ async def over_websocket(tw: Running) -> list[dict[str, Any]]:
     return finals
 
 
-@pytest.mark.parametrize("transport", ["http", "websocket"])
+def unannounced(tw: Running) -> Any:
+    """The HTTP replay without Codex's session id (its headers and `prompt_cache_key`): lineage alone
+    must keep the exec answers in the run (the calls read from a script are no part of the answer)."""
+    requests = copy.deepcopy(HTTP["requests"])
+    for request in requests:
+        del request["body"]["prompt_cache_key"]
+    drop = {"session-id", "thread-id", "x-client-request-id", "x-codex-window-id", "x-codex-turn-metadata"}
+    bare = {k: v for k, v in headers().items() if k.lower() not in drop}
+    return over_http(tw, requests, bare)
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket", "http-lineage"])
 async def test_what_exec_ran_is_recorded_call_by_call(
     transport: str, start_tripwire: StartTripwire, fake_upstream
 ) -> None:
@@ -82,7 +96,9 @@ async def test_what_exec_ran_is_recorded_call_by_call(
     fake.replies = replies()
     fake.default = Reply(text="done.")
     tw = await start_tripwire(upstream={"url": url})
-    if transport == "http":
+    if transport == "http-lineage":
+        assert [status for status, _ in await unannounced(tw)] == [200, 200, 200]
+    elif transport == "http":
         assert [status for status, _ in await over_http(tw)] == [200, 200, 200]
     else:
         assert [f["type"] for f in await over_websocket(tw)] == ["response.completed"] * 4
