@@ -172,3 +172,30 @@ async def test_a_conversation_of_every_item_type_is_one_run(
     assert {"shell", "apply_patch", "computer", "grep", "read", "tool_search", "web_search"} <= set(
         tool_calls
     )
+
+
+async def test_codexs_compaction_request_stays_in_the_run(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """Codex 0.171's compaction request (tests/fixtures/codex_0171_http.json, its session id taken
+    out): the history it sends ends with a `compaction_trigger` item, the client's, not an answer; the
+    newest answer it carries is the run's, so the request is the run's."""
+    import json
+    from pathlib import Path
+
+    codex = json.loads((Path(__file__).parent / "fixtures" / "codex_0171_http.json").read_text())
+    fake, url = fake_upstream
+    fake.replies = [Reply(output_items=codex["answers"][0])]
+    fake.default = Reply(text="compacted.")
+    tw = await start_tripwire(upstream={"url": url})
+    async with aiohttp.ClientSession() as http:
+        for body in codex["requests"][:2]:
+            body = {k: v for k, v in body.items() if k != "prompt_cache_key"}
+            headers = {"Authorization": f"Bearer {AGENT_KEY}"}
+            async with http.post(tw.url + "/v1/responses", json=body, headers=headers) as resp:
+                assert resp.status == 200
+                await resp.read()
+    assert codex["requests"][1]["input"][-1] == {"type": "compaction_trigger"}
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    assert tw.run_json(run_id)["counts"]["llm_calls"] == 2
