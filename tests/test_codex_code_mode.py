@@ -241,3 +241,12 @@ def test_a_shell_pattern_covers_codexs_shell_tools() -> None:
     allow_shell = ToolsConfig(allow=("sh*",))
     assert permission(allow_shell, "exec_command") == "allow"
     assert permission(ToolsConfig(ask=("shell",)), "exec_command") == "ask"
+
+
+def test_an_argument_json_cannot_hold_is_kept_as_its_source() -> None:
+    big = "123456789012345678901234567890"
+    deep = "[" * 5000 + "]" * 5000
+    calls = nested_calls(
+        exec_call(f"await tools.a({{n: {big}}}); await tools.b({deep}); await tools.c(1e999)")
+    )
+    assert [c.arguments for c in calls] == [{"source": f"{{n: {big}}}"}, {"source": deep}, None]

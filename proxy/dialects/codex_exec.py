@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
+
+import orjson
 
 from proxy.dialects.base import ToolCall, ToolResult
 
@@ -73,66 +76,56 @@ def nested_calls(exec_call: ToolCall) -> list[ToolCall]:
     source = exec_call.arguments
     if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
         return []
-    found: list[ToolCall] = []
-    for js_name, raw in _scan(source):
-        found.append(
-            ToolCall(
-                id=f"{exec_call.id}:{len(found) + 1}",
-                name=nested_name(js_name),
-                arguments=_argument(raw),
-                inside=exec_call.id,
-            )
+    return [
+        ToolCall(
+            id=f"{exec_call.id}:{n}",
+            name=nested_name(js_name),
+            arguments=orjson.loads(argument),
+            inside=exec_call.id,
         )
-        if len(found) >= MAX_NESTED:
-            break
-    return found
+        for n, (js_name, argument) in enumerate(_scan(source), 1)
+    ]
 
 
-def _scan(source: str) -> list[tuple[str, str]]:
-    """(tool name, argument source) of each `tools.NAME(...)` outside strings and comments."""
+@lru_cache(maxsize=1024)
+def _scan(source: str) -> tuple[tuple[str, bytes], ...]:
+    """(tool name, its argument as JSON text) of each `tools.NAME(...)` outside strings and
+    comments. Kept per script (over HTTP a history resends every earlier exec call with each
+    request); the JSON is read afresh for each call, so no two calls share an argument object."""
+    if "tools" not in source:
+        return ()
     code = _code_only(source)
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, bytes]] = []
     for m in _CALL.finditer(code):
         if m.start() > 0 and _WORD_BEFORE.match(code[m.start() - 1]):
             continue  # `mytools.x(`, `a.tools.x(`: not the global `tools`
         # (a quoted name is blanked in `code`: read it from the source, at the same offsets)
         name = m.group(1) or source[m.start(3) : m.end(3)]
         end = _closing(code, m.end())
-        out.append((name, source[m.end() : end].strip()))
-    return out
+        out.append((name, _as_json_bytes(source[m.end() : end].strip())))
+        if len(out) >= MAX_NESTED:
+            break
+    return tuple(out)
+
+
+# a string, a template literal or a comment (an unterminated one is left as code)
+_NOT_CODE = re.compile(
+    r"""\"(?:\\.|[^"\\\n])*\"|'(?:\\.|[^'\\\n])*'|`(?:\\.|[^`\\])*`|//[^\n]*|/\*.*?\*/""", re.S
+)
+
+
+def _blank(m: re.Match[str]) -> str:
+    text = m.group(0)
+    if text[0] in "\"'`":  # the quotes stay: `tools["x"](` is read from the source at these offsets
+        return text[0] + " " * (len(text) - 2) + text[-1]
+    return " " * len(text)
 
 
 def _code_only(source: str) -> str:
     """The source with the insides of strings, template literals and comments blanked (same
     length, so offsets hold): a `tools.x(` in a string or a comment is no call, and a `)` in a
-    string does not close one. The quotes themselves are kept."""
-    out = list(source)
-    i, n = 0, len(source)
-    while i < n:
-        c = source[i]
-        if c in "\"'`":
-            j = i + 1
-            while j < n and source[j] != c:
-                if source[j] == "\\":
-                    out[j] = " "
-                    j += 1
-                if j < n:
-                    out[j] = " " if source[j] != "\n" else "\n"
-                j += 1
-            i = j + 1
-        elif source.startswith("//", i):
-            j = source.find("\n", i)
-            j = n if j < 0 else j
-            out[i:j] = " " * (j - i)
-            i = j
-        elif source.startswith("/*", i):
-            j = source.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out[i:j] = [ch if ch == "\n" else " " for ch in source[i:j]]
-            i = j
-        else:
-            i += 1
-    return "".join(out)
+    string does not close one."""
+    return _NOT_CODE.sub(_blank, source)
 
 
 def _closing(code: str, start: int) -> int:
@@ -149,6 +142,15 @@ def _closing(code: str, start: int) -> int:
     return len(code)
 
 
+def _as_json_bytes(raw: str) -> bytes:
+    """`_argument(raw)` as JSON (what orjson cannot write, an integer beyond 64 bits, is kept as
+    its source)."""
+    try:
+        return orjson.dumps(_argument(raw))
+    except TypeError:
+        return orjson.dumps({"source": raw})
+
+
 def _argument(raw: str) -> Any:
     """A nested call's argument as data when it is written as a literal (JSON, or a JavaScript
     object with bare keys, single quotes and trailing commas), else `{"source": raw}`."""
@@ -157,7 +159,7 @@ def _argument(raw: str) -> Any:
     for text in (raw, _as_json(raw)):
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     return {"source": raw}
 
