@@ -26,12 +26,15 @@ from typing import Any
 
 import orjson
 
+from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import ToolCall, ToolResult
 
 EXEC_TOOL = "exec"
 MCP_PREFIX = "mcp__"
 MAX_NESTED = 64  # calls read from one script; a longer list is cut there (a generated script)
 MAX_SOURCE_CHARS = 256 * 1024  # a larger script is not read
+MAX_LITERAL_CHARS = 16 * 1024  # a longer argument that is not JSON is kept as its source, cut here
+KEPT_SOURCE_CHARS = 16 * 1024  # scripts up to this long are kept once read (1024 of them: <= 16 MiB)
 
 _CALL = re.compile(r"""tools\s*(?:\.\s*([A-Za-z_$][\w$]*)|\[\s*(["'])([^"'\\]+)\2\s*\])\s*\(""")
 _WORD_BEFORE = re.compile(r"[\w$.]")
@@ -83,34 +86,43 @@ def nested_calls(exec_call: ToolCall) -> list[ToolCall]:
             arguments=orjson.loads(argument),
             inside=exec_call.id,
         )
-        for n, (js_name, argument) in enumerate(_scan(source), 1)
+        for n, (js_name, argument) in enumerate(
+            _kept_scan(source) if len(source) <= KEPT_SOURCE_CHARS else _scan(source), 1
+        )
     ]
 
 
-@lru_cache(maxsize=1024)
 def _scan(source: str) -> tuple[tuple[str, bytes], ...]:
     """(tool name, its argument as JSON text) of each `tools.NAME(...)` outside strings and
-    comments. Kept per script (over HTTP a history resends every earlier exec call with each
-    request); the JSON is read afresh for each call, so no two calls share an argument object."""
+    comments. `_kept_scan` keeps it for short scripts (over HTTP a history resends every earlier
+    exec call with each request); the JSON is read afresh for each call, so no two calls share an
+    argument object."""
     if "tools" not in source:
         return ()
     code = _code_only(source)
+    closing = _closing_parens(code)
     out: list[tuple[str, bytes]] = []
     for m in _CALL.finditer(code):
         if m.start() > 0 and _WORD_BEFORE.match(code[m.start() - 1]):
             continue  # `mytools.x(`, `a.tools.x(`: not the global `tools`
         # (a quoted name is blanked in `code`: read it from the source, at the same offsets)
         name = m.group(1) or source[m.start(3) : m.end(3)]
-        end = _closing(code, m.end())
+        end = closing.get(m.end() - 1, len(code))  # (the call's `(` is the match's last character)
         out.append((name, _as_json_bytes(source[m.end() : end].strip())))
         if len(out) >= MAX_NESTED:
             break
     return tuple(out)
 
 
+_kept_scan = lru_cache(maxsize=1024)(_scan)
+
+
 # a string, a template literal or a comment (an unterminated one is left as code)
 _NOT_CODE = re.compile(
-    r"""\"(?:\\.|[^"\\\n])*\"|'(?:\\.|[^'\\\n])*'|`(?:\\.|[^`\\])*`|//[^\n]*|/\*.*?\*/""", re.S
+    # (each string as `"[^"\\]*(?:\\.[^"\\]*)*"`, the unrolled form: one step per run, not per character)
+    r"""\"[^"\\\n]*(?:\\.[^"\\\n]*)*\"|'[^'\\\n]*(?:\\.[^'\\\n]*)*'|`[^`\\]*(?:\\.[^`\\]*)*`"""
+    r"""|//[^\n]*|/\*.*?\*/""",
+    re.S,
 )
 
 
@@ -128,18 +140,23 @@ def _code_only(source: str) -> str:
     return _NOT_CODE.sub(_blank, source)
 
 
-def _closing(code: str, start: int) -> int:
-    """The offset of the `)` that closes the call opened just before `start` (the end if none)."""
-    depth = 0
-    for i in range(start, len(code)):
-        c = code[i]
+_BRACKETS = re.compile(r"[()\[\]{}]")
+
+
+def _closing_parens(code: str) -> dict[int, int]:
+    """Where each `(` of the code closes, in one pass over its brackets (an unclosed one is absent;
+    a stray closer closes the innermost open bracket, whatever its kind)."""
+    opened: list[tuple[int, str]] = []
+    pairs: dict[int, int] = {}
+    for m in _BRACKETS.finditer(code):
+        c = m.group()
         if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            if depth == 0:
-                return i
-            depth -= 1
-    return len(code)
+            opened.append((m.start(), c))
+        elif opened:
+            at, kind = opened.pop()
+            if kind == "(":
+                pairs[at] = m.start()
+    return pairs
 
 
 def _as_json_bytes(raw: str) -> bytes:
@@ -156,11 +173,17 @@ def _argument(raw: str) -> Any:
     object with bare keys, single quotes and trailing commas), else `{"source": raw}`."""
     if not raw:
         return {}
-    for text in (raw, _as_json(raw)):
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        pass
+    if len(raw) <= MAX_LITERAL_CHARS:  # (read character by character: short ones only)
         try:
-            return json.loads(text)
+            return json.loads(_as_json(raw))
         except (ValueError, RecursionError):
-            continue
+            pass
+    if len(raw) > MAX_LITERAL_CHARS:
+        raw = raw[:MAX_LITERAL_CHARS] + TRUNCATED_MARKER
     return {"source": raw}
 
 
