@@ -250,3 +250,39 @@ def test_an_argument_json_cannot_hold_is_kept_as_its_source() -> None:
         exec_call(f"await tools.a({{n: {big}}}); await tools.b({deep}); await tools.c(1e999)")
     )
     assert [c.arguments for c in calls] == [{"source": f"{{n: {big}}}"}, {"source": deep}, None]
+
+
+async def test_a_shell_loop_inside_exec_scripts_is_caught(
+    start_tripwire: StartTripwire, fake_upstream
+) -> None:
+    """Each answer a different script (its comment), each script the same `ls` with the same output:
+    the exec calls differ, the shell calls inside them repeat; loop detection sees the shell calls
+    (without them it would see only the exec calls)."""
+    fake, url = fake_upstream
+    turns = 8
+    answers = []
+    for n in range(1, turns + 1):
+        item = copy.deepcopy(HTTP["answers"][1][0])
+        item.update(id=f"ctc_loop{n}", call_id=f"call_loop{n}")
+        item["input"] = f"// attempt {n}\n" + item["input"]
+        answers.append(item)
+    fake.replies = [Reply(output_items=[a]) for a in answers]
+    fake.default = Reply(text="done.")
+    tw = await start_tripwire(upstream={"url": url})
+    output = copy.deepcopy(HTTP["requests"][2]["body"]["input"][-1])  # exec 2's output, as Codex sent it
+    body = copy.deepcopy(HTTP["requests"][0]["body"])
+    async with aiohttp.ClientSession() as http:
+        for n in range(turns + 1):
+            async with http.post(tw.url + "/v1/responses", json=body, headers=headers()) as resp:
+                text = await resp.text()
+            if resp.status != 200 or "resp_tripwire_" in text:
+                break  # Tripwire answered itself: the loop was stopped
+            if n < turns:
+                body["input"] += [copy.deepcopy(answers[n]), {**output, "call_id": answers[n]["call_id"]}]
+    await tw.flush()
+    (run_id,) = tw.run_ids()
+    _, events = assert_run_valid(tw.data_dir, run_id)
+    warnings = [e for e in events if e["event_type"] == "LOOP_WARNING"]
+    assert any(w["name"].startswith("exec_command") for w in warnings), [
+        (e["event_type"], e["name"]) for e in events if e["event_type"] not in ("LLM_CALL", "TOOL_CALL")
+    ]
