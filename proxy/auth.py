@@ -65,6 +65,18 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return None
 
 
+def _missing_message(headers: Mapping[str, str]) -> str:
+    """Why a call without an agent key is refused, saying whether any key arrived: a client that
+    reads its key from another variable than the one set sends none (Codex reads `CODEX_API_KEY` or
+    its `codex login --with-api-key` key, never `OPENAI_API_KEY`), and then shows only this text."""
+    if any(headers.get(name) for name in KEY_HEADERS):
+        return f"an agent key is required: the key this call carries is not one ({KEY_PREFIX}...)"
+    return (
+        "an agent key is required: no key arrived (no Authorization, x-api-key or api-key header); "
+        "Codex sends CODEX_API_KEY or the key of `codex login --with-api-key`, not OPENAI_API_KEY"
+    )
+
+
 def names_another(raw_path: str, headers: Mapping[str, str], agent: str) -> bool:
     """Whether the call names an agent other than `agent` (SPEC §3's `X-Tripwire-Agent` header or
     `/agents/NAME/` path prefix; either one naming another is enough, whichever routing would use)."""
@@ -89,7 +101,7 @@ class AgentKeyGate:
         """The usable key the call presents, or why not."""
         secret = presented_key(headers)
         if secret is None:
-            return AuthRefusal(401, "an agent key is required", "invalid_api_key", "missing")
+            return AuthRefusal(401, _missing_message(headers), "invalid_api_key", "missing")
         try:
             record = await self.store.find(key_hash(secret))
         except Exception as e:  # the shared store unreachable: authentication never fails open

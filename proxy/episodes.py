@@ -32,6 +32,7 @@ import orjson
 
 from proxy.dialects import of_call
 from proxy.dialects.base import CHARS_PER_TOKEN, TOKENS_PER_MESSAGE, estimate_value_tokens
+from proxy.dialects.openai_responses import CALL_ITEM_TYPES, CLIENT_ITEM_TYPES
 from proxy.history import FIND, RecentConversations, Walked
 
 MAX_ID_CHARS = 256  # a longer announced id is not an id (a prompt pasted into a header): ignored
@@ -271,8 +272,9 @@ def history_digests(messages: list[Any]) -> tuple[bytes, ...]:
 
 # --- answers: what ties a conversation's later requests to the run that answered it ------------
 
-# Responses items of the model's own making that name a function call (the ids its result reports)
-_CALL_ITEMS = ("function_call", "custom_tool_call")
+# Responses items of the model's own making that name a call (the ids its result reports): every
+# call item type the dialect reads, hosted ones included (a web search's `id` is its call's id)
+_CALL_ITEMS = frozenset(CALL_ITEM_TYPES)
 
 
 def _is_answer(message: Any) -> bool:
@@ -284,7 +286,10 @@ def _is_answer(message: Any) -> bool:
         return role == "assistant"
     kind = message.get("type")  # Responses items without a role: calls and reasoning, not their outputs
     return (
-        isinstance(kind, str) and kind not in ("message", "item_reference") and not kind.endswith("_output")
+        isinstance(kind, str)
+        and kind != "message"
+        and kind not in CLIENT_ITEM_TYPES
+        and not kind.endswith("_output")
     )
 
 
@@ -350,7 +355,8 @@ def given_answer_key(call: Any, result: Any, block_text: str | None) -> bytes | 
     memo = call.memo
     if "answer_key" not in memo:
         if result is not None and result.error is None:
-            answered = fingerprint((tc.id for tc in result.tool_calls), result.text)
+            # (the calls an exec call's script makes are Tripwire's reading, not items of the answer)
+            answered = fingerprint((tc.id for tc in result.tool_calls if tc.inside is None), result.text)
         elif result is None and block_text is not None:
             answered = fingerprint((), block_text)
         else:

@@ -259,6 +259,27 @@ def record_tool_results(ex: Exchange, services: Services) -> None:
             ex, services, tr, pending.name, pending.arguments, pending.asked_at, pending.llm_event_id
         )
         services.policy.observe_event(session, EventType.TOOL_CALL, pending.name, event_id)
+        if pending.nested:
+            record_nested_calls(ex, services, tr, pending, event_id)
+
+
+def record_nested_calls(
+    ex: Exchange, services: Services, tr: ToolResult, pending: PendingToolCall, exec_event_id: str
+) -> None:
+    """The calls a Codex code-mode `exec` call's script made, each its own TOOL_CALL under the
+    exec call's, with the exec call's output (Codex reports no per-call result); an MCP call that
+    went through Tripwire's MCP route is recorded there already."""
+    session = ex.session
+    assert session is not None
+    meta = {"inside": "exec", "exec_call_id": tr.tool_call_id}
+    for nested in pending.nested:
+        if mcp_already_recorded(session, nested.name, nested.arguments):
+            continue
+        result = ToolResult(nested.id, tr.content, tr.is_error)
+        event_id = write_tool_result(
+            ex, services, result, nested.name, nested.arguments, pending.asked_at, exec_event_id, meta=meta
+        )
+        services.policy.observe_event(session, EventType.TOOL_CALL, nested.name, event_id)
 
 
 def results_to_record(call: LLMRequest, pending: dict[str, PendingToolCall]) -> list[ToolResult]:

@@ -78,10 +78,15 @@ def usage_dict(usage: Usage | None) -> dict[str, int]:
 def remember_tool_calls(session: Session, result: LLMResult, llm_event_id: str, wall: float) -> None:
     """The calls the agent will run wait for their results; a hosted one (nothing comes back for it)
     is not remembered: record_hosted_calls writes it at once."""
+    pending = session.conversation.pending_tool_calls
     for tc in result.tool_calls:
         if tc.hosted:
             continue
-        session.conversation.pending_tool_calls[tc.id] = PendingToolCall(
+        if tc.inside is not None:  # ran by an exec call's script: recorded with that call's result
+            if tc.inside in pending:
+                pending[tc.inside].nested.append(tc)
+            continue
+        pending[tc.id] = PendingToolCall(
             name=tc.name, arguments=tc.arguments, asked_at=wall, llm_event_id=llm_event_id
         )
     if result.response_id and result.tool_calls:
@@ -224,6 +229,7 @@ def llm_call_payload(
         [
             {"id": clean(tc.id, m, 4), "name": clean(tc.name, m, 4), "arguments": clean(tc.arguments, m, 4)}
             for tc in result.tool_calls
+            if tc.inside is None  # the answer as the model gave it (an exec call, not its script's calls)
         ]
         if result.tool_calls
         else []  # (most answers: no comprehension run for nothing)

@@ -43,6 +43,8 @@ class PendingToolCall:
     arguments: Any
     asked_at: float  # wall clock of the LLM answer that asked for it
     llm_event_id: str
+    # a Codex code-mode `exec` call: the calls its script makes, recorded with its result
+    nested: list[Any] = field(default_factory=list)
 
 
 @dataclass

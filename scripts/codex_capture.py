@@ -8,6 +8,13 @@ input item is a `compaction_trigger` gets a `compaction` item. `--no-ws` refuses
 upgrade so the client falls back to HTTP + SSE; `--usage N` makes every answer report N tokens (a
 low `-c model_auto_compact_token_limit=...` then makes Codex compact). Only 127.0.0.1.
 
+Through Tripwire, as tests/fixtures/codex_0171_code_mode_*.json were recorded: start Tripwire with
+`--upstream http://127.0.0.1:PORT` (and `--mcp-stdio demo="python tests/mcp_servers.py stdio"`), give
+Codex `openai_base_url` and `[mcp_servers.demo]` in `$CODEX_HOME/config.toml` and its key in
+`CODEX_API_KEY`, and script `exec` calls (custom_tool_call items named `exec`, namespace
+`functions`, whose `input` is the JavaScript); then scripts/capture_fixture.py turns the log into a
+fixture. Claude Code's sibling: scripts/claude_capture.py.
+
     python scripts/codex_capture.py --port 18555 --script items.json --log capture.jsonl
 """
 

@@ -45,6 +45,9 @@ class ToolCall:
     # back from the agent; `result` is what the answer says it gave
     hosted: bool = False
     result: ToolResult | None = None
+    # a call a Codex code-mode `exec` call ran (its id): read from the script, not asked for by the
+    # model itself; its outcome is the exec call's (proxy/dialects/codex_exec.py)
+    inside: str | None = None
 
 
 @dataclass

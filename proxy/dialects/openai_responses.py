@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.constants import TRUNCATED_MARKER
+from proxy.dialects import codex_exec
 from proxy.dialects.base import (
     CODEX_REASON_HEADER,
     OP_CHAT,
@@ -61,7 +62,9 @@ from proxy.sse import MAX_EVENT_BYTES, BoundedText, SSEDecoder, SSEEvent
 
 __all__ = [
     "BLOCKED_STATUS",
+    "CALL_ITEM_TYPES",
     "CHAINS_RESPONSES",
+    "CLIENT_ITEM_TYPES",
     "CONVERSATIONAL",
     "DIALECT",
     "MAX_TOKENS_RECOVERY",
@@ -135,6 +138,11 @@ _OUTPUT_TYPES = frozenset(
 )
 # items that are context, neither a turn's start nor a step: declared tools, a compacted history
 _CONTEXT_TYPES = frozenset(("additional_tools", "compaction", "compaction_trigger"))
+# For lineage (proxy/episodes.py): the item types an answer holds as calls, each named by its
+# `call_id` (else `id`), as `ToolCall.id` names it; and the role-less items only a client sends
+# (the rest of the role-less items an answer holds: reasoning, mcp_list_tools, mcp_approval_request)
+CALL_ITEM_TYPES: tuple[str, ...] = tuple(sorted(_CALL_TYPES))
+CLIENT_ITEM_TYPES = _OUTPUT_TYPES | {"item_reference", "mcp_approval_response", "compaction_trigger"}
 # (a hosted MCP call's arguments stream too, but its whole item is what is kept)
 _ARGUMENT_DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -179,6 +187,11 @@ def _tool_call(item: dict) -> ToolCall:
         call.hosted = True
         call.result = _hosted_result(item, call.id)
     return call
+
+
+def _calls_of(item: dict) -> list[ToolCall]:
+    """A call item's ToolCall; a Codex code-mode `exec` call's followed by those its script makes."""
+    return codex_exec.with_nested(_tool_call(item), item)
 
 
 def _hosted_result(item: dict, call_id: str) -> ToolResult:
@@ -270,13 +283,17 @@ def parse_request(body: dict) -> LLMRequest:
     results: list[ToolResult] = []
     turns = Turns()
     current: list[ToolCall] | None = None
+    nested: dict[str, list[ToolCall]] = {}  # exec call id -> the calls its script makes
     for item in items:
         if not isinstance(item, dict):
             continue
         kind = _type(item) if item.get("type") else "message"
         role = item.get("role")
         if kind in _OUTPUT_TYPES:
-            results.append(_result_of(item))
+            result = _result_of(item)
+            results.append(result)
+            if result.tool_call_id in nested:
+                results.extend(codex_exec.nested_results(result, nested[result.tool_call_id]))
             current = None
         elif kind in _CONTEXT_TYPES:
             current = None
@@ -289,8 +306,11 @@ def parse_request(body: dict) -> LLMRequest:
                 current = []
                 steps.append(current)
             if kind in _CALL_TYPES:
-                call = _tool_call(item)
+                call, *inside = _calls_of(item)
                 current.append(call)
+                if inside:
+                    current.extend(inside)
+                    nested[call.id] = inside
                 if call.result is not None:  # hosted: its outcome is in the item, no output answers it
                     results.append(call.result)
     messages: list[Any] = list(items)
@@ -367,7 +387,7 @@ def _output(items: Any) -> tuple[str, list[ToolCall]]:
                 ):
                     text.append(part["text"])
         elif _type(item) in _CALL_TYPES:
-            calls.append(_tool_call(item))
+            calls.extend(_calls_of(item))
     return "".join(text), calls
 
 
@@ -427,7 +447,8 @@ class StreamAccumulator:
         self._big_kind: str | None = None  # the type of the oversized event being skipped
         self._big_tail = b""
         self._calls: dict[int, ToolCallBuilder] = {}  # calls whose arguments are streaming
-        self._done: dict[int, ToolCall] = {}  # whole call items (output_item.done; hosted ones as added)
+        # whole call items (output_item.done; hosted ones as added), an exec call's nested calls after it
+        self._done: dict[int, list[ToolCall]] = {}
         self._model: str | None = None
         self._id: str | None = None
         self._final: LLMResult | None = None
@@ -471,8 +492,10 @@ class StreamAccumulator:
     def _streamed_calls(self) -> list[ToolCall]:
         """The calls the events announced, in output order: whole items where they came, else what
         the argument deltas said."""
-        indexes = sorted(self._calls.keys() | self._done.keys())
-        return [self._done[i] if i in self._done else self._calls[i].build() for i in indexes]
+        calls: list[ToolCall] = []
+        for i in sorted(self._calls.keys() | self._done.keys()):
+            calls.extend(self._done[i] if i in self._done else (self._calls[i].build(),))
+        return calls
 
     def _estimate(self, text: str, calls: list[ToolCall]) -> Usage:
         usage = estimate_usage(self.req, text, calls)
@@ -529,7 +552,7 @@ class StreamAccumulator:
         elif kind == "response.output_item.added" and isinstance(data.get("item"), dict):
             item = data["item"]
             if _is_hosted(item):  # nothing of it streams but an MCP call's arguments
-                self._done[as_int(data.get("output_index"))] = _tool_call(item)
+                self._done[as_int(data.get("output_index"))] = [_tool_call(item)]
             elif _type(item) in _CALL_TYPES:
                 started = ToolCallBuilder(
                     id=str(item.get("call_id") or item.get("id") or ""),
@@ -541,7 +564,7 @@ class StreamAccumulator:
                 self._calls[as_int(data.get("output_index"))] = started
         elif kind == "response.output_item.done" and isinstance(data.get("item"), dict):
             if _type(data["item"]) in _CALL_TYPES:  # the whole call, whatever its deltas said
-                self._done[as_int(data.get("output_index"))] = _tool_call(data["item"])
+                self._done[as_int(data.get("output_index"))] = _calls_of(data["item"])
         elif kind in _ARGUMENT_DELTAS:
             builder = self._calls.get(as_int(data.get("output_index")))
             if builder is not None and isinstance(data.get("delta"), str):

@@ -47,15 +47,22 @@ def _compiled(tools: ToolsConfig) -> _Compiled:
     )
 
 
+# Codex's tools that run a shell command (outside code mode declared as such, inside it called by an
+# `exec` script): a pattern matching `shell` matches them too, so `deny: [shell]` means the shell
+SHELL = "shell"
+SHELL_TOOLS = frozenset(("exec_command", "write_stdin", "shell_command", "local_shell"))
+
+
 def permission(tools: ToolsConfig, name: str) -> Permission:
     """deny beats ask beats allow; with `allow` given, whatever it does not match is denied."""
     if not tools.restricts:
         return "allow"
     c = _compiled(tools)
-    if c.deny is not None and c.deny.match(name):
+    names = (name, SHELL) if name in SHELL_TOOLS else (name,)
+    if c.deny is not None and any(c.deny.match(n) for n in names):
         return "deny"
-    if c.allow is not None and not c.allow.match(name):
+    if c.allow is not None and not any(c.allow.match(n) for n in names):
         return "deny"
-    if c.ask is not None and c.ask.match(name):
+    if c.ask is not None and any(c.ask.match(n) for n in names):
         return "ask"
     return "allow"

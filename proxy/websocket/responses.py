@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from proxy import llm
+from proxy import jsonparse, llm
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import dialect_for
 from proxy.dialects.base import LLMRequest
 from proxy.exchange import Answer, Exchange
 from proxy.forward import DRAIN_CUT_REASON, json_error
+from proxy.guards.permissions import permission
 from proxy.pipeline import Pipeline
 from proxy.routing import Route
 from proxy.stages.responses_chain import ResponsesChainStage
@@ -101,6 +102,7 @@ class ResponsesSocket(SocketRelay):
             assert body is not None
             call.warmup = body
             self.warmup_tool_results(body, raw)
+            msg = self.permitted_warmup(msg, body)
             self.queues.queue(stream_id).append(call)
             if not await self.send(self.upstream, msg, self.upstream_lock):
                 self.queues.queue(stream_id).remove(call)
@@ -233,6 +235,18 @@ class ResponsesSocket(SocketRelay):
             return
         self.chains.link_warmup(self.route.agent, req, call.response_id)
         call.warmup = None
+
+    def permitted_warmup(self, msg: aiohttp.WSMessage, body: dict[str, Any]) -> aiohttp.WSMessage:
+        """The warm-up without the tools the agent may not call: it prepares the model with the
+        session's tools, and a denied one must not reach it from there either (SPEC §9)."""
+        config = self.engine.services.guards.config(self.route.agent)
+        if not config.tools.restricts or config.in_shadow:  # (shadow mode alters nothing)
+            return msg
+        tools = config.tools
+        permitted = self.dialect.without_tools(body, lambda name: permission(tools, name) != "deny")
+        if permitted is None:
+            return msg
+        return aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, jsonparse.dumps(permitted).decode(), None)
 
     def warmup_tool_results(self, body: dict[str, Any], raw: bytes) -> None:
         """Tool outputs a warm-up brings complete their tool calls (TOOL_CALL), as a call's would."""
