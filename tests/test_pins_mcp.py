@@ -1,0 +1,187 @@
+"""Pinned tool definitions with the mcp 2.x SDK (docs/mcp.md "Changed tools", issue 34): a server
+that changes `fetch`'s description after the first list has it held on `/mcp/NAME` and on `/mcp`;
+approving re-pins it, denying hides it and refuses its calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
+
+from tests.conftest import Running, StartTripwire  # noqa: E402
+from tests.mcp_servers import connect  # noqa: E402
+from tests.pin_servers import HONEST, POISONED, ChangingServer  # noqa: E402
+from tests.test_approvals import approvals, decide, state_updates, until  # noqa: E402
+
+AUTH = {"Authorization": "Bearer hunter2"}
+ROUTES = {"direct": ("/mcp/files", ""), "aggregate": ("/mcp", "files__")}
+
+
+async def names(client: Any) -> dict[str, str]:
+    listed = await client.list_tools()
+    return {t.name: t.description for t in listed.tools}
+
+
+def updates(tw: Running, name: str) -> list[dict[str, Any]]:
+    """The STATE_UPDATEs `name` of every run."""
+    return [
+        e
+        for run in tw.run_ids()
+        for e in tw.events(run)
+        if e["event_type"] == "STATE_UPDATE" and e["name"] == name
+    ]
+
+
+async def pins_api(tw: Running) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as c, c.get(tw.admin_url + "/api/pins", headers=AUTH) as r:
+        assert r.status == 200
+        return {s["server"]: s for s in (await r.json())["servers"]}
+
+
+@pytest.mark.parametrize("route", ["direct", "aggregate"])
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+async def test_a_changed_description_is_held_until_a_person_decides(
+    start_tripwire: StartTripwire, route: str, decision: str
+) -> None:
+    path, prefix = ROUTES[route]
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, admin_token="hunter2")
+        async with connect("legacy", f"{tw.url}/agents/bot/sessions/pins{path}") as client:
+            first = await names(client)
+            assert first[prefix + "fetch"] == HONEST
+            assert (await client.call_tool(prefix + "fetch", {"url": "a"})).is_error is False
+            srv.rug_pull()
+            second = await names(client)
+            assert prefix + "fetch" not in second and prefix + "echo" in second  # held back, the rest listed
+            held = asyncio.create_task(client.call_tool(prefix + "fetch", {"url": "b"}))
+            (approval,) = await until(lambda: approvals(tw), "the changed tool's call held")
+            assert approval["guard"] == "tool_changed"
+            change = approval["call"]["tool_change"]
+            assert change["tool"] == "fetch" and change["server"] == "files"
+            assert change["diff"]["description"] == {"from": HONEST, "to": POISONED}
+            status, _ = await decide(tw, approval["id"], {"decision": decision, "note": "not that one"})
+            assert status == 200
+            result = await held
+            third = await names(client)
+            again = await client.call_tool(prefix + "fetch", {"url": "c"})
+        await tw.flush()
+    if decision == "approve":
+        assert result.is_error is False and "fetched b" in result.content[0].text
+        assert third[prefix + "fetch"] == POISONED  # re-pinned: listed with its new definition
+        assert again.is_error is False
+    else:
+        assert result.is_error is True and "not that one" in result.content[0].text
+        assert prefix + "fetch" not in third
+        assert again.is_error is True and "tool_changed" in again.content[0].text
+        assert len(await approvals(tw, decided=True)) == 1  # refused without asking again
+    pinned = await pins_api(tw)
+    files = pinned["files"]
+    if decision == "approve":
+        assert files["tools"]["fetch"]["definition"]["description"] == POISONED and not files["changes"]
+    else:
+        assert files["tools"]["fetch"]["definition"]["description"] == HONEST
+        assert files["changes"]["fetch"]["status"] == "denied"
+    (changed,) = state_updates(tw, "tool_changed")
+    assert changed["payload"]["tool"] == "fetch" and changed["payload"]["action"] == "ask"
+    assert changed["payload"]["diff"]["description"]["to"] == POISONED
+    repinned = state_updates(tw, "tool_pinned")
+    if decision == "approve":  # a person's approval re-pins it (first pins are the server's, not the run's)
+        assert [(p["payload"]["server"], p["payload"]["tools"], p["payload"]["by"]) for p in repinned] == [
+            ("files", ["fetch"], "api")
+        ]
+    else:
+        assert repinned == []
+    on_disk = json.loads((tw.data_dir / "pins" / "files.json").read_text())
+    assert "fetch" in on_disk["tools"]
+
+
+@pytest.mark.parametrize("action", ["block", "warn", "off"])
+async def test_tool_changes_block_warn_off(start_tripwire: StartTripwire, action: str) -> None:
+    guards = {"tool_pins": {"tool_changes": action}}
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, guards=guards, admin_token="hunter2")
+        async with connect("legacy", f"{tw.url}/agents/bot/sessions/pins/mcp/files") as client:
+            await names(client)
+            srv.rug_pull()
+            listed = await names(client)
+            result = await client.call_tool("fetch", {"url": "b"})
+        await tw.flush()
+    assert await approvals(tw, decided=True) == []  # nobody was asked
+    if action == "block":
+        assert "fetch" not in listed and result.is_error is True
+    else:
+        assert listed["fetch"] == POISONED and result.is_error is False
+    changed = state_updates(tw, "tool_changed")
+    assert [c["payload"]["action"] for c in changed] == ([] if action == "off" else [action])
+
+
+async def test_a_server_setting_wins_over_the_agents(start_tripwire: StartTripwire) -> None:
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        mcp = {"files": {"url": upstream, "tool_pins": {"tool_changes": "warn"}}}
+        tw = await start_tripwire(mcp=mcp, guards={"tool_pins": {"tool_changes": "block"}})
+        async with connect("legacy", f"{tw.url}/mcp/files") as client:
+            await names(client)
+            srv.rug_pull()
+            assert (await names(client))["fetch"] == POISONED
+
+
+async def test_an_added_tool_warns_by_default_and_asks_when_configured(start_tripwire: StartTripwire) -> None:
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(
+            mcp={"files": {"url": upstream}},
+            agents={"careful": {"tool_pins": {"tool_added": "block"}}},
+            admin_token="hunter2",
+        )
+        async with connect("legacy", f"{tw.url}/agents/bot/sessions/pins/mcp/files") as client:
+            await names(client)
+            srv.grow("newcomer")
+            assert "newcomer" in await names(client)  # warn: listed
+            assert (await client.call_tool("newcomer", {})).is_error is False
+        async with connect("legacy", f"{tw.url}/agents/careful/mcp/files") as client:
+            assert "newcomer" not in await names(client)  # pending: an agent that blocks additions
+            assert (await client.call_tool("newcomer", {})).is_error is True
+        await tw.flush()
+    (added,) = updates(tw, "tool_added")
+    assert added["payload"]["tool"] == "newcomer" and added["payload"]["action"] == "warn"
+    assert (await pins_api(tw))["files"]["changes"]["newcomer"]["kind"] == "added"
+
+
+async def test_pins_hold_across_a_restart(start_tripwire: StartTripwire, tmp_path: Any) -> None:
+    data_dir = tmp_path / "shared-data"
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, data_dir=data_dir)
+        async with connect("legacy", f"{tw.url}/mcp/files") as client:
+            await names(client)
+        await tw.engine.pins.close()  # its writes are on disk
+        srv.rug_pull()
+        again = await start_tripwire(mcp={"files": {"url": upstream}}, data_dir=data_dir)
+        async with connect("legacy", f"{again.url}/mcp/files") as client:
+            listed = await names(client)
+    assert "fetch" not in listed and "echo" in listed  # the new process judged against the old pin
+
+
+async def test_reset_forgets_a_servers_pins(start_tripwire: StartTripwire) -> None:
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, admin_token="hunter2")
+        async with connect("legacy", f"{tw.url}/mcp/files") as client:
+            await names(client)
+            srv.rug_pull()
+            assert "fetch" not in await names(client)
+            async with aiohttp.ClientSession() as c:
+                async with c.post(tw.admin_url + "/api/pins/files/reset", headers=AUTH) as r:
+                    assert r.status == 200
+                async with c.post(tw.admin_url + "/api/pins/nope/reset", headers=AUTH) as r:
+                    assert r.status == 404
+            assert (await names(client))["fetch"] == POISONED  # pinned afresh
+        assert (await pins_api(tw))["files"]["tools"]["fetch"]["definition"]["description"] == POISONED
