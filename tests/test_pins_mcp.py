@@ -162,7 +162,7 @@ async def test_pins_hold_across_a_restart(start_tripwire: StartTripwire, tmp_pat
         tw = await start_tripwire(mcp={"files": {"url": upstream}}, data_dir=data_dir)
         async with connect("legacy", f"{tw.url}/mcp/files") as client:
             await names(client)
-        await tw.engine.pins.close()  # its writes are on disk
+        await tw.engine.pins.flush()  # its writes are on disk
         srv.rug_pull()
         again = await start_tripwire(mcp={"files": {"url": upstream}}, data_dir=data_dir)
         async with connect("legacy", f"{again.url}/mcp/files") as client:
@@ -185,3 +185,32 @@ async def test_reset_forgets_a_servers_pins(start_tripwire: StartTripwire) -> No
                     assert r.status == 404
             assert (await names(client))["fetch"] == POISONED  # pinned afresh
         assert (await pins_api(tw))["files"]["tools"]["fetch"]["definition"]["description"] == POISONED
+
+
+async def test_two_replicas_judge_against_the_same_pins(
+    start_tripwire: StartTripwire, redis_url: str
+) -> None:
+    """Replica A pins; the server changes; replica B (its own data dir) holds the changed tool, and
+    a person's approval through A's API is what B lists next (the pins live in Redis)."""
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        settings = {
+            "mcp": {"files": {"url": upstream}},
+            "state": {"url": redis_url},
+            "admin_token": "hunter2",
+        }
+        a = await start_tripwire(**settings)
+        b = await start_tripwire(**settings)
+        async with connect("legacy", f"{a.url}/mcp/files") as client:
+            assert "fetch" in await names(client)
+        await a.engine.pins.flush()  # its background writes are in Redis
+        srv.rug_pull()
+        async with connect("legacy", f"{b.url}/mcp/files") as client:
+            assert "fetch" not in await names(client)
+            change = (await pins_api(a))["files"]["changes"]["fetch"]
+            assert change["status"] == "pending" and change["diff"]["description"]["to"] == POISONED
+            async with aiohttp.ClientSession() as c:
+                body = {"decision": "approve", "hash": change["hash"]}
+                async with c.post(a.admin_url + "/api/pins/files/tools/fetch", json=body, headers=AUTH) as r:
+                    assert r.status == 200 and (await r.json())["done"] is True
+            assert (await names(client))["fetch"] == POISONED

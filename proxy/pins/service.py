@@ -90,6 +90,9 @@ class Pins:
         now = time.monotonic()
         if found is not None and now - found[1] <= max_age_s:
             return found[0]
+        writing = [t for t in self._tasks if t.get_name() == _write_task_name(server)]
+        if writing:  # what this process wrote last must be in what it reads back
+            await asyncio.gather(*writing, return_exceptions=True)
         try:
             pins = await self.store.load(server)
         except Exception as e:
@@ -201,7 +204,9 @@ class Pins:
         """Applied here at once (the next answer is judged with them), stored in the background."""
         pins, read_at = self._cache.get(server, (ServerPins(server), time.monotonic()))
         self._cache[server] = (decide.apply(pins, writes), read_at)
-        task = asyncio.get_running_loop().create_task(self._store(server, writes), name="tripwire-pins-write")
+        task = asyncio.get_running_loop().create_task(
+            self._store(server, writes), name=_write_task_name(server)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -218,10 +223,18 @@ class Pins:
         self._cache[server] = (decide.apply(pins, writes), time.monotonic())
         await self.store.write(server, writes)
 
-    async def close(self) -> None:
+    async def flush(self) -> None:
+        """Every write made so far is in the store."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.flush()
         await self.store.close()
+
+
+def _write_task_name(server: str) -> str:
+    return f"tripwire-pins-write-{server}"
 
 
 def pins_for(settings: Any, guard_config: Callable[[str], GuardConfig], registry: Any = None) -> Pins:
