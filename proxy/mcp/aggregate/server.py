@@ -34,6 +34,7 @@ from proxy.guards.config import GuardConfig
 from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate import revisions as rev
+from proxy.mcp.aggregate import trace_context
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
 from proxy.mcp.aggregate.upstream import (
     REOPENED,
@@ -253,6 +254,10 @@ class Aggregate:
     # --- HTTP ----------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        with trace_context.answering(request.headers):  # the client's traceparent, to its servers
+            return await self._handle(request, route)
+
+    async def _handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         if request.method == "GET":
             return await self._get(request, route)
         if request.method == "DELETE":
