@@ -214,3 +214,29 @@ async def test_two_replicas_judge_against_the_same_pins(
                 async with c.post(a.admin_url + "/api/pins/files/tools/fetch", json=body, headers=AUTH) as r:
                     assert r.status == 200 and (await r.json())["done"] is True
             assert (await names(client))["fetch"] == POISONED
+
+
+@pytest.mark.parametrize("json_response", [False, True], ids=["sse-answers", "json-answers"])
+@pytest.mark.parametrize("action", ["warn", "block"])
+async def test_hidden_instructions_in_a_result(
+    start_tripwire: StartTripwire, action: str, json_response: bool
+) -> None:
+    guards = {"tool_pins": {"hidden_instructions": action}}
+    with ChangingServer(json_response=json_response) as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, guards=guards)
+        async with connect("legacy", f"{tw.url}/agents/bot/sessions/pins/mcp/files") as client:
+            result = await client.call_tool("weather", {"city": "Oslo"})
+            after = await client.call_tool("echo", {"text": "clean"})
+        await tw.flush()
+    assert after.is_error is False  # a clean result passes either way
+    if action == "warn":
+        assert result.is_error is False and "<IMPORTANT>" in result.content[0].text
+    else:
+        assert result.is_error is True and "[tripwire] blocked" in result.content[0].text
+        assert "id_rsa" not in result.content[0].text
+    (found,) = state_updates(tw, "hidden_instructions")
+    assert found["payload"]["in"] == "result" and found["payload"]["tool"] == "weather"
+    assert found["payload"]["action"] == action and "tag <IMPORTANT>" in found["payload"]["markers"]
+    (recorded,) = [e for e in tw.events() if e["event_type"] == "TOOL_CALL" and e["name"] == "weather"]
+    assert "id_rsa" in str(recorded["payload"]["result"])  # the trace keeps what the server sent

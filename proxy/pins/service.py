@@ -172,6 +172,10 @@ class Pins:
 
     # --- findings --------------------------------------------------------------------------------
 
+    def count(self, finding: Finding) -> None:
+        if self.findings is not None:
+            self.findings.labels(finding.server, finding.kind, finding.action).inc()
+
     def _note(self, agent: str, session: str | None, finding: Finding) -> None:
         if finding.kind != decide.TOOL_PINNED:
             log.warning(
@@ -181,8 +185,7 @@ class Pins:
                 ", ".join(finding.tools),
                 finding.action,
             )
-        if self.findings is not None:
-            self.findings.labels(finding.server, finding.kind, finding.action).inc()
+        self.count(finding)
         if finding.kind == decide.TOOL_PINNED:
             # a server's first pins are its own, not any one run's (`GET /api/pins` lists them); a
             # run gets `tool_pinned` when a person's approval re-pins a tool during it

@@ -22,8 +22,11 @@ from proxy.guard_events import is_tool_call
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.permissions import SERVER_SEPARATOR
+from proxy.mcp import jsonrpc
 from proxy.mcp.jsonrpc import MCPToolCall
-from proxy.pins.decide import ADDED, GUARD_TOOL_CHANGED, Change
+from proxy.mcp.observe import MessageObserver
+from proxy.pins.decide import ADDED, GUARD_TOOL_CHANGED, HIDDEN_INSTRUCTIONS, Change, Finding
+from proxy.pins.definitions import markers_in
 from proxy.pipeline import BaseStage
 from proxy.refusals import write_refusal_error
 from proxy.sessions import Session
@@ -70,8 +73,11 @@ class PinStage(BaseStage):
             self.write_state(session, finding.kind, finding.to_json())
         call = ex.call
         server, tool = call.server, own_tool_name(call)
-        if pins.policy(route.agent, server).off:
+        policy = pins.policy(route.agent, server)
+        if policy.off:
             return
+        if policy.hidden_instructions == "block" and not self.services.guards.config(route.agent).in_shadow:
+            screen_result(ex, call)
         await pins.refresh(server, max_age_s=1.0)
         verdict, change = pins.judge_call(server, tool, route.agent)
         if verdict == "allow" or change is None:
@@ -92,6 +98,28 @@ class PinStage(BaseStage):
             self.refuse(ex, decision)
             return
         await self.hold(ex, session, decision, change, server, tool)
+
+    async def finish(self, ex: Exchange) -> None:
+        """A result carrying hidden-instruction markers: a `hidden_instructions` finding in the run."""
+        session, call, result = ex.session, ex.call, ex.result
+        if session is None or not isinstance(call, MCPToolCall) or result is None:
+            return
+        content = getattr(result, "result", None)
+        if content is None:
+            return
+        policy = self.services.pins.policy(session.agent, call.server)
+        if policy.hidden_instructions == "off":
+            return
+        markers = markers_in(content)
+        if not markers:
+            return
+        finding = Finding(
+            HIDDEN_INSTRUCTIONS, call.server, policy.hidden_instructions, (own_tool_name(call),)
+        )
+        self.services.pins.count(finding)
+        self.write_state(
+            session, HIDDEN_INSTRUCTIONS, {**finding.to_json(), "in": "result", "markers": markers}
+        )
 
     def write_state(self, session: Session, name: str, payload: dict[str, Any]) -> None:
         policy = self.services.policy
@@ -200,6 +228,35 @@ class PinStage(BaseStage):
         )
         if stream is not None and ex.answer is not None:
             await stream.end_with(ex.answer.body, refusal=False)
+
+
+def screen_result(ex: Exchange, call: MCPToolCall) -> None:
+    """`hidden_instructions: block`: the call's result, if it carries hidden-instruction markers,
+    reaches the client as a blocked error result instead (recorded as the server sent it). Read as
+    the answer passes (a JSON answer is held whole for it); a legacy SSE result is not screened."""
+    observer = ex.observer
+    if not isinstance(observer, MessageObserver):
+        return
+    relay = observer.on_message
+    call_id = jsonrpc.id_key(call.jsonrpc_id)
+
+    def screened(msg: dict[str, Any]) -> dict[str, Any] | None:
+        out = relay(msg)
+        seen = out if out is not None else msg
+        if jsonrpc.kind(seen) != "response" or jsonrpc.id_key(seen.get("id")) != call_id:
+            return out
+        markers = markers_in(seen.get("result"))
+        if not markers:
+            return out
+        text = (
+            f"[tripwire] blocked: the result of tool {call.tool_name!r} carries hidden-instruction "
+            f"markers ({', '.join(markers)}) and was withheld."
+        )
+        blocked = {"content": [{"type": "text", "text": text}], "isError": True}
+        return {"jsonrpc": "2.0", "id": seen.get("id"), "result": blocked}
+
+    observer.on_message = screened
+    observer.hold_all_json()
 
 
 def pin_stage(services: Services) -> BaseStage:

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 
 TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 
-_current: ContextVar[Mapping[str, str]] = ContextVar("tripwire_mcp_trace_context", default={})
+_current: ContextVar[Mapping[str, str] | None] = ContextVar("tripwire_mcp_trace_context", default=None)
 
 
 @contextmanager
@@ -29,4 +29,4 @@ def answering(headers: Mapping[str, str]) -> Iterator[None]:
 
 
 def current() -> Mapping[str, str]:
-    return _current.get()
+    return _current.get() or {}
