@@ -977,12 +977,14 @@ async function resetGuards() {
 function showView() {
   const agents = param('view') === 'agents';
   const keys = param('view') === 'keys'; // the Keys page: keys.js
-  $('view-runs').hidden = agents || keys;
+  const pins = param('view') === 'pins'; // the Pins page: pins.js
+  $('view-runs').hidden = agents || keys || pins;
   $('view-agents').hidden = !agents;
-  $('nav-runs').classList.toggle('active', !agents && !keys);
+  $('nav-runs').classList.toggle('active', !agents && !keys && !pins);
   $('nav-agents').classList.toggle('active', agents);
   keysView(keys);
-  if (keys) {
+  pinsView(pins);
+  if (keys || pins) {
     runsPoller.stop(); eventsPoller.stop();
   } else if (agents) {
     runsPoller.stop(); eventsPoller.stop();
