@@ -11,6 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.replay import replay_dir
+
 pytest.importorskip("mcp.server.mcpserver")  # mcp 2.x
 
 from tests.conftest import Running, StartTripwire  # noqa: E402
@@ -99,6 +101,14 @@ async def test_a_changed_description_is_held_until_a_person_decides(
         assert repinned == []
     on_disk = json.loads((tw.data_dir / "pins" / "files.json").read_text())
     assert "fetch" in on_disk["tools"]
+    # replay lists the findings and the person's decision as recorded (not recomputed)
+    (run_id,) = tw.run_ids()
+    listed = [d.as_json() for d in replay_dir(tw.data_dir / "runs" / run_id).decisions]
+    found = [(d["guard"], d["action"], d.get("replayed"), d.get("decision")) for d in listed]
+    assert ("tool_changed", "ask", False, None) in found
+    assert ("tool_changed", "ask", False, "approved" if decision == "approve" else "denied") in found
+    if decision == "deny":  # the call refused afterwards, without asking again
+        assert ("tool_changed", "block", False, None) in found
 
 
 @pytest.mark.parametrize("action", ["block", "warn", "off"])

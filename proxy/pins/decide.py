@@ -23,14 +23,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from proxy.constants import GUARD_TOOL_CHANGED
 from proxy.pins.definitions import definition, definition_hash, diff, markers_in
 
 PinAction = Literal["ask", "block", "warn", "off"]
 MarkerAction = Literal["warn", "block", "off"]
 CallVerdict = Literal["allow", "ask", "block"]
 
+__all__ = ["GUARD_TOOL_CHANGED"]  # the guard code of a held or refused call of a changed tool
+
 PENDING, DENIED = "pending", "denied"
-GUARD_TOOL_CHANGED = "tool_changed"  # the guard code of a held or refused call of a changed tool
 CHANGED, ADDED = "changed", "added"
 # finding kinds (the STATE_UPDATE names, the metric's label)
 TOOL_PINNED, TOOL_CHANGED, TOOL_ADDED, HIDDEN_INSTRUCTIONS = (
