@@ -250,3 +250,46 @@ async def test_hidden_instructions_in_a_result(
     assert found["payload"]["action"] == action and "tag <IMPORTANT>" in found["payload"]["markers"]
     (recorded,) = [e for e in tw.events() if e["event_type"] == "TOOL_CALL" and e["name"] == "weather"]
     assert "id_rsa" in str(recorded["payload"]["result"])  # the trace keeps what the server sent
+
+
+@pytest.mark.parametrize(
+    "transport,json_response,stateless,client",
+    [
+        ("streamable-http", True, False, "legacy"),
+        ("streamable-http", False, True, "legacy"),
+        ("streamable-http", False, False, "auto"),
+        ("sse", False, False, "sse"),
+    ],
+    ids=["json-answers", "stateless-server", "client-2026-07-28", "legacy-sse"],
+)
+async def test_every_transport_holds_the_changed_tool(
+    start_tripwire: StartTripwire, transport: str, json_response: bool, stateless: bool, client: str
+) -> None:
+    with ChangingServer(transport=transport, json_response=json_response, stateless=stateless) as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, admin_token="hunter2")
+        async with connect(client, f"{tw.url}/agents/bot/sessions/t/mcp/files") as c:
+            assert (await names(c))["fetch"] == HONEST
+            srv.rug_pull()
+            assert "fetch" not in await names(c)
+            held = asyncio.create_task(c.call_tool("fetch", {"url": "b"}))
+            (approval,) = await until(lambda: approvals(tw), "the changed tool's call held")
+            status, _ = await decide(tw, approval["id"], {"decision": "approve"})
+            assert status == 200
+            result = await held
+            assert (await names(c))["fetch"] == POISONED
+    assert result.is_error is False and "fetched b" in result.content[0].text
+
+
+async def test_shadow_mode_records_and_holds_nothing(start_tripwire: StartTripwire) -> None:
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, guards={"shadow": True})
+        async with connect("legacy", f"{tw.url}/agents/bot/sessions/s/mcp/files") as client:
+            await names(client)
+            srv.rug_pull()
+            assert (await names(client))["fetch"] == POISONED  # listed: nothing altered in shadow
+            assert (await client.call_tool("fetch", {"url": "b"})).is_error is False
+        await tw.flush()
+    assert await approvals(tw, decided=True) == []
+    assert [u["payload"]["action"] for u in state_updates(tw, "tool_changed")] == ["ask"]
