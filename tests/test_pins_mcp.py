@@ -130,6 +130,13 @@ async def test_tool_changes_block_warn_off(start_tripwire: StartTripwire, action
         assert listed["fetch"] == POISONED and result.is_error is False
     changed = state_updates(tw, "tool_changed")
     assert [c["payload"]["action"] for c in changed] == ([] if action == "off" else [action])
+    async with aiohttp.ClientSession() as c, c.get(tw.admin_url + "/metrics") as r:
+        metrics = await r.text()
+    counted = f'tripwire_tool_pin_findings_total{{action="{action}",kind="tool_changed",server="files"}} 1.0'
+    assert (counted in metrics) == (action != "off"), metrics
+    assert (
+        'tripwire_tool_pin_findings_total{action="pinned",kind="tool_pinned",server="files"} 1.0' in metrics
+    )
 
 
 async def test_a_server_setting_wins_over_the_agents(start_tripwire: StartTripwire) -> None:
@@ -193,6 +200,8 @@ async def test_reset_forgets_a_servers_pins(start_tripwire: StartTripwire) -> No
                     assert r.status == 200
                 async with c.post(tw.admin_url + "/api/pins/nope/reset", headers=AUTH) as r:
                     assert r.status == 404
+                async with c.get(tw.admin_url + "/api/pins") as r:
+                    assert r.status == 401  # the admin token, as every API call
             assert (await names(client))["fetch"] == POISONED  # pinned afresh
         assert (await pins_api(tw))["files"]["tools"]["fetch"]["definition"]["description"] == POISONED
 

@@ -204,8 +204,8 @@ def judge_list(
                     new_definition = True
                 if change.status == DENIED or action in ("ask", "block"):
                     verdict.hidden.add(name)
-        if policy.hidden_instructions != "off":
-            markers = markers_in([defn.get("description"), defn.get("inputSchema"), defn.get("annotations")])
+        if policy.hidden_instructions != "off" and (new_definition or policy.hidden_instructions == "block"):
+            markers = _markers_of(digest, defn)
             if markers:
                 if policy.hidden_instructions == "block":
                     verdict.hidden.add(name)
@@ -225,6 +225,20 @@ def judge_list(
     if last_page and not pins.sealed:
         verdict.writes.append(("seal", "", None))
     return verdict
+
+
+_MARKERS: dict[str, list[str]] = {}  # definition hash -> its markers (a list is judged again and again)
+MAX_REMEMBERED = 4096
+
+
+def _markers_of(digest: str, defn: dict[str, Any]) -> list[str]:
+    found = _MARKERS.get(digest)
+    if found is None:
+        found = markers_in([defn.get("description"), defn.get("inputSchema"), defn.get("annotations")])
+        if len(_MARKERS) >= MAX_REMEMBERED:
+            _MARKERS.clear()
+        _MARKERS[digest] = found
+    return found
 
 
 def judge_call(pins: ServerPins, tool: str, policy: PinPolicy) -> tuple[CallVerdict, Change | None]:

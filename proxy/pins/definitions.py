@@ -48,13 +48,26 @@ _TAG = re.compile(
 MAX_MARKERS = 8  # per text: enough to show what was found
 
 
+# every character `hidden_markers` reports, as one class (Unicode's format characters, Cf, the
+# invisible ones above, the tag block), so ordinary text is one regex search
+_SUSPICIOUS = re.compile(
+    "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u180e"
+    "\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e007f]"
+)
+
+
 def hidden_markers(text: str) -> list[str]:
     """What in `text` hides instructions from a person reading it: invisible Unicode, bidi
     controls, tag characters, `<IMPORTANT>`-style tags. Empty for ordinary text."""
     found: list[str] = []
     seen: set[str] = set()
-    for ch in text:
-        if ch.isascii() or ch in seen:
+    if "<" not in text and (text.isascii() or _SUSPICIOUS.search(text) is None):
+        return found  # (most descriptions and results: one scan)
+    for match in _SUSPICIOUS.finditer(text) if not text.isascii() else ():
+        ch = match.group(0)
+        if ch in seen:
             continue
         code = ord(ch)
         if ch in _BIDI:
