@@ -131,3 +131,32 @@ def test_markers_warn_once_and_block_hides() -> None:
     assert blocked.hidden == {"read"}
     off, _ = listed(ServerPins("files"), [poisoned], PinPolicy(hidden_instructions="off"))
     assert [f.kind for f in off.findings] == ["tool_pinned"]
+
+
+def test_the_config_is_validated_and_a_servers_own_wins() -> None:
+    import pydantic
+    import pytest
+
+    from proxy.pins.service import Pins
+    from proxy.settings import Settings
+
+    with pytest.raises(pydantic.ValidationError, match="tool_changes"):
+        Settings.model_validate({"guards": {"tool_pins": {"tool_changes": "maybe"}}})
+    with pytest.raises(pydantic.ValidationError, match="hidden_instructions"):
+        Settings.model_validate(
+            {"mcp": {"a": {"url": "http://127.0.0.1:1/mcp", "tool_pins": {"hidden_instructions": "ask"}}}}
+        )
+    settings = Settings.model_validate(
+        {
+            "guards": {"tool_pins": {"tool_changes": "block"}},
+            "agents": {"lax": {"tool_pins": {"tool_changes": "warn", "tool_added": "off"}}},
+            "mcp": {"a": {"url": "http://127.0.0.1:1/mcp", "tool_pins": {"tool_added": "ask"}}},
+            "mcp_stdio": {"b": {"command": "true"}},
+        }
+    )
+    configs = {None: settings.guards, **settings.agents}
+    own = {name: c.tool_pins for name, c in {**settings.mcp, **settings.mcp_stdio}.items()}
+    pins = Pins(None, lambda agent: configs.get(agent, settings.guards), own)  # type: ignore[arg-type]
+    assert pins.policy("someone", "b") == PinPolicy("block", "warn", "warn")
+    assert pins.policy("lax", "b") == PinPolicy("warn", "off", "warn")
+    assert pins.policy("lax", "a") == PinPolicy("warn", "ask", "warn")  # the server's own key wins
