@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import uuid
@@ -173,7 +174,9 @@ class Aggregate:
         s.down[server] = why
         self.server_health[server] = {"error": why, "since": time.time()}
         if s.probe is None or s.probe.done():
-            s.probe = asyncio.create_task(self._probe(s), name=f"tripwire-aggregate-probe-{s.key}")
+            s.probe = asyncio.create_task(  # (a fresh context: not the request's traceparent, forever)
+                self._probe(s), name=f"tripwire-aggregate-probe-{s.key}", context=contextvars.Context()
+            )
 
     def _back(self, s: ClientSession, server: str) -> None:
         if s.down.pop(server, None) is not None:
