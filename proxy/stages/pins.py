@@ -11,7 +11,9 @@ gets `ask_fallback`'s block, the change stays pending).
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
@@ -33,6 +35,8 @@ from proxy.sessions import Session
 
 if TYPE_CHECKING:
     from proxy.services import Services
+
+log = logging.getLogger("tripwire.pins")
 
 
 def own_tool_name(call: MCPToolCall) -> str:
@@ -121,6 +125,16 @@ class PinStage(BaseStage):
             session, HIDDEN_INSTRUCTIONS, {**finding.to_json(), "in": "result", "markers": markers}
         )
 
+    async def settle_pin(
+        self, act: Callable[[str, str, str | None], Awaitable[bool]], server: str, tool: str, digest: str
+    ) -> None:
+        """The person's decision written to the pins; a pin store that fails is logged, and the
+        held call goes on as decided (its answer may have started already)."""
+        try:
+            await act(server, tool, digest)
+        except Exception:
+            log.exception("pins of %r: the decision on %r was not stored", server, tool)
+
     def write_state(self, session: Session, name: str, payload: dict[str, Any]) -> None:
         policy = self.services.policy
         event_id = policy.write_event(session, EventType.STATE_UPDATE, name, payload)
@@ -204,7 +218,7 @@ class PinStage(BaseStage):
             },
         )
         if decided.status == APPROVED:
-            await pins.approve(server, tool, change.hash)
+            await self.settle_pin(pins.approve, server, tool, change.hash)
             self.write_state(
                 session,
                 "tool_pinned",
@@ -219,7 +233,7 @@ class PinStage(BaseStage):
             ex.answer = Answer(400, b"withdrawn: the client hung up while its call was held", "text/plain")
             return
         if decided.status == DENIED:
-            await pins.deny(server, tool, change.hash)
+            await self.settle_pin(pins.deny, server, tool, change.hash)
             note = f" A person denied this call{': ' + decided.note if decided.note else '.'}"
         else:
             note = f" Nobody approved this call within {approval.timeout_s:g}s."
