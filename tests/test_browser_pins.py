@@ -66,3 +66,30 @@ async def test_the_pins_page_shows_the_diff_and_decides(
             await expect(change).to_have_count(0)
             assert (await listed(client))["fetch"] == POISONED  # pinned afresh
     assert errors == []
+
+
+async def test_an_agents_tool_pins_are_edited_on_the_agents_page(
+    browser: Browser, start_tripwire: Any
+) -> None:
+    """The Agents page's guard form has the `tool_pins` section; saving it sets the agent's actions,
+    which its next list follows (warn: the changed tool is listed)."""
+    with ChangingServer() as srv:
+        upstream = srv.start()
+        tw = await start_tripwire(mcp={"files": {"url": upstream}}, admin_token="hunter2")
+        page = await new_page(browser)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        await page.add_init_script("sessionStorage.setItem('tripwire_admin_token', 'hunter2')")
+        async with connect("legacy", f"{tw.url}/agents/lax/mcp/files") as client:
+            await listed(client)  # the agent is known (and the tools pinned)
+            await page.goto(tw.admin_url + "/?view=agents&agent=lax")
+            section = page.locator('fieldset[data-section="tool_pins"]')
+            await expect(section).to_contain_text("MCP tool pins")
+            await expect(page.locator("#f-tool_pins-tool_changes")).to_have_value("ask")
+            await page.locator("#f-tool_pins-tool_changes").select_option("warn")
+            await page.locator("#btn-save-guards").click()
+            await expect(page.locator("#guard-banner")).to_have_text("Agent-specific config")
+            assert tw.engine.guards.config("lax").tool_pins.tool_changes == "warn"
+            srv.rug_pull()
+            assert (await listed(client))["fetch"] == POISONED  # warn: listed, reported
+    assert errors == []

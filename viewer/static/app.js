@@ -807,8 +807,13 @@ const GUARD_FIELDS = {
     ['cooldown_seconds', 'num', 'Cooldown (s)'],
     ['half_open_max_calls', 'int', 'Half-open trial calls'],
   ],
+  tool_pins: [ // docs/mcp.md "Changed tools"
+    ['tool_changes', ['ask', 'block', 'warn', 'off'], 'A pinned MCP tool changed'],
+    ['tool_added', ['ask', 'block', 'warn', 'off'], 'An MCP tool added later'],
+    ['hidden_instructions', ['warn', 'block', 'off'], 'Hidden instructions'],
+  ],
 };
-const SECTION_TITLES = { loop_detection: 'Loop detection', budget: 'Budget', limits: 'Limits', circuit_breaker: 'Circuit breaker' };
+const SECTION_TITLES = { loop_detection: 'Loop detection', budget: 'Budget', limits: 'Limits', circuit_breaker: 'Circuit breaker', tool_pins: 'MCP tool pins' };
 const PROJECT = '__project__';
 let agentName = null;
 let agentConfig = null;
