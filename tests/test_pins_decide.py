@@ -160,3 +160,27 @@ def test_the_config_is_validated_and_a_servers_own_wins() -> None:
     assert pins.policy("someone", "b") == PinPolicy("block", "warn", "warn")
     assert pins.policy("lax", "b") == PinPolicy("warn", "off", "warn")
     assert pins.policy("lax", "a") == PinPolicy("warn", "ask", "warn")  # the server's own key wins
+
+
+async def test_a_pin_store_that_is_down_stops_no_list(caplog: Any) -> None:
+    """Redis unreachable: lists are judged against the last read (nothing, here: pinned in memory),
+    the writes are logged, not raised."""
+    import socket
+
+    from proxy.guards.config import GuardConfig
+    from proxy.pins.service import Pins
+    from proxy.pins.store import RedisPinStore
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pins = Pins(RedisPinStore(f"redis://127.0.0.1:{port}/0"), lambda agent: GuardConfig(), {})
+    assert (await pins.refresh("files")).tools == {}
+    msg = {"jsonrpc": "2.0", "id": 1, "result": {"tools": [READ]}}
+    assert pins.judge_list_answer(msg, "files", "bot", None) is None  # pinned in memory
+    await pins.flush()
+    assert "read" in pins.cached("files").tools
+    changed = {"jsonrpc": "2.0", "id": 2, "result": {"tools": [{**READ, "description": "changed"}]}}
+    assert pins.judge_list_answer(changed, "files", "bot", None) == {**changed, "result": {"tools": []}}
+    await pins.close()
+    assert "not stored" in caplog.text
