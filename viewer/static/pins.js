@@ -19,7 +19,7 @@ function pinsText(value) {
 function pinsSection() {
   let section = $('view-pins');
   if (section) return section;
-  section = el('div', { id: 'view-pins', class: 'layout keys-layout', hidden: true },
+  section = el('div', { id: 'view-pins', hidden: true },
     el('main', { class: 'main' },
       el('h1', { text: 'Pinned MCP tools' }),
       el('p', { class: 'muted small', text: "Each MCP server's tools as first listed. A tool whose definition changed since (or that appeared later) waits here for a person: Approve pins the offered definition, Deny keeps it out of lists and refuses its calls." }),
