@@ -304,12 +304,14 @@ def make_admin_app(engine: Engine) -> web.Application:
     from viewer.api import setup_admin
     from viewer.approvals_api import setup_approvals
     from viewer.keys_api import setup_keys_api
+    from viewer.pins_api import setup_pins
 
     app = web.Application()
     app[ENGINE] = engine
     setup_admin(app, engine)
     setup_keys_api(app, engine.agent_keys)  # agent keys (SPEC §9), behind the same admin token
     setup_approvals(app, engine.approvals, engine.sessions)  # SPEC §5.5a
+    setup_pins(app, engine.pins, (*engine.settings.mcp, *engine.settings.mcp_stdio))  # docs/mcp.md
     return app
 
 

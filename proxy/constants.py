@@ -90,6 +90,8 @@ GUARD_STATE_UNAVAILABLE = "state_unavailable"  # shared state unreachable under 
 GUARD_TOOL_DENIED = "tool_denied"  # a tool permission's deny (or an allow-list that leaves it out)
 GUARD_TOOL_ASK = "tool_ask"  # a tool permission's ask pattern: held for a person (§5.5a)
 GUARD_RATE_LIMITED = "rate_limited"
+# an MCP tool whose definition changed since it was pinned: its call held or refused (docs/mcp.md)
+GUARD_TOOL_CHANGED = "tool_changed"
 GUARD_BUDGET_WINDOW_EXCEEDED = "budget_window_exceeded"
 GUARD_BUDGET_WINDOW_SOFT_ALERT = "budget_window_soft_alert"
 

@@ -27,6 +27,7 @@ from proxy.guards.config import GuardConfig
 from proxy.mcp.hub import McpHub
 from proxy.mcp.stdio import StdioServers
 from proxy.metrics import Metrics
+from proxy.pins.service import Pins, pins_for
 from proxy.pricing import Pricing
 from proxy.recorder import TraceRecorder
 from proxy.redact import redact_argv
@@ -107,6 +108,8 @@ class Engine:
         self.approvals = Approvals(
             approval_book_for(settings), self.metrics, self.alerts, approvals_url(settings)
         )
+        # MCP servers' pinned tool definitions: the data dir, or Redis with shared state
+        self.pins: Pins = pins_for(settings, self.guards.config, self.metrics.registry)
         # when runs open, end, are terminated; the events of a session and what its guards make of them
         self.policy = SessionPolicy(
             sessions=self.sessions,
@@ -136,6 +139,7 @@ class Engine:
             mcp=self.mcp,
             pricing=self.pricing,
             approvals=self.approvals,
+            pins=self.pins,
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -176,6 +180,7 @@ class Engine:
             await asyncio.wait({sweeper}, timeout=1.0)
         self.policy.end_all("shutdown")
         await self.approvals.close()
+        await self.pins.close()
         await self.guards.close()
         await self.agent_keys.close()
         await self.recorder.close()

@@ -16,6 +16,7 @@ from proxy.stages.forward import ForwardStage
 from proxy.stages.guards import GuardStage
 from proxy.stages.llm_parse import LLMParseStage
 from proxy.stages.mcp_parse import mcp_parse_stage
+from proxy.stages.pins import pin_stage
 from proxy.stages.record import RecordStage
 from proxy.stages.recovery import MaxTokensRecoveryStage
 from proxy.stages.responses_chain import ResponsesChainStage
@@ -47,6 +48,7 @@ def mcp_stages(services: Services) -> list[Stage]:
     return [
         mcp_parse_stage(services),  # JSON-RPC; tools/call matched to its result across streams
         SessionStage(services),
+        pin_stage(services),  # a changed tool's call held for a person (docs/mcp.md "Changed tools")
         GuardStage(services),
         BreakerStage(services),
         ForwardStage(services),

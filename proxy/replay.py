@@ -38,6 +38,7 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import Fingerprinted, RecordedError, content_text, result_fingerprint
 from proxy.replay_input import (
+    PIN_FINDINGS,
     RECORDED_ONLY_GUARDRAILS,
     BadRecord,
     Event,
@@ -361,6 +362,20 @@ class _Replayer:
                         str(payload.message or ""),
                         replayed=False,
                         decision=str(payload.decision),
+                    )
+                )
+                continue
+            if ev.event_type == EventType.STATE_UPDATE and ev.name in PIN_FINDINGS:
+                # a changed MCP tool definition (docs/mcp.md "Changed tools"): the server's, as found
+                self.out.decisions.append(
+                    ReplayDecision(
+                        self.run_id,
+                        last,
+                        ev.event_id,
+                        str(ev.name),
+                        None,
+                        str(payload.action or "warn"),
+                        replayed=False,
                     )
                 )
                 continue

@@ -16,6 +16,7 @@ from proxy.guard_backend import GuardBackend
 from proxy.guards.breaker import BreakerRegistry
 from proxy.mcp.hub import McpHub
 from proxy.metrics import Metrics
+from proxy.pins.service import Pins
 from proxy.pricing import Pricing
 from proxy.recorder import TraceRecorder
 from proxy.session_policy import SessionPolicy
@@ -39,3 +40,4 @@ class Services:
     mcp: McpHub
     pricing: Pricing
     approvals: Approvals  # calls held for a person's decision (SPEC §5.5a)
+    pins: Pins  # MCP servers' pinned tool definitions (docs/mcp.md "Changed tools")

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from proxy.guards.config import GuardConfig
+from proxy.guards.config import GuardConfig, ServerPinsConfig
 
 # the guard config's top-level keys (LangSight's sections, `shadow`, the gateway's and asking a
 # person's keys: SPEC §5.4), accepted at the YAML's top level
@@ -82,6 +82,8 @@ class UpstreamConfig(BaseModel):
     # "none": this upstream takes no key (a local model, an open MCP server): with agent keys
     # required (SPEC §9) it needs no key source, and the agent's key headers are never sent to it
     api_key: Literal["none"] | None = None
+    # an MCP server's own actions on changed tools (docs/mcp.md "Changed tools"; null: the agent's)
+    tool_pins: ServerPinsConfig | None = None
 
     @field_validator("url")
     @classmethod
@@ -108,6 +110,7 @@ class StdioServerConfig(BaseModel):
     command: str
     env: dict[str, str] = Field(default_factory=dict)
     list_timeout_s: PositiveFloat | None = None  # on /mcp: its own (null: the top-level one)
+    tool_pins: ServerPinsConfig | None = None  # its own actions on changed tools (null: the agent's)
 
 
 class RetentionConfig(BaseModel):

@@ -108,6 +108,10 @@ class EraGate:
         self.era = era
         self.seen: list[tuple[str, str | None]] = []  # (HTTP method, MCP-Protocol-Version) of each request
         self.posted: list[Any] = []  # the JSON-RPC message of each POST that passed the gate
+        # 2026-07-28 routing headers: a POST whose Mcp-Method / Mcp-Name differ from its body is
+        # refused as the revision says (400, -32001 HeaderMismatch); each POST's headers kept
+        self.check_routing = False
+        self.headers: list[dict[str, str]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -135,7 +139,29 @@ class EraGate:
             return
         if scope["method"] == "POST":
             receive = await self._keep_body(receive)
+            self.headers.append(
+                {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            )
+            mismatch = self._routing_mismatch(self.headers[-1], self.posted[-1] if self.posted else None)
+            if mismatch is not None:
+                error = {"code": -32001, "message": f"HeaderMismatch: {mismatch}"}
+                await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": error})
+                return
         await self.app(scope, receive, send)
+
+    def _routing_mismatch(self, headers: Mapping[str, str], message: Any) -> str | None:
+        """What a 2026-07-28 server checks: `Mcp-Method` is the body's method, `Mcp-Name` its
+        tool, prompt or resource (both required where the revision requires them)."""
+        if not self.check_routing or not isinstance(message, dict) or "method" not in message:
+            return None
+        if headers.get("mcp-method") != message["method"]:
+            return f"Mcp-Method {headers.get('mcp-method')!r} is not the body's {message['method']!r}"
+        key = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}.get(message["method"])
+        if key is not None:
+            wanted = (message.get("params") or {}).get(key)
+            if headers.get("mcp-name") != wanted:
+                return f"Mcp-Name {headers.get('mcp-name')!r} is not the body's {wanted!r}"
+        return None
 
     async def _keep_body(self, receive: Any) -> Any:
         """Read the POST's body (to keep its JSON-RPC message), then replay it to the app."""

@@ -65,7 +65,6 @@ async def test_other_messages_are_forwarded_unrecorded(engine_factory: EngineFac
     stage = MCPParseStage(engine.services)
     for body in (
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"arguments": {}}},  # no name
     ):
@@ -75,6 +74,23 @@ async def test_other_messages_are_forwarded_unrecorded(engine_factory: EngineFac
     get = make_exchange("GET", URL, engine=engine)
     await stage.request(get)
     assert get.protocol is None and get.answer is None
+
+
+async def test_a_tools_list_answer_is_read_for_the_pins_unless_they_are_off(
+    engine_factory: EngineFactory,
+) -> None:
+    """Its answer is judged against the server's pinned tool definitions (docs/mcp.md "Changed
+    tools"): read as it passes, a JSON answer held whole; with every pin action off, not read."""
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    engine = await mcp_engine(engine_factory)
+    ex = make_exchange("POST", URL, body=listing, engine=engine)
+    await MCPParseStage(engine.services).request(ex)
+    assert ex.protocol is None and ex.observer is not None and ex.observer.rewrites
+    off = {"tool_changes": "off", "tool_added": "off", "hidden_instructions": "off"}
+    engine = await engine_factory(mcp=DEMO, guards={"tool_pins": off})
+    ex = make_exchange("POST", URL, body=listing, engine=engine)
+    await MCPParseStage(engine.services).request(ex)
+    assert ex.protocol is None and ex.observer is None
 
 
 async def test_a_body_that_is_not_json_is_a_jsonrpc_parse_error(engine_factory: EngineFactory) -> None:

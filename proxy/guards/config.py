@@ -29,6 +29,9 @@ OnLimit = Literal["refuse", "ask"]
 # what applies when nobody decides a held call within `ask_timeout_s`
 AskFallback = Literal["block", "terminate"]
 Period = Literal["day", "week", "month"]
+# a changed or added MCP tool definition (proxy/pins/, docs/mcp.md "Changed tools")
+PinAction = Literal["ask", "block", "warn", "off"]
+MarkerAction = Literal["warn", "block", "off"]
 # the two rate-limit scopes that are not tool patterns (SPEC §9)
 RATE_SCOPES = ("llm", "tools")
 
@@ -170,6 +173,24 @@ class BudgetWindowConfig(_Section):
         return self
 
 
+class ToolPinsConfig(_Section):
+    """What an agent's MCP lists and calls do about tool definitions that changed since they were
+    pinned, tools added later, and hidden-instruction markers (docs/mcp.md "Changed tools")."""
+
+    tool_changes: PinAction = "ask"
+    tool_added: PinAction = "warn"
+    hidden_instructions: MarkerAction = "warn"
+
+
+class ServerPinsConfig(_Section):
+    """One MCP server's own actions (`mcp: {NAME: {url: ..., tool_pins: {...}}}`): a key given
+    here wins over the agent's for that server's tools."""
+
+    tool_changes: PinAction | None = None
+    tool_added: PinAction | None = None
+    hidden_instructions: MarkerAction | None = None
+
+
 _TZ_NAME = re.compile(r"^[A-Za-z0-9_+\-/]+$")
 
 
@@ -205,6 +226,7 @@ class GuardConfig(_Section):
     budget_timezone: str = "UTC"
     ask_timeout_s: PositiveFloat = 120
     ask_fallback: AskFallback = "block"
+    tool_pins: ToolPinsConfig = ToolPinsConfig()
 
     @field_validator("budget_timezone")
     @classmethod

@@ -45,6 +45,11 @@ class MessageObserver:
         self.messages_seen = 0
         self.resumable = False  # an SSE event carried an id: the client can resume with Last-Event-ID
 
+    def hold_all_json(self) -> None:
+        """A JSON answer is held until complete whatever `hold_json` says (its result may be
+        replaced: proxy/stages/pins.py); before the answer's first byte only."""
+        self._hold_json = lambda: True
+
     @property
     def rewrites(self) -> bool:
         """Read by the Forwarder once the upstream answered: a held JSON body loses its Content-Length."""

@@ -79,7 +79,7 @@ class MCPParseStage(BaseStage):
             msg, route.upstream, legacy is not None, mcp_session, request.headers, aggregated=route.aggregated
         )
         if call is None:
-            lists = self.filter_tools_lists(ex, messages, session_key)
+            lists = await self.filter_tools_lists(ex, messages, session_key)
             if legacy is not None:
                 return  # (a legacy answer comes on the session's SSE stream, relayed by the hub)
             if batch:
@@ -151,10 +151,11 @@ class MCPParseStage(BaseStage):
         log.warning("refused a tools/call without an id of agent %s", agent)
         return True
 
-    def filter_tools_lists(self, ex: Exchange, messages: list[Any], session_key: str) -> bool:
-        """The `tools/list` requests the agent's tool permissions filter: their answers, wherever
-        they come, leave out the tools whose `SERVER__TOOL` is denied (SPEC §9). True when there is
-        one (its answer must be read). Shadow mode alters nothing."""
+    async def filter_tools_lists(self, ex: Exchange, messages: list[Any], session_key: str) -> bool:
+        """The `tools/list` requests whose answers are read: judged against the server's pinned
+        tool definitions (docs/mcp.md "Changed tools"), then without the tools whose `SERVER__TOOL`
+        the agent's permissions deny (SPEC §9), wherever they come. True when there is one (its
+        answer must be read). Shadow mode alters nothing (pins are still kept)."""
         lists = [
             m
             for m in messages
@@ -162,14 +163,26 @@ class MCPParseStage(BaseStage):
         ]
         if not lists:
             return False
-        config = self.services.guards.config(ex.route.agent)
-        if not config.tools.restricts or config.in_shadow:
+        route = ex.route
+        config = self.services.guards.config(route.agent)
+        permitted = config.tools.restricts and not config.in_shadow
+        pinned = await self.services.pins.list_filter(
+            route.upstream, route.agent, route.session, config.in_shadow
+        )
+        if not permitted and pinned is None:
             return False
-        tools, server = config.tools, ex.route.upstream
+        tools, server = config.tools, route.upstream
+
+        def rewrite(answer: dict[str, Any]) -> dict[str, Any] | None:
+            out = answer
+            if pinned is not None:
+                out = pinned(out) or out
+            if permitted:
+                out = permitted_tools_list(out, server, tools) or out
+            return out if out is not answer else None
+
         for m in lists:
-            self.hub.rewrite_answer(
-                server, session_key, m.get("id"), lambda a: permitted_tools_list(a, server, tools)
-            )
+            self.hub.rewrite_answer(server, session_key, m.get("id"), rewrite)
         return True
 
     def watch_batch(

@@ -807,8 +807,13 @@ const GUARD_FIELDS = {
     ['cooldown_seconds', 'num', 'Cooldown (s)'],
     ['half_open_max_calls', 'int', 'Half-open trial calls'],
   ],
+  tool_pins: [ // docs/mcp.md "Changed tools"
+    ['tool_changes', ['ask', 'block', 'warn', 'off'], 'A pinned MCP tool changed'],
+    ['tool_added', ['ask', 'block', 'warn', 'off'], 'An MCP tool added later'],
+    ['hidden_instructions', ['warn', 'block', 'off'], 'Hidden instructions'],
+  ],
 };
-const SECTION_TITLES = { loop_detection: 'Loop detection', budget: 'Budget', limits: 'Limits', circuit_breaker: 'Circuit breaker' };
+const SECTION_TITLES = { loop_detection: 'Loop detection', budget: 'Budget', limits: 'Limits', circuit_breaker: 'Circuit breaker', tool_pins: 'MCP tool pins' };
 const PROJECT = '__project__';
 let agentName = null;
 let agentConfig = null;
@@ -977,12 +982,14 @@ async function resetGuards() {
 function showView() {
   const agents = param('view') === 'agents';
   const keys = param('view') === 'keys'; // the Keys page: keys.js
-  $('view-runs').hidden = agents || keys;
+  const pins = param('view') === 'pins'; // the Pins page: pins.js
+  $('view-runs').hidden = agents || keys || pins;
   $('view-agents').hidden = !agents;
-  $('nav-runs').classList.toggle('active', !agents && !keys);
+  $('nav-runs').classList.toggle('active', !agents && !keys && !pins);
   $('nav-agents').classList.toggle('active', agents);
   keysView(keys);
-  if (keys) {
+  pinsView(pins);
+  if (keys || pins) {
     runsPoller.stop(); eventsPoller.stop();
   } else if (agents) {
     runsPoller.stop(); eventsPoller.stop();

@@ -26,6 +26,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy import jsonparse
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer
 from proxy.mcp import jsonrpc
+from proxy.mcp.aggregate import trace_context
 from proxy.mcp.aggregate.upstream import JsonObject, ServerUnavailable, TransportStatus
 from proxy.routing import TRIPWIRE_HEADER_PREFIX, Route
 from proxy.sse import SSEDecoder
@@ -176,7 +177,7 @@ class PipelineTransport:
             self.app,
             method,
             f"{self.outer.prefix}/{server}",
-            inner_headers({**self.client_headers, **headers}),
+            inner_headers({**self.client_headers, **trace_context.current(), **headers}),
             body,
         )
         heads: asyncio.Queue[CapturedAnswer] = asyncio.Queue()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import secrets
 import time
@@ -35,6 +36,7 @@ from proxy.guards.config import GuardConfig
 from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate import revisions as rev
+from proxy.mcp.aggregate import trace_context
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
 from proxy.mcp.aggregate.resources import Ambiguous, ResourceOwners
 from proxy.mcp.aggregate.upstream import (
@@ -176,7 +178,9 @@ class Aggregate:
         s.down[server] = why
         self.server_health[server] = {"error": why, "since": time.time()}
         if s.probe is None or s.probe.done():
-            s.probe = asyncio.create_task(self._probe(s), name=f"tripwire-aggregate-probe-{s.key}")
+            s.probe = asyncio.create_task(  # (a fresh context: not the request's traceparent, forever)
+                self._probe(s), name=f"tripwire-aggregate-probe-{s.key}", context=contextvars.Context()
+            )
 
     def _back(self, s: ClientSession, server: str) -> None:
         if s.down.pop(server, None) is not None:
@@ -257,6 +261,10 @@ class Aggregate:
     # --- HTTP ----------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        with trace_context.answering(request.headers):  # the client's traceparent, to its servers
+            return await self._handle(request, route)
+
+    async def _handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         if request.method == "GET":
             return await self._get(request, route)
         if request.method == "DELETE":
