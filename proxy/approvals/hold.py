@@ -189,8 +189,13 @@ class Watch:
 
 
 def client_gone(ex: Exchange, stream: HeldStream | None = None) -> bool:
-    watched = stream.watched if isinstance(stream, HeldAccepted) else ex
-    transport = watched.request.transport
+    """The held call's client hung up. An aggregated call (`/mcp`) runs on an in-process request
+    without a connection of its own: its `client`, the aggregate client's request, is watched."""
+    if isinstance(stream, HeldAccepted):
+        request: Any = stream.watched.request
+    else:
+        request = getattr(ex.request, "client", None) or ex.request
+    transport = request.transport
     return transport is None or transport.is_closing()
 
 
