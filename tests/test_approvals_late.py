@@ -214,6 +214,9 @@ async def test_an_approved_loop_is_not_asked_again_by_another_pattern(
     # the 5th step repeats the 4th's call set a 3rd time: identical_step asks (4 calls forwarded)
     first = await decided_late(tw, {"decision": "approve"})
     assert first["kind"] == "identical_step" and first["threshold"] == 3
+    # what the person is shown (item 3): the tool calls the held step repeats, and the evidence
+    assert first["call"]["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert first["evidence"]["repetitions"] == 4 and first["evidence"]["event_ids"]
     # approved: the 5th call goes on, and the loop goes on for 3 calls (5, 6, 7): repetition sees
     # call 6 (5 in a row) but does not ask; call 8 asks again
     second = await decided_late(tw, {"decision": "deny", "note": "enough"}, skip={first["id"]})

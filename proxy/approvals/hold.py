@@ -21,6 +21,8 @@ from multidict import CIMultiDict
 
 from proxy.call_request import ClientAnswer
 from proxy.exchange import Exchange
+from proxy.guards.decision import Decision
+from proxy.guards.loop.history import call_tuple
 from proxy.mcp import jsonrpc
 from proxy.redact import sanitize
 
@@ -309,11 +311,43 @@ class Discarded:
         return None
 
 
+MAX_LISTED_CALLS = 20  # tool calls of the held step listed with an approval (the rest counted)
+
+
 def held_call(ex: Exchange, max_field_bytes: int = 8192) -> dict[str, Any]:
     """What the person is asked about: the tool and its arguments (secrets redacted and long values
-    cut as the trace keeps them: the API and the webhook show them), or the model."""
+    cut as the trace keeps them: the API and the webhook show them), or the model and the tool
+    calls of the step the request goes on from (the model's last step, which a loop repeats)."""
     call = ex.call
     if getattr(ex.protocol, "kind", None) == "mcp":
         arguments = sanitize(call.arguments, max_field_bytes)
         return {"tool": call.tool_name, "arguments": arguments, "server": ex.route.upstream}
-    return {"model": getattr(call, "model", None), "stream": bool(getattr(call, "stream", False))}
+    # a Responses previous_response_id stands for its chain's history (as the guards judged it)
+    steps = ex.history.steps if ex.history is not None else getattr(call, "steps", None) or []
+    last = [call_tuple(c) for c in steps[-1]] if steps else []
+    listed = [
+        {"name": name, "arguments": sanitize(arguments, max_field_bytes)}
+        for _, name, arguments in last[:MAX_LISTED_CALLS]
+    ]
+    out: dict[str, Any] = {
+        "model": getattr(call, "model", None),
+        "stream": bool(getattr(call, "stream", False)),
+        "tool_calls": listed,
+    }
+    if len(last) > MAX_LISTED_CALLS:
+        out["tool_calls_not_listed"] = len(last) - MAX_LISTED_CALLS
+    return out
+
+
+def held_evidence(decision: Decision, max_field_bytes: int = 8192) -> dict[str, Any]:
+    """What a loop pattern saw (as its LOOP_WARNING has it): the repeated pattern (its arguments'
+    secrets redacted), how many times, and the events of the calls (TOOL_CALL event ids, which the
+    run's timeline shows); {} for what is not a loop."""
+    if decision.kind is None:
+        return {}
+    return {
+        "pattern": sanitize(decision.pattern, max_field_bytes),
+        "repetitions": decision.repetitions,
+        "window_size": decision.window_size,
+        "event_ids": list(decision.evidence),
+    }

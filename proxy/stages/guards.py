@@ -19,7 +19,7 @@ import orjson
 
 from proxy import guard_trace
 from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
-from proxy.approvals.hold import HeldStream, held_call, held_stream_for
+from proxy.approvals.hold import HeldStream, held_call, held_evidence, held_stream_for
 from proxy.approvals.service import covers_until
 from proxy.constants import (
     GUARD_KILL_SWITCH,
@@ -280,6 +280,7 @@ class GuardStage(BaseStage):
             threshold=decision.threshold,
             actual=decision.actual,
             call=held_call(ex, self.services.settings.max_field_bytes),
+            evidence=held_evidence(decision, self.services.settings.max_field_bytes),
             approving=approving(decision),
             requested_at=time.time(),
             timeout_s=float(config.ask_timeout_s),
