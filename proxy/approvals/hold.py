@@ -20,6 +20,7 @@ import orjson
 from multidict import CIMultiDict
 
 from proxy.call_request import ClientAnswer
+from proxy.constants import OVERHEAD_HEADER
 from proxy.exchange import Exchange
 from proxy.guards.decision import Decision
 from proxy.guards.loop.history import call_tuple
@@ -41,7 +42,9 @@ class HeldStream:
         self.lane_maker = ex.answer_maker
 
     async def start(self) -> None:
-        response = self.lane_maker(200, None, CIMultiDict(SSE_HEADERS), True)
+        headers = CIMultiDict(SSE_HEADERS)
+        headers[OVERHEAD_HEADER] = self.ex.overhead_ms(time.monotonic())  # the head goes now
+        response = self.lane_maker(200, None, headers, True)
         await response.prepare(self.ex.request)
         self.response = response
         await self.keep_alive()
