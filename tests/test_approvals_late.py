@@ -235,3 +235,41 @@ async def test_an_approved_loop_is_not_asked_again_by_another_pattern(
     replay = replay_dir(tw.data_dir / "runs" / first["run_id"])
     asks = sorted({d.call_index for d in replay.decisions if d.action == "ask" and d.replayed})
     assert asks == [5, 8]
+
+
+@mcp_only
+async def test_a_client_hanging_up_on_the_aggregate_withdraws_its_held_call(
+    start_tripwire: StartTripwire,
+) -> None:
+    """The watch looks at the aggregate client's own connection: closed, the held call is withdrawn
+    (and nothing forwarded), as on a server's own route."""
+    from tests.mcp_servers import serve
+
+    with serve("streamable-http") as upstream:
+        tw = await start_tripwire(
+            mcp={"demo": {"url": upstream}}, guards={"tools": {"ask": ["demo__add"]}}, admin_token="hunter2"
+        )
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "demo__add", "arguments": {"a": 1, "b": 2}},
+        }
+        headers = {"MCP-Protocol-Version": "2026-07-28", "Accept": "application/json, text/event-stream"}
+        http = aiohttp.ClientSession()
+        call = asyncio.create_task(
+            http.post(f"{tw.url}/agents/bot/sessions/s1/mcp", json=body, headers=headers)
+        )
+        (approval,) = await until(lambda: approvals(tw), "the aggregated call held")
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        await http.close()  # the client's connection closes
+
+        async def withdrawn() -> list[dict[str, Any]]:
+            return [a for a in await approvals(tw, decided=True) if a["status"] == "withdrawn"]
+
+        await until(withdrawn, "the held call withdrawn")
+        status, _ = await decide(tw, approval["id"], {"decision": "approve"})
+        await tw.flush()
+    assert status == 409
+    assert [e for e in tw.events() if e["event_type"] == "TOOL_CALL" and e["name"] == "add"] == []
