@@ -273,3 +273,46 @@ async def test_a_client_hanging_up_on_the_aggregate_withdraws_its_held_call(
         await tw.flush()
     assert status == 409
     assert [e for e in tw.events() if e["event_type"] == "TOOL_CALL" and e["name"] == "add"] == []
+
+
+async def test_an_approved_loop_covers_the_loop_on_every_replica(
+    start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], redis_url: str
+) -> None:
+    """Shared state: the call is held and approved on replica a (decided through b's API); the
+    loop's next calls reach replica b, whose copy of the run's guards has the cover (a log entry),
+    so they are not asked about; the call after the cover asks again, on b."""
+    fake, url = fake_upstream
+    looping(fake)
+    settings: dict[str, Any] = {
+        "upstream": {"url": url},
+        "state": {"url": redis_url},
+        "admin_token": "hunter2",
+    }
+    a = await start_tripwire(**settings, guards={**ASK_LOOP, "ask_timeout_s": 15})
+    b = await start_tripwire(**settings, guards={**ASK_LOOP, "ask_timeout_s": 15})
+    clients = [
+        openai.AsyncOpenAI(base_url=tw.url + "/v1", api_key=AGENT_KEY, default_headers=HEADERS, max_retries=0)
+        for tw in (a, b)
+    ]
+
+    async def loop() -> str:
+        chat: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
+        for step in range(1, 40):
+            client = clients[0] if step <= 5 else clients[1]  # calls 1-5 on replica a, then b
+            message = (
+                (await client.chat.completions.create(model="gpt-4o-mini", messages=chat)).choices[0].message
+            )
+            if not message.tool_calls:
+                return str(message.content)
+            chat.append(message.model_dump(exclude_none=True))
+            chat += [{"role": "tool", "tool_call_id": tc.id, "content": "sunny"} for tc in message.tool_calls]
+        raise AssertionError("the agent loop never ended")
+
+    run = asyncio.create_task(loop())
+    first = await decided_late(b, {"decision": "approve"})  # held on a, decided on b
+    assert first["replica"] == a.engine.approvals.book.replica  # type: ignore[attr-defined]
+    second = await decided_late(a, {"decision": "deny", "note": "enough"}, skip={first["id"]})
+    assert second["replica"] == b.engine.approvals.book.replica  # type: ignore[attr-defined]
+    assert len(fake.seen) == 7  # calls 6 and 7 went on through b; call 8 asked again
+    text = await run
+    assert "A person denied this call: enough" in text
