@@ -99,6 +99,9 @@ async def test_an_mcp_call_approved_late_is_forwarded_and_the_loop_goes_on(
     decided = [e["payload"] for e in tw.events() if e["name"] == "approval_decided"]
     assert [d["decision"] for d in decided] == ["approved", "denied"]
     assert decided[0]["covers_until"] == 5
+    (run_id,) = {e["run_id"] for e in tw.events() if e["event_type"] == "TOOL_CALL"}
+    replay = replay_dir(tw.data_dir / "runs" / run_id)
+    assert replay.replayed_checks == replay.live  # the covered calls replay as the WARNs they were
 
 
 # --- LLM dialects: the SDK agents ------------------------------------------------------------------
@@ -235,6 +238,7 @@ async def test_an_approved_loop_is_not_asked_again_by_another_pattern(
     replay = replay_dir(tw.data_dir / "runs" / first["run_id"])
     asks = sorted({d.call_index for d in replay.decisions if d.action == "ask" and d.replayed})
     assert asks == [5, 8]
+    assert replay.replayed_checks == replay.live  # every call's decisions, as live
 
 
 @mcp_only
