@@ -83,6 +83,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 assert t.pid is not None
                 before = procs.cpu_seconds(t.pid)
                 got, _ = await concurrent(t.port, [raws[t.name]] * args.batch * 4, 32)
+                assert all(a.status == 200 for a in got), (t.name, {a.status for a in got})
                 cpu[t.name].append((procs.cpu_seconds(t.pid) - before) / len(got) * 1e6)
         return {
             "c1_p50_ms": {k: round(statistics.median(v), 3) for k, v in p50.items()},
