@@ -21,6 +21,7 @@ from proxy.appkeys import ENGINE
 from proxy.auth import AuthRefusal, refusal_answer
 from proxy.call_request import AnswerMaker, CallRequest, ClientAnswer, aiohttp_answer
 from proxy.classify.calls import LLMCall, classify_http
+from proxy.constants import OVERHEAD_HEADER
 from proxy.engine import Engine
 from proxy.exchange import Answer, Exchange
 from proxy.forward import json_error
@@ -174,7 +175,9 @@ async def handle_routed_call(request: CallRequest, route: Route, answer_maker: A
     if ex.response is not None:
         return ex.response
     if ex.answer is not None:
-        return error_in_dialect(ex, ex.answer).to_response()  # Tripwire's own errors in the agent's protocol
+        own = error_in_dialect(ex, ex.answer)  # Tripwire's own errors in the agent's protocol
+        own.headers[OVERHEAD_HEADER] = ex.overhead_ms(time.monotonic())
+        return own.to_response()
     return json_error(500, "Tripwire produced no answer", "tripwire_internal", "internal").to_response()
 
 

@@ -99,3 +99,8 @@ GUARD_BUDGET_WINDOW_SOFT_ALERT = "budget_window_soft_alert"
 def default_counts() -> dict[str, int]:
     """A fresh run.json counts object (AgentDbg's four counters)."""
     return {"llm_calls": 0, "tool_calls": 0, "errors": 0, "loop_warnings": 0}
+
+
+# on every answer Tripwire gives an HTTP call (forwarded or its own): the milliseconds the call spent
+# inside Tripwire up to the answer's head, the upstream's wait for its head left out (docs/metrics.md)
+OVERHEAD_HEADER = "x-tripwire-overhead-ms"

@@ -194,6 +194,14 @@ class Exchange:
         self.answer_maker = answer_maker
         self.decisions = []  # the only field whose default is not shared: made per call
 
+    def overhead_ms(self, now: float) -> str:
+        """The `x-tripwire-overhead-ms` value of an answer whose head goes out at `now`: the time
+        since the call arrived, less the upstream's wait for its head (when it was forwarded)."""
+        spent = now - self.started
+        if self.upstream_started is not None and self.first_byte_at is not None:
+            spent -= self.first_byte_at - self.upstream_started
+        return f"{max(spent, 0.0) * 1000:.3f}"
+
     @property
     def refused(self) -> bool:
         """Tripwire answered instead of the upstream (a guard, a bad request): not a recorded call."""

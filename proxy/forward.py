@@ -38,6 +38,7 @@ from yarl import URL
 
 from proxy.agent_keys import is_agent_key_header
 from proxy.call_request import ClientAnswer
+from proxy.constants import OVERHEAD_HEADER
 from proxy.content_coding import Codec, ContentDecodeError, content_codings
 from proxy.egress import Egress, WayOut
 from proxy.exchange import Answer, Exchange
@@ -553,6 +554,7 @@ class Forwarder:
                     out_headers["X-Accel-Buffering"] = "no"
                 for name, value in extra_response_headers:
                     out_headers[name] = value
+                out_headers[OVERHEAD_HEADER] = ex.overhead_ms(time.monotonic())
                 response = ex.answer_maker(upstream.status, upstream.reason, out_headers, is_sse)
                 ex.response = response
                 try:

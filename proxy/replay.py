@@ -273,6 +273,8 @@ class _Replayer:
                 return
             if ev.event_type == EventType.STATE_UPDATE and ev.payload.raised:
                 guards.raise_limits(ev.payload.raised)  # from the next call on, as live
+            if ev.event_type == EventType.STATE_UPDATE and ev.payload.covers_until:
+                guards.approve_loop(ev.payload.covers_until)  # an approved loop (SPEC §5.5a), as live
             d = guards.observe_event(str(ev.event_type), ev.name or "", str(ev.event_id))
             if d is not None:
                 seq = ev.payload.call_seq if "call_seq" in ev.payload.model_fields_set else self.last_call

@@ -121,6 +121,7 @@ class Payload(_Read):
     guard_input: GuardInput | None = None
     raised: dict[str, float] | None = None  # STATE_UPDATE limits_raised (proxy/guards/raises.py)
     decision: Any = None  # STATE_UPDATE approval_decided: how a held call ended (SPEC §5.5a)
+    covers_until: int | None = None  # ... and the last call an approved loop goes on to
     # RUN_START of a resumed run (SPEC §5.5a): the spend and counts its session carried over
     carried_over: dict[str, Any] | None = None
     # the ERROR of a guard, the LOOP_WARNING of a cycle

@@ -277,6 +277,11 @@ async def test_a_held_openai_sdk_loop_call_is_decided_in_the_browser(
     await expect(page.locator("#approvals-badge")).to_contain_text("1")
     await expect(item).to_contain_text("loop_detection · repetition")
     await expect(item).to_contain_text("LLM call to gpt-4o-mini")
+    # what the held call repeats (issue 32 item 3): the step's tool call, and the loop's evidence
+    await expect(item.locator(".approval-tool-calls")).to_contain_text("get_weather")
+    await expect(item.locator(".approval-tool-calls .approval-args")).to_contain_text('"city": "Paris"')
+    await expect(item.locator(".approval-evidence")).to_contain_text("5 times")
+    await expect(item.locator(".approval-evidence a")).to_have_count(5)  # the calls' TOOL_CALL events
     await expect(item.locator(".approval-events li").first).to_be_visible()
     assert len(fake.calls(CHAT)) == 5 and not agent.done()  # held, not forwarded
     note = "fine, go on" if decision == "Approve" else "use the cached forecast"

@@ -50,7 +50,7 @@ class Approval:
     message: str
     threshold: Any
     actual: Any
-    call: dict[str, Any]  # {"tool", "arguments", "server"} or {"model", "stream"}
+    call: dict[str, Any]  # {"tool", "arguments", "server"} or {"model", "stream", "tool_calls"}
     approving: str  # what approving does, in words
     requested_at: float  # epoch seconds
     timeout_s: float
@@ -60,6 +60,8 @@ class Approval:
     note: str = ""
     by: str = ""
     raised: dict[str, float] = field(default_factory=dict)
+    # a loop's: {"pattern", "repetitions", "window_size", "event_ids"} (proxy/approvals/hold.py)
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def new_id() -> str:

@@ -20,7 +20,10 @@ import orjson
 from multidict import CIMultiDict
 
 from proxy.call_request import ClientAnswer
+from proxy.constants import OVERHEAD_HEADER
 from proxy.exchange import Exchange
+from proxy.guards.decision import Decision
+from proxy.guards.loop.history import call_tuple
 from proxy.mcp import jsonrpc
 from proxy.redact import sanitize
 
@@ -39,7 +42,9 @@ class HeldStream:
         self.lane_maker = ex.answer_maker
 
     async def start(self) -> None:
-        response = self.lane_maker(200, None, CIMultiDict(SSE_HEADERS), True)
+        headers = CIMultiDict(SSE_HEADERS)
+        headers[OVERHEAD_HEADER] = self.ex.overhead_ms(time.monotonic())  # the head goes now
+        response = self.lane_maker(200, None, headers, True)
         await response.prepare(self.ex.request)
         self.response = response
         await self.keep_alive()
@@ -189,8 +194,13 @@ class Watch:
 
 
 def client_gone(ex: Exchange, stream: HeldStream | None = None) -> bool:
-    watched = stream.watched if isinstance(stream, HeldAccepted) else ex
-    transport = watched.request.transport
+    """The held call's client hung up. An aggregated call (`/mcp`) runs on an in-process request
+    without a connection of its own: its `client`, the aggregate client's request, is watched."""
+    if isinstance(stream, HeldAccepted):
+        request: Any = stream.watched.request
+    else:
+        request = getattr(ex.request, "client", None) or ex.request
+    transport = request.transport
     return transport is None or transport.is_closing()
 
 
@@ -304,11 +314,43 @@ class Discarded:
         return None
 
 
+MAX_LISTED_CALLS = 20  # tool calls of the held step listed with an approval (the rest counted)
+
+
 def held_call(ex: Exchange, max_field_bytes: int = 8192) -> dict[str, Any]:
     """What the person is asked about: the tool and its arguments (secrets redacted and long values
-    cut as the trace keeps them: the API and the webhook show them), or the model."""
+    cut as the trace keeps them: the API and the webhook show them), or the model and the tool
+    calls of the step the request goes on from (the model's last step, which a loop repeats)."""
     call = ex.call
     if getattr(ex.protocol, "kind", None) == "mcp":
         arguments = sanitize(call.arguments, max_field_bytes)
         return {"tool": call.tool_name, "arguments": arguments, "server": ex.route.upstream}
-    return {"model": getattr(call, "model", None), "stream": bool(getattr(call, "stream", False))}
+    # a Responses previous_response_id stands for its chain's history (as the guards judged it)
+    steps = ex.history.steps if ex.history is not None else getattr(call, "steps", None) or []
+    last = [call_tuple(c) for c in steps[-1]] if steps else []
+    listed = [
+        {"name": name, "arguments": sanitize(arguments, max_field_bytes)}
+        for _, name, arguments in last[:MAX_LISTED_CALLS]
+    ]
+    out: dict[str, Any] = {
+        "model": getattr(call, "model", None),
+        "stream": bool(getattr(call, "stream", False)),
+        "tool_calls": listed,
+    }
+    if len(last) > MAX_LISTED_CALLS:
+        out["tool_calls_not_listed"] = len(last) - MAX_LISTED_CALLS
+    return out
+
+
+def held_evidence(decision: Decision, max_field_bytes: int = 8192) -> dict[str, Any]:
+    """What a loop pattern saw (as its LOOP_WARNING has it): the repeated pattern (its arguments'
+    secrets redacted), how many times, and the events of the calls (TOOL_CALL event ids, which the
+    run's timeline shows); {} for what is not a loop."""
+    if decision.kind is None:
+        return {}
+    return {
+        "pattern": sanitize(decision.pattern, max_field_bytes),
+        "repetitions": decision.repetitions,
+        "window_size": decision.window_size,
+        "event_ids": list(decision.evidence),
+    }

@@ -7,8 +7,9 @@ import collections
 from typing import Any
 
 from proxy.alerts import Alerts
-from proxy.approvals.book import Approval, ApprovalBook, LocalApprovalBook
+from proxy.approvals.book import APPROVED, Approval, ApprovalBook, Decided, LocalApprovalBook
 from proxy.approvals.hold import Watch
+from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.settings import Settings, split_host_port, url_host
 
@@ -22,19 +23,8 @@ class Approvals:
         self.alerts = alerts
         self.decision_url = decision_url  # the admin API's `/api/approvals/`, for the webhook
         self.watch = Watch()
-        # (run_id, guard, kind) -> the last call_seq of an approved streak that asks no more: the
-        # same streak asks again only once it goes on `threshold` more calls (SPEC §5.5a)
-        self._quiet: dict[tuple[str, str, str | None], int] = {}
         self.held = 0  # calls this process holds now (the gauge)
         self.held_runs: collections.Counter[str] = collections.Counter()  # runs tagged awaiting_approval
-
-    def quiet(self, run_id: str, guard: str, kind: str | None, call_seq: int) -> bool:
-        """An approved streak going on: this call is let through without asking."""
-        until = self._quiet.get((run_id, guard, kind))
-        return until is not None and call_seq <= until
-
-    def approved_streak(self, run_id: str, guard: str, kind: str | None, call_seq: int, calls: int) -> None:
-        self._quiet[(run_id, guard, kind)] = call_seq + calls - 1  # the T-th call on asks, as a loop fires
 
     def holding(self, run_id: str, delta: int) -> bool:
         """One more (or one fewer) call of the run held here; True when the run's first starts or
@@ -69,6 +59,16 @@ class Approvals:
     async def close(self) -> None:
         await self.watch.close()
         await self.book.close()
+
+
+def covers_until(decision: Decision, decided: Decided, call_seq: int) -> int | None:
+    """The last call an approved loop call covers (SPEC §5.5a): the loop goes on for `threshold`
+    calls, this one the first, whichever pattern sees it; the next one asks again, as a loop fires
+    on its threshold-th call. None for what is not a loop (a tool ask, a budget or limit)."""
+    if decision.kind is None or decided.status != APPROVED:
+        return None
+    threshold = decision.threshold if isinstance(decision.threshold, int) else 1
+    return call_seq + max(threshold, 1) - 1
 
 
 def approval_book_for(settings: Settings) -> ApprovalBook:

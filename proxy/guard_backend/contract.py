@@ -122,6 +122,12 @@ class GuardBackend(Protocol):
         (shared: a log entry every replica applies in order). Returns the raise as applied."""
         ...
 
+    async def approve_loop(self, session: Session, until: int) -> None:
+        """A person approved a held loop call: the session's loop asks go through up to call_seq
+        `until`, whichever pattern asks (`SessionGuards.approve_loop`; shared: a log entry every
+        replica applies in order)."""
+        ...
+
     async def resumed(self, old: Session, run_id: str) -> None:
         """A session ended by a guard is to go on in the new run `run_id` (SPEC §5.5a resume):
         shared, the new run's log is the old one's then a resume entry, and what names the

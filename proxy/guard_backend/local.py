@@ -194,5 +194,9 @@ class LocalGuardBackend:
         guards.raise_limits(values)
         return values
 
+    async def approve_loop(self, session: Session, until: int) -> None:
+        if session.guards is not None:
+            session.guards.approve_loop(until)
+
     async def resumed(self, old: Session, run_id: str) -> None:
         return None  # the session manager moves the session and its guards to the new run

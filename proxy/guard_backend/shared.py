@@ -303,6 +303,14 @@ class SharedGuardBackend:
             session.guards = replica.guards  # the run's guards with the raise (and all the log)
         return values
 
+    async def approve_loop(self, session: Session, until: int) -> None:
+        """Appended to the run's log: every replica's copy of the guards applies it in order."""
+        if session.guards is not None:
+            session.guards.approve_loop(until)  # this replica's next call, before the log comes back
+        channel = self.state.guards.channel(session.agent, session.run_id)
+        channel.queue([entries.approve_loop(until)])
+        await channel.flush()
+
     async def resumed(self, old: Session, run_id: str) -> None:
         shared = self.state
         agent, old_run_id, session = old.agent, old.run_id, old

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.constants import GUARD_TOOL_ASK, GUARD_TOOL_DENIED, EventType
@@ -87,6 +87,13 @@ class SessionGuards:
         # limits a person raised for the rest of the session (proxy/guards/raises.py), kept over
         # config changes
         self.raised: dict[str, float] = {}
+        # the last call_seq a loop a person approved covers (SPEC §5.5a): up to it a loop pattern's
+        # ASK is let through as a WARN, whichever pattern asks (the approved one or another)
+        self.loop_approved_until = 0
+
+    def approve_loop(self, until: int) -> None:
+        """A person approved a held loop call: the loop's asks go through up to call `until`."""
+        self.loop_approved_until = max(self.loop_approved_until, until)
 
     def configure(self, config: GuardConfig) -> bool:
         """The config in force changed (admin API): effective on the next call, counts kept.
@@ -112,6 +119,7 @@ class SessionGuards:
         and events by (call_seq, settle ranks, events seen, config revisions) start again."""
         self.terminated_by = None
         self.calls_seen = self.calls_settled = self.events_seen = 0
+        self.loop_approved_until = 0  # numbered by call_seq, which starts again
         self.config_rev = 0
 
     def carry_over(self, carried: Mapping[str, Any]) -> None:
@@ -256,6 +264,8 @@ class SessionGuards:
         self, kind: CallKind, decisions: list[Decision], estimate_usd: float, estimate_tokens: int, now: float
     ) -> Verdict:
         self.calls_seen += 1
+        if self.calls_seen <= self.loop_approved_until:
+            decisions = [approved(d) for d in decisions]
         shadow = self.config.in_shadow
         verdict = Verdict(list(decisions), None, self.calls_seen, shadow)
         if verdict.refused and not shadow:
@@ -297,6 +307,13 @@ class SessionGuards:
             "config": self.config.model_dump(mode="json"),
             "raised": dict(self.raised),
         }
+
+
+def approved(decision: Decision) -> Decision:
+    """A loop pattern's ASK within an approved loop: let through, recorded as a warning."""
+    if decision.kind is not None and decision.action is Action.ASK:
+        return replace(decision, action=Action.WARN)
+    return decision
 
 
 def tool_permission(tools: ToolsConfig, name: str) -> Decision | None:

@@ -19,7 +19,8 @@ import orjson
 
 from proxy import guard_trace
 from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
-from proxy.approvals.hold import HeldStream, held_call, held_stream_for
+from proxy.approvals.hold import HeldStream, held_call, held_evidence, held_stream_for
+from proxy.approvals.service import covers_until
 from proxy.constants import (
     GUARD_KILL_SWITCH,
     GUARD_TOOL_ASK,
@@ -255,12 +256,7 @@ class GuardStage(BaseStage):
             return None
         decision = verdict.decision
         if decision.action == Action.ASK and not verdict.shadow:
-            session = ex.session
-            assert session is not None
-            if not self.services.approvals.quiet(
-                session.run_id, decision.guard, decision.kind, verdict.call_seq
-            ):
-                return decision
+            return decision  # (an approved loop's asks are WARNs already: SessionGuards.approve_loop)
         self.warn_agent(ex, verdict)
         return None
 
@@ -284,6 +280,7 @@ class GuardStage(BaseStage):
             threshold=decision.threshold,
             actual=decision.actual,
             call=held_call(ex, self.services.settings.max_field_bytes),
+            evidence=held_evidence(decision, self.services.settings.max_field_bytes),
             approving=approving(decision),
             requested_at=time.time(),
             timeout_s=float(config.ask_timeout_s),
@@ -328,9 +325,9 @@ class GuardStage(BaseStage):
         """What the decision (or its absence) does: the trace, then the call goes on or is answered."""
         session = ex.session
         assert session is not None
-        approvals = self.services.approvals
         config = guards.config
         self.services.metrics.observe_approval(decision.guard, decided.status)
+        covers = covers_until(decision, decided, call_seq) if decided.status == APPROVED else None
         self.write_state(
             session,
             "approval_decided",
@@ -344,8 +341,11 @@ class GuardStage(BaseStage):
                 "by": decided.by,
                 "waited_s": round(decided.waited_s, 3),
                 **({"raise": decided.raised} if decided.raised else {}),
+                **({"covers_until": covers} if covers is not None else {}),
             },
         )
+        if covers is not None:  # right after its STATE_UPDATE, where replay applies it too
+            await self.guards.approve_loop(session, covers)
         if decided.status == APPROVED and session.terminated:
             # the session was ended while its call was held (the kill switch): refused like its
             # every later call, whatever the approval said
@@ -364,9 +364,6 @@ class GuardStage(BaseStage):
                     await self.policy.raise_limits(session, decided.raised, by=decided.by)
                 except RaiseError as e:  # validated by the API; the session moved on since
                     log.warning("approval %s: raise not applied: %s", approval.id, e)
-            if decision.kind is not None:
-                threshold = decision.threshold if isinstance(decision.threshold, int) else 1
-                approvals.approved_streak(session.run_id, decision.guard, decision.kind, call_seq, threshold)
             if stream is not None:
                 stream.relay_into()
                 ex.held_stream = stream

@@ -24,6 +24,7 @@ replica applied it (during an outage, fail_open) is still found.
     {"k": "kill", "reason"}                                       the kill switch
     {"v": VERSION, "k": "raise", "vals": {key: value}}           limits raised (proxy/guards/raises.py)
     {"v": VERSION, "k": "resume"}                                  the session resumed in this run
+    {"v": VERSION, "k": "appr", "until": call_seq}               a person approved a held loop call
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ def raise_limits(values: dict[str, float]) -> bytes:
     return orjson.dumps({"v": VERSION, "k": "raise", "vals": values})
 
 
+def approve_loop(until: int) -> bytes:
+    return orjson.dumps({"v": VERSION, "k": "appr", "until": until})
+
+
 def resume() -> bytes:
     return orjson.dumps({"v": VERSION, "k": "resume"})
 
@@ -204,16 +209,23 @@ class Resume(_Entry):
     kind: Literal["resume"] = Field("resume", alias="k")
 
 
+class ApproveLoop(_Entry):
+    """A person approved a held loop call: loop asks go through up to call_seq `until`."""
+
+    kind: Literal["appr"] = Field("appr", alias="k")
+    until: int
+
+
 class UnknownEntry(_Entry):
     """An entry of a kind this Tripwire does not know (a newer one wrote it): skipped."""
 
     kind: str = Field("", alias="k")
 
 
-Known = ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill | RaiseLimits | Resume
+Known = ToolCheck | LlmCheck | Settle | Release | EventEntry | Kill | RaiseLimits | Resume | ApproveLoop
 Entry = Known | UnknownEntry
 _KNOWN: TypeAdapter[Known] = TypeAdapter(Annotated[Known, Field(discriminator="kind")])
-_KINDS = frozenset({"tool", "llm", "set", "rel", "ev", "kill", "raise", "resume"})
+_KINDS = frozenset({"tool", "llm", "set", "rel", "ev", "kill", "raise", "resume", "appr"})
 
 
 def decode(body: bytes) -> Entry:

@@ -109,6 +109,9 @@ class SessionReplica:
         if isinstance(body, entries.RaiseLimits):
             guards.raise_limits(body.values)
             return Applied(entry.seq, kind)
+        if isinstance(body, entries.ApproveLoop):
+            guards.approve_loop(body.until)
+            return Applied(entry.seq, kind)
         if isinstance(body, entries.Resume):
             self.killed = None
             guards.resumed()

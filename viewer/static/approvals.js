@@ -45,6 +45,7 @@
   const toolOf = (a) => a.tool ?? callOf(a).tool ?? null;
   const argsOf = (a) => a.arguments ?? callOf(a).arguments;
   const modelOf = (a) => a.model ?? callOf(a).model ?? null;
+  const toolCallsOf = (a) => callOf(a).tool_calls || []; // an LLM call: the step it goes on from
   const sessionOf = (a) => a.session ?? a.session_id ?? null;
   function when(v) { // epoch seconds or ISO
     if (v == null) return null;
@@ -144,6 +145,8 @@
       tool ? el('div', { class: 'small' }, 'Tool ', el('b', { class: 'mono', text: tool }), ' with') : '',
       tool ? el('pre', { class: 'approval-args', text: JSON.stringify(argsOf(a) ?? {}, null, 2) }) : '',
       !tool && model ? el('div', { class: 'small' }, 'LLM call to ', el('b', { class: 'mono', text: model })) : '',
+      ...heldStep(a),
+      ...evidenceOf(a),
       a.approving ? el('div', { class: 'small muted', text: 'Approving: ' + a.approving }) : '',
       events.length ? el('div', { class: 'small muted', text: 'The run\'s last events' }) : '',
       events.length ? el('ol', { class: 'approval-events' }, events.map(eventLine)) : '',
@@ -151,6 +154,32 @@
         el('button', { type: 'button', class: 'btn btn-primary', disabled: d.busy, onclick: decide('approve'), text: 'Approve' }),
         el('button', { type: 'button', class: 'btn btn-danger', disabled: d.busy, onclick: decide('deny'), text: 'Deny' })),
       d.error ? el('div', { class: 'approval-error', role: 'alert', text: d.error }) : '');
+  }
+
+  // what the held LLM call repeats: the tool calls of the model's last step (arguments redacted by the API)
+  function heldStep(a) {
+    const calls = toolCallsOf(a);
+    if (!calls.length) return [];
+    const more = callOf(a).tool_calls_not_listed;
+    return [
+      el('div', { class: 'small' }, calls.length > 1 ? `after a step of ${calls.length} tool calls:` : 'after the tool call'),
+      el('ul', { class: 'approval-tool-calls' }, calls.map((c) => el('li', {},
+        el('b', { class: 'mono', text: c.name }),
+        el('pre', { class: 'approval-args', text: JSON.stringify(c.arguments ?? {}, null, 2) })))),
+      more ? el('div', { class: 'small muted', text: `and ${more} more` }) : '',
+    ];
+  }
+
+  // a loop's evidence: the pattern repeated, how often, the calls' TOOL_CALL events (each links to the run)
+  function evidenceOf(a) {
+    const ev = a.evidence || {};
+    if (!ev.pattern && !(ev.event_ids || []).length) return [];
+    const ids = ev.event_ids || [];
+    return [el('div', { class: 'small approval-evidence' },
+      'Evidence: ', el('span', { class: 'mono', text: ev.pattern || '' }),
+      ev.repetitions ? ` · ${ev.repetitions} times` : '',
+      ids.length ? ' · events ' : '',
+      ...ids.slice(-10).map((id) => el('a', { href: `/?run=${a.run_id}`, class: 'mono', title: id, text: id.slice(0, 8) })))];
   }
 
   async function decideOne(a, decision) {

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,12 @@ from proxy.routing import TRIPWIRE_HEADER_PREFIX, Route
 from proxy.sse import SSEDecoder
 
 log = logging.getLogger("tripwire.mcp.aggregate")
+
+CLIENT_REQUEST: ContextVar[Any] = ContextVar("tripwire_aggregate_client", default=None)
+"""The aggregate client's own request while the aggregate answers it (set by the aggregate's
+handler; the tasks answering it inherit it): what a call held for a person watches for a hang-up
+(SPEC §5.5a), since the in-process request has no connection. For the legacy HTTP+SSE transport it
+is the session's stream, as on a server's own route."""
 
 RunCall = Callable[[CallRequest, Route, AnswerMaker], Coroutine[Any, Any, ClientAnswer]]
 UpstreamUrl = Callable[[str], str]
@@ -62,8 +69,17 @@ class _Body:
 class InProcessRequest:
     """A `CallRequest` the aggregate makes for its server's pipeline."""
 
-    def __init__(self, app: web.Application, method: str, path: str, headers: CIMultiDict[str], body: bytes):
+    def __init__(
+        self,
+        app: web.Application,
+        method: str,
+        path: str,
+        headers: CIMultiDict[str],
+        body: bytes,
+        client: Any = None,
+    ) -> None:
         self._app = app
+        self.client = client  # the aggregate client's request: its connection is the one to watch
         self._method = method
         self._path = path
         self._headers = CIMultiDictProxy(headers)
@@ -179,6 +195,7 @@ class PipelineTransport:
             f"{self.outer.prefix}/{server}",
             inner_headers({**self.client_headers, **trace_context.current(), **headers}),
             body,
+            CLIENT_REQUEST.get(),
         )
         heads: asyncio.Queue[CapturedAnswer] = asyncio.Queue()
 

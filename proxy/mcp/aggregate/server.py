@@ -37,6 +37,7 @@ from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate import revisions as rev
 from proxy.mcp.aggregate import trace_context
+from proxy.mcp.aggregate.inprocess import CLIENT_REQUEST
 from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
 from proxy.mcp.aggregate.resources import Ambiguous, ResourceOwners
 from proxy.mcp.aggregate.upstream import (
@@ -119,6 +120,7 @@ class ClientSession:
     # questions a server asked this (handshake) client through the aggregate: request id -> its answer
     asked: dict[str, asyncio.Future[JsonObject]] = field(default_factory=dict)
     streams: int = 0  # its open GET / listen streams (a session with one open is in use)
+    stream_request: Any = None  # legacy HTTP+SSE: the session's stream, whose closing is a hang-up
     # 2026-07-28 clients' `subscriptions/listen` streams: (their request id, what they asked for, queue)
     listeners: list[tuple[Any, frozenset[str], asyncio.Queue[bytes]]] = field(default_factory=list)
 
@@ -276,6 +278,7 @@ class Aggregate:
             return web.Response(status=200)
         if request.method != "POST":
             return web.Response(status=405, headers={"Allow": "GET, POST, DELETE"})
+        CLIENT_REQUEST.set(request)  # a held call watches this client's connection (SPEC §5.5a)
         parsed = jsonrpc.parse_body(await request.read())
         if parsed is None:
             return _json(
@@ -404,6 +407,7 @@ class Aggregate:
             return web.Response(status=405, headers={"Allow": "POST"})
         # the legacy HTTP+SSE transport: this stream is the session; its `endpoint` names the POSTs'
         s = self._open(uuid.uuid4().hex, route, request.headers, modern=False, legacy=True)
+        s.stream_request = request
         try:
             return await self._stream(request, s, f"{request.path}?session={s.key}")
         finally:
@@ -445,6 +449,7 @@ class Aggregate:
         s = self._find(key, route)
         if s is None or not s.legacy:
             return web.Response(status=404, text="unknown session")
+        CLIENT_REQUEST.set(s.stream_request)  # this POST gets its 202 now: the stream is the client
         for m in messages:
             kind = jsonrpc.kind(m)
             if kind == "notification":
