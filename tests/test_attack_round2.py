@@ -1,0 +1,519 @@
+"""Attack round 2 (issue 30): a hostile agent's attempts against the classified gateway. Each
+attempt sends a denied tool by another road; the invariant is the same for all: the denied name
+never reaches the fake upstream (LLM) or the MCP server, in any form, in the raw bytes it received.
+docs/gateway.md "Attack round 2" tallies them."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from tests.conftest import AGENT_KEY, StartTripwire
+from tests.fakes import FakeUpstream, Reply
+
+HEADERS = {"Authorization": f"Bearer {AGENT_KEY}", "X-Tripwire-Agent": "bot", "X-Tripwire-Session": "a2"}
+DENY = ["shell", "bash", "str_replace_based_edit_tool", "fs__rm"]
+WAIT_S = 30
+HOSTED = "http://127.0.0.1:9/"  # a remote MCP server the upstream would call itself
+
+
+class RawUpstream(FakeUpstream):
+    """The fake LLM upstream, keeping every request's raw bytes (a duplicate key survives in them)."""
+
+    def __init__(self) -> None:
+        super().__init__(default=Reply(text="ok"))
+        self.raw: list[tuple[str, str, bytes]] = []
+
+    async def _seen(self, request: web.Request) -> Any:
+        self.raw.append((request.method, request.path_qs, await request.read()))
+        return await super()._seen(request)
+
+    def reached(self, name: str) -> list[str]:
+        return [f"{m} {p}" for m, p, raw in self.raw if name.encode() in raw]
+
+
+@asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[RawUpstream, str]]:
+    fake = RawUpstream()
+    async with serve(fake.app) as url:
+        yield fake, url
+
+
+def function(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+def chat(*tools: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": list(tools),
+        **extra,
+    }
+
+
+def responses(*tools: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "gpt-4o", "input": "hi", "tools": list(tools), **extra}
+
+
+def anthropic(*tools: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": list(tools),
+        **extra,
+    }
+
+
+SEARCH = function("search")
+RAW_DUP_TOOLS = (
+    b'{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],'
+    b'"tools":[{"type":"function","function":{"name":"shell"}}],'
+    b'"tools":[{"type":"function","function":{"name":"search"}}]}'
+)
+RAW_DUP_FUNCTION = (
+    b'{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],'
+    b'"tools":[{"type":"function","function":{"name":"shell"},"function":{"name":"search"}}]}'
+)
+RAW_DUP_NAME = b'{"model":"gpt-4o","input":"hi","tools":[{"type":"function","name":"shell","name":"search"}]}'
+RAW_DUP_NAME_INNER = (
+    b'{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],'
+    b'"tools":[{"type":"function","function":{"name":"shell","name":"search"}}]}'
+)
+# (id, method, path, extra headers, body (dict: JSON; bytes: as is), the denied name to look for)
+LLM_ATTEMPTS: list[tuple[str, str, str, dict[str, str], Any, str]] = [
+    ("get-with-body", "GET", "/v1/chat/completions", {}, chat(function("shell")), "shell"),
+    (
+        "method-override",
+        "GET",
+        "/v1/chat/completions",
+        {"X-HTTP-Method-Override": "POST"},
+        chat(function("shell")),
+        "shell",
+    ),
+    ("put", "PUT", "/v1/chat/completions", {}, chat(function("shell")), "shell"),
+    (
+        "patch-responses",
+        "PATCH",
+        "/v1/responses",
+        {},
+        responses({"type": "function", "name": "shell"}),
+        "shell",
+    ),
+    ("dup-tools-key", "POST", "/v1/chat/completions", {}, RAW_DUP_TOOLS, "shell"),
+    ("dup-function-key", "POST", "/v1/chat/completions", {}, RAW_DUP_FUNCTION, "shell"),
+    ("dup-name-key", "POST", "/v1/responses", {}, RAW_DUP_NAME, "shell"),
+    ("dup-inner-name-key", "POST", "/v1/chat/completions", {}, RAW_DUP_NAME_INNER, "shell"),
+    ("gzip", "POST", "/v1/chat/completions", {"Content-Encoding": "gzip"}, chat(function("shell")), "shell"),
+    (
+        "deflate",
+        "POST",
+        "/v1/chat/completions",
+        {"Content-Encoding": "deflate"},
+        chat(function("shell")),
+        "shell",
+    ),
+    ("query-string", "POST", "/v1/chat/completions?stream=false&x=%2F", {}, chat(function("shell")), "shell"),
+    ("double-encoded", "POST", "/v1/chat%252Fcompletions", {}, chat(function("shell")), "shell"),
+    ("dot-dot-encoded", "POST", "/v1/x/%2e%2e/chat/completions", {}, chat(function("shell")), "shell"),
+    ("dot-dot-double", "POST", "/v1/x/%252e%252e/chat/completions", {}, chat(function("shell")), "shell"),
+    (
+        "form-content-type",
+        "POST",
+        "/v1/chat/completions",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        chat(function("shell")),
+        "shell",
+    ),
+    (
+        "chat-legacy-functions",
+        "POST",
+        "/v1/chat/completions",
+        {},
+        {**chat(), "functions": [{"name": "shell"}], "function_call": {"name": "shell"}},
+        "shell",
+    ),
+    (
+        "chat-custom",
+        "POST",
+        "/v1/chat/completions",
+        {},
+        chat({"type": "custom", "custom": {"name": "shell"}}),
+        "shell",
+    ),
+    (
+        "chat-allowed-tools-choice",
+        "POST",
+        "/v1/chat/completions",
+        {},
+        chat(
+            SEARCH,
+            function("shell"),
+            tool_choice={
+                "type": "allowed_tools",
+                "allowed_tools": {
+                    "mode": "required",
+                    "tools": [{"type": "function", "function": {"name": "shell"}}],
+                },
+            },
+        ),
+        "shell",
+    ),
+    (
+        "responses-function",
+        "POST",
+        "/v1/responses",
+        {},
+        responses({"type": "function", "name": "shell"}),
+        "shell",
+    ),
+    (
+        "responses-custom",
+        "POST",
+        "/v1/responses",
+        {},
+        responses({"type": "custom", "name": "shell"}),
+        "shell",
+    ),
+    ("responses-hosted-shell", "POST", "/v1/responses", {}, responses({"type": "shell"}), "shell"),
+    (
+        "responses-namespace",
+        "POST",
+        "/v1/responses",
+        {},
+        responses({"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "shell"}]}),
+        "shell",
+    ),
+    (
+        "responses-mcp-allowed",
+        "POST",
+        "/v1/responses",
+        {},
+        responses(
+            {
+                "type": "mcp",
+                "server_label": "fs",
+                "server_url": HOSTED,
+                "allowed_tools": ["rm"],
+            }
+        ),
+        HOSTED,
+    ),
+    (
+        "responses-mcp-all",
+        "POST",
+        "/v1/responses",
+        {},
+        responses({"type": "mcp", "server_label": "fs", "server_url": HOSTED}),
+        HOSTED,
+    ),
+    (
+        "anthropic-custom",
+        "POST",
+        "/v1/messages",
+        {},
+        anthropic({"type": "custom", "name": "shell", "input_schema": {}}),
+        "shell",
+    ),
+    (
+        "anthropic-bash",
+        "POST",
+        "/v1/messages",
+        {},
+        anthropic({"type": "bash_20250124", "name": "bash"}),
+        "bash",
+    ),
+    (
+        "anthropic-text-editor",
+        "POST",
+        "/v1/messages",
+        {},
+        anthropic({"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}),
+        "str_replace_based_edit_tool",
+    ),
+    (
+        "anthropic-choice",
+        "POST",
+        "/v1/messages",
+        {},
+        anthropic({"name": "shell", "input_schema": {}}, tool_choice={"type": "tool", "name": "shell"}),
+        "shell",
+    ),
+    (
+        "anthropic-mcp-connector",
+        "POST",
+        "/v1/messages",
+        {"anthropic-beta": "mcp-client-2025-04-04"},
+        anthropic(
+            mcp_servers=[
+                {
+                    "type": "url",
+                    "url": HOSTED,
+                    "name": "fs",
+                    "tool_configuration": {"allowed_tools": ["rm"]},
+                }
+            ]
+        ),
+        HOSTED,
+    ),
+]
+
+
+def encoded(body: Any, headers: dict[str, str]) -> bytes:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    coding = headers.get("Content-Encoding")
+    if coding == "gzip":
+        return gzip.compress(raw)
+    if coding == "deflate":
+        return zlib.compress(raw)
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "body", "name"),
+    [a[1:] for a in LLM_ATTEMPTS],
+    ids=[a[0] for a in LLM_ATTEMPTS],
+)
+async def test_llm_attempt(
+    start_tripwire: StartTripwire,
+    upstream: tuple[RawUpstream, str],
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: Any,
+    name: str,
+) -> None:
+    fake, url = upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": DENY}})
+    sent = {"Content-Type": "application/json", **HEADERS, **headers}
+    if path.startswith("/v1/messages"):
+        sent["anthropic-version"] = "2023-06-01"
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as http,
+        http.request(
+            method, URL(tw.url + path, encoded=True), data=encoded(body, headers), headers=sent
+        ) as r,
+    ):
+        await r.read()
+    assert fake.reached(name) == []
+
+
+class LaxMCP:
+    """A lax MCP server, as a hostile or sloppy one may be: it reads the FIRST of duplicate keys,
+    methods without regard to case or spaces, positional params, nested batches; it records every
+    tool it ran."""
+
+    def __init__(self) -> None:
+        self.ran: list[Any] = []
+        self.app = web.Application()
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+
+    def answer(self, msg: Any) -> Any:
+        if isinstance(msg, list):
+            return [a for a in (self.answer(m) for m in msg) if a is not None]
+        if not isinstance(msg, dict):
+            return None
+        method = str(msg.get("method", "")).strip().lower()
+        params = msg.get("params")
+        if method == "tools/call":
+            name = params[0] if isinstance(params, list) else (params or {}).get("name")
+            self.ran.append(name)
+            result: Any = {"content": [{"type": "text", "text": f"ran {name}"}]}
+        elif method == "tools/list":
+            result = {"tools": [{"name": n, "inputSchema": {"type": "object"}} for n in ("rm", "ls")]}
+        elif method == "initialize":
+            result = {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "lax", "version": "1"},
+            }
+        else:
+            result = {}
+        return {"jsonrpc": "2.0", "id": msg.get("id"), "result": result} if "id" in msg else None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.Response(status=405)
+        raw = await request.read()
+        first_wins = json.loads(raw, object_pairs_hook=lambda pairs: dict(reversed(pairs)))
+        found = self.answer(first_wins)
+        return web.json_response(found) if found else web.Response(status=202)
+
+
+def rpc(method: str, params: Any, msg_id: Any = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
+
+
+RM = {"name": "rm", "arguments": {}}
+# (id, path under the proxy, body (JSON or raw bytes))
+MCP_ATTEMPTS: list[tuple[str, str, Any]] = [
+    ("batch-of-one", "/mcp/fs", [rpc("tools/call", RM)]),
+    ("nested-batch", "/mcp/fs", [[rpc("tools/call", RM)]]),
+    ("id-null", "/mcp/fs", rpc("tools/call", RM, None)),
+    ("id-object", "/mcp/fs", rpc("tools/call", RM, {"x": 1})),
+    ("notification", "/mcp/fs", {"jsonrpc": "2.0", "method": "tools/call", "params": RM}),
+    ("method-case", "/mcp/fs", rpc("Tools/Call", RM)),
+    ("method-space", "/mcp/fs", rpc("tools/call ", RM)),
+    ("positional-params", "/mcp/fs", rpc("tools/call", ["rm", {}])),
+    ("name-not-a-string", "/mcp/fs", rpc("tools/call", {"name": ["rm"], "arguments": {}})),
+    ("trailing-slash", "/mcp/fs/", rpc("tools/call", RM)),
+    ("legacy-messages-path", "/mcp/fs/messages?session_id=x", rpc("tools/call", RM)),
+    ("no-jsonrpc-field", "/mcp/fs", {"id": 1, "method": "tools/call", "params": RM}),
+    (
+        "dup-method-key",
+        "/mcp/fs",
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm","arguments":{}},"method":"ping"}',
+    ),
+    (
+        "dup-name-key",
+        "/mcp/fs",
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm","name":"ls","arguments":{}}}',
+    ),
+    (
+        "dup-params-key",
+        "/mcp/fs",
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"rm"},"params":{"name":"ls"}}',
+    ),
+    ("aggregate-batch", "/mcp", [rpc("tools/call", {"name": "fs__rm", "arguments": {}})]),
+    ("aggregate-case", "/mcp", rpc("tools/call", {"name": "FS__rm", "arguments": {}})),
+    ("aggregate-method-case", "/mcp", rpc("TOOLS/CALL", {"name": "fs__rm", "arguments": {}})),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), [a[1:] for a in MCP_ATTEMPTS], ids=[a[0] for a in MCP_ATTEMPTS])
+async def test_mcp_attempt(start_tripwire: StartTripwire, path: str, body: Any) -> None:
+    lax = LaxMCP()
+    async with serve(lax.app) as url:
+        tw = await start_tripwire(mcp={"fs": {"url": url + "/mcp"}}, guards={"tools": {"deny": DENY}})
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            **HEADERS,
+        }
+        async with aiohttp.ClientSession() as http:
+            if path == "/mcp":  # the aggregate wants a session first
+                init = rpc(
+                    "initialize",
+                    {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "a", "version": "1"},
+                    },
+                    0,
+                )
+                async with http.post(tw.url + path, json=init, headers=headers) as r:
+                    headers["Mcp-Session-Id"] = r.headers.get("Mcp-Session-Id", "")
+            async with http.post(URL(tw.url + path, encoded=True), data=raw, headers=headers) as r:
+                await r.read()
+    assert [n for n in lax.ran if "rm" in json.dumps(n)] == []
+
+
+WS_HEADERS = {**HEADERS, "openai-beta": "responses_websockets=2026-02-06"}
+SHELL = {"type": "function", "name": "shell"}
+WS_ATTEMPTS: list[tuple[str, Any]] = [
+    (
+        "warmup",
+        {"type": "response.create", "generate": False, "model": "gpt-4o", "input": "hi", "tools": [SHELL]},
+    ),
+    ("type-case", {"type": "Response.Create", "model": "gpt-4o", "input": "hi", "tools": [SHELL]}),
+    ("type-space", {"type": "response.create ", "model": "gpt-4o", "input": "hi", "tools": [SHELL]}),
+    ("session-update", {"type": "session.update", "session": {"tools": [SHELL]}}),
+    ("array-of-events", [{"type": "response.create", "model": "gpt-4o", "input": "hi", "tools": [SHELL]}]),
+    (
+        "binary-frame",
+        {"type": "response.create", "model": "gpt-4o", "input": "hi", "tools": [SHELL], "binary": True},
+    ),
+    (
+        "nested-and-top",
+        {
+            "type": "response.create",
+            "model": "gpt-4o",
+            "input": "hi",
+            "tools": [SHELL],
+            "response": {"tools": [SHELL]},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("message", [a[1] for a in WS_ATTEMPTS], ids=[a[0] for a in WS_ATTEMPTS])
+async def test_socket_attempt(
+    start_tripwire: StartTripwire, upstream: tuple[RawUpstream, str], message: Any
+) -> None:
+    fake, url = upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": DENY}})
+    binary = isinstance(message, dict) and message.pop("binary", False)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(tw.url + "/v1/responses", headers=WS_HEADERS) as ws,
+    ):
+        data = json.dumps(message)
+        await (ws.send_bytes(data.encode()) if binary else ws.send_str(data))
+        # then an ordinary call: once it is answered, the attempt before it was handled
+        await ws.send_str(json.dumps({"type": "response.create", "model": "gpt-4o", "input": "next"}))
+        while True:
+            msg = await asyncio.wait_for(ws.receive(), WAIT_S)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            event = json.loads(msg.data)
+            if event.get("type") == "response.completed" and event["response"].get("id", "").endswith(
+                str(len(fake.ws_messages))
+            ):
+                break
+    assert [m for m in fake.ws_messages if "shell" in json.dumps(m)] == []
+
+
+async def test_what_is_permitted_still_reaches_the_upstream(
+    start_tripwire: StartTripwire, upstream: tuple[RawUpstream, str]
+) -> None:
+    """The fixes refuse or filter only what could not be judged: a hosted MCP server whose
+    allowed tools are all permitted stays, a pretty-printed body (its keys each once) is forwarded
+    byte for byte, a socket's `session.update` without tools is relayed as sent."""
+    fake, url = upstream
+    tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": DENY}})
+    hosted = {"type": "mcp", "server_label": "fs", "server_url": HOSTED, "allowed_tools": ["ls"]}
+    connector = {"type": "url", "url": HOSTED, "name": "fs", "tool_configuration": {"allowed_tools": ["ls"]}}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(tw.url + "/v1/responses", json=responses(hosted), headers=HEADERS) as r:
+            assert r.status == 200
+        anthropic_headers = {**HEADERS, "anthropic-version": "2023-06-01"}
+        async with http.post(
+            tw.url + "/v1/messages", json=anthropic(mcp_servers=[connector]), headers=anthropic_headers
+        ) as r:
+            assert r.status == 200
+        pretty = json.dumps(chat(SEARCH), indent=2).encode()
+        async with http.post(
+            tw.url + "/v1/chat/completions",
+            data=pretty,
+            headers={**HEADERS, "Content-Type": "application/json"},
+        ) as r:
+            assert r.status == 200
+    (responses_raw,) = [raw for _, p, raw in fake.raw if p == "/v1/responses"]
+    assert json.loads(responses_raw)["tools"] == [hosted]
+    (messages_raw,) = [raw for _, p, raw in fake.raw if p == "/v1/messages"]
+    assert json.loads(messages_raw)["mcp_servers"] == [connector]
+    (chat_raw,) = [raw for _, p, raw in fake.raw if p == "/v1/chat/completions"]
+    assert chat_raw == pretty
