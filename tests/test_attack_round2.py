@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
 from yarl import URL
 
 from tests.conftest import AGENT_KEY, StartTripwire
@@ -278,7 +279,60 @@ LLM_ATTEMPTS: list[tuple[str, str, str, dict[str, str], Any, str]] = [
         ),
         HOSTED,
     ),
+    ("chunked", "POST", "/v1/chat/completions", {"x-attack": "chunked"}, chat(function("shell")), "shell"),
+    (
+        "two-content-types",
+        "POST",
+        "/v1/chat/completions",
+        {"x-attack": "two-content-types"},
+        chat(function("shell")),
+        "shell",
+    ),
+    (
+        "responses-allowed-tools-choice",
+        "POST",
+        "/v1/responses",
+        {},
+        responses(
+            {"type": "function", "name": "shell"},
+            tool_choice={
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [{"type": "function", "name": "shell"}],
+            },
+        ),
+        "shell",
+    ),
+    (
+        "chat-function-a-string",
+        "POST",
+        "/v1/chat/completions",
+        {},
+        chat({"type": "function", "function": "shell"}),
+        "shell",
+    ),
+    (
+        "responses-name-a-list",
+        "POST",
+        "/v1/responses",
+        {},
+        responses({"type": "function", "name": ["shell"]}),
+        "shell",
+    ),
+    (
+        "chat-name-an-object",
+        "POST",
+        "/v1/chat/completions",
+        {},
+        chat({"type": "function", "function": {"name": {"shell": 1}}}),
+        "shell",
+    ),
 ]
+
+
+async def pieces(raw: bytes) -> AsyncIterator[bytes]:
+    for at in range(0, len(raw), 7):
+        yield raw[at : at + 7]
 
 
 def encoded(body: Any, headers: dict[str, str]) -> bytes:
@@ -307,14 +361,18 @@ async def test_llm_attempt(
 ) -> None:
     fake, url = upstream
     tw = await start_tripwire(upstream={"url": url}, guards={"tools": {"deny": DENY}})
-    sent = {"Content-Type": "application/json", **HEADERS, **headers}
+    attack = headers.get("x-attack")
+    sent = CIMultiDict({"Content-Type": "application/json", **HEADERS, **headers})
     if path.startswith("/v1/messages"):
         sent["anthropic-version"] = "2023-06-01"
+    data: Any = encoded(body, headers)
+    if attack == "chunked":  # sent in pieces, Transfer-Encoding: chunked
+        data = pieces(data)
+    elif attack == "two-content-types":
+        sent.add("Content-Type", "text/plain")
     async with (
         aiohttp.ClientSession(auto_decompress=False) as http,
-        http.request(
-            method, URL(tw.url + path, encoded=True), data=encoded(body, headers), headers=sent
-        ) as r,
+        http.request(method, URL(tw.url + path, encoded=True), data=data, headers=sent) as r,
     ):
         await r.read()
     assert fake.reached(name) == []
@@ -399,6 +457,8 @@ MCP_ATTEMPTS: list[tuple[str, str, Any]] = [
     ("aggregate-batch", "/mcp", [rpc("tools/call", {"name": "fs__rm", "arguments": {}})]),
     ("aggregate-case", "/mcp", rpc("tools/call", {"name": "FS__rm", "arguments": {}})),
     ("aggregate-method-case", "/mcp", rpc("TOOLS/CALL", {"name": "fs__rm", "arguments": {}})),
+    ("utf-16-body", "/mcp/fs", json.dumps(rpc("tools/call", RM)).encode("utf-16")),
+    ("query-string", "/mcp/fs?name=ls", rpc("tools/call", RM)),
 ]
 
 

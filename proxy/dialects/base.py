@@ -222,6 +222,18 @@ def tool_names(tool: dict) -> tuple[str, ...]:
     return found or (str(tool.get("type") or ""),)
 
 
+def unreadable_names(tool: dict) -> bool:
+    """A name that is not a string (`"name": ["shell"]`), or a `function` / `custom` that is not an
+    object (`"function": "shell"`): no rule can judge the tool, which a lax upstream may still read."""
+    objects: list[dict] = [tool]
+    for key in ("function", "custom"):
+        inner = tool.get(key)
+        if inner is not None and not isinstance(inner, dict):
+            return True
+        objects += [inner] if inner is not None else []
+    return any("name" in d and not isinstance(d["name"], str) for d in objects)
+
+
 def hosted_mcp_names(server: str, allowed: Any) -> tuple[str, ...]:
     """The `SERVER__TOOL` names of the tools a remote MCP server the upstream calls itself may run
     (Responses `{"type": "mcp"}`, Anthropic's `mcp_servers`): its explicit `allowed_tools` (a list,
@@ -321,7 +333,7 @@ class ToolFilter:
             self.removed.update(names or (label,))
             return False
         names = tool_names(tool)
-        if self.keeps(names):
+        if self.keeps(names) and not unreadable_names(tool):
             return True
         self.removed.update(names)
         return False
