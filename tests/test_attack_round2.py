@@ -327,6 +327,62 @@ LLM_ATTEMPTS: list[tuple[str, str, str, dict[str, str], Any, str]] = [
         chat({"type": "function", "function": {"name": {"shell": 1}}}),
         "shell",
     ),
+    (
+        "history-chat-call",
+        "POST",
+        "/v1/chat/completions",
+        {},
+        {
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+        },
+        "shell",
+    ),
+    (
+        "history-responses-call",
+        "POST",
+        "/v1/responses",
+        {},
+        {
+            "model": "gpt-4o",
+            "input": [
+                {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "done"},
+            ],
+        },
+        "shell",
+    ),
+    (
+        "history-anthropic-tool-use",
+        "POST",
+        "/v1/messages",
+        {},
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 64,
+            "messages": [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "done"}],
+                },
+            ],
+        },
+        "bash",
+    ),
 ]
 
 
