@@ -515,6 +515,11 @@ MCP_ATTEMPTS: list[tuple[str, str, Any]] = [
     ("aggregate-method-case", "/mcp", rpc("TOOLS/CALL", {"name": "fs__rm", "arguments": {}})),
     ("utf-16-body", "/mcp/fs", json.dumps(rpc("tools/call", RM)).encode("utf-16")),
     ("query-string", "/mcp/fs?name=ls", rpc("tools/call", RM)),
+    (
+        "aggregate-dup-name-key",
+        "/mcp",
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"fs__rm","name":"fs__ls","arguments":{}}}',
+    ),
 ]
 
 
@@ -633,3 +638,30 @@ async def test_what_is_permitted_still_reaches_the_upstream(
     assert json.loads(messages_raw)["mcp_servers"] == [connector]
     (chat_raw,) = [raw for _, p, raw in fake.raw if p == "/v1/chat/completions"]
     assert chat_raw == pretty
+
+
+async def test_a_permitted_tool_reaches_the_lax_server(start_tripwire: StartTripwire) -> None:
+    """The MCP attempts above can fail: a permitted tool, sent the same ways, runs on the lax server
+    (on its direct route and through the aggregate)."""
+    lax = LaxMCP()
+    async with serve(lax.app) as url:
+        tw = await start_tripwire(mcp={"fs": {"url": url + "/mcp"}}, guards={"tools": {"deny": DENY}})
+        headers = {"Accept": "application/json, text/event-stream", **HEADERS}
+        async with aiohttp.ClientSession() as http:
+            init = rpc(
+                "initialize",
+                {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "a", "version": "1"},
+                },
+                0,
+            )
+            async with http.post(tw.url + "/mcp", json=init, headers=headers) as r:
+                headers["Mcp-Session-Id"] = r.headers["Mcp-Session-Id"]
+            for path, name in (("/mcp", "fs__ls"), ("/mcp/fs", "ls")):
+                async with http.post(
+                    tw.url + path, json=rpc("tools/call", {"name": name, "arguments": {}}), headers=headers
+                ) as r:
+                    assert r.status == 200, await r.text()
+    assert lax.ran == ["ls", "ls"]
