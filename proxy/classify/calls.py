@@ -43,6 +43,7 @@ class MCPMessage:
     kind: str  # request | notification | response | invalid (JSON-RPC 2.0)
     method: str | None
     tool: str | None  # a `tools/call`'s `params.name` (as sent), else None
+    unreadable: str | None = None  # why no guard could judge it (attack round 2), else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,12 @@ class MCPCall:
         """Every `tools/call` of the POST, with an id or without (JSON-RPC says a request has one;
         a server may run it anyway)."""
         return tuple(m for m in self.messages if m.method == "tools/call")
+
+    @property
+    def unjudgeable(self) -> str | None:
+        """Why some message of the POST cannot be judged (a lax server may still run it as a tool
+        call): refused while policy applies. None when every message can be."""
+        return next((m.unreadable for m in self.messages if m.unreadable is not None), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +91,10 @@ RELAYED_POSTS: tuple[tuple[re.Pattern[str], str], ...] = (
 def classify_http(route: Route, method: str, body: bytes) -> Call:
     """The call a request on `route` is (`route.path` is already normalised by routing)."""
     if route.kind == "llm":
+        if body and method.upper() != "POST":
+            # a GET (or PUT, ...) with a body, or a method override header an upstream honours,
+            # would be a model call relayed unread (attack round 2)
+            return Unknown(f"{method.upper()} {route.path or '/'} with a body: only a POST carries a call")
         return classify_llm(route.path, method)
     if method.upper() != "POST":
         return Relayed(method.lower())
@@ -130,13 +141,28 @@ def classify_mcp(body: bytes) -> Call:
 def mcp_message(msg: Any) -> MCPMessage:
     """One JSON-RPC message: request (method + id), notification (method, no id), response."""
     if not isinstance(msg, dict):
-        return MCPMessage("invalid", None, None)
+        # a batch inside a batch: a server flattening it would run its tools/calls unjudged
+        return MCPMessage(
+            "invalid", None, None, "a batch nested in a batch" if isinstance(msg, list) else None
+        )
     method = msg.get("method")
     if isinstance(method, str):
         params = msg.get("params")
         name = params.get("name") if isinstance(params, dict) else None
         tool = name if method == "tools/call" and isinstance(name, str) else None
-        return MCPMessage("request" if "id" in msg else "notification", method, tool)
+        kind = "request" if "id" in msg else "notification"
+        return MCPMessage(kind, method, tool, unreadable_call(method, tool))
     if "id" in msg and ("result" in msg or "error" in msg):
         return MCPMessage("response", None, None)
     return MCPMessage("invalid", None, None)
+
+
+def unreadable_call(method: str, tool: str | None) -> str | None:
+    """A tools/call no guard can judge, which a lax server may still run: `Tools/Call` or
+    `tools/call ` (methods are case-sensitive; a server folding them runs the tool), or a
+    `tools/call` whose `params` is not an object with a string `name` (positional params)."""
+    if method == "tools/call":
+        return None if tool is not None else "a tools/call without a string params.name"
+    if method.strip().casefold() == "tools/call":
+        return f"method {method!r} (not spelled tools/call)"
+    return None

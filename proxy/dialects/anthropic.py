@@ -31,6 +31,7 @@ from proxy.dialects.base import (
     error_dict,
     estimate_prompt_tokens,
     estimate_usage,
+    hosted_mcp_names,
     http_error,
     listed_tools,
     loads_or_none,
@@ -176,10 +177,45 @@ def without_tools(body: dict, keep: KeepTool) -> dict | None:
     and a history holding `tool_use` blocks may need the field."""
     f = ToolFilter(keep)
     out = dict(body)
-    if not f.field(out, "tools"):
+    servers_changed = without_mcp_servers(out, keep)
+    if not f.field(out, "tools") and not servers_changed:
         return None
-    f.choice(out, "tool_choice", tools_left=bool(out["tools"]))
+    if isinstance(out.get("tools"), list):
+        f.choice(out, "tool_choice", tools_left=bool(out["tools"]))
     return out
+
+
+def without_mcp_servers(out: dict, keep: KeepTool) -> bool:
+    """The MCP connector's remote servers (`mcp_servers`, which the API calls itself): a server
+    stays when each tool its `tool_configuration.allowed_tools` lists (`SERVER__TOOL`) is kept, or
+    its tools are disabled; else it goes, with the `mcp_toolset` tools naming it (attack round 2:
+    a deny on `fs__rm` must hold there too). True when something went."""
+    servers = out.get("mcp_servers")
+    if not isinstance(servers, list):
+        return False
+    kept, gone = [], set()
+    for server in servers:
+        config = server.get("tool_configuration") if isinstance(server, dict) else None
+        config = config if isinstance(config, dict) else {}
+        name = server.get("name") if isinstance(server, dict) else None
+        names = hosted_mcp_names(name, config.get("allowed_tools")) if isinstance(name, str) else ()
+        if config.get("enabled") is False or (names and all(keep(n) for n in names)):
+            kept.append(server)
+        else:
+            gone.add(name)
+    if not gone:
+        return False
+    out["mcp_servers"] = kept
+    tools = out.get("tools")
+    if isinstance(tools, list):
+        out["tools"] = [
+            t
+            for t in tools
+            if not (
+                isinstance(t, dict) and t.get("type") == "mcp_toolset" and t.get("mcp_server_name") in gone
+            )
+        ]
+    return True
 
 
 def upstream_body(req: LLMRequest, body: dict) -> dict | None:

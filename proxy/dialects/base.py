@@ -225,6 +225,33 @@ def tool_names(tool: dict) -> tuple[str, ...]:
     return found or (str(tool.get("type") or ""),)
 
 
+def unreadable_names(tool: dict) -> bool:
+    """A name that is not a string (`"name": ["shell"]`), or a `function` / `custom` that is not an
+    object (`"function": "shell"`): no rule can judge the tool, which a lax upstream may still read."""
+    objects: list[dict] = [tool]
+    for key in ("function", "custom"):
+        inner = tool.get(key)
+        if inner is not None and not isinstance(inner, dict):
+            return True
+        objects += [inner] if inner is not None else []
+    return any("name" in d and not isinstance(d["name"], str) for d in objects)
+
+
+def hosted_mcp_names(server: str, allowed: Any) -> tuple[str, ...]:
+    """The `SERVER__TOOL` names of the tools a remote MCP server the upstream calls itself may run
+    (Responses `{"type": "mcp"}`, Anthropic's `mcp_servers`): its explicit `allowed_tools` (a list,
+    or `{"tool_names": [...]}`); () when it may run any of them, which no rule can judge."""
+    if isinstance(allowed, dict):
+        allowed = allowed.get("tool_names")
+    if not isinstance(allowed, list) or not all(isinstance(t, str) for t in allowed):
+        return ()
+    return tuple(tool_names_qualified(server, t) for t in allowed)
+
+
+def tool_names_qualified(server: str, tool: str) -> str:
+    return f"{server}__{tool}"  # (proxy.guards.tool_names.qualified: dialects do not import guards)
+
+
 def listed_tools(body: dict, *keys: str) -> list[dict]:
     """The tool definitions (objects) of the lists a body holds under `keys`, in order."""
     found: list[dict] = []
@@ -287,8 +314,7 @@ class ToolFilter:
                 and isinstance(tool.get("tools"), list)
             ):
                 stack.append((iter(tool["tools"]), [], tool))
-            elif isinstance(tool, dict) and not self.keeps(names := tool_names(tool)):
-                self.removed.update(names)
+            elif isinstance(tool, dict) and not self.keeps_tool(tool):
                 changed = True
             else:
                 out.append(tool)
@@ -296,6 +322,24 @@ class ToolFilter:
 
     def keeps(self, names: tuple[str, ...]) -> bool:
         return all(self.keep(name) for name in names)
+
+    def keeps_tool(self, tool: dict) -> bool:
+        """Whether a declared tool stays. A remote MCP server the upstream calls itself (Responses
+        `type: mcp`) is its tools, `SERVER__TOOL`: kept when each of its `allowed_tools` is, gone
+        when it lists none (any tool could run, unjudged: attack round 2). The filter runs only
+        while tool permissions restrict the agent."""
+        label = tool.get("server_label")
+        if tool.get("type") == "mcp" and isinstance(label, str):
+            names = hosted_mcp_names(label, tool.get("allowed_tools"))
+            if names and self.keeps(names):
+                return True
+            self.removed.update(names or (label,))
+            return False
+        names = tool_names(tool)
+        if self.keeps(names) and not unreadable_names(tool):
+            return True
+        self.removed.update(names)
+        return False
 
     def field(self, body: dict, key: str) -> bool:
         """Filter `body[key]` in place (`body` is the caller's copy); True when something went."""

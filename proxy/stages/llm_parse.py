@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from proxy import jsonparse
 from proxy.classify.calls import LLMCall, Unknown, classify_http
+from proxy.classify.duplicates import has_duplicate_keys
 from proxy.classify.policy import fail_closed
 from proxy.constants import EventType
 from proxy.dialects import named
@@ -67,6 +68,8 @@ class LLMParseStage(BaseStage):
             self.refuse(ex, dialect, "the request body must be a JSON object")
             return
         unreadable = unreadable_tools(body)
+        if unreadable is None and self.fails_closed(ex) and has_duplicate_keys(ex.body, body):
+            unreadable = "a body naming a key twice in one object (an upstream may read either)"
         try:
             call: LLMRequest = parse(dialect, body)
         except Exception:

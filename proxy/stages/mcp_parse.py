@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.classify.calls import MCPCall, classify_mcp
+from proxy.classify.duplicates import has_duplicate_keys
 from proxy.classify.policy import fail_closed
 from proxy.exchange import Answer, Exchange
 from proxy.guards import tool_names
@@ -115,20 +116,32 @@ class MCPParseStage(BaseStage):
                 hold_json=lambda: call.append_text is not None,
             )
 
+    def fails_closed(self, ex: Exchange) -> bool:
+        settings = self.services.settings
+        config = self.services.guards.config(ex.route.agent)
+        return fail_closed(config, settings.auth.require_agent_key, settings.passthrough_unknown)
+
     def refuse_unjudged(self, ex: Exchange, classified: MCPCall) -> bool:
         """Fail closed (issue 30): a `tools/call` the pipeline cannot judge - inside a batch (one
         answer cannot be part refused, and MCP 2025-06-18 dropped batches), or without an `id`
         (no answer to refuse it in) - is refused, not forwarded, whenever policy applies to the agent.
         True when it answered."""
         batch, messages = classified.batch, classified.raw
-        tool_calls = classified.tool_calls
-        if not tool_calls or (not batch and tool_calls[0].kind == "request"):
+        if not self.fails_closed(ex):
             return False
-        settings = self.services.settings
-        config = self.services.guards.config(ex.route.agent)
-        if not fail_closed(config, settings.auth.require_agent_key, settings.passthrough_unknown):
+        tool_calls = classified.tool_calls
+        unreadable = classified.unjudgeable
+        if unreadable is None and has_duplicate_keys(ex.body, list(messages) if batch else messages[0]):
+            unreadable = "a message naming a key twice in one object (a server may read either)"
+        if unreadable is None and (not tool_calls or (not batch and tool_calls[0].kind == "request")):
             return False
         agent = ex.route.agent
+        if unreadable is not None:
+            single = messages[0] if not batch and isinstance(messages[0], dict) else {}
+            text = f"Tripwire cannot judge {unreadable}: refused while policy applies to agent {agent!r}"
+            ex.answer = Answer(400, jsonrpc.render_error(single.get("id"), jsonrpc.INVALID_REQUEST, text))
+            log.warning("refused an MCP POST of agent %s: %s", agent, unreadable)
+            return True
         if batch:
             text = (
                 f"Tripwire: a JSON-RPC batch holding a tools/call is refused while policy applies to agent "

@@ -69,7 +69,8 @@ def classify(raw: bytes) -> tuple[str, dict[str, Any] | None]:
     if not isinstance(body, dict) or not isinstance(body.get("type"), str):
         return "call", None
     if body["type"] != "response.create":
-        return "relay", body
+        # `Response.Create`, `response.create ` (an upstream folding them would generate): judged
+        return ("call", body) if body["type"].strip().casefold() == "response.create" else ("relay", body)
     if body.get("generate") is False:
         return "warmup", body
     return "call", body

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 from proxy import jsonparse, llm
 from proxy.constants import GUARD_SESSION_TERMINATED
@@ -88,11 +88,34 @@ class ResponsesSocket(SocketRelay):
 
     # --- calls (client -> upstream) ------------------------------------------------------------
 
+    def without_denied_tools(self, msg: aiohttp.WSMessage, body: dict[str, Any]) -> aiohttp.WSMessage:
+        """A warm-up or another client event (`session.update`, ...) carrying tools, at its top or
+        one object down, loses the agent's denied ones as a call does (attack round 2): an upstream
+        that keeps them for the calls after must not see them."""
+        config = self.engine.guards.config(self.route.agent)
+        if not config.tools.restricts or config.in_shadow:
+            return msg
+        tools = config.tools
+
+        def keep(name: str) -> bool:
+            return permission(tools, name) != "deny"
+
+        out = self.dialect.without_tools(body, keep) or body
+        for key, value in list(out.items()):
+            if isinstance(value, dict) and isinstance(value.get("tools"), list):
+                kept = self.dialect.without_tools(value, keep)
+                out = out if kept is None else {**out, key: kept}
+        if out is body:
+            return msg
+        return aiohttp.WSMessage(WSMsgType.TEXT, jsonparse.dumps(out).decode(), None)
+
     async def from_client(self, msg: aiohttp.WSMessage) -> bool:
         """A client message on a Responses socket; False when the socket is over."""
         data = msg.data
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
         kind, body = classify(raw)
+        if kind != "call" and body is not None:
+            msg = self.without_denied_tools(msg, body)
         if kind == "relay":
             return await self.send(self.upstream, msg, self.upstream_lock)
         stream_id = body.get("stream_id") if body is not None else None
