@@ -1,4 +1,4 @@
-"""per_tool, Loop Guard's graduated escalation: a tool's calls without progress in the turn reach
+"""per_tool, Loop Guard's graduated escalation: a tool's calls without progress since its last news reach
 5/8/12 (idempotent) or 3/5/7 (mutating) -> warn/block/terminate; `per_tool_mode: count` counts every
 call, as Loop Guard does. `classify_tool` says which kind a tool is.
 """

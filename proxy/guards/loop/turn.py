@@ -51,7 +51,9 @@ class Turn:
         self.last_answer: dict[str, int] = {}  # identity -> epoch of its latest answer
         self.results: dict[tuple[str, str], int] = {}  # (tool, fingerprint) -> first serial
         self.last_news = -1  # epoch of the last answer that was progress and no failure
-        self.no_progress: Counter[str] = Counter()  # tool -> calls without progress
+        # tool -> calls without progress since that tool's last news: a streak, so a poll whose
+        # status moves every few calls never adds up over a long turn (SPEC §5.1)
+        self.no_progress: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()  # tool -> every attempt
         self.pending: dict[str, list[Attempt]] = {}  # exact signature -> MCP calls in flight
         self.ids: set[str] = set()  # tool_call_ids of this turn
@@ -116,7 +118,8 @@ class Turn:
         self.results.setdefault((attempt.tool, fingerprint), self.serial)
         if not attempt.stale and error is None:
             self.last_news = max(self.last_news, epoch)
-        if attempt.stale and not attempt.changed:
+            self.no_progress.pop(attempt.tool, None)  # news: the tool's streak starts again
+        elif attempt.stale and not attempt.changed:
             self.no_progress[attempt.tool] += 1
 
     def refused(self, attempt: Attempt) -> None:
