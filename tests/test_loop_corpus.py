@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from corpus_runner import SESSIONS, Outcome, bound, report, run, transports
-from loop_corpus import Parallel
+from loop_corpus import Parallel, Reply
 
 from proxy.guards.decision import Action
 
@@ -39,7 +39,10 @@ def test_the_corpus_is_large_enough_and_well_formed() -> None:
     assert len({s.name for s in SESSIONS}) == len(SESSIONS)
     for s in stuck:
         assert s.loop_start and s.round_len, s.name
-        calls = sum(len(x.calls) if isinstance(x, Parallel) else int(hasattr(x, "tool")) for x in s.steps)
+        calls = sum(
+            len(x.calls) if isinstance(x, Parallel) else int(hasattr(x, "tool") or isinstance(x, Reply))
+            for x in s.steps
+        )
         assert calls >= s.loop_start - 1 + bound(s, THRESHOLD), f"{s.name}: the loop must run past its bound"
 
 
