@@ -183,6 +183,11 @@ def call_keys(tool: str, args: Any) -> tuple[str, str]:
     return signature(tool, args), (f"{ident}{FOLLOWS_LIVE}{'.'.join(values)}" if values else ident)
 
 
+def call_sig(tool: str, args: Any) -> str:
+    """`call_keys`' exact signature alone (an MCP answer is matched back to its call by it)."""
+    return args.sig if isinstance(args, Fingerprinted) else signature(tool, args)
+
+
 def call_fingerprints(tool: str, args: Any) -> Fingerprinted:
     """What the trace records of a call's arguments for replay: hashes, and the digests of the
     values the arguments name (as `call_keys`' identity carries them)."""

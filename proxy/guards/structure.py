@@ -27,8 +27,9 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import re
+import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -42,11 +43,14 @@ NOISE_TOKENS = 4  # at most this many values of a template may change for the re
 NOISE_SHARE = 66  # ... and what changed makes at most this share (%) of the text (two thirds)
 RICH_CHARS = 40  # texts this long say something whatever the arguments were (a listing, a page)
 TOKEN_MIN = 8  # shorter tokens are too short to tell from a word, a code or a number
+GROUP_MIN = 6  # a group of a compound token (`req_ZTYS355nRa`) judged alone from this length
 DIGITS_MIN, DIGITS_MAX = 5, 11  # a digit run in this range that measures nothing (no unit after it)
 
 # a candidate token: letters and digits, groups joined by `:`, `-` or `_` (`C8F3:2B1A:1F3E6D9`,
 # `req_8fK2mZpQ7x`, `api-7d9f8b6c5-x2k9p`); not inside a number (`1.5`) or a placeholder
-_CANDIDATE = re.compile(r"(?<![A-Za-z0-9.<])[A-Za-z0-9]+(?:[:_-][A-Za-z0-9]+)*(?![A-Za-z0-9>]|\.\d)")
+_CANDIDATE = re.compile(
+    r"(?<![A-Za-z0-9.<])(?=[A-Za-z0-9:_-]{5})[A-Za-z0-9]+(?:[:_-][A-Za-z0-9]+)*(?![A-Za-z0-9>]|\.\d)"
+)
 # what follows a number that measures something: a unit, a share, a fraction
 _QUANTITY_AFTER = re.compile(r"\s?(?:%|/|of\b|[kKMGT]?i?B\b|bytes?\b|[a-zA-Z]{1,3}\b(?!\s*[:=]))")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -60,10 +64,9 @@ _URL_END = ".,;:!?"
 
 
 def digest(value: str) -> str:
-    """A value's short digest, case folded as short texts are compared (`volatile.fold_text`)."""
-    return hashlib.blake2b(value.lower().encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()[
-        :DIGEST_CHARS
-    ]
+    """A value's short digest (24 bits of CRC-32: a result has a few dozen values at most), case
+    folded as short texts are compared (`volatile.fold_text`)."""
+    return f"{zlib.crc32(value.lower().encode('utf-8', 'surrogatepass')) & 0xFFFFFF:06x}"
 
 
 def _is_token(raw: str, text: str, end: int) -> bool:
@@ -84,13 +87,41 @@ def _is_token(raw: str, text: str, end: int) -> bool:
         return False
     if _HEX.fullmatch(alnum):
         return True
-    return is_opaque(_case_free(alnum), TOKEN_MIN)
+    if _opaque(_case_free(alnum), TOKEN_MIN):
+        return True
+    if alnum is raw:
+        return False
+    # a prefix of words before the id (`req_ZTYS3:55nRa`): the rest, and its groups, judged alone
+    groups = _SEPARATORS.split(raw)
+    rest = "".join(groups[1:])
+    return (len(rest) >= TOKEN_MIN and _opaque(_case_free(rest), TOKEN_MIN)) or any(
+        len(group) >= GROUP_MIN and _opaque(_case_free(group), GROUP_MIN) for group in groups
+    )
+
+
+def _one_name_is_id(value: str) -> bool:
+    """A value that is one name (`_ONE_NAME`) is an id: a UUID, or random characters (a cursor)."""
+    if len(value) == 36 and _UUID.fullmatch(value):
+        return True
+    return _opaque(
+        _case_free(_SEPARATORS.sub("", value.replace("=", "").replace("/", "").replace("+", ""))[:64]),
+        TOKEN_MIN,
+    )
 
 
 def _case_free(alnum: str) -> str:
     """Letters alone are judged case folded, as short texts are compared (`ABaAABAB` and `ABAAABAB`
     are one value, a word or not); with digits among them, the case changes tell the segments."""
-    return alnum if any(c.isdigit() for c in alnum) else alnum.lower()
+    return alnum if _DIGIT.search(alnum) else alnum.lower()
+
+
+_DIGIT = re.compile(r"\d")
+
+
+@functools.lru_cache(maxsize=8192)
+def _opaque(alnum: str, min_len: int) -> bool:
+    """`volatile.is_opaque`, remembered: the words of a tool's results come back with every call."""
+    return is_opaque(alnum, min_len)
 
 
 @dataclass(slots=True)
@@ -104,14 +135,14 @@ class Harvest:
 
     def template(self, value: str) -> str:
         """`value` with its times erased and its id-like values replaced by `<v>` (kept as tokens)."""
-        text = time_text(value)
-        stripped = text.strip()
-        if _ONE_NAME.fullmatch(stripped) and is_opaque(
-            _case_free(_SEPARATORS.sub("", stripped.replace("=", "").replace("/", "").replace("+", ""))[:64]),
-            TOKEN_MIN,
-        ):
+        if len(value) < 5:  # too short for any token or time shape to matter
+            self.own_chars += len(value)
+            return value
+        stripped = value.strip()
+        if len(stripped) >= 12 and _ONE_NAME.fullmatch(stripped) and _one_name_is_id(stripped):
             self._token(stripped)  # a cursor, an id: the whole value
             return PLACEHOLDER
+        text = time_text(value)
         if "://" in text and len(self.follow) < MAX_FOLLOW:
             self.follow.extend(digest(u.rstrip(_URL_END)) for u in _URL.findall(text))
         if len(text) >= TOKEN_MIN:
@@ -194,16 +225,23 @@ def argument_values(values: list[str]) -> list[str]:
     for value in values:
         if len(out) >= MAX_FOLLOW:
             break
+        if len(value) < 6:
+            continue
         stripped = value.strip()
-        if len(stripped) >= 6 and not any(c.isspace() for c in stripped):
+        one_name = _SPACE.search(stripped) is None
+        if one_name:
             out.append(digest(stripped))
         if "://" in value:
             out.extend(digest(u.rstrip(_URL_END)) for u in _URL.findall(value))
-        if len(value) >= TOKEN_MIN:
+        # the tokens inside a text or a path (a name alone was digested whole)
+        if len(value) >= TOKEN_MIN and (not one_name or "/" in stripped):
             harvest = Harvest()
             _CANDIDATE.sub(harvest._replace, value)
             out.extend(harvest.tokens)
-    return list(dict.fromkeys(out))[:MAX_FOLLOW]
+    return list(dict.fromkeys(out))[:MAX_FOLLOW] if out else out
+
+
+_SPACE = re.compile(r"\s")
 
 
 def same_result(earlier: str, later: str) -> bool:

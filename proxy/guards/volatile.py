@@ -125,6 +125,12 @@ _TIME_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|msec|milliseconds?|s|sec|secs|seconds?)\b"), "<duration>"),
 )
 _SHAPES = _ID_SHAPES[:1] + _TIME_SHAPES[:3] + _ID_SHAPES[1:] + _TIME_SHAPES[3:]
+# the time shapes in one pass (results' templates: one scan instead of seven), each alternative a
+# group whose placeholder replaces it; at one place the first shape that matches wins, in the order above
+_TIME_ONE_PASS = re.compile(
+    "|".join(f"((?i:{p.pattern}))" if p.flags & re.IGNORECASE else f"({p.pattern})" for p, _ in _TIME_SHAPES)
+)
+_TIME_PLACEHOLDERS = tuple(placeholder for _, placeholder in _TIME_SHAPES)
 # A number that counts calls, named so: "attempt 3", "retry #4", "poll 7", "call no. 2", "#12",
 # `"iteration":40` in a result's JSON. The number alone is the match's group 1.
 _COUNTED = re.compile(
@@ -272,11 +278,17 @@ def stable_text(text: str) -> str:
 def time_text(text: str) -> str:
     """A string with its times, timings and ages replaced and long decimals rounded, ids kept: what a
     result's template is made from (`proxy.guards.structure` then takes the ids out as its tokens)."""
-    if not any(c.isdigit() for c in text):
+    if _DIGIT.search(text) is None:  # every time shape holds a digit
         return text
-    for pattern, placeholder in _TIME_SHAPES:
-        text = pattern.sub(placeholder, text)
+    text = _TIME_ONE_PASS.sub(_time_placeholder, text)
     return _LONG_DECIMAL.sub(_round_decimal, text)
+
+
+def _time_placeholder(match: re.Match[str]) -> str:
+    return _TIME_PLACEHOLDERS[(match.lastindex or 1) - 1]
+
+
+_DIGIT = re.compile(r"\d")
 
 
 def _epoch_like(value: float) -> bool:

@@ -29,7 +29,7 @@ from proxy.guards.loop.per_tool import PerTool, classify_tool
 from proxy.guards.loop.periodic import Periodic
 from proxy.guards.loop.retry import RetryWithoutProgress
 from proxy.guards.loop.turn import Attempt, Turn
-from proxy.guards.signatures import call_keys
+from proxy.guards.signatures import call_keys, call_sig
 
 # judged on every tool call before it is forwarded, in this order (the order of their decisions);
 # one of each per turn
@@ -123,7 +123,7 @@ class LoopDetector:
         """After an MCP call answered: whether it made progress, for the patterns that follow."""
         self._last_mcp_at = now  # the pause that ends an MCP-only turn runs from the last activity
         t = self._turn
-        waiting = t.pending.get(call_keys(tool, args)[0])
+        waiting = t.pending.get(call_sig(tool, args))
         if not waiting:
             return  # detection off when it was made, or a turn began since: nothing to measure against
         attempt = waiting.pop(0)
