@@ -35,9 +35,15 @@ from proxy.dialects import anthropic, openai_chat, openai_responses  # noqa: E40
 from proxy.dialects.base import LLMRequest, ToolCall  # noqa: E402
 from proxy.guards.config import GuardConfig  # noqa: E402
 from proxy.guards.decision import Action, Decision  # noqa: E402
+from proxy.guards.loop.history import call_tuple, results_map  # noqa: E402
 from proxy.guards.loop.replies import repeated_reply  # noqa: E402
 from proxy.guards.session import SessionGuards  # noqa: E402
-from proxy.guards.signatures import result_fingerprint  # noqa: E402
+from proxy.guards.signatures import (  # noqa: E402
+    RecordedError,
+    call_fingerprints,
+    error_fingerprint,
+    result_fingerprint,
+)
 from proxy.mcp.jsonrpc import tool_result  # noqa: E402
 from proxy.responses_chain import ResponsesChains  # noqa: E402
 
@@ -113,7 +119,20 @@ def _steps(session: Session) -> Iterator[Call | Parallel | User | Pause | Reply]
     yield from session.steps
 
 
-def run_mcp(session: Session, config: GuardConfig) -> Outcome:
+def _as_recorded(tool: str, args: Any, recorded: bool) -> Any:
+    """A call's arguments as the guards get them live, or as a replay feeds them back (the
+    fingerprints the trace records: `signatures.call_fingerprints`)."""
+    return call_fingerprints(tool, args) if recorded else args
+
+
+def _error_as_recorded(error: str | None, recorded: bool) -> str | None:
+    if error is None or not recorded:
+        return error
+    return RecordedError(error_fingerprint(error) or "")
+
+
+def run_mcp(session: Session, config: GuardConfig, recorded: bool = False) -> Outcome:
+    """`recorded`: each call fed as a replay feeds it, from the fingerprints the trace keeps."""
     guards = SessionGuards(config, started_at=0.0)
     out = Outcome(session, "mcp")
     now = 0.0
@@ -131,7 +150,9 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
         for call in batch:  # all sent before any answer comes back
             out.calls += 1
             now += SECONDS_PER_CALL / len(batch)
-            verdict = guards.before_tool_call(call.tool, call.args, now=now)
+            verdict = guards.before_tool_call(
+                call.tool, _as_recorded(call.tool, call.args, recorded), now=now
+            )
             out.fired += [(out.calls, d) for d in verdict.decisions]
             if verdict.refused:
                 return out
@@ -143,9 +164,11 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
                 for d in guards.after_tool_call(
                     verdict.reservation,
                     call.tool,
-                    call.args,
+                    _as_recorded(call.tool, call.args, recorded),
                     result_fingerprint=answer.fingerprint or "",
-                    error=answer.error_text if answer.status == "error" else None,
+                    error=_error_as_recorded(
+                        answer.error_text if answer.status == "error" else None, recorded
+                    ),
                     now=now,
                     event_id=f"tool-{number}",
                 )
@@ -257,7 +280,20 @@ def _segments(session: Session) -> Iterator[tuple[list[str], Call | Parallel | R
             users, paused = [], 0.0
 
 
-def run_fc(session: Session, config: GuardConfig) -> Outcome:
+def _history_as_recorded(steps: Any, results: Any, recorded: bool) -> tuple[Any, Any]:
+    """A request's history as the guards get it live, or as the trace records it for replay."""
+    if not recorded:
+        return steps, results
+    steps = [
+        [(cid, name, call_fingerprints(name, args)) for cid, name, args in map(call_tuple, step)]
+        for step in steps
+    ]
+    results = {cid: (fp, _error_as_recorded(err, True)) for cid, (fp, err) in results_map(results).items()}
+    return steps, results
+
+
+def run_fc(session: Session, config: GuardConfig, recorded: bool = False) -> Outcome:
+    """`recorded`: each request's history fed as a replay feeds it (fingerprints, recorded errors)."""
     guards = SessionGuards(config, started_at=0.0)
     out = Outcome(session, "fc")
     segments: list[Segment] = []
@@ -280,6 +316,7 @@ def run_fc(session: Session, config: GuardConfig) -> Outcome:
             segments.append((users, [], step.text))
             now += SECONDS_PER_CALL
             steps, turn_start, results, messages = _request(session, segments, plan, k, chains, marks)
+            steps, results = _history_as_recorded(steps, results, recorded)
             verdict = guards.before_llm_call(
                 steps, turn_start, results, estimate_usd=0.0, now=now, **_replies(session, messages)
             )
@@ -301,6 +338,7 @@ def run_fc(session: Session, config: GuardConfig) -> Outcome:
         segments.append((users, row, None))
         now += SECONDS_PER_CALL * len(batch)
         steps, turn_start, results, messages = _request(session, segments, plan, k, chains, marks)
+        steps, results = _history_as_recorded(steps, results, recorded)
         verdict = guards.before_llm_call(
             steps, turn_start, results, estimate_usd=0.0, now=now, **_replies(session, messages)
         )
@@ -367,9 +405,11 @@ def _request(
 RUNNERS = {"mcp": run_mcp, "fc": run_fc}
 
 
-def run(session: Session, transport: str, loop_detection: dict[str, Any] | None = None) -> Outcome:
+def run(
+    session: Session, transport: str, loop_detection: dict[str, Any] | None = None, *, recorded: bool = False
+) -> Outcome:
     config = GuardConfig.model_validate({"loop_detection": loop_detection or {}})
-    return RUNNERS[transport](session, config)
+    return RUNNERS[transport](session, config, recorded)
 
 
 # -- the accuracy table of docs/guards.md ----------------------------------------------------------
