@@ -96,6 +96,16 @@ def _normal(text: str) -> str:
     return fold_text(text) if len(text) <= FOLD_LIMIT else " ".join(text.lower().split())
 
 
+def _alike(a: str, b: str) -> bool:
+    """Two texts the same once folded and without noise. Cheap first: most replies differ in length
+    or are the same words already, so the noise rules run only on near misses."""
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > max(len(a), len(b)) // 5 + 8:
+        return False
+    return " ".join(a.lower().split()) == " ".join(b.lower().split()) or _normal(a) == _normal(b)
+
+
 def repeated_reply(dialect: str, messages: Sequence[Any]) -> Echo | None:
     """The run of the same reply to the same nudge at the end of `messages`, or None (fewer than
     two, or the conversation does not end with a nudge after a reply)."""
@@ -103,27 +113,28 @@ def repeated_reply(dialect: str, messages: Sequence[Any]) -> Echo | None:
         return None
     i = len(messages) - 1
     stop = max(-1, i - MAX_READ)
-    reply = nudge = None
+    reply = nudge = ""
     count = 0
     start = i
     while i - 1 > stop:
         said_user, said_model = _said(messages[i]), _said(messages[i - 1])
         if said_user is None or said_model is None or said_user[0] != "user" or said_model[0] != "assistant":
             break
-        words, text = _normal(said_user[1]), _normal(said_model[1])
-        if not text:
+        words, text = said_user[1], said_model[1]
+        if not text.strip():
             break
-        if reply is None:
+        if count == 0:
             reply, nudge = text, words
-        elif text != reply or words != nudge:
+        elif not _alike(text, reply) or not _alike(words, nudge):
             break
         count += 1
         start = i - 1
         i -= 2
-    if count < 2 or reply is None:
+    if count < 2:
         return None
-    digest = hashlib.blake2b(reply.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
-    return Echo(count, digest, start, reply[:60])
+    normal = _normal(reply)
+    digest = hashlib.blake2b(normal.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return Echo(count, digest, start, normal[:60])
 
 
 def judge(echo: Echo | None, config: LoopDetectionConfig) -> Firing | None:
