@@ -52,7 +52,11 @@ _CANDIDATE = re.compile(
     r"(?<![A-Za-z0-9.<])(?=[A-Za-z0-9:_-]{5})[A-Za-z0-9]+(?:[:_-][A-Za-z0-9]+)*(?![A-Za-z0-9>]|\.\d)"
 )
 # what follows a number that measures something: a unit, a share, a fraction
-_QUANTITY_AFTER = re.compile(r"\s?(?:%|/|of\b|[kKMGT]?i?B\b|bytes?\b|[a-zA-Z]{1,3}\b(?!\s*[:=]))")
+_QUANTITY_AFTER = re.compile(
+    r"\s?(?:%|/|of\b|[kKMGT]?i?B\b|bytes?\b|(?:ms|us|ns|s|secs?|m|mins?|h|hrs?|x|rows?|items?|results?|records?"
+    r"|lines?|files?|tokens?|req|requests?|users?|messages?|events?|pods?|ops|kb|mb|gb)\b)",
+    re.IGNORECASE,
+)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _HEX = re.compile(r"(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -212,10 +216,13 @@ def same_tokens(earlier: tuple[str, ...], later: tuple[str, ...], share: int) ->
     wholesale change (news)."""
     if len(earlier) != len(later):
         return False
-    changed = sum(a != b for a, b in zip(earlier, later, strict=True))
-    if changed == 0:
-        return True
-    return changed <= NOISE_TOKENS and share * changed <= NOISE_SHARE * len(later)
+    changed = 0
+    for a, b in zip(earlier, later, strict=True):
+        if a != b:
+            changed += 1
+            if changed > NOISE_TOKENS:  # a wholesale change: no need to count the rest
+                return False
+    return changed == 0 or share * changed <= NOISE_SHARE * len(later)
 
 
 def argument_values(values: list[str]) -> list[str]:

@@ -125,12 +125,11 @@ _TIME_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|msec|milliseconds?|s|sec|secs|seconds?)\b"), "<duration>"),
 )
 _SHAPES = _ID_SHAPES[:1] + _TIME_SHAPES[:3] + _ID_SHAPES[1:] + _TIME_SHAPES[3:]
-# the time shapes in one pass (results' templates: one scan instead of seven), each alternative a
-# group whose placeholder replaces it; at one place the first shape that matches wins, in the order above
-_TIME_ONE_PASS = re.compile(
-    "|".join(f"((?i:{p.pattern}))" if p.flags & re.IGNORECASE else f"({p.pattern})" for p, _ in _TIME_SHAPES)
-)
-_TIME_PLACEHOLDERS = tuple(placeholder for _, placeholder in _TIME_SHAPES)
+# the time shapes of a result's template: not epoch numbers (in a result a 10-digit number is a
+# token, `proxy.guards.structure`, whether it is a time or a random seed that happens to fall in the
+# range, so both compare alike)
+_RESULT_TIME_SHAPES = tuple((p, placeholder) for p, placeholder in _TIME_SHAPES if placeholder != "<epoch>")
+_NEEDS = (":", ":", "ago") + ("",) * (len(_RESULT_TIME_SHAPES) - 3)  # what a shape cannot match without
 # A number that counts calls, named so: "attempt 3", "retry #4", "poll 7", "call no. 2", "#12",
 # `"iteration":40` in a result's JSON. The number alone is the match's group 1.
 _COUNTED = re.compile(
@@ -280,12 +279,13 @@ def time_text(text: str) -> str:
     result's template is made from (`proxy.guards.structure` then takes the ids out as its tokens)."""
     if _DIGIT.search(text) is None:  # every time shape holds a digit
         return text
-    text = _TIME_ONE_PASS.sub(_time_placeholder, text)
+    colon, ago = ":" in text, "ago" in text or "AGO" in text or "Ago" in text
+    for (pattern, placeholder), needs in zip(_RESULT_TIME_SHAPES, _NEEDS, strict=True):
+        # date-times and clock times hold a colon, relative times an "ago": most texts skip them
+        if (needs == ":" and not colon) or (needs == "ago" and not ago):
+            continue
+        text = pattern.sub(placeholder, text)
     return _LONG_DECIMAL.sub(_round_decimal, text)
-
-
-def _time_placeholder(match: re.Match[str]) -> str:
-    return _TIME_PLACEHOLDERS[(match.lastindex or 1) - 1]
 
 
 _DIGIT = re.compile(r"\d")

@@ -80,6 +80,8 @@ class Turn:
 
         `fingerprint` is `signatures.result_fingerprint`'s: `<hash>[|n|n...][~...]`.
         """
+        if "~" not in fingerprint and "|" not in fingerprint:
+            return fingerprint  # no counter, no token: compared whole
         shape = structure.read(fingerprint)
         if shape.tokens or shape.follow:
             self._named(shape)
@@ -106,10 +108,11 @@ class Turn:
         return known
 
     def _named(self, shape: structure.Shape) -> None:
-        for value in (*shape.tokens, *shape.follow):
-            if value not in self.values_seen:
-                self.values_seen.add(value)
-                self.fresh.add(value)
+        values = {*shape.tokens, *shape.follow}
+        new = values - self.values_seen
+        if new:
+            self.values_seen |= new
+            self.fresh |= new
 
     def quiet(self, tool: str) -> bool:
         """The tool's latest answers made no progress and nothing new came back since: a call of it
