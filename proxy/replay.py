@@ -35,6 +35,7 @@ import orjson
 from proxy.constants import GUARD_KILL_SWITCH, GUARD_STOP_ON_LOOP, EventType
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
+from proxy.guards.loop.replies import Echo
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import Fingerprinted, RecordedError, content_text, result_fingerprint
 from proxy.replay_input import (
@@ -302,6 +303,7 @@ class _Replayer:
                 estimate_usd=fields.est,
                 estimate_tokens=fields.tok,
                 now=now,
+                echo=Echo.read(fields.echo),
             )
         self.out.live[seq] = list(fields.decisions)
         self.out.replayed_checks[seq] = _listed(verdict.decisions)

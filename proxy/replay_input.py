@@ -100,6 +100,7 @@ class GuardInput(_Read):
     # an LLM call
     hist: HistoryDelta | None = None
     tok: int = 0
+    echo: list[Any] | None = None  # proxy.guards.loop.replies.Echo.record()
     cost: float = 0.0
     tokens: int = 0
 

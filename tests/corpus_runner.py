@@ -29,14 +29,21 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loop_corpus import SESSIONS, Call, Parallel, Pause, Session, User  # noqa: E402
+from loop_corpus import SESSIONS, Call, Parallel, Pause, Reply, Session, User  # noqa: E402
 
 from proxy.dialects import anthropic, openai_chat, openai_responses  # noqa: E402
 from proxy.dialects.base import LLMRequest, ToolCall  # noqa: E402
 from proxy.guards.config import GuardConfig  # noqa: E402
 from proxy.guards.decision import Action, Decision  # noqa: E402
+from proxy.guards.loop.history import call_tuple, results_map  # noqa: E402
+from proxy.guards.loop.replies import repeated_reply  # noqa: E402
 from proxy.guards.session import SessionGuards  # noqa: E402
-from proxy.guards.signatures import result_fingerprint  # noqa: E402
+from proxy.guards.signatures import (  # noqa: E402
+    RecordedError,
+    call_fingerprints,
+    error_fingerprint,
+    result_fingerprint,
+)
 from proxy.mcp.jsonrpc import tool_result  # noqa: E402
 from proxy.responses_chain import ResponsesChains  # noqa: E402
 
@@ -108,11 +115,24 @@ def _fc_content(call: Call) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-def _steps(session: Session) -> Iterator[Call | Parallel | User | Pause]:
+def _steps(session: Session) -> Iterator[Call | Parallel | User | Pause | Reply]:
     yield from session.steps
 
 
-def run_mcp(session: Session, config: GuardConfig) -> Outcome:
+def _as_recorded(tool: str, args: Any, recorded: bool) -> Any:
+    """A call's arguments as the guards get them live, or as a replay feeds them back (the
+    fingerprints the trace records: `signatures.call_fingerprints`)."""
+    return call_fingerprints(tool, args) if recorded else args
+
+
+def _error_as_recorded(error: str | None, recorded: bool) -> str | None:
+    if error is None or not recorded:
+        return error
+    return RecordedError(error_fingerprint(error) or "")
+
+
+def run_mcp(session: Session, config: GuardConfig, recorded: bool = False) -> Outcome:
+    """`recorded`: each call fed as a replay feeds it, from the fingerprints the trace keeps."""
     guards = SessionGuards(config, started_at=0.0)
     out = Outcome(session, "mcp")
     now = 0.0
@@ -123,12 +143,16 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
         if isinstance(step, Pause):
             now += step.seconds
             continue
+        if isinstance(step, Reply):  # the model's text: no MCP traffic (sessions with it are fc-only)
+            continue
         batch = step.calls if isinstance(step, Parallel) else (step,)
         admitted = []
         for call in batch:  # all sent before any answer comes back
             out.calls += 1
             now += SECONDS_PER_CALL / len(batch)
-            verdict = guards.before_tool_call(call.tool, call.args, now=now)
+            verdict = guards.before_tool_call(
+                call.tool, _as_recorded(call.tool, call.args, recorded), now=now
+            )
             out.fired += [(out.calls, d) for d in verdict.decisions]
             if verdict.refused:
                 return out
@@ -140,9 +164,11 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
                 for d in guards.after_tool_call(
                     verdict.reservation,
                     call.tool,
-                    call.args,
+                    _as_recorded(call.tool, call.args, recorded),
                     result_fingerprint=answer.fingerprint or "",
-                    error=answer.error_text if answer.status == "error" else None,
+                    error=_error_as_recorded(
+                        answer.error_text if answer.status == "error" else None, recorded
+                    ),
                     now=now,
                     event_id=f"tool-{number}",
                 )
@@ -151,8 +177,9 @@ def run_mcp(session: Session, config: GuardConfig) -> Outcome:
     return out
 
 
-# a step of the history so far: the user's words before it, then its calls with their ids
-Segment = tuple[list[str], list[tuple[str, Call]]]
+# a step of the history so far: the user's words before it, then its calls with their ids, or the
+# model's text when it answered without a call (`Reply`)
+Segment = tuple[list[str], list[tuple[str, Call]], str | None]
 TASK = "Here is your task."
 
 
@@ -160,10 +187,13 @@ def _content(call: Call) -> str:
     return _fc_content(call)
 
 
-def chat_body(segments: list[Segment]) -> dict[str, Any]:
+def chat_body(segments: list[Segment], following: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
-    for users, row in segments:
+    for users, row, reply in segments:
         messages += [{"role": "user", "content": text} for text in users]
+        if reply is not None:
+            messages.append({"role": "assistant", "content": reply})
+            continue
         calls = [
             {
                 "id": cid,
@@ -174,16 +204,21 @@ def chat_body(segments: list[Segment]) -> dict[str, Any]:
         ]
         messages.append({"role": "assistant", "content": None, "tool_calls": calls})
         messages += [{"role": "tool", "tool_call_id": cid, "content": _content(c)} for cid, c in row]
+    messages += [{"role": "user", "content": text} for text in following]
     return {"model": "gpt-4o", "messages": messages}
 
 
-def anthropic_body(segments: list[Segment]) -> dict[str, Any]:
+def anthropic_body(segments: list[Segment], following: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
     """Claude Code's shape: the user's words go with the previous step's tool results."""
     messages: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = [{"type": "text", "text": TASK}]
-    for users, row in segments:
+    for users, row, reply in segments:
         pending += [{"type": "text", "text": text} for text in users]
         messages.append({"role": "user", "content": pending})
+        if reply is not None:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
+            pending = []
+            continue
         uses = [{"type": "tool_use", "id": cid, "name": c.tool, "input": c.args} for cid, c in row]
         messages.append({"role": "assistant", "content": uses})
         pending = [
@@ -195,6 +230,7 @@ def anthropic_body(segments: list[Segment]) -> dict[str, Any]:
             }
             for cid, c in row
         ]
+    pending += [{"type": "text", "text": text} for text in following]
     messages.append({"role": "user", "content": pending})
     return {"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": messages}
 
@@ -205,7 +241,31 @@ def responses_input(users: list[str], row: list[tuple[str, Call]]) -> list[dict[
     return [*outputs, *({"role": "user", "content": text} for text in users)]
 
 
-def _segments(session: Session) -> Iterator[tuple[list[str], Call | Parallel, float]]:
+def responses_full_input(segments: list[Segment], following: list[str]) -> dict[str, Any]:
+    """A stateless Responses request (Codex with `store: false`): the whole conversation as input."""
+    items: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    for users, row, reply in segments:
+        items += [{"role": "user", "content": text} for text in users]
+        if reply is not None:
+            items.append(
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": reply}]}
+            )
+            continue
+        for cid, c in row:
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": cid,
+                    "name": c.tool,
+                    "arguments": orjson.dumps(c.args).decode(),
+                }
+            )
+        items += responses_input([], row)
+    items += [{"role": "user", "content": text} for text in following]
+    return {"model": "gpt-5", "input": items, "store": False}
+
+
+def _segments(session: Session) -> Iterator[tuple[list[str], Call | Parallel | Reply, float]]:
     """(the user's words before a step, the step, seconds paused before it)."""
     users: list[str] = []
     paused = 0.0
@@ -220,7 +280,20 @@ def _segments(session: Session) -> Iterator[tuple[list[str], Call | Parallel, fl
             users, paused = [], 0.0
 
 
-def run_fc(session: Session, config: GuardConfig) -> Outcome:
+def _history_as_recorded(steps: Any, results: Any, recorded: bool) -> tuple[Any, Any]:
+    """A request's history as the guards get it live, or as the trace records it for replay."""
+    if not recorded:
+        return steps, results
+    steps = [
+        [(cid, name, call_fingerprints(name, args)) for cid, name, args in map(call_tuple, step)]
+        for step in steps
+    ]
+    results = {cid: (fp, _error_as_recorded(err, True)) for cid, (fp, err) in results_map(results).items()}
+    return steps, results
+
+
+def run_fc(session: Session, config: GuardConfig, recorded: bool = False) -> Outcome:
+    """`recorded`: each request's history fed as a replay feeds it (fingerprints, recorded errors)."""
     guards = SessionGuards(config, started_at=0.0)
     out = Outcome(session, "fc")
     segments: list[Segment] = []
@@ -238,6 +311,21 @@ def run_fc(session: Session, config: GuardConfig) -> Outcome:
         now += paused
         for _ in users:
             _events(out, guards, "LLM_CALL", "gpt-4o", out.calls)
+        if isinstance(step, Reply):
+            out.calls += 1
+            segments.append((users, [], step.text))
+            now += SECONDS_PER_CALL
+            steps, turn_start, results, messages = _request(session, segments, plan, k, chains, marks)
+            steps, results = _history_as_recorded(steps, results, recorded)
+            verdict = guards.before_llm_call(
+                steps, turn_start, results, estimate_usd=0.0, now=now, **_replies(session, messages)
+            )
+            out.fired += [(out.calls, d) for d in verdict.decisions]
+            if verdict.refused:
+                return out
+            guards.after_llm_call(verdict.reservation, cost_usd=0.0, tokens=0, now=now)
+            _events(out, guards, "LLM_CALL", "gpt-4o", out.calls)
+            continue
         batch = step.calls if isinstance(step, Parallel) else (step,)
         row = []
         for call in batch:
@@ -247,10 +335,13 @@ def run_fc(session: Session, config: GuardConfig) -> Outcome:
             content = _fc_content(call)
             marks[call_id] = (result_fingerprint(content), content if call.error is not None else None)
             _events(out, guards, "TOOL_CALL", call.tool, out.calls)
-        segments.append((users, row))
+        segments.append((users, row, None))
         now += SECONDS_PER_CALL * len(batch)
-        steps, turn_start, results = _request(session, segments, plan, k, chains, marks)
-        verdict = guards.before_llm_call(steps, turn_start, results, estimate_usd=0.0, now=now)
+        steps, turn_start, results, messages = _request(session, segments, plan, k, chains, marks)
+        steps, results = _history_as_recorded(steps, results, recorded)
+        verdict = guards.before_llm_call(
+            steps, turn_start, results, estimate_usd=0.0, now=now, **_replies(session, messages)
+        )
         out.fired += [(out.calls, d) for d in verdict.decisions]
         if verdict.refused:
             return out
@@ -259,8 +350,16 @@ def run_fc(session: Session, config: GuardConfig) -> Outcome:
     return out
 
 
-def _answer(step: Call | Parallel, first: int) -> list[ToolCall]:
+def _replies(session: Session, request: LLMRequest) -> dict[str, Any]:
+    """What the guards are told of the model's own texts: the run of one reply to one nudge the
+    request's messages end with, read as the guard backend reads it (proxy/guard_backend/local.py)."""
+    return {"echo": repeated_reply(request.dialect, request.messages)}
+
+
+def _answer(step: Call | Parallel | Reply, first: int) -> list[ToolCall]:
     """The model's answer that asked for `step`, its calls numbered from `first` as the runner does."""
+    if isinstance(step, Reply):
+        return []
     calls = step.calls if isinstance(step, Parallel) else (step,)
     return [ToolCall(f"call_{first + i}", c.tool, c.args) for i, c in enumerate(calls)]
 
@@ -268,15 +367,20 @@ def _answer(step: Call | Parallel, first: int) -> list[ToolCall]:
 def _request(
     session: Session,
     segments: list[Segment],
-    plan: list[tuple[list[str], Call | Parallel, float]],
+    plan: list[tuple[list[str], Call | Parallel | Reply, float]],
     k: int,
     chains: ResponsesChains,
     marks: dict[str, tuple[str, str | None]],
-) -> tuple[Any, int, Any]:
-    """The guards' inputs of the request sent after step k, read from its body by the dialect."""
+) -> tuple[Any, int, Any, LLMRequest]:
+    """The guards' inputs of the request sent after step k, read from its body by the dialect, and
+    the request. After a `Reply`, the request carries the user's words that follow it (the nudge)."""
+    following = plan[k + 1][0] if k + 1 < len(plan) and segments[-1][2] is not None else []
     if session.dialect == "anthropic":
-        req: LLMRequest = anthropic.parse_request(anthropic_body(segments))
-        return req.steps, req.turn_start, req.tool_results
+        req: LLMRequest = anthropic.parse_request(anthropic_body(segments, following))
+        return req.steps, req.turn_start, req.tool_results, req
+    if session.dialect == "responses" and any(isinstance(s, Reply) for s in session.steps):
+        req = openai_responses.parse_request(responses_full_input(segments, following))
+        return req.steps, req.turn_start, req.tool_results, req
     if session.dialect == "responses":
         # the step's outputs and the user's words before the next step go in one request, which
         # continues the answer that asked for the step (its calls were remembered with it)
@@ -286,23 +390,26 @@ def _request(
         call = openai_responses.parse_request(body)
         history = chains.history(AGENT_OF_CHAIN, call)
         if k + 1 < len(plan):
-            first = sum(len(r) for _, r in segments) + 1
+            first = sum(len(r) for _, r, _ in segments) + 1
             chains.remember_answer(AGENT_OF_CHAIN, call, f"resp_{k + 1}", _answer(plan[k + 1][1], first))
         return (
             history.steps,
             history.turn_start,
             {r.tool_call_id: marks[r.tool_call_id] for r in history.results},
+            call,
         )
-    req = openai_chat.parse_request(chat_body(segments))
-    return req.steps, req.turn_start, {cid: marks[cid] for _, row in segments for cid, _ in row}
+    req = openai_chat.parse_request(chat_body(segments, following))
+    return req.steps, req.turn_start, {cid: marks[cid] for _, row, _ in segments for cid, _ in row}, req
 
 
 RUNNERS = {"mcp": run_mcp, "fc": run_fc}
 
 
-def run(session: Session, transport: str, loop_detection: dict[str, Any] | None = None) -> Outcome:
+def run(
+    session: Session, transport: str, loop_detection: dict[str, Any] | None = None, *, recorded: bool = False
+) -> Outcome:
     config = GuardConfig.model_validate({"loop_detection": loop_detection or {}})
-    return RUNNERS[transport](session, config)
+    return RUNNERS[transport](session, config, recorded)
 
 
 # -- the accuracy table of docs/guards.md ----------------------------------------------------------

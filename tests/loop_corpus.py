@@ -54,7 +54,15 @@ class Pause:
     seconds: float
 
 
-Step = Call | Parallel | User | Pause
+@dataclass(frozen=True)
+class Reply:
+    """The model's answer without a tool call, its text (function-calling only: a harness nudges it
+    on with a `User` step). Counted as a call of the session, as the request after it is judged."""
+
+    text: str
+
+
+Step = Call | Parallel | User | Pause | Reply
 
 
 @dataclass(frozen=True)
@@ -2333,3 +2341,8 @@ _NEWS_STUCK = [
 ]
 
 SESSIONS: list[Session] = _HONEST + _NEWS_HONEST + _STUCK + _NEWS_STUCK
+
+# issue 31's sessions (news judged by structure), in their own module
+from loop_corpus_structure import SESSIONS as _STRUCTURE  # noqa: E402
+
+SESSIONS += _STRUCTURE

@@ -418,7 +418,13 @@ async def test_guard_replay_on_the_run_view(browser: Browser, start_tripwire: An
     from tests.test_guards_e2e_mcp import SESSION_URL, shop
 
     with shop() as upstream:
-        tw = await start_tripwire(mcp={"shop": {"url": upstream}}, admin_token="hunter2")
+        # no_progress warns after 3 identical results: on the 4th poll, alone (issue 31: after
+        # no_progress_warn results; the default 4 would share the 5th with repetition)
+        tw = await start_tripwire(
+            mcp={"shop": {"url": upstream}},
+            admin_token="hunter2",
+            guards={"loop_detection": {"no_progress_warn": 3}},
+        )
         async with Client(tw.url + SESSION_URL, cache=None) as client:
             for _ in range(6):
                 await client.call_tool("job_status", {"job_id": "j1"})

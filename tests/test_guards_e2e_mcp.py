@@ -236,7 +236,7 @@ async def test_polling_an_unchanging_status_warns_then_terminates(start_tripwire
         tw = await start(start_tripwire, upstream, action="warn", idempotent_tools=["job_status"])
         outcomes: list[str] = []
         async with Client(tw.url + SESSION_URL, cache=None) as client:
-            for _ in range(8):
+            for _ in range(9):
                 try:
                     r = await client.call_tool("job_status", {"job_id": "j1"})
                 except MCPError as e:
@@ -244,10 +244,11 @@ async def test_polling_an_unchanging_status_warns_then_terminates(start_tripwire
                     continue
                 outcomes.append("blocked" if r.is_error else ("warn" if len(r.content) == 2 else "ok"))
         run_id, events = await trace(tw)
-    # the 4th identical poll after 3 identical results warns; the 8th ends the session
-    assert outcomes[:3] == ["ok"] * 3
-    assert outcomes[3] == "warn"
-    assert outcomes[7] == "error:loop_detection"
+    # the poll after 4 identical results warns, the one after 8 ends the session (issue 31: judged
+    # before its own result, so a status moving every 1-3 polls is never warned)
+    assert outcomes[:4] == ["ok"] * 4
+    assert outcomes[4] == "warn"
+    assert outcomes[8] == "error:loop_detection"
     no_progress = [w["payload"] for w in guard_warnings(events) if w["payload"]["kind"] == "no_progress"]
     assert [(w["action"], w["threshold"]) for w in no_progress] == [("warn", 4), ("terminate", 8)]
     assert events[-1]["event_type"] == "RUN_END"

@@ -22,7 +22,7 @@ def test_a_quiet_call_is_allowed_with_a_reservation() -> None:
 
 
 def test_mcp_loop_block_refuses_without_reserving_and_lists_each_firing() -> None:
-    g = guards(loop_detection=LoopDetectionConfig(threshold=3, action="block", no_progress_warn=3))
+    g = guards(loop_detection=LoopDetectionConfig(threshold=3, action="block", no_progress_warn=2))
     for i in range(2):
         v = g.before_tool_call("write_file", {"p": "x"}, now=float(i))
         assert not v.refused

@@ -250,8 +250,8 @@ def old_stable_value(value: Any, *, fold_case: bool = False) -> Any:
             except orjson.JSONDecodeError:
                 pass
         text = volatile.stable_text(value)
-        if fold_case and len(text) <= 200:
-            text = " ".join(text.lower().split()).rstrip(".?!")
+        if fold_case:
+            text = volatile.fold_text(text)  # (spaces next to punctuation go too: issue 31)
         return text
     if isinstance(value, dict):
         out: dict[str, Any] = {}

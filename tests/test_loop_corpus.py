@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from corpus_runner import SESSIONS, Outcome, bound, report, run, transports
-from loop_corpus import Parallel
+from loop_corpus import Parallel, Reply
 
 from proxy.guards.decision import Action
 
@@ -39,7 +39,10 @@ def test_the_corpus_is_large_enough_and_well_formed() -> None:
     assert len({s.name for s in SESSIONS}) == len(SESSIONS)
     for s in stuck:
         assert s.loop_start and s.round_len, s.name
-        calls = sum(len(x.calls) if isinstance(x, Parallel) else int(hasattr(x, "tool")) for x in s.steps)
+        calls = sum(
+            len(x.calls) if isinstance(x, Parallel) else int(hasattr(x, "tool") or isinstance(x, Reply))
+            for x in s.steps
+        )
         assert calls >= s.loop_start - 1 + bound(s, THRESHOLD), f"{s.name}: the loop must run past its bound"
 
 
@@ -133,3 +136,23 @@ def _docs_report() -> str:
 def test_the_accuracy_tables_in_the_docs_are_current() -> None:
     """docs/guards.md shows what the corpus gives today: `python tests/corpus_runner.py` regenerates it."""
     assert _docs_report() == report().strip()
+
+
+# -- replay decides as the live guards did ------------------------------------------------------
+
+CASES = [(s, t) for s in SESSIONS for t in transports(s)]
+
+
+def _decided(outcome: Outcome) -> list[tuple[int, str | None, str, Action]]:
+    return [(n, d.kind, d.guard, d.action) for n, d in outcome.fired]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_a_replay_from_the_recorded_fingerprints_decides_as_live(case: tuple) -> None:
+    """What the trace keeps of each call (`call_fingerprints`: hashed identities carrying the
+    values their arguments name; result fingerprints with their tokens; recorded error
+    fingerprints) gives every decision the live guards took, session by session (issue 31)."""
+    session, transport = case
+    for overrides in (None, {"action": "block"}):
+        live = run(session, transport, overrides)
+        assert _decided(run(session, transport, overrides, recorded=True)) == _decided(live)

@@ -58,6 +58,7 @@ def test_every_kind_a_pattern_answers_says_what_the_agent_reads() -> None:
         "retry_no_progress",
         "per_tool",
         "identical_step",
+        "repeated_reply",
         "cycle",
     }
     assert all(detector.LOOP_KINDS.values())

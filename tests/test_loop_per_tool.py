@@ -33,3 +33,14 @@ def test_the_kind_of_tool_picks_the_thresholds() -> None:
     assert classify_tool("write_file", a.config) == "mutating"
     got = a.calls(3, "write_file", {"p": 1}, result="same")
     assert got[2] is not None and got[2].threshold == 2
+
+
+def test_progress_mode_counts_the_streak_since_the_tools_last_news() -> None:
+    """A CI poll whose status moves every second poll: each news starts the count again, so a long
+    turn of it never reaches the warning (issue 31: it was warned at poll 9-12, blocked at 18)."""
+    a = agent(PerTool(), idempotent=(3, 5, 8))
+    got = [a.call("get_pipeline", {"id": 7}, result=f"stage {i // 2}: running") for i in range(40)]
+    assert got == [None] * 40
+    # without news, the streak still grows: the 40th poll was stale, so the third stale one warns
+    got = a.calls(4, "get_pipeline", {"id": 7}, result="stage 19: running")
+    assert [f.action if f else None for f in got] == [None, Action.WARN, Action.WARN, Action.BLOCK]

@@ -18,6 +18,7 @@ from proxy.guards.budget_window import WindowHold
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.loop.history import HistoryResults
+from proxy.guards.loop.replies import Echo
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.responses_chain import ResponsesChains
 from proxy.sessions import Session, SessionManager
@@ -44,6 +45,7 @@ class CallInputs:
     turn_start: int = 0
     results: list[ToolResult] | HistoryResults = field(default_factory=list)
     tokens: int = 0
+    echo: Echo | None = None  # the same reply to the same nudge, k times (proxy.guards.loop.replies)
 
 
 @dataclass(slots=True)

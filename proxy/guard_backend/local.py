@@ -139,6 +139,7 @@ class LocalGuardBackend:
             event_ids=conversation.tool_event_ids,
             reading=conversation.guard_state,
             read_from=getattr(call, "continues", None),
+            echo=judged.echo,
         )
         return Admitted(guards, verdict, judged, seen)
 

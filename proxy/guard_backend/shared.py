@@ -141,7 +141,13 @@ class SharedGuardBackend:
             )
         else:
             check = entries.llm_check(
-                cid, judged.steps, judged.turn_start, judged.results, judged.estimate, judged.tokens
+                cid,
+                judged.steps,
+                judged.turn_start,
+                judged.results,
+                judged.estimate,
+                judged.tokens,
+                judged.echo,
             )
             # results whose TOOL_CALL is not written yet: the call that asked for them may have been
             # answered by any replica, so the shared pending calls decide

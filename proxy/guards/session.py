@@ -24,6 +24,7 @@ from proxy.guards.config import GuardConfig, ToolsConfig
 from proxy.guards.decision import ALLOW, Action, Decision, strictest
 from proxy.guards.loop.detector import LoopDetector
 from proxy.guards.loop.history import HistoryCall, HistoryResults
+from proxy.guards.loop.replies import Echo
 from proxy.guards.permissions import permission, qualified_tool_name
 from proxy.guards.raises import raised_sections
 
@@ -166,6 +167,7 @@ class SessionGuards:
         event_ids: Mapping[str, str] | None = None,
         reading: object = None,
         read_from: object = None,
+        echo: Echo | None = None,
     ) -> Verdict:
         """Before forwarding an LLM request: its history's tool calls, then budgets and limits.
 
@@ -174,9 +176,10 @@ class SessionGuards:
         tool_call_id -> (result fingerprint, error text or None). `event_ids` (tool_call_id ->
         TOOL_CALL event id) makes a LOOP_WARNING's evidence event ids. `reading` / `read_from`:
         this history's name and that of the one it goes on from (`LoopDetector.check_llm_history`).
+        `echo`: the same reply to the same nudge at the conversation's end (`replies.repeated_reply`).
         """
         decisions = self.loop.check_llm_history(
-            steps, turn_start, tool_results, now, event_ids, reading=reading, read_from=read_from
+            steps, turn_start, tool_results, now, event_ids, reading=reading, read_from=read_from, echo=echo
         )
         if self.loop.new_history_calls:
             self.budget.count_history_tool_calls(self.loop.new_history_calls)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from proxy import jsonparse
+from proxy.guards import structure
 from proxy.guards.tree import rebuild
 from proxy.guards.volatile import fold_text, result_slots, stable_text, stable_value
 
@@ -97,21 +98,56 @@ def stable_signature(tool: str, args: Any) -> str:
     A fresh `request_id`, a timestamp or a nonce does not make a call new, and short strings are
     compared case- and space-folded ("Weather in Paris?" is "weather in paris").
     """
+    return _identity(tool, args)[0]
+
+
+# between an identity and the digests of the values its arguments name (`structure.argument_values`):
+# live, after the stable signature (JSON never holds a raw control character); recorded, after its hash
+FOLLOWS_LIVE = "\x1e"
+FOLLOWS_RECORDED = "~"
+
+
+def _identity(tool: str, args: Any) -> tuple[str, list[str]]:
     parsed = _parse_if_json(args)
-    value = stable_value({} if parsed is None else parsed, fold_case=True, leaf=_canonical_scalar)
-    return f"{normalize_tool_name(tool)}({_dumps(value)})"
+    strings: list[str] = []
+
+    def leaf(value: Any) -> Any:
+        return _canonical_scalar(value)
+
+    def text_of(value: str) -> str:
+        strings.append(value)
+        return stable_text(value)
+
+    value = stable_value({} if parsed is None else parsed, fold_case=True, leaf=leaf, text_of=text_of)
+    return f"{normalize_tool_name(tool)}({_dumps(value)})", structure.argument_values(strings)
+
+
+def split_identity(ident: str) -> tuple[str, tuple[str, ...]]:
+    """(the identity, the digests of the values its arguments name), live or recorded."""
+    head, sep, tail = ident.rpartition(FOLLOWS_LIVE)
+    if not sep:
+        head, sep, tail = ident.partition(FOLLOWS_RECORDED)
+        if not sep:
+            return ident, ()
+    return head, tuple(tail.split(".")) if tail else ()
 
 
 def result_fingerprint(content: Any) -> str:
-    """A short stable hash of a tool result, without per-call noise (ids, times, timings), folded
-    as arguments are (case and spaces of short strings), then the counters it names (`slotted`).
+    """A short stable hash of a tool result's template, without per-call noise (times, timings),
+    folded as arguments are (case and spaces of short strings), then the counters it names
+    (`slotted`) and its tokens and followable values (`proxy.guards.structure`).
 
     Loop detection compares these, never the content: a status that differs only by its
-    `checked_at`, or a test run only by "in 0.31s", is the same result.
+    `checked_at` or its request id, or a test run only by "in 0.31s", is the same result; a page
+    of new UUIDs is not.
     """
     parsed = _parse_if_json(content)
-    value = stable_value(parsed, fold_case=True, leaf=_canonical_scalar, result=True)
-    return slotted(_dumps(value))
+    harvest = structure.Harvest()
+    value = stable_value(
+        parsed, fold_case=True, leaf=_canonical_scalar, result=True, text_of=harvest.template
+    )
+    template = _dumps(value)
+    return slotted(template) + harvest.suffix()
 
 
 def slotted(text: str) -> str:
@@ -139,16 +175,28 @@ def fingerprint_text(text: str) -> str:
 
 
 def call_keys(tool: str, args: Any) -> tuple[str, str]:
-    """(exact signature, identity) of a call, or its recorded fingerprints when replayed."""
+    """(exact signature, identity) of a call, or its recorded fingerprints when replayed. The
+    identity carries the digests of the values its arguments name (`split_identity` reads them)."""
     if isinstance(args, Fingerprinted):
         return args.sig, args.ident
-    return signature(tool, args), stable_signature(tool, args)
+    ident, values = _identity(tool, args)
+    return signature(tool, args), (f"{ident}{FOLLOWS_LIVE}{'.'.join(values)}" if values else ident)
+
+
+def call_sig(tool: str, args: Any) -> str:
+    """`call_keys`' exact signature alone (an MCP answer is matched back to its call by it)."""
+    return args.sig if isinstance(args, Fingerprinted) else signature(tool, args)
 
 
 def call_fingerprints(tool: str, args: Any) -> Fingerprinted:
-    """What the trace records of a call's arguments for replay."""
+    """What the trace records of a call's arguments for replay: hashes, and the digests of the
+    values the arguments name (as `call_keys`' identity carries them)."""
     sig, ident = call_keys(tool, args)
-    return Fingerprinted(fingerprint_text(sig), fingerprint_text(ident))
+    ident, values = split_identity(ident)
+    recorded = fingerprint_text(ident)
+    if values:
+        recorded = f"{recorded}{FOLLOWS_RECORDED}{'.'.join(values)}"
+    return Fingerprinted(fingerprint_text(sig), recorded)
 
 
 class RecordedError(str):
@@ -162,7 +210,9 @@ def error_fingerprint(text: str | None) -> str | None:
         return None
     if isinstance(text, RecordedError):
         return str(text)
-    return slotted(fold_text(stable_text(text)))
+    harvest = structure.Harvest()
+    template = fold_text(harvest.template(text))
+    return slotted(template) + harvest.suffix()
 
 
 def content_text(content: Any, limit: int = 500) -> str:

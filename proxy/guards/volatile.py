@@ -87,12 +87,17 @@ VOLATILE_KEYS = frozenset(
 # across calls (`result_slots`), so an `iteration` that jumps from 200 to 400 stays news
 ARGUMENT_COUNTER_KEYS = frozenset({"seq", "sequence", "seqno", "counter", "iteration", "tick"})
 
-# the order matters: date-times before clock times, UUIDs before hex runs
-_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
+# ids by their shape: erased from arguments; a result keeps their values as the tokens of its template
+# (`proxy.guards.structure`), so a page of new UUIDs is news and one fresh request id is not
+_ID_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
         "<id>",
     ),
+    (re.compile(r"\b(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{16,}\b"), "<id>"),
+)
+# times, timings and ages: noise wherever they are; the order matters (date-times before clock times)
+_TIME_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"),
         "<time>",
@@ -106,7 +111,6 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         "<time>",
     ),
-    (re.compile(r"\b(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{16,}\b"), "<id>"),
     # not a quantity that happens to fall in the range: "1600000000 of 3200000000 bytes"
     (re.compile(r"\b1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?\b(?!\s*(?:/|of\b|[kMG]?i?B\b|bytes?\b|%))"), "<epoch>"),
     # Go's time.Duration ("1m30.5s", "2h3m4s") and ISO 8601's ("PT1.5S") before plain amounts
@@ -116,8 +120,16 @@ _SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         "<duration>",
     ),
+    # an age as kubectl and docker print them ("12m", "3h4m", "2d5h", "45s")
+    (re.compile(r"\b(?:\d+d(?:\d+h)?(?:\d+m)?(?:\d+s)?|\d+h(?:\d+m)?(?:\d+s)?|\d+m)\b"), "<duration>"),
     (re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|msec|milliseconds?|s|sec|secs|seconds?)\b"), "<duration>"),
 )
+_SHAPES = _ID_SHAPES[:1] + _TIME_SHAPES[:3] + _ID_SHAPES[1:] + _TIME_SHAPES[3:]
+# the time shapes of a result's template: not epoch numbers (in a result a 10-digit number is a
+# token, `proxy.guards.structure`, whether it is a time or a random seed that happens to fall in the
+# range, so both compare alike)
+_RESULT_TIME_SHAPES = tuple((p, placeholder) for p, placeholder in _TIME_SHAPES if placeholder != "<epoch>")
+_NEEDS = (":", ":", "ago") + ("",) * (len(_RESULT_TIME_SHAPES) - 3)  # what a shape cannot match without
 # A number that counts calls, named so: "attempt 3", "retry #4", "poll 7", "call no. 2", "#12",
 # `"iteration":40` in a result's JSON. The number alone is the match's group 1.
 _COUNTED = re.compile(
@@ -181,11 +193,12 @@ ID_MIN = 12  # shorter tokens are too short to tell from a word, a code or a num
 WORD_PAIRS = 0.7  # a token whose common letter pairs fall below this share of its pairs is no word
 
 
-def is_opaque(token: str) -> bool:
+def is_opaque(token: str, min_len: int = ID_MIN) -> bool:
     """A token of letters and digits that is an id, not a word, a file name or a number (the note
     above): `8fK2mZpQ7xL1vN3a`, `JBSWY3DPEHPK3PXP`, `01ARZ3NDEKTSV4RRFFQ69G5FAV` are; `README`,
-    `CrashLoopBackOff`, `test2024report`, `base64encoded` are not."""
-    if len(token) < ID_MIN:
+    `CrashLoopBackOff`, `test2024report`, `base64encoded` are not. `min_len`: shorter tokens are
+    never ids (results' templates look at shorter ones, `proxy.guards.structure`)."""
+    if len(token) < min_len:
         return False
     if token.isdigit():
         return True
@@ -231,11 +244,15 @@ def _erase_embedded_id(match: re.Match[str]) -> str:
     return "<id>"
 
 
+# a value that is one name: an id, or a cursor in base64 (`eyJvZmZzZXQiOiAyMH0=`, `+` `/` `-` `_`)
+_ONE_NAME = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
+
+
 def _erase_embedded_ids(text: str) -> str:
     """Ids inside a longer text (a trace id in an error message, a header in a command) erased; a
-    text that is only an id, or an id in a path or under a key of its own, names a thing (a cursor,
-    an object, a file) and stays."""
-    if len(text) <= ID_MIN or _TOKEN.fullmatch(text.strip(_AROUND_A_NAME)):
+    text that is only an id (a cursor, in base64 too), or an id in a path or under a key of its own,
+    names a thing (a cursor, an object, a file) and stays."""
+    if len(text) <= ID_MIN or _ONE_NAME.fullmatch(text.strip(_AROUND_A_NAME)):
         return text
     return _TOKEN.sub(_erase_embedded_id, text)
 
@@ -255,6 +272,23 @@ def stable_text(text: str) -> str:
     for pattern, placeholder in _SHAPES:
         text = pattern.sub(placeholder, text)
     return _LONG_DECIMAL.sub(_round_decimal, _erase_embedded_ids(text))
+
+
+def time_text(text: str) -> str:
+    """A string with its times, timings and ages replaced and long decimals rounded, ids kept: what a
+    result's template is made from (`proxy.guards.structure` then takes the ids out as its tokens)."""
+    if _DIGIT.search(text) is None:  # every time shape holds a digit
+        return text
+    colon, ago = ":" in text, "ago" in text or "AGO" in text or "Ago" in text
+    for (pattern, placeholder), needs in zip(_RESULT_TIME_SHAPES, _NEEDS, strict=True):
+        # date-times and clock times hold a colon, relative times an "ago": most texts skip them
+        if (needs == ":" and not colon) or (needs == "ago" and not ago):
+            continue
+        text = pattern.sub(placeholder, text)
+    return _LONG_DECIMAL.sub(_round_decimal, text)
+
+
+_DIGIT = re.compile(r"\d")
 
 
 def _epoch_like(value: float) -> bool:
@@ -282,16 +316,23 @@ FOLD_LIMIT = 200  # longer strings (documents, outputs) are compared as they are
 _FINAL_PUNCTUATION = re.compile(r"[.?!]+(?=[\"')\].?!]*(?:\s|$))")
 
 
+# spaces next to punctuation: `email = 'a'` and `email='a'`, `id , email` and `id, email` are one query
+_SPACE_AT_PUNCTUATION = re.compile(r" (?=[^\w\s<>])|(?<=[^\w\s<>]) ")
+
+
 def fold_text(text: str) -> str:
-    """A short string as a person would repeat it: lower case, single spaces, no final punctuation
-    (of the string, or of a sentence inside it: a query echoed in quotes, `for "Paris?".`)."""
+    """A short string as a person would repeat it: lower case, single spaces, none next to
+    punctuation, no final punctuation (of the string, or of a sentence inside it: a query echoed in
+    quotes, `for "Paris?".`)."""
     if len(text) <= FOLD_LIMIT:
-        return " ".join(_FINAL_PUNCTUATION.sub("", text.lower()).split())
+        return _SPACE_AT_PUNCTUATION.sub("", " ".join(_FINAL_PUNCTUATION.sub("", text.lower()).split()))
     return text
 
 
-def _stable_text(value: str, fold_case: bool, result: bool = False) -> str:
-    text = stable_text(value)
+def _stable_text(
+    value: str, fold_case: bool, result: bool = False, text_of: Callable[[str], str] | None = None
+) -> str:
+    text = stable_text(value) if text_of is None else text_of(value)
     if not result and any(c.isdigit() for c in text):
         # arguments have no earlier result to step from: a number named as a count of attempts is noise
         text = _COUNTED_ATTEMPT.sub(_erase_counter, text)
@@ -324,9 +365,11 @@ def _expand_json_text(value: str) -> Any:
     return NOT_EXPANDED if parsed is _NOT_JSON else parsed
 
 
-def stable_leaf(value: Any, fold_case: bool, result: bool = False) -> Any:
+def stable_leaf(
+    value: Any, fold_case: bool, result: bool = False, text_of: Callable[[str], str] | None = None
+) -> Any:
     """A scalar of a stable value: strings lose their per-call noise, the rest is unchanged."""
-    return _stable_text(value, fold_case, result) if isinstance(value, str) else value
+    return _stable_text(value, fold_case, result, text_of) if isinstance(value, str) else value
 
 
 def stable_value(
@@ -335,6 +378,7 @@ def stable_value(
     fold_case: bool = False,
     leaf: Callable[[Any], Any] | None = None,
     result: bool = False,
+    text_of: Callable[[str], str] | None = None,
 ) -> Any:
     """JSON-like `value` without volatile fields and shapes; the rest unchanged.
 
@@ -343,15 +387,20 @@ def stable_value(
     A string holding JSON (tool results often are JSON sent as text) is replaced by its stable value.
     `leaf`, when given, is applied to every stable scalar in the same walk (the canonical form of a
     fingerprint), so a value is walked once. `result`: a tool's result, whose sequence numbers
-    (`seq`, `iteration`, ...) are kept for the rule across calls. Any depth (`proxy.guards.tree.rebuild`).
+    (`seq`, `iteration`, ...) are kept for the rule across calls. `text_of`, when given, makes a
+    string's stable text instead of `stable_text` (a result's template keeps its ids as tokens).
+    Any depth (`proxy.guards.tree.rebuild`).
     """
     keep = _keep_result_member if result else _keep_member
     if leaf is None:
         return rebuild(
-            value, lambda v: stable_leaf(v, fold_case, result), keep=keep, expand=_expand_json_text
+            value, lambda v: stable_leaf(v, fold_case, result, text_of), keep=keep, expand=_expand_json_text
         )
     return rebuild(
-        value, lambda v: leaf(stable_leaf(v, fold_case, result)), keep=keep, expand=_expand_json_text
+        value,
+        lambda v: leaf(stable_leaf(v, fold_case, result, text_of)),
+        keep=keep,
+        expand=_expand_json_text,
     )
 
 

@@ -38,6 +38,7 @@ from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_war
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.loop.history import HistoryResults, results_from_index
+from proxy.guards.loop.replies import repeated_reply
 from proxy.guards.raises import RaiseError
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
@@ -114,7 +115,10 @@ def call_inputs(ex: Exchange, estimate: float, tool_call: bool) -> CallInputs:
             estimate, guard_trace.mcp_inputs(call.tool_name, call.arguments, call.naming_server, estimate)
         )
     steps, turn_start, results, tokens, inputs = llm_guard_inputs(ex, estimate)
-    return CallInputs(estimate, inputs, steps, turn_start, results, tokens)
+    echo = repeated_reply(ex.call.dialect, ex.call.messages)  # the model's own text, k times (issue 31)
+    if echo is not None:
+        inputs["echo"] = echo.record()
+    return CallInputs(estimate, inputs, steps, turn_start, results, tokens, echo)
 
 
 class GuardStage(BaseStage):

@@ -37,6 +37,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from proxy.guards.loop.history import HistoryCall, HistoryResults, call_tuple, results_map
+from proxy.guards.loop.replies import Echo
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
 
 VERSION = 1  # of the entries written (see the module's docstring)
@@ -69,9 +70,11 @@ def llm_check(
     results: HistoryResults,
     estimate_usd: float,
     estimate_tokens: int,
+    echo: Echo | None = None,
 ) -> bytes:
     """The request's whole tool-call history (each call `[tool_call_id, tool, sig, ident]`) and the
-    fingerprints of the results it carries: the same inputs the live guards get, hashed."""
+    fingerprints of the results it carries: the same inputs the live guards get, hashed; `echo`,
+    the same reply to the same nudge at the conversation's end (`proxy.guards.loop.replies`)."""
     rows = []
     for step in steps:
         row = []
@@ -91,6 +94,7 @@ def llm_check(
             "res": got,
             "est": estimate_usd,
             "tok": estimate_tokens,
+            **({"echo": echo.record()} if echo is not None else {}),
         }
     )
 
@@ -159,6 +163,7 @@ class LlmCheck(_Entry):
     results: dict[str, tuple[str, str | None]] = Field(default_factory=dict, alias="res")
     estimate_usd: float = Field(0.0, alias="est")
     estimate_tokens: int = Field(0, alias="tok")
+    echo: list[Any] | None = None  # proxy.guards.loop.replies.Echo.record()
 
 
 class Settle(_Entry):

@@ -22,6 +22,7 @@ from proxy.constants import GUARD_KILL_SWITCH
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
+from proxy.guards.loop.replies import Echo
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.guards.signatures import Fingerprinted, RecordedError
 from proxy.state import entries
@@ -166,6 +167,7 @@ class SessionReplica:
                 estimate_tokens=body.estimate_tokens,
                 now=self.now,
                 event_ids=event_ids,
+                echo=Echo.read(body.echo),
             )
             opened = _Open(verdict.reservation)
         if verdict.refused:

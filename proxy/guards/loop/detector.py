@@ -20,16 +20,16 @@ from typing import Any
 from proxy.constants import GUARD_MAX_TIME_PER_TURN
 from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.decision import Action, Decision
-from proxy.guards.loop import identical_step
+from proxy.guards.loop import identical_step, replies
 from proxy.guards.loop.cycle import AgentDbgCycle
 from proxy.guards.loop.history import HistoryCall, HistoryReader, HistoryResults, call_tuple, results_map
 from proxy.guards.loop.no_progress import NoProgress
 from proxy.guards.loop.pattern import Firing, Pattern
-from proxy.guards.loop.per_tool import PerTool
+from proxy.guards.loop.per_tool import PerTool, classify_tool
 from proxy.guards.loop.periodic import Periodic
 from proxy.guards.loop.retry import RetryWithoutProgress
 from proxy.guards.loop.turn import Attempt, Turn
-from proxy.guards.signatures import call_keys
+from proxy.guards.signatures import call_keys, call_sig
 
 # judged on every tool call before it is forwarded, in this order (the order of their decisions);
 # one of each per turn
@@ -37,7 +37,12 @@ ATTEMPT_PATTERNS: tuple[type[Pattern], ...] = (Periodic, NoProgress, RetryWithou
 # every kind of loop finding -> what the agent reads about it (proxy.guards.describe)
 LOOP_KINDS: dict[str, str] = {
     kind: text
-    for kinds in (*(p.KINDS for p in ATTEMPT_PATTERNS), identical_step.KINDS, AgentDbgCycle.KINDS)
+    for kinds in (
+        *(p.KINDS for p in ATTEMPT_PATTERNS),
+        identical_step.KINDS,
+        replies.KINDS,
+        AgentDbgCycle.KINDS,
+    )
     for kind, text in kinds.items()
 }
 
@@ -60,6 +65,7 @@ class LoopDetector:
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
         self.new_call_names: list[str] = []  # the names of those calls (tool permissions)
         self._cycle = AgentDbgCycle(config)
+        self._writes: dict[str, bool] = {}  # tool -> mutating (classify_tool, under the config in force)
         # stats
         self.tool_totals: Counter[str] = Counter()
         self.decision_counts: Counter[str] = Counter()
@@ -67,6 +73,7 @@ class LoopDetector:
     def configure(self, config: LoopDetectionConfig) -> None:
         """A config change (admin API) applies from the next call; counts are kept."""
         self.config = config
+        self._writes.clear()
         self._cycle.configure(config)
 
     # -- MCP tool calls --------------------------------------------------------------------------
@@ -116,7 +123,7 @@ class LoopDetector:
         """After an MCP call answered: whether it made progress, for the patterns that follow."""
         self._last_mcp_at = now  # the pause that ends an MCP-only turn runs from the last activity
         t = self._turn
-        waiting = t.pending.get(call_keys(tool, args)[0])
+        waiting = t.pending.get(call_sig(tool, args))
         if not waiting:
             return  # detection off when it was made, or a turn began since: nothing to measure against
         attempt = waiting.pop(0)
@@ -140,6 +147,7 @@ class LoopDetector:
         *,
         reading: object = None,
         read_from: object = None,
+        echo: replies.Echo | None = None,
     ) -> list[Decision]:
         """Before forwarding an LLM request: the tool calls its history holds, new ones counted once.
 
@@ -153,6 +161,9 @@ class LoopDetector:
         goes on from, when the caller knows: its first steps are that history's, unchanged (the
         dialect read it on from there). If that is the history this detector read last, only the
         steps after it are read; the decisions are the same as reading the whole.
+
+        `echo`: the run of one reply to one nudge the conversation ends with
+        (`replies.repeated_reply`), judged whatever the tool calls say.
         """
         self._event_ids = event_ids
         enabled = self.config.enabled
@@ -163,11 +174,12 @@ class LoopDetector:
         if not enabled:
             return []
         self._llm_seen = True
+        said = self._echo(echo)
         if not steps:
             # a history without an assistant step (a plain chat call): no call to count or judge, a
             # turn without calls (renumbered), and no turn time spent in it yet
             self._new_turn(now)
-            return []
+            return said
         t = self._turn
         if (
             not read.inside
@@ -210,7 +222,15 @@ class LoopDetector:
             self._answers = {last_ids: decisions}
         turn_time = self._turn_time(now)
         self._tally(turn_time)
-        return self._dedupe(decisions + turn_time)
+        return self._dedupe(decisions + turn_time + said)
+
+    def _echo(self, echo: replies.Echo | None) -> list[Decision]:
+        firing = replies.judge(echo, self.config)
+        if firing is None:
+            return []
+        decision = self._decision(firing)
+        self._tally([decision])
+        return [decision]
 
     def _evidence_id(self, call_id: str) -> str | None:
         return call_id if self._event_ids is None else self._event_ids.get(call_id)
@@ -241,7 +261,10 @@ class LoopDetector:
 
     def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> Attempt:
         t = self._turn
-        attempt = t.attempt(tool, sig, ident, evidence)
+        writes = self._writes.get(tool)
+        if writes is None:
+            writes = self._writes[tool] = classify_tool(tool, self.config) == "mutating"
+        attempt = t.attempt(tool, sig, ident, evidence, writes=writes)
         for pattern in self._patterns:
             pattern.attempted(attempt, t)
         self.tool_totals[attempt.tool] += 1

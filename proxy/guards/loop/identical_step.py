@@ -13,7 +13,7 @@ from proxy.guards.config import LoopDetectionConfig
 from proxy.guards.loop.history import HistoryCall, call_tuple
 from proxy.guards.loop.pattern import ACTIONS, MAX_EVIDENCE, Firing
 from proxy.guards.loop.turn import Attempt
-from proxy.guards.signatures import call_keys
+from proxy.guards.signatures import call_keys, split_identity
 
 KINDS = {"identical_step": "the same set of tool calls was repeated step after step"}
 
@@ -36,7 +36,7 @@ def judge(
 
     def ident_of(call: tuple[str, str, Any]) -> str:
         attempt = attempts.get(call[0])
-        return attempt.ident if attempt is not None else call_keys(call[1], call[2])[1]
+        return attempt.ident if attempt is not None else split_identity(call_keys(call[1], call[2])[1])[0]
 
     def key(step: Sequence[tuple[str, str, Any]]) -> tuple[str, ...]:
         return tuple(sorted(ident_of(c) for c in step))

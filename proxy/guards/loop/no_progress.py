@@ -1,5 +1,5 @@
 """no_progress, Loop Guard's poll: the same call came back with the same result, without progress,
-`no_progress_warn` - 1 times in a row: the next attempt warns (`no_progress_halt` ends the session).
+`no_progress_warn` times in a row: the next attempt warns (`no_progress_halt` ends the session).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ class NoProgress(Pattern):
         if same is None:
             return None
         number = same.count + 1  # this attempt's number in the streak
-        if number >= config.no_progress_halt:
+        # judged before its own result: it fires once `no_progress_warn` results came back the same,
+        # so a poll whose answer moves every 1-3 polls is never warned (its next result is unknown)
+        if same.count >= config.no_progress_halt:
             action, limit = Action.TERMINATE, config.no_progress_halt
-        elif number >= config.no_progress_warn:
+        elif same.count >= config.no_progress_warn:
             action, limit = Action.WARN, config.no_progress_warn
         else:
             return None

@@ -1,4 +1,4 @@
-"""per_tool, Loop Guard's graduated escalation: a tool's calls without progress in the turn reach
+"""per_tool, Loop Guard's graduated escalation: a tool's calls without progress since its last news reach
 5/8/12 (idempotent) or 3/5/7 (mutating) -> warn/block/terminate; `per_tool_mode: count` counts every
 call, as Loop Guard does. `classify_tool` says which kind a tool is.
 """
@@ -38,7 +38,9 @@ class PerTool(Pattern):
         tool = attempt.tool
         if config.per_tool_mode == "count":
             count, counted = turn.calls[tool], "called"
-        elif attempt.presumed_stale:
+        elif attempt.presumed_stale or (not attempt.follows and not attempt.writes and turn.quiet(tool)):
+            # new arguments of a tool whose latest answers learned nothing are presumed to learn
+            # nothing either, until news (a page number that grows while the page stays the same)
             count, counted = turn.no_progress[tool] + 1, "called without progress"
         else:
             return None

@@ -24,10 +24,13 @@ class Periodic(Pattern):
     def __init__(self) -> None:
         # period m -> how many of the turn's last calls repeat with that period
         self.tail = dict.fromkeys(range(1, MAX_CYCLE_PERIOD + 1), 0)
+        self.tool_run = 0  # the turn's last calls of one tool, whatever their arguments
 
     def attempted(self, attempt: Attempt, turn: Turn) -> None:
         before = turn.count - 1  # the turn's calls before this one (the last of `turn.attempts`)
         attempts = turn.attempts
+        same_tool = before >= 1 and len(attempts) > 1 and attempts[-2].tool == attempt.tool
+        self.tool_run = self.tool_run + 1 if same_tool else 1
         tail = self.tail
         for m in tail:
             if before >= m and len(attempts) > m and attempts[-m - 1].ident == attempt.ident:
@@ -83,7 +86,32 @@ class Periodic(Pattern):
                 window_size=length,
                 evidence=evidence,
             )
-        return None
+        return self._same_answer_run(attempt, turn, config)
+
+    def _same_answer_run(self, attempt: Attempt, turn: Turn, config: LoopDetectionConfig) -> Firing | None:
+        """One tool called again and again with other arguments, every answer after the first one
+        it had already given (page 2, 3, 4... each returning page 1; `current/current/...` listing
+        `current/`): a repetition, whatever the arguments say (SPEC §5.1)."""
+        threshold = config.threshold
+        if self.tool_run < threshold or attempt.follows or attempt.writes or not turn.quiet(attempt.tool):
+            return None
+        length = min(self.tool_run, trailing_stale(turn) + 2, len(turn.attempts))
+        if length < threshold:
+            return None
+        tail = list(turn.attempts)[-length:]
+        return Firing(
+            "repetition",
+            ("repetition", turn.number, attempt.index - length + 1),
+            ACTIONS[config.action],
+            f"{attempt.tool} was called {length} times in a row and the same answer came back"
+            " whatever the arguments",
+            pattern=attempt.sig,
+            threshold=threshold,
+            actual=length,
+            repetitions=length,
+            window_size=length,
+            evidence=tuple(a.evidence for a in tail[-MAX_EVIDENCE:] if a.evidence),
+        )
 
 
 def trailing_stale(turn: Turn) -> int:

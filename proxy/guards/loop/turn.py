@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from proxy.guards.signatures import normalize_tool_name
+from proxy.guards import structure
+from proxy.guards.signatures import normalize_tool_name, split_identity
 from proxy.guards.volatile import same_or_counted
 
 HISTORY = 64  # a turn's last attempts kept for cycles and evidence
 MAX_TURN_KEYS = 8192  # identities / results remembered per turn (forgetting only makes calls look new)
+MAX_VARIANTS = 8  # results of one template kept per tool, each compared with a new result of it
 
 
 @dataclass(eq=False)
@@ -30,6 +32,8 @@ class Attempt:
     seen: bool  # the same identity had come back before it was made
     changed: bool  # news came back after that identity's last answer (by epoch)
     stale: bool | None = None  # None while in flight; refused attempts are stale
+    follows: bool = False  # its arguments carry a value first seen in a result of the turn
+    writes: bool = False  # a mutating tool: new arguments change something new
 
     @property
     def presumed_stale(self) -> bool:
@@ -51,41 +55,91 @@ class Turn:
         self.last_answer: dict[str, int] = {}  # identity -> epoch of its latest answer
         self.results: dict[tuple[str, str], int] = {}  # (tool, fingerprint) -> first serial
         self.last_news = -1  # epoch of the last answer that was progress and no failure
-        self.no_progress: Counter[str] = Counter()  # tool -> calls without progress
+        # tool -> calls without progress since that tool's last news: a streak, so a poll whose
+        # status moves every few calls never adds up over a long turn (SPEC §5.1)
+        self.no_progress: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()  # tool -> every attempt
         self.pending: dict[str, list[Attempt]] = {}  # exact signature -> MCP calls in flight
         self.ids: set[str] = set()  # tool_call_ids of this turn
-        # (tool, hash of a result's text without its counters) -> (its counters, the fingerprint it
-        # is known by): a counter that went up by one does not make a result new
-        self.counted: dict[tuple[str, str], tuple[list[int], str]] = {}
+        # (tool, hash of a result's template without its counters) -> its latest results of that
+        # template (counters, tokens, the fingerprint each is known by): a counter that went up by
+        # one, or a few fresh ids, do not make a result new
+        self.counted: dict[tuple[str, str], list[tuple[list[int], tuple[str, ...], str]]] = {}
+        # values the turn's results named (digests, `proxy.guards.structure`): `fresh` ones were
+        # first seen in a result and no call has carried them yet; a call that does follows news
+        self.values_seen: set[str] = set()
+        self.fresh: set[str] = set()
+        self.tool_quiet_at: dict[str, int] = {}  # tool -> epoch of its latest answer without progress
 
     def same_as(self, tool: str, fingerprint: str) -> str:
-        """The fingerprint a result (or error) is known by in this turn: the tool's earlier result's
-        when its text is that one's and each of its counters the same or one more ("attempt 3" after
-        "attempt 2", SPEC §5.1); its own otherwise (a counter that jumped, or any other change).
+        """The fingerprint a result (or error) is known by in this turn: an earlier result's of the
+        tool when its template is that one's, each of its counters the same or one more ("attempt 3"
+        after "attempt 2", SPEC §5.1) and its tokens the same but a few (a fresh request id, not a
+        page of new ids: `structure.same_tokens`); its own otherwise. The values it names become
+        the turn's (`fresh` when first seen).
 
-        `fingerprint` is `signatures.slotted`'s: `<hash>` or `<hash of the text>|n|n...`.
+        `fingerprint` is `signatures.result_fingerprint`'s: `<hash>[|n|n...][~...]`.
         """
-        skeleton, sep, rest = fingerprint.partition("|")
-        if not sep:
+        if "~" not in fingerprint and "|" not in fingerprint:
+            return fingerprint  # no counter, no token: compared whole
+        shape = structure.read(fingerprint)
+        if shape.tokens or shape.follow:
+            self._named(shape)
+        skeleton, sep, rest = shape.template.partition("|")
+        if not sep and not shape.tokens:
             return fingerprint
         try:
-            numbers = [int(n) for n in rest.split("|")]
+            numbers = [int(n) for n in rest.split("|")] if sep else []
         except ValueError:  # not one of ours (a replayed trace of another version): compared whole
             return fingerprint
-        earlier = self.counted.get((tool, skeleton))
-        known = earlier[1] if earlier is not None and same_or_counted(earlier[0], numbers) else fingerprint
-        self.counted[(tool, skeleton)] = (numbers, known)
+        variants = self.counted.setdefault((tool, skeleton), [])
+        known = fingerprint
+        for i in range(len(variants) - 1, -1, -1):
+            counters, tokens, earlier = variants[i]
+            if same_or_counted(counters, numbers) and structure.same_tokens(
+                tokens, shape.tokens, shape.share
+            ):
+                known = earlier
+                del variants[i]
+                break
+        variants.append((numbers, shape.tokens, known))
+        if len(variants) > MAX_VARIANTS:
+            del variants[0]
         return known
+
+    def _named(self, shape: structure.Shape) -> None:
+        values = {*shape.tokens, *shape.follow}
+        new = values - self.values_seen
+        if new:
+            self.values_seen |= new
+            self.fresh |= new
+
+    def quiet(self, tool: str) -> bool:
+        """The tool's latest answers made no progress and nothing new came back since: a call of it
+        with new arguments is presumed to learn nothing either (page 7 after pages 5 and 6 came back
+        as page 4)."""
+        at = self.tool_quiet_at.get(tool)
+        return at is not None and self.no_progress[tool] > 0 and self.last_news <= at
 
     @property
     def pristine(self) -> bool:
         """No attempt, answer or claimed call yet: every container is still as built."""
         return self.count == 0 and self.serial == 0 and not self.ids
 
-    def attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> Attempt:
-        """One more call of the turn, with what was known when it was made."""
+    def attempt(
+        self, tool: str, sig: str, ident: str, evidence: str | None, *, writes: bool = False
+    ) -> Attempt:
+        """One more call of the turn, with what was known when it was made. `ident` may carry the
+        digests of the values its arguments name (`signatures.call_keys`): one first seen in a
+        result, and not carried by a call yet, makes the call follow news."""
         bare = normalize_tool_name(tool)
+        ident, values = split_identity(ident)
+        follows = False
+        for value in values:
+            if value in self.fresh:
+                follows = True
+                self.fresh.discard(value)
+            self.values_seen.add(value)
         last = self.last_answer.get(ident)
         attempt = Attempt(
             ident=ident,
@@ -96,6 +150,8 @@ class Turn:
             known=self.serial,
             seen=last is not None,
             changed=last is not None and self.last_news > last,
+            follows=follows,
+            writes=writes,
         )
         self.count += 1
         self.attempts.append(attempt)
@@ -103,9 +159,17 @@ class Turn:
         return attempt
 
     def resolve(self, attempt: Attempt, fingerprint: str) -> None:
-        """Stale: the same call had come back, and so had this result, before it was made."""
+        """Stale: this result of the tool had come back before the call was made, and the call was
+        the same call again, or one with other arguments that learned nothing by them (a rich result,
+        `structure.RICH_CHARS`: page 7 is page 6, `current/current/` lists `current/`). A write with
+        new arguments, or a call following news, is never stale."""
         first = self.results.get((attempt.tool, fingerprint))
-        attempt.stale = attempt.seen and first is not None and first <= attempt.known
+        if first is None or first > attempt.known or attempt.follows:
+            attempt.stale = False
+        elif attempt.seen:
+            attempt.stale = True
+        else:
+            attempt.stale = not attempt.writes and structure.read(fingerprint).rich
 
     def apply(self, attempt: Attempt, fingerprint: str, error: str | None) -> None:
         """What the answer teaches the turn: news (progress that did not fail), the results each tool
@@ -116,8 +180,10 @@ class Turn:
         self.results.setdefault((attempt.tool, fingerprint), self.serial)
         if not attempt.stale and error is None:
             self.last_news = max(self.last_news, epoch)
-        if attempt.stale and not attempt.changed:
+            self.no_progress.pop(attempt.tool, None)  # news: the tool's streak starts again
+        elif attempt.stale and not attempt.changed:
             self.no_progress[attempt.tool] += 1
+            self.tool_quiet_at[attempt.tool] = epoch
 
     def refused(self, attempt: Attempt) -> None:
         """A refused MCP call never ran: it learned nothing, and the streak it belongs to goes on."""
@@ -128,6 +194,7 @@ class Turn:
             if not waiting:
                 del self.pending[attempt.sig]
         self.no_progress[attempt.tool] += 1
+        self.tool_quiet_at[attempt.tool] = max(self.tool_quiet_at.get(attempt.tool, -1), self.last_news)
 
     @property
     def too_large(self) -> bool:
@@ -135,6 +202,7 @@ class Turn:
             len(self.last_answer) > MAX_TURN_KEYS
             or len(self.results) > MAX_TURN_KEYS
             or len(self.counted) > MAX_TURN_KEYS
+            or len(self.values_seen) > MAX_TURN_KEYS
         )
 
     def forget(self) -> None:
@@ -142,3 +210,5 @@ class Turn:
         self.counted.clear()
         self.last_answer.clear()
         self.results.clear()
+        self.values_seen.clear()
+        self.fresh.clear()
