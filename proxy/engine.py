@@ -21,6 +21,7 @@ from proxy.approvals.service import Approvals, approval_book_for, approvals_url
 from proxy.auth import AgentKeyGate
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend, WindowBook, guard_backend_for, windows_for
+from proxy.guard_log.service import SharedState
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -35,7 +36,6 @@ from proxy.session_policy import SessionPolicy
 from proxy.sessions import SessionManager
 from proxy.settings import Settings
 from proxy.socket_limits import SocketSlots
-from proxy.state.service import SharedState
 from proxy.storage import prune_runs
 from proxy.trace import sinks as trace_sinks
 from proxy.upstreams import UpstreamRegistry

@@ -17,13 +17,13 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
-from proxy.constants import GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH, GUARD_RATE_LIMITED, EventType
+from proxy.constants import GUARD_KILL_SWITCH, RETRYABLE_GUARDS, EventType
 from proxy.guards.config import GuardConfig
 from proxy.storage import EVENTS_JSONL, TRIPWIRE_JSON, NotRegularFile, load_json, read_run_file
 
 # guards whose decisions replay lists as recorded, not recomputed (state outside the run: the circuit
 # per agent and upstream, rate limits per agent; an operator's act)
-RECORDED_ONLY_GUARDRAILS = frozenset({GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH, GUARD_RATE_LIMITED})
+RECORDED_ONLY_GUARDRAILS = RETRYABLE_GUARDS | {GUARD_KILL_SWITCH}
 DECISION_ACTIONS = ("warn", "block", "terminate")
 
 

@@ -9,12 +9,12 @@ import time
 from proxy.engine import Engine
 from proxy.exchange import Exchange
 from proxy.guard_backend import CallInputs, LocalGuardBackend, SharedGuardBackend, guard_backend_for
+from proxy.guard_log import entries
+from proxy.guard_log.service import SharedState
 from proxy.stages.guards import call_inputs
 from proxy.stages.llm_parse import LLMParseStage
 from proxy.stages.session import SessionStage
-from proxy.state import entries
 from proxy.state.memory import MemoryBackend
-from proxy.state.service import SharedState
 from tests.factories import chat_request, make_exchange
 
 

@@ -201,6 +201,8 @@ class GuardConfig(_Section):
     # gateway policy (SPEC §9) and asking a person (§5.5a)
     tools: ToolsConfig = ToolsConfig()
     rate_limits: tuple[RateLimitConfig, ...] = ()
+    # calls of the agent in flight at once, across its sessions (and replicas): over it, retryable
+    max_concurrent_calls: PositiveInt | None = None
     budget_windows: tuple[BudgetWindowConfig, ...] = ()
     budget_timezone: str = "UTC"
     ask_timeout_s: PositiveFloat = 120

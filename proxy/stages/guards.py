@@ -32,7 +32,7 @@ from proxy.constants import (
 )
 from proxy.dialects.base import ParseState, ToolCall, ToolResult
 from proxy.exchange import Answer, Exchange
-from proxy.guard_backend import CallInputs
+from proxy.guard_backend import CallInputs, StateUnavailable
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
@@ -44,7 +44,6 @@ from proxy.llm_trace import write_tool_result
 from proxy.pipeline import BaseStage
 from proxy.refusals import refuse_unavailable, write_refusal_error
 from proxy.sessions import Session
-from proxy.state.base import StateUnavailable
 
 if TYPE_CHECKING:
     from proxy.services import Services
@@ -147,8 +146,8 @@ class GuardStage(BaseStage):
             self.write_taken_tool_calls(ex, admitted.taken, admitted.asked)
         elif admitted.record_results:
             record_tool_results(ex, self.services)
-        if admitted.rate_limited is not None:
-            self.refuse_rate_limited(ex, admitted.rate_limited)
+        if admitted.refused is not None:  # by a gate of admission (proxy/admission/)
+            self.refuse_gated(ex, admitted.refused)
             return
         if admitted.windows is not None:  # reserved in the admission's round trip (shared state)
             ex.window_hold = admitted.windows[1]  # (given back at the finish if the call is refused)
@@ -503,9 +502,10 @@ class GuardStage(BaseStage):
             session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else TAG_TERMINATED
         )
 
-    def refuse_rate_limited(self, ex: Exchange, decision: Decision) -> None:
-        """Over a rate limit of the agent (SPEC §9): retryable, the session goes on. An LLM call gets
-        429 + Retry-After (its SDK retries by itself), an MCP call the BLOCK result saying when."""
+    def refuse_gated(self, ex: Exchange, decision: Decision) -> None:
+        """Over a per-agent limit (SPEC §9: concurrent calls, a rate limit): retryable, the session
+        goes on. An LLM call gets 429 + Retry-After (its SDK retries by itself), an MCP call the BLOCK
+        result saying when."""
         protocol = ex.protocol
         assert protocol is not None
         ex.decisions.append(decision)
@@ -553,6 +553,8 @@ class GuardStage(BaseStage):
                     if isinstance(outcome, BaseException):
                         raise outcome
         finally:
+            if ex.admission_holds:  # a concurrent call's slot: given back however the call ended
+                await self.guards.release(ex)
             if session is not None and session.terminated:
                 self.policy.end_if_pending(session)  # its RUN_END follows the calls that were in flight
 

@@ -16,7 +16,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from proxy.admission import TWINS
 from proxy.episodes import NO_CONVERSATION, Episode
+from proxy.guard_log import entries
+from proxy.guard_log.channel import SharedGuards
+from proxy.guard_log.configs import SharedConfigs
+from proxy.guard_log.replica import Applied
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -24,12 +29,9 @@ from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.sessions import Session, SessionManager
 from proxy.settings import Settings
-from proxy.state import entries, keys
+from proxy.state import keys
 from proxy.state.base import ResolveMode, StateBackend, StateUnavailable
-from proxy.state.configs import SharedConfigs
 from proxy.state.link import StateLink
-from proxy.state.replica import Applied
-from proxy.state.shared import SharedGuards
 
 log = logging.getLogger("tripwire.state")
 
@@ -41,7 +43,7 @@ MAX_CHAIN_LINKS = 2048  # Responses links fetched in one round trip (older ones:
 def backend_for(url: str) -> StateBackend:
     from proxy.state.redis_backend import RedisBackend  # redis-py is loaded only when asked for
 
-    return RedisBackend(url)
+    return RedisBackend(url, twins=TWINS)  # the APPEND script assembled from the checks' fragments
 
 
 class SharedState:
