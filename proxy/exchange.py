@@ -124,6 +124,9 @@ class Exchange:
     history: History | None = None
     # set by the guard stage when it blocks (BLOCK): the text of the synthetic answer; read by the chain stage
     block_text: str | None = None
+    # set by the guard stage when the guards ask a person (SPEC §5.5a): (the session's guards, the
+    # decision, its call_seq), which the hold stage (proxy.stages.hold) holds the call for
+    asked: tuple[Any, Decision, int] | None = None
     # set by the guard stage for an MCP resend after `input_required`; its after-stage then does nothing
     guards_skipped: bool = False
     # set by the guard stage when a held streamed call was approved: the answer it started while

@@ -14,6 +14,7 @@ from proxy.pipeline import Pipeline, Stage
 from proxy.stages.breaker import BreakerStage
 from proxy.stages.forward import ForwardStage
 from proxy.stages.guards import GuardStage
+from proxy.stages.hold import HoldStage
 from proxy.stages.llm_parse import LLMParseStage
 from proxy.stages.mcp_parse import mcp_parse_stage
 from proxy.stages.record import RecordStage
@@ -36,6 +37,7 @@ def llm_stages(services: Services) -> list[Stage]:
         ToolResultsStage(services),
         # loop, limits, budgets (pure guards, state where services.guards keeps it); settles after the answer
         GuardStage(services),
+        HoldStage(services),  # a call the guards ask a person about waits here (ask, SPEC §5.5a)
         BreakerStage(services),  # the circuit of agent x upstream
         MaxTokensRecoveryStage(services),  # opt-in: continues a chat answer cut at its token limit
         ForwardStage(services),  # the upstream call, streams relayed chunk by chunk
@@ -48,6 +50,7 @@ def mcp_stages(services: Services) -> list[Stage]:
         mcp_parse_stage(services),  # JSON-RPC; tools/call matched to its result across streams
         SessionStage(services),
         GuardStage(services),
+        HoldStage(services),
         BreakerStage(services),
         ForwardStage(services),
         RecordStage(services),  # TOOL_CALL

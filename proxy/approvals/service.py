@@ -7,14 +7,28 @@ import collections
 from typing import Any
 
 from proxy.alerts import Alerts
-from proxy.approvals.book import Approval, ApprovalBook, LocalApprovalBook
-from proxy.approvals.hold import Watch
+from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, ApprovalBook, LocalApprovalBook
+from proxy.approvals.hold import HeldStream, Watch, held_call, held_stream_for
+from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.settings import Settings, split_host_port, url_host
 
 
 class Approvals:
     """The book (local or shared), the watch over held calls, the streaks a person let go on."""
+
+    # what the hold stage (proxy/stages/hold.py) reads of this package through the service: the
+    # stages do not import proxy.approvals (import-linter)
+    APPROVED, DENIED, WITHDRAWN = APPROVED, DENIED, WITHDRAWN
+    approval_class: type[Approval] = Approval
+
+    @staticmethod
+    def held_call(ex: Exchange, max_field_bytes: int) -> dict[str, Any]:
+        return held_call(ex, max_field_bytes)
+
+    @staticmethod
+    def held_stream_for(ex: Exchange) -> HeldStream | None:
+        return held_stream_for(ex)
 
     def __init__(self, book: ApprovalBook, metrics: Metrics, alerts: Alerts, decision_url: str) -> None:
         self.book = book

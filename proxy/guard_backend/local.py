@@ -115,6 +115,9 @@ class LocalGuardBackend:
                 return Admitted(guards, refused=gate.refusal(request, answer))
             if gate.release is not None:
                 ex.admission_holds = (*ex.admission_holds, Hold(gate.release, request, shared=False))
+                # the answer ends once the slot is given back (finish hooks): an agent that calls
+                # again the moment it has its answer finds its slot free
+                ex.hold_end = True
         call = ex.call
         if is_tool_call(ex):
             # an MCP result ends its answer once the call is recorded and settled (finish hooks): a
