@@ -85,12 +85,13 @@ class Approvals:
         await self.book.close()
 
 
-def approval_book_for(settings: Settings) -> ApprovalBook:
-    """In Redis when `state` is set (every replica lists and decides every approval), else here."""
+def approval_book_for(settings: Settings, client: Any = None) -> ApprovalBook:
+    """In Redis when `state` is set (every replica lists and decides every approval), else here;
+    `client`: the process's one Redis client."""
     if settings.state.url:
         from proxy.approvals.shared import SharedApprovalBook
 
-        return SharedApprovalBook(settings.state.url)
+        return SharedApprovalBook(settings.state.url, client=client)
     return LocalApprovalBook()
 
 

@@ -40,10 +40,13 @@ MAX_HISTORY_DIGESTS = 256  # prefixes of a conversation looked up when resolving
 MAX_CHAIN_LINKS = 2048  # Responses links fetched in one round trip (older ones: judged without)
 
 
-def backend_for(url: str) -> StateBackend:
+def backend_for(url: str, client: Any = None) -> StateBackend:
+    """Redis at `url`, through `client` when given (the process's one client, proxy/state/client.py)."""
     from proxy.state.redis_backend import RedisBackend  # redis-py is loaded only when asked for
 
-    return RedisBackend(url, twins=TWINS)  # the APPEND script assembled from the checks' fragments
+    return RedisBackend(
+        url, client=client, twins=TWINS
+    )  # the APPEND script assembled from the checks' fragments
 
 
 class SharedState:
@@ -55,9 +58,10 @@ class SharedState:
         *,
         backend: StateBackend | None = None,
         probe_interval_s: float | None = None,
+        client: Any = None,
     ) -> None:
         assert backend is not None or settings.state.url, "shared state needs state.url or a backend"
-        backend = backend or backend_for(str(settings.state.url))
+        backend = backend or backend_for(str(settings.state.url), client)
         self.link = StateLink(backend, settings.state.on_unavailable)
         if probe_interval_s is not None:
             self.link.probe_interval_s = probe_interval_s

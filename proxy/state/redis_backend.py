@@ -59,6 +59,7 @@ class RedisBackend:
         """`twins`: the admission's checks' twins (proxy/admission/), whose fragments the APPEND
         script is assembled from at start; a twin an append brings that was not given is added then."""
         self.url = url
+        self._owns_client = client is None  # a client given is its owner's to close (the engine's)
         self.client = client if client is not None else redis_client(url)
         c = self.client
         self._twins: dict[str, Twin] = {}
@@ -94,7 +95,8 @@ class RedisBackend:
             raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._owns_client:
+            await self.client.aclose()
 
     # --- a run's guard log ---------------------------------------------------------------------
 
