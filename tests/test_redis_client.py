@@ -18,7 +18,9 @@ async def test_state_approvals_and_keys_share_the_engine_s_one_client(
     assert engine.approvals.book.client is client  # type: ignore[attr-defined]
     assert engine.agent_keys.client is client  # type: ignore[attr-defined]
     kwargs = client.connection_pool.connection_kwargs
-    assert kwargs["socket_timeout"] == SOCKET_TIMEOUT_S and kwargs["socket_connect_timeout"] == CONNECT_TIMEOUT_S
+    assert (
+        kwargs["socket_timeout"] == SOCKET_TIMEOUT_S and kwargs["socket_connect_timeout"] == CONNECT_TIMEOUT_S
+    )
     # each works through it
     key, secret = await engine.agent_keys.create("bot")
     assert secret and (await engine.agent_keys.find(key.hash)) is not None
