@@ -1,9 +1,12 @@
-"""The guards in the pipeline: ask the pure guard objects, write what they decided, answer refusals.
+"""The guards in the pipeline: admission's checks (proxy/admission/, asked through `services.guards`:
+the per-agent gates, then the session's `SessionGuards`: permissions, loop patterns, budgets,
+limits; then the agent's budget windows), what they decided written, refusals answered.
 
-Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits); the circuit
-breaker runs next, in its own stage (proxy/stages/breaker.py). A refusal sets `ex.answer` in the
+A call the guards ask a person about is held by the next stage (proxy/stages/hold.py); the circuit
+breaker runs after it, in its own stage (proxy/stages/breaker.py). A refusal sets `ex.answer` in the
 client's own protocol (the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
-results to the loop detector. The events of SPEC §5.5's table are written here.
+results to the loop detector, give back what a gate held (a concurrent call's slot). The events
+of SPEC §5.5's table are written here.
 Fails open: a bug in a guard is logged and the call goes through (pipeline `fail_open`).
 """
 
