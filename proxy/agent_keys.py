@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -276,16 +276,21 @@ class RedisKeyStore:
     applies on the next call. Redis unreachable: the call is refused (authentication never fails
     open), see proxy/auth.py."""
 
-    def __init__(self, url: str) -> None:
-        import redis.asyncio as redis  # loaded only when shared state is configured
+    def __init__(self, url: str, client: Any = None) -> None:
+        """`client`: the process's one Redis client (proxy/state/client.py; its owner closes it)."""
+        self._owns_client = client is None
+        if client is None:
+            import redis.asyncio as redis  # loaded only when shared state is configured
 
-        self.client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self.client = client
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._owns_client:
+            await self.client.aclose()
 
     async def find(self, digest: str) -> AgentKey | None:
         raw = await self.client.hget(REDIS_KEY, digest)
@@ -314,6 +319,7 @@ class RedisKeyStore:
         return None
 
 
-def key_store_for(data_dir: Path, state_url: str | None) -> KeyStore:
-    """The key store of a data dir and state: Redis when shared state is configured."""
-    return RedisKeyStore(state_url) if state_url else FileKeyStore(data_dir)
+def key_store_for(data_dir: Path, state_url: str | None, client: Any = None) -> KeyStore:
+    """The key store of a data dir and state: Redis when shared state is configured (through
+    `client`, the process's one Redis client, when given)."""
+    return RedisKeyStore(state_url, client) if state_url else FileKeyStore(data_dir)

@@ -94,6 +94,10 @@ GUARD_RATE_LIMITED = "rate_limited"
 GUARD_TOOL_CHANGED = "tool_changed"
 GUARD_BUDGET_WINDOW_EXCEEDED = "budget_window_exceeded"
 GUARD_BUDGET_WINDOW_SOFT_ALERT = "budget_window_soft_alert"
+GUARD_CONCURRENT_CALLS = "concurrent_calls"  # over the agent's max_concurrent_calls
+# refusals the agent may retry later (429 + Retry-After; MCP: the BLOCK result saying when); a replay
+# does not decide them again (they depend on other calls than the run's); proxy/admission/ names each
+RETRYABLE_GUARDS = frozenset({GUARD_CIRCUIT_BREAKER, GUARD_RATE_LIMITED, GUARD_CONCURRENT_CALLS})
 
 
 def default_counts() -> dict[str, int]:

@@ -21,6 +21,7 @@ from proxy.approvals.service import Approvals, approval_book_for, approvals_url
 from proxy.auth import AgentKeyGate
 from proxy.forward import Forwarder
 from proxy.guard_backend import GuardBackend, WindowBook, guard_backend_for, windows_for
+from proxy.guard_log.service import SharedState
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -36,7 +37,6 @@ from proxy.session_policy import SessionPolicy
 from proxy.sessions import SessionManager
 from proxy.settings import Settings
 from proxy.socket_limits import SocketSlots
-from proxy.state.service import SharedState
 from proxy.storage import prune_runs
 from proxy.trace import sinks as trace_sinks
 from proxy.upstreams import UpstreamRegistry
@@ -94,19 +94,30 @@ class Engine:
             settings, self.forwarder, self.upstreams
         )  # MCP results across streams, legacy SSE sessions (proxy/mcp/)
         self.stdio = StdioServers(settings.mcp_stdio, self.upstreams)  # --mcp-stdio children
+        # the one Redis client of the process (--state): guard state, approvals and agent keys share
+        # its pool and timeouts (proxy/state/client.py); closed last, by `close`
+        self.redis: Any = None
+        if settings.state.url:
+            from proxy.state.client import redis_client  # redis-py is loaded only when asked for
+
+            self.redis = redis_client(settings.state.url)
         # guard state shared with other replicas (--state, docs/scaling.md); None: this process's
-        self.shared = SharedState(settings, self.guard_store, self.metrics) if settings.state.url else None
+        self.shared = (
+            SharedState(settings, self.guard_store, self.metrics, client=self.redis)
+            if settings.state.url
+            else None
+        )
         # where guard state lives, chosen once: the stages and the session policy only ask it
         # the agents' budgets over time (SPEC §9): this process's, kept in the data dir, or shared
         self.windows: WindowBook = windows_for(self.shared, self.data_dir, self.metrics)
         self.guards: GuardBackend = guard_backend_for(self.shared, self.guard_store, self.windows)
         # agent keys (SPEC §9): the store (data dir, or the shared state) and, when keys are
         # required, the proxy listener's check (None: calls name their agent themselves)
-        self.agent_keys: KeyStore = key_store_for(self.data_dir, settings.state.url)
+        self.agent_keys: KeyStore = key_store_for(self.data_dir, settings.state.url, self.redis)
         self.auth = AgentKeyGate(self.agent_keys, self.metrics) if settings.auth.require_agent_key else None
         # calls held for a person (SPEC §5.5a): in Redis with shared state, so any replica decides
         self.approvals = Approvals(
-            approval_book_for(settings), self.metrics, self.alerts, approvals_url(settings)
+            approval_book_for(settings, self.redis), self.metrics, self.alerts, approvals_url(settings)
         )
         # MCP servers' pinned tool definitions: the data dir, or Redis with shared state
         self.pins: Pins = pins_for(settings, self.guards.config, self.metrics.registry)
@@ -186,6 +197,8 @@ class Engine:
         await self.recorder.close()
         await self.alerts.close()
         await self.forwarder.close()
+        if self.redis is not None:
+            await self.redis.aclose()
 
     def stream_handler(self, route: Any, request: Any) -> Any:
         """MCP GET streams (server stream, legacy SSE) are relayed outside the per-call pipeline."""

@@ -112,11 +112,14 @@ class Exchange:
     reservation: Reservation | None = None  # the budget's hold, settled or released after the call
     window_hold: WindowHold | None = None  # the agent's budgets over time: its hold, settled after (SPEC §9)
     breaker_ticket: Ticket | None = None  # the circuit breaker's admission, reported after the call
+    # what the admission's gates hold for the call until it ends (proxy.admission.Hold: a concurrent
+    # call's slot), given back by the guard stage's finish
+    admission_holds: tuple[Any, ...] = ()
     guard_event_id: str | None = None  # the LOOP_WARNING / ERROR written for a refusal
     guard_trace: Any = None  # proxy.guard_trace.GuardTrace: what the call's event keeps for replay
     # shared guard state (proxy/guard_backend/): the name of the call's check in the run's guard
     # log (its settle names it), and the circuit's admission made in the same round trip
-    # (a proxy.state.base.BreakerAdmission, read by the shared breaker stage)
+    # (a proxy.admission.breaker.BreakerAdmission, read by the shared breaker stage)
     shared_check: str | None = None
     breaker_admission: Any = None
     # set by the Responses chain stage (proxy.stages.responses_chain): the request body as sent, read when a
@@ -126,6 +129,9 @@ class Exchange:
     history: History | None = None
     # set by the guard stage when it blocks (BLOCK): the text of the synthetic answer; read by the chain stage
     block_text: str | None = None
+    # set by the guard stage when the guards ask a person (SPEC §5.5a): (the session's guards, the
+    # decision, its call_seq), which the hold stage (proxy.stages.hold) holds the call for
+    asked: tuple[Any, Decision, int] | None = None
     # set by the guard stage for an MCP resend after `input_required`; its after-stage then does nothing
     guards_skipped: bool = False
     # set by the guard stage when a held streamed call was approved: the answer it started while

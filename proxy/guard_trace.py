@@ -185,7 +185,7 @@ def begin(
     if config_rev not in config_recorded:
         # the config in force, the first time a call runs under it: replay follows every change
         config_recorded.add(config_rev)
-        fields["config"] = guards.config.model_dump(mode="json")
+        fields["config"] = guards.config.recorded()
     return fields
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from proxy.constants import GUARD_CIRCUIT_BREAKER, GUARD_RATE_LIMITED, GUARD_STATE_UNAVAILABLE
+from proxy.constants import GUARD_STATE_UNAVAILABLE, RETRYABLE_GUARDS
 from proxy.dialects.base import CODEX_REASON_HEADER, openai_error_body
 from proxy.dialects.contract import Dialect
 from proxy.exchange import Answer, Exchange
@@ -37,7 +37,7 @@ def refusal_429(
     if decision.resets_at is not None:  # a budget over time: when the agent may call again (SPEC §9)
         error["resets_at"] = decision.resets_at
     headers = {"x-should-retry": "false", "X-Tripwire-Guard": decision.guard}
-    retry_later = decision.guard in (GUARD_CIRCUIT_BREAKER, GUARD_STATE_UNAVAILABLE, GUARD_RATE_LIMITED)
+    retry_later = decision.guard in RETRYABLE_GUARDS or decision.guard == GUARD_STATE_UNAVAILABLE
     if retry_later and decision.retry_after is not None:
         headers["Retry-After"] = str(retry_after_seconds(decision.retry_after))
         # an open circuit (or shared state coming back, or a rate limit's window moving) is worth

@@ -14,6 +14,7 @@ from proxy.pipeline import Pipeline, Stage
 from proxy.stages.breaker import BreakerStage
 from proxy.stages.forward import ForwardStage
 from proxy.stages.guards import GuardStage
+from proxy.stages.hold import HoldStage
 from proxy.stages.llm_parse import LLMParseStage
 from proxy.stages.mcp_parse import mcp_parse_stage
 from proxy.stages.pins import pin_stage
@@ -37,6 +38,7 @@ def llm_stages(services: Services) -> list[Stage]:
         ToolResultsStage(services),
         # loop, limits, budgets (pure guards, state where services.guards keeps it); settles after the answer
         GuardStage(services),
+        HoldStage(services),  # a call the guards ask a person about waits here (ask, SPEC §5.5a)
         BreakerStage(services),  # the circuit of agent x upstream
         MaxTokensRecoveryStage(services),  # opt-in: continues a chat answer cut at its token limit
         ForwardStage(services),  # the upstream call, streams relayed chunk by chunk
@@ -50,6 +52,7 @@ def mcp_stages(services: Services) -> list[Stage]:
         SessionStage(services),
         pin_stage(services),  # a changed tool's call held for a person (docs/mcp.md "Changed tools")
         GuardStage(services),
+        HoldStage(services),
         BreakerStage(services),
         ForwardStage(services),
         RecordStage(services),  # TOOL_CALL

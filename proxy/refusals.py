@@ -1,14 +1,16 @@
-"""The ERROR a refused call writes (a guard, the circuit, shared state unreachable), then its alert.
+"""The ERROR a refused call writes (a guard, the circuit, shared state unreachable), then its alert;
+and the refusals the guard and hold stages both answer with (`refuse`, `refuse_ended`).
 
-Used by the guard, breaker and session stages; the payloads are proxy/guard_events.py's.
+Used by the guard, hold, breaker and session stages; the payloads are proxy/guard_events.py's.
 """
 
 from __future__ import annotations
 
-from proxy.constants import GUARD_STATE_UNAVAILABLE, EventType
+from proxy.constants import GUARD_STATE_UNAVAILABLE, TAG_BUDGET_EXCEEDED, TAG_TERMINATED, EventType
 from proxy.exchange import Exchange
 from proxy.guard_events import call_summary, guard_error, is_tool_call
 from proxy.guards.decision import Action, Decision
+from proxy.guards.describe import describe
 from proxy.guards.signatures import signature
 from proxy.session_policy import SessionPolicy
 
@@ -50,3 +52,45 @@ def refuse_unavailable(policy: SessionPolicy, ex: Exchange, retry_after_s: float
         )
     assert ex.protocol is not None  # only calls a protocol adapter parsed are guarded
     ex.answer = ex.protocol.render_refusal(ex, decision, f"[tripwire] refused: {decision.message}")
+
+
+def refuse(
+    policy: SessionPolicy,
+    ex: Exchange,
+    decision: Decision,
+    *,
+    expose: bool,
+    loop_events: bool,
+    note: str = "",
+) -> None:
+    """BLOCK answers with a synthetic result and the session goes on; TERMINATE ends it.
+    `note`: what a person (or nobody, in time) decided about a held call, for the agent."""
+    session = ex.session
+    assert session is not None
+    protocol = ex.protocol
+    assert session is not None and protocol is not None
+    text = describe(decision, expose) + note
+    write_refusal_error(policy, ex, decision)
+    if decision.action == Action.BLOCK:
+        ex.answer = protocol.render_block(ex, decision, text)
+        ex.block_text = text  # a Responses chain goes on from the blocked answer (stages/responses_chain.py)
+        return
+    ex.answer = protocol.render_refusal(ex, decision, text)
+    budget = TAG_BUDGET_EXCEEDED in decision.tags
+    limit = decision.kind is None and not budget
+    policy.terminate(
+        session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else TAG_TERMINATED
+    )
+
+
+def refuse_ended(
+    policy: SessionPolicy, ex: Exchange, decision: Decision, *, expose: bool, elsewhere: bool
+) -> None:
+    """The session ended while this call was being judged (here, or on another replica: this
+    replica's copy ends too): refused like every later call."""
+    session = ex.session
+    assert session is not None and ex.protocol is not None
+    policy.metrics.observe_decision(decision.guard, decision.action.name)
+    ex.answer = ex.protocol.render_refusal(ex, decision, describe(decision, expose))
+    if elsewhere and not session.terminated:
+        policy.terminate(session, reason=f"guard:{decision.guard}", tag=None)

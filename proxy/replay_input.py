@@ -17,21 +17,13 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
-from proxy.constants import (
-    GUARD_CIRCUIT_BREAKER,
-    GUARD_KILL_SWITCH,
-    GUARD_RATE_LIMITED,
-    GUARD_TOOL_CHANGED,
-    EventType,
-)
+from proxy.constants import GUARD_KILL_SWITCH, GUARD_TOOL_CHANGED, RETRYABLE_GUARDS, EventType
 from proxy.guards.config import GuardConfig
 from proxy.storage import EVENTS_JSONL, TRIPWIRE_JSON, NotRegularFile, load_json, read_run_file
 
 # guards whose decisions replay lists as recorded, not recomputed (state outside the run: the circuit
 # per agent and upstream, rate limits per agent; an operator's act)
-RECORDED_ONLY_GUARDRAILS = frozenset(
-    {GUARD_CIRCUIT_BREAKER, GUARD_KILL_SWITCH, GUARD_RATE_LIMITED, GUARD_TOOL_CHANGED}
-)
+RECORDED_ONLY_GUARDRAILS = RETRYABLE_GUARDS | {GUARD_KILL_SWITCH, GUARD_TOOL_CHANGED}
 # STATE_UPDATEs of what the pins found in MCP lists and results (docs/mcp.md "Changed tools")
 PIN_FINDINGS = frozenset({"tool_changed", "tool_added", "hidden_instructions"})
 DECISION_ACTIONS = ("warn", "block", "terminate")

@@ -101,7 +101,7 @@ class SessionPolicy:
         if created:
             config, is_override = self.guard_store.effective(agent)
             fields: dict[str, Any] = {
-                "guard_config": config.model_dump(mode="json"),
+                "guard_config": config.recorded(),
                 "guard_config_source": "agent" if is_override else "project",
             }
             if session.lineage.announced is not None:
@@ -332,7 +332,7 @@ class SessionPolicy:
             session_id=session.session_id,
             argv=self.argv,
             extra={
-                "guard_config": config.model_dump(mode="json"),
+                "guard_config": config.recorded(),
                 "guard_config_source": "agent" if is_override else "project",
                 "resumed_from": old.run_id,
             },

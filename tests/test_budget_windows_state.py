@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.state import entries, keys
-from proxy.state.base import Append, StateBackend
+from proxy.admission.budget_window.twin import TWIN as WINDOWS
+from proxy.guard_log import entries
+from proxy.state import keys
+from proxy.state.base import Append, CheckAsk, StateBackend
 from proxy.state.windows import WindowRequest
 from tests.test_state_backend import backend  # noqa: F401 (fixture: memory and redis)
 
@@ -88,10 +90,10 @@ async def test_the_admission_append_reserves_its_checks_in_their_windows(
         checks,
         since=0,
         idle_s=60,
-        windows=[(n + 1, WindowRequest([DAY], header(n, 4.0))) for n in range(3)],
+        checks=[CheckAsk(WINDOWS, n + 1, WindowRequest([DAY], header(n, 4.0))) for n in range(3)],
     )
     appended = await backend.append(step)
-    assert [refused for refused, _ in appended.windows] == [0, 0, 0]  # 0, 4, 8 in flight: under 10
-    assert [rows[0][2] for _, rows in appended.windows] == [0.0, 4.0, 8.0]
+    assert [refused for refused, _ in appended.answers] == [0, 0, 0]  # 0, 4, 8 in flight: under 10
+    assert [rows[0][2] for _, rows in appended.answers] == [0.0, 4.0, 8.0]
     refused, _ = await backend.windows.reserve([DAY], header(9, 1.0))
     assert refused == 1  # 12 in flight

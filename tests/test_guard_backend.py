@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from proxy.constants import GUARD_CONCURRENT_CALLS
 from proxy.engine import Engine
 from proxy.exchange import Exchange
-from proxy.guard_backend import CallInputs, LocalGuardBackend, SharedGuardBackend, guard_backend_for
+from proxy.guard_backend import (
+    CallInputs,
+    GuardBackend,
+    LocalGuardBackend,
+    SharedGuardBackend,
+    guard_backend_for,
+)
+from proxy.guard_log import entries
+from proxy.guard_log.service import SharedState
 from proxy.stages.guards import call_inputs
 from proxy.stages.llm_parse import LLMParseStage
 from proxy.stages.session import SessionStage
-from proxy.state import entries
 from proxy.state.memory import MemoryBackend
-from proxy.state.service import SharedState
-from tests.factories import chat_request, make_exchange
+from proxy.state.redis_backend import RedisBackend
+from tests.factories import EngineFactory, chat_request, make_exchange
 
 
 async def admitted_call(engine: Engine) -> Exchange:
@@ -78,3 +88,37 @@ async def test_the_shared_backend_logs_the_check_and_then_its_settle(engine: Eng
         assert isinstance(release, entries.Release) and release.ref == ex.shared_check
     finally:
         await state.close()
+
+
+@pytest.mark.parametrize("where", ["local", "shared-memory", "shared-redis"])
+async def test_every_backend_asks_the_admission_s_gates_alike(
+    engine_factory: EngineFactory, request: pytest.FixtureRequest, where: str
+) -> None:
+    """The concurrent-calls gate (proxy/admission/) through each backend: a call holds a slot until
+    it ends, a second one meanwhile is refused before any session guard sees it, the slot comes back
+    at the end (`release`), however the backend keeps it."""
+    engine = await engine_factory(guards={"max_concurrent_calls": 1})
+    state = None
+    backend: GuardBackend = engine.guards
+    if where != "local":
+        store = (
+            MemoryBackend()
+            if where == "shared-memory"
+            else RedisBackend(request.getfixturevalue("redis_url"))
+        )
+        state = SharedState(engine.settings, engine.guard_store, engine.metrics, backend=store)
+        backend = SharedGuardBackend(state)
+    try:
+        first, second, third = [await admitted_call(engine) for _ in range(3)]
+        one = await backend.admit(first, lambda: call_inputs(first, 0.0, False), time.monotonic())
+        assert one.refused is None and one.verdict is not None and len(first.admission_holds) == 1
+        two = await backend.admit(second, lambda: call_inputs(second, 0.0, False), time.monotonic())
+        assert two.refused is not None and two.verdict is None and second.admission_holds == ()
+        assert two.refused.guard == GUARD_CONCURRENT_CALLS and two.refused.retry_after == 1.0
+        await backend.release(first)
+        assert first.admission_holds == ()
+        three = await backend.admit(third, lambda: call_inputs(third, 0.0, False), time.monotonic())
+        assert three.refused is None
+    finally:
+        if state is not None:
+            await state.close()

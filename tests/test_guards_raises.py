@@ -9,12 +9,12 @@ import time
 import pytest
 
 from proxy.guard_backend import SharedGuardBackend
+from proxy.guard_log import entries
+from proxy.guard_log.service import SharedState
 from proxy.guards.config import GuardConfig
 from proxy.guards.raises import RAISABLE, RaiseError, raised_sections, validate_raise
 from proxy.guards.session import SessionGuards
-from proxy.state import entries
 from proxy.state.memory import MemoryBackend
-from proxy.state.service import SharedState
 from tests.factories import EngineFactory, read_events
 from tests.test_guard_backend import admitted_call
 from tests.test_state_replica import Log

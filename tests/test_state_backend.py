@@ -13,11 +13,16 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from proxy.admission.breaker import twin as breaker
+from proxy.admission.breaker.twin import BreakerRequest
+from proxy.admission.rate_limit.twin import TWIN as RATES
+from proxy.admission.rate_limit.twin import RateRequest
+from proxy.guard_log import entries
 from proxy.guards.breaker import CircuitBreaker, State
 from proxy.guards.config import CircuitBreakerConfig, GuardConfig
 from proxy.guards.rate_limit import rules_for
-from proxy.state import entries, keys
-from proxy.state.base import Append, BreakerRequest, PendingCall, RateRequest, StateBackend
+from proxy.state import keys
+from proxy.state.base import Append, CheckAsk, PendingCall, StateBackend
 from proxy.state.memory import MemoryBackend
 from proxy.state.redis_backend import RedisBackend
 
@@ -234,7 +239,7 @@ async def test_breaker_follows_the_pure_circuit_breaker(backend: StateBackend) -
         op = rng.random()
         if op < 0.4:
             decision, ticket = pure.before_call(now)
-            got = await backend.breaker_admit(AGENT, "llm:default", config, now=now)
+            got = await breaker.admit(backend, AGENT, "llm:default", config, now=now)
             assert (got.ticket is None) == (ticket is None)
             if ticket is None:
                 assert got.refusal is not None and got.refusal.message == decision.message
@@ -246,17 +251,19 @@ async def test_breaker_follows_the_pure_circuit_breaker(backend: StateBackend) -
             ticket = tickets.pop(rng.randrange(len(tickets)))
             failed = rng.random() < 0.6
             want = pure.on_failure(ticket, now) if failed else pure.on_success(ticket, now)
-            got_t = await backend.breaker_report(AGENT, "llm:default", ticket, config, failed=failed, now=now)
+            got_t = await breaker.report(
+                backend, AGENT, "llm:default", ticket, config, failed=failed, now=now
+            )
             assert got_t == want
             transitions += want is not None
         elif op < 0.85 and tickets:
             ticket = tickets.pop(rng.randrange(len(tickets)))
             pure.release(ticket)
-            await backend.breaker_release(AGENT, "llm:default", ticket)
+            await breaker.release(backend, AGENT, "llm:default", ticket)
         else:
             now += rng.choice([0.5, 1.0, 2.5, 6.0])
     assert seen == set(State) and transitions > 10  # every state and many moves were exercised
-    views = await backend.breakers()
+    views = await breaker.views(backend)
     assert [(v.agent, v.upstream, v.state, v.failures) for v in views] == [
         (AGENT, "llm:default", pure.state, pure.failures)
     ]
@@ -264,16 +271,16 @@ async def test_breaker_follows_the_pure_circuit_breaker(backend: StateBackend) -
 
 async def test_breakers_are_per_agent_and_upstream(backend: StateBackend) -> None:
     config = CircuitBreakerConfig(open_after_failures=1, cooldown_seconds=30)
-    got = await backend.breaker_admit("a", "llm:x", config)
+    got = await breaker.admit(backend, "a", "llm:x", config)
     assert got.ticket is not None
-    moved = await backend.breaker_report("a", "llm:x", got.ticket, config, failed=True)
+    moved = await breaker.report(backend, "a", "llm:x", got.ticket, config, failed=True)
     assert moved is not None and moved.new is State.OPEN
-    refused = await backend.breaker_admit("a", "llm:x", config)
+    refused = await breaker.admit(backend, "a", "llm:x", config)
     assert refused.ticket is None and refused.refusal is not None and refused.refusal.retry_after
-    assert (await backend.breaker_admit("a", "llm:y", config)).ticket is not None
-    assert (await backend.breaker_admit("b", "llm:x", config)).ticket is not None
+    assert (await breaker.admit(backend, "a", "llm:y", config)).ticket is not None
+    assert (await breaker.admit(backend, "b", "llm:x", config)).ticket is not None
     disabled = CircuitBreakerConfig(enabled=False)
-    assert (await backend.breaker_admit("a", "llm:x", disabled)).ticket is not None
+    assert (await breaker.admit(backend, "a", "llm:x", disabled)).ticket is not None
 
 
 async def test_config_snapshots_round_trip(backend: StateBackend) -> None:
@@ -373,13 +380,20 @@ async def test_rate_limits_admit_across_runs_and_a_refused_check_is_not_appended
     (r1,) = rate_request("c1")
     (r2,) = rate_request("c2")
     both = await backend.append(
-        Append(AGENT, "run-1", [b'{"k":"a"}', b'{"k":"b"}'], since=0, idle_s=60, rates=[(1, r1), (2, r2)])
+        Append(
+            AGENT,
+            "run-1",
+            [b'{"k":"a"}', b'{"k":"b"}'],
+            since=0,
+            idle_s=60,
+            checks=[CheckAsk(RATES, 1, r1), CheckAsk(RATES, 2, r2)],
+        )
     )
-    assert both.rates == [None, None] and [e.body for e in both.entries] == [b'{"k":"a"}', b'{"k":"b"}']
+    assert both.answers == [None, None] and [e.body for e in both.entries] == [b'{"k":"a"}', b'{"k":"b"}']
     pending = {"t1": pending_call("t1", "search")}
     await backend.append(Append(AGENT, "run-2", [b'{"k":"s"}'], since=0, idle_s=60, put=pending))
     (r3,) = rate_request("c3")
-    breaker = BreakerRequest(AGENT, "llm:default", CircuitBreakerConfig())
+    circuit = BreakerRequest(AGENT, "llm:default", CircuitBreakerConfig())
     refused = await backend.append(
         Append(
             AGENT,
@@ -389,41 +403,41 @@ async def test_rate_limits_admit_across_runs_and_a_refused_check_is_not_appended
             idle_s=60,
             take=["t1"],
             take_at=2,
-            rates=[(2, r3)],
-            breakers=[breaker],
-            breaker_at=[2],
+            checks=[CheckAsk(RATES, 2, r3), CheckAsk(breaker.TWIN, 2, circuit)],
         )
     )
-    (refusal,) = refused.rates
+    refusal, circuit_answer = refused.answers
     assert refusal is not None and refusal.count == 2 and refusal.rule.key == r3.rules[0].key
     assert 59 < refusal.retry_after <= 60
-    assert refused.breakers == [None]  # never went upstream: its circuit was not asked
+    assert circuit_answer is None and refused.refused == {2}  # never went upstream: no circuit asked
     # the event before it went in; the refused check did not, nor the tool call it would have taken
     assert [e.body for e in refused.entries] == [b'{"k":"event"}'] and refused.taken == []
     assert refused.first_own == 2
     # another agent has its own window
     other = RateRequest("other", "c4", r3.rules)
     again = await backend.append(
-        Append("other", "run-3", [b'{"k":"d"}'], since=0, idle_s=60, rates=[(1, other)])
+        Append("other", "run-3", [b'{"k":"d"}'], since=0, idle_s=60, checks=[CheckAsk(RATES, 1, other)])
     )
-    assert again.rates == [None]
+    assert again.answers == [None]
 
 
 async def test_a_rate_window_moves_with_the_backend_clock(backend: StateBackend) -> None:
     (first,) = rate_request("c1", max_calls=1, per_s=0.2)
     assert (
-        await backend.append(Append(AGENT, "run-1", [b"{}"], since=0, idle_s=60, rates=[(1, first)]))
-    ).rates == [None]
+        await backend.append(
+            Append(AGENT, "run-1", [b"{}"], since=0, idle_s=60, checks=[CheckAsk(RATES, 1, first)])
+        )
+    ).answers == [None]
     (second,) = rate_request("c2", max_calls=1, per_s=0.2)
     since = 1
     while True:  # refused until the first call is 0.2 s old (refusals take no slot)
         got = await backend.append(
-            Append(AGENT, "run-1", [b"{}"], since=since, idle_s=60, rates=[(1, second)])
+            Append(AGENT, "run-1", [b"{}"], since=since, idle_s=60, checks=[CheckAsk(RATES, 1, second)])
         )
         since += len(got.entries)
-        if got.rates == [None]:
+        if got.answers == [None]:
             break
-        refusal = got.rates[0]
+        refusal = got.answers[0]
         assert refusal is not None and 0 < refusal.retry_after <= 0.2
         await asyncio.sleep(0.02)
 
@@ -432,12 +446,18 @@ async def test_a_check_can_take_several_slots_of_a_window(backend: StateBackend)
     (one,) = rate_request("c1", max_calls=3)
     rules = one.rules
     two = RateRequest(AGENT, "c2", rules, (2,))
-    got = await backend.append(Append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60, rates=[(1, two)]))
-    assert got.rates == [None]
+    got = await backend.append(
+        Append(AGENT, "run-1", [b"{}", b"{}"], since=0, idle_s=60, checks=[CheckAsk(RATES, 1, two)])
+    )
+    assert got.answers == [None]
     again = RateRequest(AGENT, "c3", rules, (2,))
-    got = await backend.append(Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, rates=[(1, again)]))
-    (refusal,) = got.rates
+    got = await backend.append(
+        Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, checks=[CheckAsk(RATES, 1, again)])
+    )
+    (refusal,) = got.answers
     assert refusal is not None and refusal.count == 2 and 59 < refusal.retry_after <= 60
     last = RateRequest(AGENT, "c4", rules, (1,))
-    got = await backend.append(Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, rates=[(1, last)]))
-    assert got.rates == [None]
+    got = await backend.append(
+        Append(AGENT, "run-1", [b"{}"], since=2, idle_s=60, checks=[CheckAsk(RATES, 1, last)])
+    )
+    assert got.answers == [None]

@@ -1,4 +1,4 @@
-"""The shared guard log's entry codec (proxy/state/entries.py) alone: what is written reads back as
+"""The shared guard log's entry codec (proxy/guard_log/entries.py) alone: what is written reads back as
 the typed entry it was, entries written before the version field read the same, a kind this
 Tripwire does not know is skipped, and a known kind with a field missing is refused."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.state import entries
+from proxy.guard_log import entries
 
 
 def test_each_kind_reads_back_as_its_typed_entry() -> None:

@@ -1,19 +1,19 @@
 """A replica fed from a run's guard log decides exactly as the session guards fed directly.
 
 This is what lets replicas share one run's guards: the same inputs in the same order give the same
-decisions, so every replica agrees on every call (proxy/state/replica.py).
+decisions, so every replica agrees on every call (proxy/guard_log/replica.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from proxy.guard_log import entries
+from proxy.guard_log.replica import SessionReplica
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action
 from proxy.guards.session import SessionGuards
-from proxy.state import entries
 from proxy.state.base import LogEntry
-from proxy.state.replica import SessionReplica
 
 
 class Log:

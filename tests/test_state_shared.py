@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from proxy.guard_log import entries
+from proxy.guard_log.channel import Admission, SharedGuards
+from proxy.guard_log.configs import SharedConfigs
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action
-from proxy.state import entries
 from proxy.state.base import StateUnavailable
-from proxy.state.configs import SharedConfigs
 from proxy.state.link import Policy, StateLink
 from proxy.state.redis_backend import RedisBackend
-from proxy.state.shared import Admission, SharedGuards
 from tests.redis_server import RedisServer
 
 AGENT = "research-agent"

@@ -7,8 +7,17 @@ import collections
 from typing import Any
 
 from proxy.alerts import Alerts
-from proxy.approvals.book import APPROVED, Approval, ApprovalBook, Decided, LocalApprovalBook
-from proxy.approvals.hold import Watch
+from proxy.approvals.book import (
+    APPROVED,
+    DENIED,
+    WITHDRAWN,
+    Approval,
+    ApprovalBook,
+    Decided,
+    LocalApprovalBook,
+)
+from proxy.approvals.hold import HeldStream, Watch, held_call, held_evidence, held_stream_for
+from proxy.exchange import Exchange
 from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.settings import Settings, split_host_port, url_host
@@ -16,6 +25,27 @@ from proxy.settings import Settings, split_host_port, url_host
 
 class Approvals:
     """The book (local or shared), the watch over held calls, the streaks a person let go on."""
+
+    # what the hold stage (proxy/stages/hold.py) reads of this package through the service: the
+    # stages do not import proxy.approvals (import-linter)
+    APPROVED, DENIED, WITHDRAWN = APPROVED, DENIED, WITHDRAWN
+    approval_class: type[Approval] = Approval
+
+    @staticmethod
+    def held_call(ex: Exchange, max_field_bytes: int) -> dict[str, Any]:
+        return held_call(ex, max_field_bytes)
+
+    @staticmethod
+    def held_stream_for(ex: Exchange) -> HeldStream | None:
+        return held_stream_for(ex)
+
+    @staticmethod
+    def held_evidence(decision: Decision, max_field_bytes: int) -> dict[str, Any]:
+        return held_evidence(decision, max_field_bytes)
+
+    @staticmethod
+    def covers_until(decision: Decision, decided: Decided, call_seq: int) -> int | None:
+        return covers_until(decision, decided, call_seq)
 
     def __init__(self, book: ApprovalBook, metrics: Metrics, alerts: Alerts, decision_url: str) -> None:
         self.book = book
@@ -71,12 +101,13 @@ def covers_until(decision: Decision, decided: Decided, call_seq: int) -> int | N
     return call_seq + max(threshold, 1) - 1
 
 
-def approval_book_for(settings: Settings) -> ApprovalBook:
-    """In Redis when `state` is set (every replica lists and decides every approval), else here."""
+def approval_book_for(settings: Settings, client: Any = None) -> ApprovalBook:
+    """In Redis when `state` is set (every replica lists and decides every approval), else here;
+    `client`: the process's one Redis client."""
     if settings.state.url:
         from proxy.approvals.shared import SharedApprovalBook
 
-        return SharedApprovalBook(settings.state.url)
+        return SharedApprovalBook(settings.state.url, client=client)
     return LocalApprovalBook()
 
 

@@ -83,8 +83,10 @@ def _text(value: Any) -> str:
 
 
 class SharedApprovalBook(ApprovalBook):
-    def __init__(self, url: str, *, replica: str | None = None) -> None:
-        self.client = redis.Redis.from_url(url)
+    def __init__(self, url: str, *, replica: str | None = None, client: redis.Redis | None = None) -> None:
+        # the process's one Redis client when given (proxy/state/client.py; its owner closes it)
+        self._owns_client = client is None
+        self.client = client if client is not None else redis.Redis.from_url(url)
         self.replica = replica or uuid.uuid4().hex[:12]
         self._close = self.client.register_script(CLOSE)
         self._futures: dict[str, asyncio.Future[Approval]] = {}
@@ -101,13 +103,16 @@ class SharedApprovalBook(ApprovalBook):
 
     async def close(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            while not task.done():
+                # cancelled until it stops: on Python 3.11 a cancellation that lands as a Redis call
+                # with a socket timeout completes can be swallowed (asyncio's timeout race), and the
+                # loop goes on (as the engine's sweeper, proxy/engine.py)
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
         with contextlib.suppress(RedisError, OSError):
             await self.client.delete(alive_key(self.replica))
-        await self.client.aclose()
+        if self._owns_client:
+            await self.client.aclose()
 
     # --- the holding replica -------------------------------------------------------------------
 

@@ -30,9 +30,10 @@ from proxy.guard_backend.local import LocalGuardBackend, session_guards
 from proxy.guard_backend.shared import SharedGuardBackend, pending_calls
 from proxy.guard_backend.shared_windows import SharedWindows
 from proxy.guard_backend.windows import WINDOWS_FILE, LocalWindows, WindowBook
+from proxy.guard_log.service import TERMINATED, SharedState
 from proxy.guard_store import GuardConfigStore
 from proxy.metrics import Metrics
-from proxy.state.service import SharedState
+from proxy.state.base import StateUnavailable
 
 __all__ = [
     "Admitted",
@@ -42,6 +43,8 @@ __all__ = [
     "OnCycle",
     "OnSettled",
     "SharedGuardBackend",
+    "StateUnavailable",
+    "TERMINATED",
     "WindowBook",
     "windows_for",
     "guard_backend_for",

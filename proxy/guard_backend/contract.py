@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.admission.breaker import BreakerAdmission
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects.base import ToolCall, ToolResult
 from proxy.episodes import Episode
@@ -22,7 +23,6 @@ from proxy.guards.loop.replies import Echo
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.responses_chain import ResponsesChains
 from proxy.sessions import Session, SessionManager
-from proxy.state.base import BreakerAdmission
 
 OnCycle = Callable[[Session, Decision], None]
 # what settling concluded (the soft budget alert), written by the guard stage
@@ -68,8 +68,9 @@ class Admitted:
     # the agent's budget windows (SPEC §9) when the backend reserved the call in them in the
     # admission's round trip: (refusal, hold); None: the guard stage asks `windows` itself
     windows: tuple[Decision | None, WindowHold | None] | None = None
-    # over a rate limit of its agent (SPEC §9): refused before any session guard saw it, retryable
-    rate_limited: Decision | None = None
+    # refused by a gate of admission (proxy/admission/: concurrent calls, rate limits; SPEC §9)
+    # before any session guard saw it: retryable, no call of the session
+    refused: Decision | None = None
 
 
 class GuardBackend(Protocol):
@@ -112,6 +113,11 @@ class GuardBackend(Protocol):
     async def admit(self, ex: Exchange, inputs: Callable[[], CallInputs], now: float) -> Admitted: ...
     def give_back(self, guards: SessionGuards, reservation: Reservation | None) -> None: ...
     async def settle(self, ex: Exchange, on_settled: OnSettled) -> None: ...
+    async def release(self, ex: Exchange) -> None:
+        """What the admission's gates hold for the call (`ex.admission_holds`) goes back: the call
+        ended, answered, refused, failed or cancelled."""
+        ...
+
     async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None: ...
     async def circuit_report(
         self, ex: Exchange, admission: BreakerAdmission, ticket: Ticket, *, failed: bool

@@ -7,10 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from proxy.admission import GATES, Hold, Stores
+from proxy.admission.breaker import BreakerAdmission
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import ENDED_BY_GUARD, Admitted, CallInputs, OnCycle, OnSettled
-from proxy.guard_backend.rates import rate_ask
 from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
 from proxy.guard_store import GuardConfigStore
@@ -19,11 +20,9 @@ from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
 from proxy.guards.raises import validate_raise
-from proxy.guards.rate_limit import SlidingWindows, refusal_decision
 from proxy.guards.session import SessionGuards
 from proxy.responses_chain import ResponsesChains
 from proxy.sessions import Session, SessionManager
-from proxy.state.base import BreakerAdmission
 
 
 def session_guards(config: GuardConfig, session: Session) -> SessionGuards:
@@ -46,7 +45,9 @@ class LocalGuardBackend:
     def __init__(self, guard_store: GuardConfigStore, windows: WindowBook | None = None) -> None:
         self.guard_store = guard_store
         self.windows: WindowBook = windows if windows is not None else LocalWindows(None)
-        self.rates = SlidingWindows()  # every agent's rate-limit windows (SPEC §9)
+        # the admission's gates (proxy/admission/: concurrent calls, rate limits; SPEC §9): their
+        # twins' rules on this process's store
+        self.stores = Stores()
 
     async def start(self) -> None:
         await self.windows.start()
@@ -55,7 +56,8 @@ class LocalGuardBackend:
         await self.windows.close()
 
     async def keep_alive(self, sessions: SessionManager, now: float) -> None:
-        self.rates.sweep(now)  # idle agents' windows hold no memory
+        for _, gate in GATES:  # idle agents' windows hold no memory
+            gate.sweep(self.stores.store(gate.twin.name), now)
 
     def health(self) -> dict[str, Any] | None:
         return None  # nothing outside the process to report
@@ -101,13 +103,21 @@ class LocalGuardBackend:
         assert session is not None
         config = self.config(session.agent)
         guards = session_guards(config, session)
-        # the agent's rate limits first: a call they refuse is no call of the session (retried, it
-        # is judged then); one they admit keeps its slot whatever the session's guards decide
-        ask = rate_ask(ex, config)
-        if ask is not None:
-            refused = self.rates.admit(session.agent, ask.rules, now, ask.slots)
-            if refused is not None:
-                return Admitted(guards, rate_limited=refusal_decision(refused))
+        # the admission's gates first, in the list's order: a call one refuses is no call of the
+        # session (retried, it is judged then); what one admits (a rate slot) stays taken whatever
+        # the later checks decide, what it holds for the call (a concurrent slot) goes at its end
+        for _, gate in GATES:
+            request = gate.ask(ex, config, "")  # (no member: the call's own object names it here)
+            if request is None:
+                continue
+            refused, answer = gate.twin.memory(self.stores, request, now)
+            if refused:
+                return Admitted(guards, refused=gate.refusal(request, answer))
+            if gate.release is not None:
+                ex.admission_holds = (*ex.admission_holds, Hold(gate.release, request, shared=False))
+                # the answer ends once the slot is given back (finish hooks): an agent that calls
+                # again the moment it has its answer finds its slot free
+                ex.hold_end = True
         call = ex.call
         if is_tool_call(ex):
             # an MCP result ends its answer once the call is recorded and settled (finish hooks): a
@@ -180,6 +190,12 @@ class LocalGuardBackend:
             )
         if decisions:  # (most calls conclude nothing)
             on_settled(session, guards, decisions)
+
+    async def release(self, ex: Exchange) -> None:
+        now = time.monotonic()
+        holds, ex.admission_holds = ex.admission_holds, ()
+        for hold in holds:
+            hold.op.memory(self.stores, hold.request, now)
 
     async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None:
         return None  # circuits here are admitted by the breaker stage itself (no admission)

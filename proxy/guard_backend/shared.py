@@ -3,6 +3,7 @@ docs/scaling.md); see the package's docstring for the round trips."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,35 +11,31 @@ from typing import Any
 import orjson
 
 from proxy import episodes
+from proxy.admission import GATES, Gate, Hold, breaker, budget_window
+from proxy.admission.breaker import BreakerAdmission, BreakerRequest
 from proxy.constants import EventType
 from proxy.episodes import Episode
 from proxy.exchange import Exchange
 from proxy.guard_backend.contract import CHAIN_FETCH_LIMITS, Admitted, CallInputs, OnCycle, OnSettled
-from proxy.guard_backend.rates import rate_ask
 from proxy.guard_backend.shared_windows import SharedWindows
 from proxy.guard_backend.windows import LocalWindows, WindowBook
 from proxy.guard_events import is_tool_call
+from proxy.guard_log import entries
+from proxy.guard_log.replica import Applied
+from proxy.guard_log.service import SharedState
 from proxy.guard_trace import mark_settled
 from proxy.guards.breaker import Ticket, Transition
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
 from proxy.guards.raises import validate_raise
-from proxy.guards.rate_limit import refusal_decision
 from proxy.guards.session import SessionGuards
 from proxy.guards.signatures import signature
 from proxy.responses_chain import ResponsesChains, link_blob, link_from_blob, synthetic_id_of
 from proxy.sessions import Session, SessionManager
-from proxy.state import entries, keys
-from proxy.state.base import (
-    BreakerAdmission,
-    BreakerRequest,
-    LogEntry,
-    PendingCall,
-    RateRequest,
-    StateUnavailable,
-)
-from proxy.state.replica import Applied
-from proxy.state.service import SharedState
+from proxy.state import keys
+from proxy.state.base import LogEntry, PendingCall, StateUnavailable, Twin
+
+log = logging.getLogger("tripwire.state")
 
 
 class SharedGuardBackend:
@@ -156,42 +153,57 @@ class SharedGuardBackend:
             ]
         alive, links = shared.slots(session)
         config = self.config(session.agent)
+        # what the admission's checks ask of their twins, in the list's order (proxy/admission/):
+        # the gates, then the budget windows and the circuit, all answered in this one round trip
+        checks: list[tuple[Twin, Any]] = []
+        gates: dict[str, tuple[Gate, Any]] = {}
+        for _, gate in GATES:
+            request = gate.ask(ex, config, cid)
+            if request is not None:
+                checks.append((gate.twin, request))
+                gates[gate.twin.name] = (gate, request)
         pending = None
         if self.in_admission is not None and config.budget_windows:
             pending = self.in_admission.prepare(
                 session.agent, config, judged.estimate, judged.tokens, shadow=config.in_shadow
             )
-        ask = rate_ask(ex, config)
+            checks.append((budget_window.TWIN, pending.request))
+        circuit = self.breaker_request(ex, session.agent)
+        if circuit is not None:
+            checks.append((breaker.TWIN, circuit))
         admission = await channel.admit(  # StateUnavailable under fail_closed: the stage refuses
             check,
             take=take,
             event_ids=conversation.tool_event_ids,
             keep_alive=alive,
             links=links,
-            breaker=self.breaker_request(ex, session.agent),
-            windows=pending.request if pending is not None else None,
-            rates=RateRequest(session.agent, cid, ask.rules, ask.slots) if ask is not None else None,
+            checks=checks,
         )
-        if admission.rate_limited is not None:
-            # refused by the agent's rate limits before it was appended: no call of the session,
-            # nothing to settle (its results are taken by the retry that goes through)
+        answers = admission.answers
+        for name, (gate, request) in gates.items():  # what an admitting gate holds goes at the end
+            if gate.release is not None and name in answers and name != admission.refused_by:
+                ex.admission_holds = (*ex.admission_holds, Hold(gate.release, request, admission.shared))
+        if admission.refused_by is not None:
+            # refused by a gate before it was appended: no call of the session, nothing to settle
+            # (its results are taken by the retry that goes through)
             conversation.guard_history, conversation.guard_state = before
             guards = channel.replica.guards
             if guards is None:  # the session's first call: no guard state anywhere yet
                 guards = SessionGuards(config, started_at=session.started_mono)
-            return Admitted(guards, rate_limited=refusal_decision(admission.rate_limited))
+            gate, request = gates[admission.refused_by]
+            return Admitted(guards, refused=gate.refusal(request, answers[admission.refused_by]))
         assert admission.applied is not None
         guards = channel.replica.guards
         assert guards is not None
         session.guards = guards  # stats, the breaker's config, the trace read this replica's copy
         ex.shared_check = cid
         ex.hold_end = True  # the answer ends once its settle is in the shared log (`settle`)
-        ex.breaker_admission = admission.breaker
+        ex.breaker_admission = answers.get(breaker.TWIN.name)
         admitted = Admitted(guards, asked=take)
         if pending is not None and self.in_admission is not None:
             # (the hold is given back at the settle when the session's guards refuse the call)
             admitted.windows = self.in_admission.decide(
-                pending, admission.windows if admission.shared else None
+                pending, answers.get(budget_window.TWIN.name) if admission.shared else None
             )
         if not is_tool_call(ex):
             if admission.shared:
@@ -265,6 +277,21 @@ class SharedGuardBackend:
         # call reaches judges it with this one (SPEC §8)
         await channel.settle(body, put=put, signatures=signatures, links=links, on_applied=settled)
 
+    async def release(self, ex: Exchange) -> None:
+        """Given back where it was taken: in the backend (a failure is logged; the hold's lease ends
+        it), or in this replica's memory (taken while the backend was down, fail_open)."""
+        holds, ex.admission_holds = ex.admission_holds, ()
+        shared = self.state
+        for hold in holds:
+            if not hold.shared:
+                hold.op.memory(shared.guards.local, hold.request, time.monotonic())
+                continue
+            op, request = hold.op, hold.request
+            try:
+                await shared.link.call(lambda: shared.backend.run(op, request))  # noqa: B023 (awaited here)
+            except StateUnavailable:
+                log.warning("admission.release_unavailable op=%s: its lease ends it", hold.op.name)
+
     async def circuit_release(self, ex: Exchange, ticket: Ticket) -> None:
         """A trial ticket of a call that never reached the upstream goes back (off the response path)."""
         session = ex.session
@@ -272,7 +299,7 @@ class SharedGuardBackend:
         shared = self.state
         upstream = f"{ex.route.kind}:{ex.route.upstream}"
         shared.spawn(
-            shared.link.call(lambda: shared.backend.breaker_release(session.agent, upstream, ticket)),
+            shared.link.call(lambda: breaker.twin.release(shared.backend, session.agent, upstream, ticket)),
             "breaker_release",
         )
 
@@ -288,7 +315,9 @@ class SharedGuardBackend:
         config = shared.effective_config(session.agent).circuit_breaker
         try:
             return await shared.link.call(
-                lambda: shared.backend.breaker_report(session.agent, upstream, ticket, config, failed=failed)
+                lambda: breaker.twin.report(
+                    shared.backend, session.agent, upstream, ticket, config, failed=failed
+                )
             )
         except StateUnavailable:
             return None

@@ -6,7 +6,7 @@ Keys `tripwire:window:<agent>:<period key>` (proxy/state/keys.py), one Lua scrip
 50 concurrent calls through any number of replicas stop exactly at the limit. Each key expires a
 day after its window ends. Redis lost them (restart, FLUSHALL): the next script a replica runs puts
 back what that replica last saw of the window (`seen`) before anything else, as the replicas write
-back runs' logs (proxy/state/service.py). Backend down: `fail_open` counts in this replica's memory
+back runs' logs (proxy/guard_log/service.py). Backend down: `fail_open` counts in this replica's memory
 (`LocalWindows`, from what it last saw) until it is back; `fail_closed` raises `StateUnavailable`
 (the guard stage refuses with `state_unavailable`).
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.guard_backend.windows import LocalWindows, report_gauges
+from proxy.guard_log.service import SharedState
 from proxy.guards.budget_window import (
     Window,
     WindowHold,
@@ -36,7 +37,6 @@ from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.state import keys
 from proxy.state.base import StateUnavailable
-from proxy.state.service import SharedState
 from proxy.state.windows import Reserved, WindowRequest
 
 log = logging.getLogger("tripwire.windows")

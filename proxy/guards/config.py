@@ -211,6 +211,12 @@ class GuardConfig(_Section):
             return self
         return self.model_copy(update={"shadow": project.shadow})
 
+    def recorded(self) -> dict[str, object]:
+        """The config as a call's event keeps it for replay: `max_concurrent_calls` unset is left out
+        (the default when read back), so traces of configs without it stay byte for byte as before."""
+        exclude = {"max_concurrent_calls"} if self.max_concurrent_calls is None else None
+        return self.model_dump(mode="json", exclude=exclude)
+
     def dump(self) -> dict[str, object]:
         """JSON for persistence, keeping an omitted `shadow` omitted (it stays inherited)."""
         return self.model_dump(mode="json", exclude=None if "shadow" in self.model_fields_set else {"shadow"})
@@ -222,6 +228,8 @@ class GuardConfig(_Section):
     # gateway policy (SPEC §9) and asking a person (§5.5a)
     tools: ToolsConfig = ToolsConfig()
     rate_limits: tuple[RateLimitConfig, ...] = ()
+    # calls of the agent in flight at once, across its sessions (and replicas): over it, retryable
+    max_concurrent_calls: PositiveInt | None = None
     budget_windows: tuple[BudgetWindowConfig, ...] = ()
     budget_timezone: str = "UTC"
     ask_timeout_s: PositiveFloat = 120

@@ -11,6 +11,7 @@ from proxy.constants import (
     GUARD_BUDGET_WINDOW_EXCEEDED,
     GUARD_BUDGET_WINDOW_SOFT_ALERT,
     GUARD_CIRCUIT_BREAKER,
+    GUARD_CONCURRENT_CALLS,
     GUARD_MAX_COST_USD,
     GUARD_MAX_DURATION_S,
     GUARD_MAX_EVENTS,
@@ -23,6 +24,7 @@ from proxy.constants import (
     GUARD_RATE_LIMITED,
     GUARD_SOFT_ALERT_THRESHOLD_USD,
     GUARD_TOOL_DENIED,
+    RETRYABLE_GUARDS,
 )
 from proxy.guards.decision import Action, Decision, retry_after_seconds
 from proxy.guards.loop.detector import LOOP_KINDS
@@ -56,13 +58,15 @@ def _summary(d: Decision) -> str:
         return "the upstream is failing and its circuit is open"
     if d.guard == GUARD_RATE_LIMITED:
         return "this agent made too many such calls in too short a time"
+    if d.guard == GUARD_CONCURRENT_CALLS:
+        return "this agent has too many calls in flight"
     return d.message or f"guard {d.guard} fired"
 
 
 def _advice(d: Decision) -> str:
     if d.action is Action.TERMINATE:
         return "The session has been ended; do not retry it."
-    if d.guard in (GUARD_CIRCUIT_BREAKER, GUARD_RATE_LIMITED):
+    if d.guard in RETRYABLE_GUARDS:
         # rounded up, as the Retry-After header and the JSON-RPC error's retry_after are
         left = f" in {retry_after_seconds(d.retry_after)}s" if d.retry_after is not None else " later"
         return f"Try again{left}."
@@ -82,7 +86,7 @@ def describe(decision: Decision, expose_details: bool) -> str:
     limited:` for a retryable rate limit) for the agent; details only when exposed."""
     if decision.guard == GUARD_TOOL_DENIED:
         head = "[tripwire] denied"
-    elif decision.guard == GUARD_RATE_LIMITED:
+    elif decision.guard in (GUARD_RATE_LIMITED, GUARD_CONCURRENT_CALLS):
         head = "[tripwire] rate limited"  # retryable: not blocked for good (SPEC §9)
     else:
         head = "[tripwire] warning" if decision.action <= Action.WARN else "[tripwire] blocked"

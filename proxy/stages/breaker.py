@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from proxy.admission.breaker import BreakerAdmission
 from proxy.constants import GUARD_CIRCUIT_BREAKER, TAG_CIRCUIT_BREAKER_OPEN, EventType
 from proxy.exchange import Exchange
 from proxy.guard_events import is_tool_call
@@ -23,7 +24,6 @@ from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.pipeline import BaseStage
 from proxy.refusals import write_refusal_error
-from proxy.state.base import BreakerAdmission
 
 if TYPE_CHECKING:
     from proxy.services import Services

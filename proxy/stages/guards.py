@@ -1,16 +1,18 @@
-"""The guards in the pipeline: ask the pure guard objects, write what they decided, answer refusals.
+"""The guards in the pipeline: admission's checks (proxy/admission/, asked through `services.guards`:
+the per-agent gates, then the session's `SessionGuards`: permissions, loop patterns, budgets,
+limits; then the agent's budget windows), what they decided written, refusals answered.
 
-Before forwarding: the session's `SessionGuards` (loop patterns, budgets, limits); the circuit
-breaker runs next, in its own stage (proxy/stages/breaker.py). A refusal sets `ex.answer` in the
+A call the guards ask a person about is held by the next stage (proxy/stages/hold.py); the circuit
+breaker runs after it, in its own stage (proxy/stages/breaker.py). A refusal sets `ex.answer` in the
 client's own protocol (the protocol adapter renders it, SPEC §5.5). After the answer: settle the budget reservation, feed
-results to the loop detector. The events of SPEC §5.5's table are written here.
+results to the loop detector, give back what a gate held (a concurrent call's slot). The events
+of SPEC §5.5's table are written here.
 Fails open: a bug in a guard is logged and the call goes through (pipeline `fail_open`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,35 +20,25 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import guard_trace
-from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
-from proxy.approvals.hold import HeldStream, held_call, held_evidence, held_stream_for
-from proxy.approvals.service import covers_until
 from proxy.constants import (
-    GUARD_KILL_SWITCH,
-    GUARD_TOOL_ASK,
-    TAG_AWAITING_APPROVAL,
-    TAG_BUDGET_EXCEEDED,
     TAG_LOOP_DETECTED,
     TAG_SHADOW_FIRED,
-    TAG_TERMINATED,
     EventType,
 )
 from proxy.dialects.base import ParseState, ToolCall, ToolResult
-from proxy.exchange import Answer, Exchange
-from proxy.guard_backend import CallInputs
+from proxy.exchange import Exchange
+from proxy.guard_backend import CallInputs, StateUnavailable
 from proxy.guard_events import call_summary, guard_error, is_tool_call, loop_warning
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe
 from proxy.guards.loop.history import HistoryResults, results_from_index
 from proxy.guards.loop.replies import repeated_reply
-from proxy.guards.raises import RaiseError
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.llm import DEFAULT_RESERVED_COMPLETION_TOKENS, record_tool_results
 from proxy.llm_trace import write_tool_result
 from proxy.pipeline import BaseStage
-from proxy.refusals import refuse_unavailable, write_refusal_error
+from proxy.refusals import refuse, refuse_ended, refuse_unavailable, write_refusal_error
 from proxy.sessions import Session
-from proxy.state.base import StateUnavailable
 
 if TYPE_CHECKING:
     from proxy.services import Services
@@ -98,15 +90,6 @@ def llm_guard_inputs(
     return steps, turn_start, results, tokens, inputs
 
 
-def approving(decision: Decision) -> str:
-    """What approving a held call does, in words (listed with the approval)."""
-    if decision.kind is not None:
-        return "forwards this call; the same loop asks again only if it goes on `threshold` more calls"
-    if decision.guard == GUARD_TOOL_ASK:
-        return "forwards this tool call"
-    return "forwards this call; with `raise`, the session's limit is raised for the rest of the session"
-
-
 def call_inputs(ex: Exchange, estimate: float, tool_call: bool) -> CallInputs:
     """What the guards judge of the call (read when the backend judges it)."""
     if tool_call:
@@ -129,6 +112,7 @@ class GuardStage(BaseStage):
         self.services = services
         self.guards = services.guards  # where the guard state lives (proxy/guard_backend/)
         self.policy = services.policy
+        self.expose = services.settings.expose_guard_details
 
     # --- before forwarding -------------------------------------------------------------------
 
@@ -152,8 +136,8 @@ class GuardStage(BaseStage):
             self.write_taken_tool_calls(ex, admitted.taken, admitted.asked)
         elif admitted.record_results:
             record_tool_results(ex, self.services)
-        if admitted.rate_limited is not None:
-            self.refuse_rate_limited(ex, admitted.rate_limited)
+        if admitted.refused is not None:  # by a gate of admission (proxy/admission/)
+            self.refuse_gated(ex, admitted.refused)
             return
         if admitted.windows is not None:  # reserved in the admission's round trip (shared state)
             ex.window_hold = admitted.windows[1]  # (given back at the finish if the call is refused)
@@ -163,8 +147,8 @@ class GuardStage(BaseStage):
         verdict, inputs = admitted.verdict, admitted.inputs
         assert verdict is not None and inputs is not None
         asked = self.apply(ex, admitted.guards, verdict, inputs.trace, admitted.seen, now)
-        if asked is not None:
-            await self.hold(ex, admitted.guards, asked, verdict.call_seq)
+        if asked is not None:  # held for a person by the next stage (proxy/stages/hold.py)
+            ex.asked = (admitted.guards, asked, verdict.call_seq)
             return
         if verdict.refused and verdict.decision.action == Action.TERMINATE:
             self.guards.terminated(session, f"guard:{verdict.decision.guard}")
@@ -264,132 +248,6 @@ class GuardStage(BaseStage):
         self.warn_agent(ex, verdict)
         return None
 
-    # --- asking a person (SPEC §5.5a) --------------------------------------------------------
-
-    async def hold(self, ex: Exchange, guards: SessionGuards, decision: Decision, call_seq: int) -> None:
-        """Hold the call until a person decides (or `ask_timeout_s` passes, or the client hangs up):
-        approved, it goes on to the upstream; otherwise `ask_fallback`'s answer, with the note."""
-        session = ex.session
-        assert session is not None
-        approvals = self.services.approvals
-        config = guards.config
-        approval = Approval(
-            id=Approval.new_id(),
-            agent=session.agent,
-            session_id=session.session_id,
-            run_id=session.run_id,
-            guard=decision.guard,
-            kind=decision.kind,
-            message=decision.message,
-            threshold=decision.threshold,
-            actual=decision.actual,
-            call=held_call(ex, self.services.settings.max_field_bytes),
-            evidence=held_evidence(decision, self.services.settings.max_field_bytes),
-            approving=approving(decision),
-            requested_at=time.time(),
-            timeout_s=float(config.ask_timeout_s),
-        )
-        await approvals.book.open(approval)
-        self.write_state(session, "approval_requested", {"approval": approval.to_json()})
-        if approvals.holding(session.run_id, 1):
-            self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
-        approvals.notify(approval)
-        stream = held_stream_for(ex)
-        gone = approvals.watch.add(ex, stream)
-        try:
-            if stream is not None:
-                try:
-                    await stream.start()
-                except (ConnectionResetError, RuntimeError, OSError):
-                    gone.set_result(None)
-            decided = await approvals.book.wait(approval.id, approval.timeout_s, gone)
-        finally:
-            approvals.watch.remove(ex)
-            if approvals.holding(session.run_id, -1):
-                self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
-        try:
-            await self.carry_out(ex, guards, decision, approval, decided, stream, call_seq)
-        except Exception:
-            if stream is not None and stream.response is not None and ex.answer is None:
-                # failing open (a bug): the call goes on in the answer already started, not in a second
-                stream.relay_into()
-                ex.held_stream = stream
-            raise
-
-    async def carry_out(
-        self,
-        ex: Exchange,
-        guards: SessionGuards,
-        decision: Decision,
-        approval: Approval,
-        decided: Decided,
-        stream: HeldStream | None,
-        call_seq: int,
-    ) -> None:
-        """What the decision (or its absence) does: the trace, then the call goes on or is answered."""
-        session = ex.session
-        assert session is not None
-        config = guards.config
-        self.services.metrics.observe_approval(decision.guard, decided.status)
-        covers = covers_until(decision, decided, call_seq) if decided.status == APPROVED else None
-        self.write_state(
-            session,
-            "approval_decided",
-            {
-                "approval_id": approval.id,
-                "call_seq": call_seq,
-                "guardrail": decision.guard,
-                "kind": decision.kind,
-                "decision": decided.status,
-                "note": decided.note,
-                "by": decided.by,
-                "waited_s": round(decided.waited_s, 3),
-                **({"raise": decided.raised} if decided.raised else {}),
-                **({"covers_until": covers} if covers is not None else {}),
-            },
-        )
-        if covers is not None:  # right after its STATE_UPDATE, where replay applies it too
-            await self.guards.approve_loop(session, covers)
-        if decided.status == APPROVED and session.terminated:
-            # the session was ended while its call was held (the kill switch): refused like its
-            # every later call, whatever the approval said
-            ended = Decision(
-                Action.TERMINATE, GUARD_KILL_SWITCH, "the session was ended while this call was held"
-            )
-            self.guards.give_back(guards, ex.reservation)
-            ex.reservation = None
-            self.refuse_ended(ex, ended, elsewhere=False)
-            if stream is not None and ex.answer is not None:
-                await stream.end_with(ex.answer.body, refusal=True)
-            return
-        if decided.status == APPROVED:
-            if decided.raised:
-                try:
-                    await self.policy.raise_limits(session, decided.raised, by=decided.by)
-                except RaiseError as e:  # validated by the API; the session moved on since
-                    log.warning("approval %s: raise not applied: %s", approval.id, e)
-            if stream is not None:
-                stream.relay_into()
-                ex.held_stream = stream
-            return
-        self.guards.give_back(guards, ex.reservation)
-        ex.reservation = None
-        if decided.status == WITHDRAWN:  # nobody to answer: nothing forwarded, nothing more written
-            ex.client_disconnected = True
-            ex.answer = Answer(400, b"withdrawn: the client hung up while its call was held", "text/plain")
-            return
-        fallback = Action.TERMINATE if config.ask_fallback == "terminate" else Action.BLOCK
-        final = dataclasses.replace(decision, action=fallback)
-        if decided.status == DENIED:
-            note = f" A person denied this call{': ' + decided.note if decided.note else '.'}"
-        else:
-            note = f" Nobody approved this call within {approval.timeout_s:g}s."
-        self.refuse(ex, final, loop_events=decision.kind is not None, note=note)
-        if fallback == Action.TERMINATE:
-            self.guards.terminated(session, f"guard:{decision.guard}")
-        if stream is not None and ex.answer is not None:
-            await stream.end_with(ex.answer.body, refusal=ex.answer.status != 200)
-
     def write_state(self, session: Session, name: str, payload: dict[str, Any]) -> None:
         event_id = self.policy.write_event(session, EventType.STATE_UPDATE, name, payload)
         self.policy.observe_event(session, EventType.STATE_UPDATE, name, event_id)
@@ -483,30 +341,12 @@ class GuardStage(BaseStage):
     # --- refusing ----------------------------------------------------------------------------
 
     def refuse(self, ex: Exchange, decision: Decision, *, loop_events: bool, note: str = "") -> None:
-        """BLOCK answers with a synthetic result and the session goes on; TERMINATE ends it.
-        `note`: what a person (or nobody, in time) decided about a held call, for the agent."""
-        session = ex.session
-        assert session is not None
-        protocol = ex.protocol
-        assert session is not None and protocol is not None
-        text = describe(decision, self.services.settings.expose_guard_details) + note
-        self.write_error(ex, decision)
-        if decision.action == Action.BLOCK:
-            ex.answer = protocol.render_block(ex, decision, text)
-            ex.block_text = (
-                text  # a Responses chain goes on from the blocked answer (stages/responses_chain.py)
-            )
-            return
-        ex.answer = protocol.render_refusal(ex, decision, text)
-        budget = TAG_BUDGET_EXCEEDED in decision.tags
-        limit = decision.kind is None and not budget
-        self.policy.terminate(
-            session, reason=f"guard:{decision.guard}", tag=None if (budget or limit) else TAG_TERMINATED
-        )
+        refuse(self.policy, ex, decision, expose=self.expose, loop_events=loop_events, note=note)
 
-    def refuse_rate_limited(self, ex: Exchange, decision: Decision) -> None:
-        """Over a rate limit of the agent (SPEC §9): retryable, the session goes on. An LLM call gets
-        429 + Retry-After (its SDK retries by itself), an MCP call the BLOCK result saying when."""
+    def refuse_gated(self, ex: Exchange, decision: Decision) -> None:
+        """Over a per-agent limit (SPEC §9: concurrent calls, a rate limit): retryable, the session
+        goes on. An LLM call gets 429 + Retry-After (its SDK retries by itself), an MCP call the BLOCK
+        result saying when."""
         protocol = ex.protocol
         assert protocol is not None
         ex.decisions.append(decision)
@@ -517,16 +357,7 @@ class GuardStage(BaseStage):
         ex.answer = render(ex, decision, text)
 
     def refuse_ended(self, ex: Exchange, decision: Decision, *, elsewhere: bool) -> None:
-        """The session ended while this call was being judged (here, or on another replica: this
-        replica's copy ends too): refused like every later call."""
-        session = ex.session
-        assert session is not None and ex.protocol is not None
-        self.services.metrics.observe_decision(decision.guard, decision.action.name)
-        ex.answer = ex.protocol.render_refusal(
-            ex, decision, describe(decision, self.services.settings.expose_guard_details)
-        )
-        if elsewhere and not session.terminated:
-            self.policy.terminate(session, reason=f"guard:{decision.guard}", tag=None)
+        refuse_ended(self.policy, ex, decision, expose=self.expose, elsewhere=elsewhere)
 
     def write_error(self, ex: Exchange, decision: Decision) -> None:
         write_refusal_error(self.policy, ex, decision)
@@ -535,12 +366,6 @@ class GuardStage(BaseStage):
 
     async def finish(self, ex: Exchange) -> None:
         session = ex.session
-        stream = ex.held_stream
-        if stream is not None:
-            if ex.response is None and ex.answer is not None:
-                # approved, then the upstream failed before answering: its error into the started stream
-                await stream.end_with(ex.answer.body, refusal=True)
-            ex.response = stream.response  # the lane's own answer object, which the handler returns
         try:
             if ex.window_hold is None:
                 await self.guards.settle(ex, self.write_settled)
@@ -554,6 +379,8 @@ class GuardStage(BaseStage):
                     if isinstance(outcome, BaseException):
                         raise outcome
         finally:
+            if ex.admission_holds:  # a concurrent call's slot: given back however the call ended
+                await self.guards.release(ex)
             if session is not None and session.terminated:
                 self.policy.end_if_pending(session)  # its RUN_END follows the calls that were in flight
 

@@ -16,8 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from proxy.approvals.book import APPROVED, DENIED, WITHDRAWN, Approval, Decided
-from proxy.approvals.hold import HeldStream, held_call, held_stream_for
 from proxy.constants import TAG_AWAITING_APPROVAL, EventType
 from proxy.exchange import Answer, Exchange
 from proxy.guard_events import is_tool_call
@@ -94,7 +92,7 @@ class PinStage(BaseStage):
             Action.ASK if verdict == "ask" else Action.BLOCK,
             GUARD_TOOL_CHANGED,
             f"tool {call.tool_name!r} of MCP server {server!r} was {what}"
-            + (" and a person denied the change" if change.status == DENIED else "")
+            + (" and a person denied the change" if change.status == self.services.approvals.DENIED else "")
             + (": a person must approve its new definition" if verdict == "ask" else ""),
             actual=change.hash[:12],
         )
@@ -155,8 +153,8 @@ class PinStage(BaseStage):
         pins = self.services.pins
         config = self.services.guards.config(session.agent)
         summary = change_summary(server, tool, change, pins.cached(server).pinned(tool))
-        approval = Approval(
-            id=Approval.new_id(),
+        approval = approvals.approval_class(
+            id=approvals.approval_class.new_id(),
             agent=session.agent,
             session_id=session.session_id,
             run_id=session.run_id,
@@ -165,7 +163,7 @@ class PinStage(BaseStage):
             message=decision.message,
             threshold=None,
             actual=decision.actual,
-            call={**held_call(ex, self.services.settings.max_field_bytes), "tool_change": summary},
+            call={**approvals.held_call(ex, self.services.settings.max_field_bytes), "tool_change": summary},
             approving="pins the tool's new definition (listed again) and forwards this call",
             requested_at=time.time(),
             timeout_s=float(config.ask_timeout_s),
@@ -175,7 +173,7 @@ class PinStage(BaseStage):
         if approvals.holding(session.run_id, 1):
             self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
         approvals.notify(approval)
-        stream = held_stream_for(ex)
+        stream = approvals.held_stream_for(ex)
         gone = approvals.watch.add(ex, stream)
         try:
             if stream is not None:
@@ -195,9 +193,9 @@ class PinStage(BaseStage):
         ex: Exchange,
         session: Session,
         decision: Decision,
-        approval: Approval,
-        decided: Decided,
-        stream: HeldStream | None,
+        approval: Any,  # proxy.approvals.Approval (the stages do not import proxy.approvals)
+        decided: Any,  # proxy.approvals.book.Decided
+        stream: Any,  # proxy.approvals.hold.HeldStream | None
         change: Change,
         server: str,
         tool: str,
@@ -217,7 +215,7 @@ class PinStage(BaseStage):
                 "waited_s": round(decided.waited_s, 3),
             },
         )
-        if decided.status == APPROVED:
+        if decided.status == self.services.approvals.APPROVED:
             await self.settle_pin(pins.approve, server, tool, change.hash)
             self.write_state(
                 session,
@@ -228,11 +226,11 @@ class PinStage(BaseStage):
                 stream.relay_into()
                 ex.held_stream = stream
             return
-        if decided.status == WITHDRAWN:
+        if decided.status == self.services.approvals.WITHDRAWN:
             ex.client_disconnected = True
             ex.answer = Answer(400, b"withdrawn: the client hung up while its call was held", "text/plain")
             return
-        if decided.status == DENIED:
+        if decided.status == self.services.approvals.DENIED:
             await self.settle_pin(pins.deny, server, tool, change.hash)
             note = f" A person denied this call{': ' + decided.note if decided.note else '.'}"
         else:

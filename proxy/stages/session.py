@@ -9,6 +9,7 @@ from proxy import episodes
 from proxy.constants import GUARD_SESSION_TERMINATED
 from proxy.dialects import of_call
 from proxy.exchange import Exchange
+from proxy.guard_backend import TERMINATED, StateUnavailable
 from proxy.guards.decision import Action, Decision
 from proxy.guards.describe import describe_ended
 from proxy.pipeline import BaseStage
@@ -16,8 +17,6 @@ from proxy.refusals import refuse_unavailable
 from proxy.responses_chain import synthetic_id_of
 from proxy.run_names import run_name
 from proxy.sessions import Refused
-from proxy.state.base import StateUnavailable
-from proxy.state.service import TERMINATED
 
 if TYPE_CHECKING:
     from proxy.services import Services

@@ -6,12 +6,15 @@ in Redis (a Lua script):
 
 - `append`: add entries to a run's ordered guard log and read back every entry after `since` (the
   session guards are pure and deterministic, so each replica feeding the log, in order, into its
-  own `SessionGuards` takes the same decisions: proxy/state/replica.py); it also takes the
+  own `SessionGuards` takes the same decisions: proxy/guard_log/replica.py); it also takes the
   function-calling tool calls whose results the request brings, and keeps the run alive;
 - `resolve`: the run of a call (explicit session, announced episode, lineage), created if none;
-- `breaker_*`: the circuit of agent x upstream, decided where it is stored;
-- rate limits (SPEC §9): an `append`'s checks are admitted through their agent's windows first, in
-  the same step; a check a full window refuses is not appended;
+- the checks of admission (proxy/admission/): an `append` carries each check's request to its
+  shared-state twin (`Twin`: a Lua fragment of the APPEND script, and the same rule in Python for
+  `MemoryBackend`), asked in the same step: a gate (concurrent calls, rate limits) before the
+  entries go in (a check it refuses is not appended), the others (budget windows, the circuit) after;
+- `run`: one standalone operation of a check (`Op`: a whole Lua script, the same rule in Python),
+  such as a circuit's report or a concurrent call's release;
 - `publish_config` / `config_snapshot`: the API-set prevention configs, by revision.
 
 Clocks: the backend stamps log entries and breaker times with its own clock (Redis `TIME`), so
@@ -22,13 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from proxy.guards.breaker import State, Ticket, Transition
-from proxy.guards.config import CircuitBreakerConfig
-from proxy.guards.decision import Decision
-from proxy.guards.rate_limit import RateRefusal, RateRule
-from proxy.state.windows import Reserved, WindowRequest, WindowStore
+from proxy.state.windows import WindowStore
 
 # how a call names its run (SPEC §3): explicit session id, announced episode, conversation lineage,
 # a conversation's first request (continues no run: a new one, unless the agent's latest has seen
@@ -47,7 +46,7 @@ class LogEntry:
     seq: int  # position in the run's log, from 1
     t: float  # the backend's clock when it was appended (seconds)
     config_rev: int  # revision of the shared prevention config in force when it was appended
-    body: bytes  # proxy/state/entries.py
+    body: bytes  # proxy/guard_log/entries.py
 
 
 @dataclass(frozen=True)
@@ -60,10 +59,10 @@ class Appended:
     terminated: str | None = None  # the run's terminated mark, if any (kill switch, guard)
     was_live: bool = True  # False: the run had expired before this append (it is live again now)
     epoch: str = ""  # which log this is (the run's start stamp): pass it back with the next append
-    breakers: list[BreakerAdmission | None] = field(default_factory=list)  # one per `breakers` asked
-    # one per `rates` asked: None admitted (a slot taken), else the refusal (that check not appended)
-    rates: list[RateRefusal | None] = field(default_factory=list)
-    windows: list[Reserved] = field(default_factory=list)  # one per `windows` asked
+    # one per `checks` asked, in order: its twin's answer (`Twin.parse`), None when an earlier gate
+    # refused its check (never asked)
+    answers: list[Any] = field(default_factory=list)
+    refused: frozenset[int] = frozenset()  # the positions (from 1) of the checks a gate refused
 
     @property
     def lost(self) -> bool:
@@ -95,43 +94,49 @@ class PendingCall:
     detail: bytes
 
 
-@dataclass(frozen=True)
-class BreakerAdmission:
-    """`breaker_admit`'s answer: a ticket (admitted) or a refusal decision with `retry_after`."""
+class Store(Protocol):
+    """What a twin keeps in `MemoryBackend` (and the local guard backend): one dict per check."""
 
-    ticket: Ticket | None
-    refusal: Decision | None
-    state: State = State.CLOSED  # after admitting (a closed circuit with no failures needs no report
-    failures: int = 0  # of a success: there is nothing to reset)
+    def store(self, name: str) -> dict[Any, Any]: ...
 
 
-@dataclass(frozen=True)
-class BreakerRequest:
-    """A circuit to admit a call through, in the same step as the call's check."""
+class Twin(Protocol):
+    """A check's shared-state twin (proxy/admission/<check>/twin.py), asked inside `append`.
 
-    agent: str
-    upstream: str
-    config: CircuitBreakerConfig
+    `lua` defines `CHECKS.<name> = function(args, now)` returning (refused, reply): the APPEND script
+    is assembled from the twins' fragments (`proxy.state.lua.append_script`), so a call's checks
+    cost no round trip of their own. `memory` is the same rule in Python (`MemoryBackend`, and the
+    local guard backend's own store), returning (refused, answer)."""
+
+    name: str
+    gate: bool  # asked before the check is appended: refused, the check is not appended
+    lua: str
+
+    def args(self, request: Any) -> Any: ...  # JSON for the Lua function
+    def parse(self, request: Any, reply: Any) -> Any: ...  # the Lua reply as `memory` answers
+    def memory(self, store: Store, request: Any, now: float) -> tuple[bool, Any]: ...
+
+
+class Op(Protocol):
+    """A standalone operation of a check (a circuit's report, a concurrent call's release): a whole
+    Lua script for Redis, the same rule in Python for `MemoryBackend` (`StateBackend.run`)."""
+
+    name: str
+    lua: str
+
+    def keys(self, request: Any) -> list[str]: ...
+    def args(self, request: Any) -> list[Any]: ...
+    def parse(self, request: Any, reply: Any) -> Any: ...
+    def memory(self, store: Store, request: Any, now: float) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
-class RateRequest:
-    """The rate limits a check goes through (proxy/guards/rate_limit.py), in the same step as it is
-    appended, taking `slots` in each (one each when empty); `member` names its slots in each window
-    (the check's id: unique)."""
+class CheckAsk:
+    """A check's request in an `append`: `twin` decides it for the body at position `at` (from 1)."""
 
-    agent: str
-    member: str
-    rules: tuple[RateRule, ...]
-    slots: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class BreakerView:
-    agent: str
-    upstream: str
-    state: State
-    failures: int
+    twin: Twin
+    at: int
+    request: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +147,9 @@ class Append:
     whose results arrived (each taken once; one already recorded as an MCP call, per `signatures`
     noted so far, is dropped). `put`: pending calls an answer asked for; `signatures`: MCP calls
     recorded; `keep_alive`: slot keys renewed with the run; `links`: slot key -> run id to set
-    (lineage); `breakers`: circuits to admit the checks through (`breaker_admit`), in the same step,
-    `breaker_at` the position (from 1) of each one's check among the bodies; `rates`: (position,
-    request) of the checks to admit through their agent's rate limits first: a refused one is not
-    appended (nor are tool calls taken before it, nor is its circuit admitted);
-    `windows`: (position, request) of the checks to reserve in their agent's budget windows, in the
-    same step (skipped for a check a rate limit refused).
+    (lineage); `checks`: what the admission's checks ask of their twins, in admission order for each
+    body: the gates first (a check one refuses is not appended, nor are the tool calls taken before
+    it, nor is it asked of the later checks), then the others.
     `since`: the entries the caller has (0: none); `epoch`: the log it followed (a log started
     anew since answers `lost`)."""
 
@@ -164,10 +166,7 @@ class Append:
     signatures: Sequence[str] = ()
     keep_alive: Sequence[str] = ()
     links: Mapping[str, str] | None = None
-    breakers: Sequence[BreakerRequest] = ()
-    breaker_at: Sequence[int] = ()
-    rates: Sequence[tuple[int, RateRequest]] = ()
-    windows: Sequence[tuple[int, WindowRequest]] = ()  # budget windows (proxy/state/windows.py)
+    checks: Sequence[CheckAsk] = ()
 
 
 class StateBackend(Protocol):
@@ -263,26 +262,11 @@ class StateBackend(Protocol):
         """Which of these runs are still live somewhere; `idle_s` renews them (calls in flight)."""
         ...
 
-    # --- circuit breakers (agent x upstream) ---------------------------------------------------
+    # --- the checks' own operations ------------------------------------------------------------
 
-    async def breaker_admit(
-        self, agent: str, upstream: str, config: CircuitBreakerConfig, *, now: float | None = None
-    ) -> BreakerAdmission: ...
-
-    async def breaker_report(
-        self,
-        agent: str,
-        upstream: str,
-        ticket: Ticket,
-        config: CircuitBreakerConfig,
-        *,
-        failed: bool,
-        now: float | None = None,
-    ) -> Transition | None: ...
-
-    async def breaker_release(self, agent: str, upstream: str, ticket: Ticket) -> None: ...
-
-    async def breakers(self) -> list[BreakerView]: ...
+    async def run(self, op: Op, request: Any) -> Any:
+        """One standalone operation of a check, atomic (one Lua script in Redis)."""
+        ...
 
     # --- Responses API chains -------------------------------------------------------------------
 

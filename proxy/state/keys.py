@@ -99,3 +99,9 @@ def window(agent: str, window_key: str) -> str:
 def rate(agent: str, rule_key: str) -> str:
     """The sliding window of one agent's rate-limit rule: a sorted set of admitted checks by time."""
     return f"{PREFIX}rate:{part(agent)}:{part(rule_key)}"
+
+
+def concurrent(agent: str) -> str:
+    """One agent's calls in flight (SPEC §9 `max_concurrent_calls`): a sorted set of call ids by
+    the time their lease ends."""
+    return f"{PREFIX}concurrent:{part(agent)}"

@@ -133,121 +133,6 @@ if tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
-# Circuit breaker of one agent x upstream (proxy/guards/breaker.py's CircuitBreaker; state in a hash:
-# s state, f consecutive failures, o opened at, ta trials admitted, g generation; a agent, u upstream).
-# `breaker(k, index, now, agent, upstream, ttl)` loads it; `admit(b, enabled, cooldown, half_max)`
-# returns {verdict, generation, trial, transition from ('' none), failures, retry_after, state}.
-_BREAKER = r"""
-local function clock(given)
-  local now = tonumber(given)
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return now
-end
-local function breaker(k, index, now, agent, upstream, ttl)
-  local st = redis.call('HMGET', k, 's', 'f', 'o', 'ta', 'g')
-  local b = {k = k, index = index, now = now, agent = agent, upstream = upstream, ttl = ttl,
-    s = st[1] or 'closed', f = tonumber(st[2] or '0'), o = tonumber(st[3] or ''),
-    ta = tonumber(st[4] or '0'), g = tonumber(st[5] or '0')}
-  return b
-end
-local function save(b)
-  redis.call('HSET', b.k, 's', b.s, 'f', b.f, 'ta', b.ta, 'g', b.g, 'a', b.agent, 'u', b.upstream)
-  if b.o then redis.call('HSET', b.k, 'o', string.format('%.6f', b.o)) end
-  redis.call('PEXPIRE', b.k, b.ttl)
-  redis.call('SADD', b.index, b.k)
-end
-local function admit(b, enabled, cooldown, half_max)
-  if enabled == '0' then return {'allow', b.g, 0, '', b.f, '0', b.s} end
-  local function left()
-    if b.s ~= 'open' or not b.o then return 0 end
-    return math.max(0, b.o + tonumber(cooldown) - b.now)
-  end
-  local moved = ''
-  if b.s == 'open' and left() <= 0 then
-    moved = b.s
-    b.s = 'half_open'
-    b.g = b.g + 1
-    b.ta = 0
-    save(b)
-  end
-  if b.s == 'closed' then return {'allow', b.g, 0, '', b.f, '0', b.s} end
-  if b.s == 'half_open' and b.ta < tonumber(half_max) then
-    b.ta = b.ta + 1
-    save(b)
-    return {'allow', b.g, 1, moved, b.f, '0', b.s}
-  end
-  return {'refuse', b.g, 0, '', b.f, tostring(left()), b.s}
-end
-"""
-
-# KEYS: 1 breaker hash, 2 index of breakers. ARGV: 1 now ('' = TIME), 2 agent, 3 upstream, 4 ttl ms,
-# 5 enabled, 6 cooldown, 7 half-open max.
-BREAKER_ADMIT = (
-    _BREAKER
-    + r"""
-local b = breaker(KEYS[1], KEYS[2], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
-return admit(b, ARGV[5], ARGV[6], ARGV[7])
-"""
-)
-
-# ARGV: 1 now, 2 agent, 3 upstream, 4 ttl ms, 5 enabled, 6 open after, 7 ticket generation,
-# 8 ticket trial (0/1), 9 failed (0/1). Returns {} or {from, to, failures, reason}.
-BREAKER_REPORT = (
-    _BREAKER
-    + r"""
-local b = breaker(KEYS[1], KEYS[2], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
-if tonumber(ARGV[7]) ~= b.g then return {} end
-local trial = ARGV[8] == '1'
-local function move(new, reason)
-  local old = b.s
-  b.s = new
-  b.g = b.g + 1
-  b.ta = 0
-  save(b)
-  return {old, new, b.f, reason}
-end
-if ARGV[9] == '0' then
-  if b.s == 'half_open' and trial then
-    b.f = 0
-    return move('closed', 'trial call succeeded')
-  end
-  if b.s == 'closed' and b.f ~= 0 then
-    b.f = 0
-    save(b)
-  end
-  return {}
-end
-if ARGV[5] == '0' then return {} end
-b.f = b.f + 1
-if b.s == 'half_open' and trial then
-  b.o = b.now
-  return move('open', 'trial call failed')
-end
-if b.s == 'closed' and b.f >= tonumber(ARGV[6]) then
-  b.o = b.now
-  return move('open', b.f .. ' consecutive failures')
-end
-save(b)
-return {}
-"""
-)
-
-# ARGV: 1 now, 2 agent, 3 upstream, 4 ttl ms, 5 ticket generation.
-BREAKER_RELEASE = (
-    _BREAKER
-    + r"""
-local b = breaker(KEYS[1], KEYS[2], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
-if tonumber(ARGV[5]) == b.g and b.ta > 0 then
-  b.ta = b.ta - 1
-  save(b)
-end
-return 1
-"""
-)
-
 # Prevention configs: KEYS 1 revision, ARGV 1 snapshot key prefix, 2 snapshot, 3 ms to keep old ones,
 # 4 the newest revision the publisher knows (revisions never repeat, even if Redis lost them).
 PUBLISH_CONFIG = r"""
@@ -283,64 +168,34 @@ if rev == '' then rev = redis.call('GET', KEYS[1]) or '0' end
 return {rev, redis.call('GET', ARGV[1] .. rev) or ''}
 """
 
-# Rate limits (SPEC §9, proxy/guards/rate_limit.py's SlidingWindows): a window is a sorted set of the
-# checks it admitted, scored by the time (Redis TIME, seconds) they were admitted; entries at or
-# before now - per_s no longer count. `rate_admit(asks, now)`: asks = {{position, member, {{key,
-# max_calls, per_s, slots (<= max_calls)}, ...}}, ...}; each check is admitted through all its rules
-# or none (all or nothing, in order, so checks of one append see each other), taking its slots in
-# each (members `member`, `member#2`, ...). Returns the positions refused (a set)
-# and, per ask, {0, '0', 0} admitted or {rule index (from 1), seconds until room, calls held}.
-_RATE = r"""
-local function rate_admit(asks, now)
-  local refused, out = {}, {}
-  for _, ask in ipairs(asks) do
-    local hit, wait, held = 0, 0, 0
-    for j, rule in ipairs(ask[3]) do
-      local k, max, per, need = rule[1], tonumber(rule[2]), tonumber(rule[3]), tonumber(rule[4])
-      redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%.6f', now - per))
-      local n = redis.call('ZCARD', k)
-      if n + need > max then
-        -- n + need - max of the oldest must leave: room comes when the last of them is per old
-        local at = redis.call('ZRANGE', k, n + need - max - 1, n + need - max - 1, 'WITHSCORES')
-        local w = tonumber(at[2]) + per - now
-        if hit == 0 or w > wait then hit, wait, held = j, w, n end
-      end
-    end
-    if hit == 0 then
-      local stamp = string.format('%.6f', now)
-      for _, rule in ipairs(ask[3]) do
-        redis.call('ZADD', rule[1], stamp, ask[2])
-        for i = 2, tonumber(rule[4]) do redis.call('ZADD', rule[1], stamp, ask[2] .. '#' .. i) end
-        redis.call('PEXPIRE', rule[1], math.ceil(tonumber(rule[3]) * 1000))
-      end
-      table.insert(out, {0, '0', 0})
-    else
-      refused[ask[1]] = true
-      table.insert(out, {hit, string.format('%.6f', wait), held})
-    end
-  end
-  return refused, out
-end
-"""
-
 # A run's guard log. KEYS: 1 log list, 2 run hash (its expiry is the run's idle clock), 3 config
 # revision, 4 pending function-calling tool calls, 5 MCP signatures recorded, 6.. slot keys kept
 # alive, then slot keys linked to the run. ARGV[1]: header JSON {since, idle, logttl, mapttl,
 # sigs (MCP signatures recorded), put (tool_call_id -> pending call JSON), take (tool_call_ids whose
 # results arrived), take_at (the body before which their TOOL_CALL entries go; 0: none), alive (how
-# many keep-alive keys), run (this run's id, for them), links (run id per link key), breakers (per
-# check to admit: {key, agent, upstream, ttl, enabled, cooldown, half-open max, its check's position}),
-# breaker_index, rates (the checks to admit through rate limits first, as `rate_admit` takes them),
-# windows (per check to reserve in its agent's budget windows: {keys, `window_reserve` header, its
-# check's position})};
-# ARGV[2..]: entry
-# bodies. A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
+# many keep-alive keys), run (this run's id, for them), links (run id per link key), checks (what the
+# admission's checks ask, proxy/admission/: {name, its check's position among the bodies, args,
+# gate 1/0}, in admission order for each body)}; ARGV[2..]: entry bodies.
+# A log that is not the one the replica followed (`since` beyond its end, or another `epoch`:
 # the run hash's start stamp) appends nothing and returns first = 0.
 # Stored entry: "<time> <config revision> <body>". Returns {seq of the first entry added, entries
 # after `since`, {tool_call_id, detail, ...} of the calls taken, terminated mark or '', was live, epoch,
-# the breakers' admissions (as BREAKER_ADMIT; {'skip'} for a check refused by a rate limit), the
-# rate limits' answers (as `rate_admit`), the windows' reservations (as WINDOW_RESERVE; {0, {}} for a
-# check refused by a rate limit)}.
+# per check its twin's reply ({'skip'}: its check was refused by an earlier gate, never asked), the
+# positions a gate refused}.
+
+# Shared by the fragments: the time (Redis TIME unless a test passes one), and the table of checks
+# each fragment adds its function to (`CHECKS.<name> = function(args, now) return refused, reply end`).
+PRELUDE = r"""
+local function clock(given)
+  local now = tonumber(given)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return now
+end
+local CHECKS = {}
+"""
 
 _APPEND = r"""
 local h = cjson.decode(ARGV[1])
@@ -348,11 +203,23 @@ local epoch = redis.call('HGET', KEYS[2], 'started') or ''
 if h.since > 0 and (redis.call('LLEN', KEYS[1]) < h.since or (h.epoch ~= '' and h.epoch ~= epoch)) then
   -- the log is not the one this replica has followed (Redis restarted without its data, or the
   -- run expired and started again): append nothing; the replica seeds it again or rebuilds (SEED)
-  return {0, {}, {}, '', 0, epoch, {}, {}, {}}
+  return {0, {}, {}, '', 0, epoch, {}, {}}
 end
--- the agent's rate limits before anything is appended: a check they refuse is not appended
-local rate_refused, rated = {}, {}
-if #h.rates > 0 then rate_refused, rated = rate_admit(h.rates, clock('')) end
+-- the gates (concurrent calls, rate limits) before anything is appended: a check one refuses is
+-- not appended, and no later check is asked about it
+local refused, answers = {}, {}
+local gate_now = clock('')
+for i, c in ipairs(h.checks) do
+  if c[4] == 1 then
+    if refused[c[2]] then
+      answers[i] = {'skip'}
+    else
+      local no, reply = CHECKS[c[1]](c[3], gate_now)
+      if no then refused[c[2]] = true end
+      answers[i] = reply
+    end
+  end
+end
 local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 local stamp = now .. ' ' .. (redis.call('GET', KEYS[3]) or '0') .. ' '
@@ -389,7 +256,7 @@ local function take()
   end
 end
 for i = 2, #ARGV do
-  if not rate_refused[i - 1] then
+  if not refused[i - 1] then
     if i - 1 == h.take_at then take() end
     redis.call('RPUSH', KEYS[1], stamp .. ARGV[i])
   end
@@ -410,30 +277,21 @@ end
 for j, run in ipairs(h.links) do redis.call('SET', KEYS[5 + h.alive + j], run, 'PX', h.mapttl) end
 if #h.links > 0 then redis.call('HSET', KEYS[2], 'lin', '1') end
 local term = redis.call('HGET', KEYS[2], 'term') or ''
--- the circuit breakers of the checks appended, admitted in the same step (one round trip a call)
-local breakers = {}
-if #h.breakers > 0 then
-  local now = clock('')
-  for _, a in ipairs(h.breakers) do
-    if rate_refused[a[8]] then
-      table.insert(breakers, {'skip'})  -- never goes upstream: no trial taken
+-- the other checks of the checks appended (budget windows, the circuit), in the same step
+local after_now = clock('')
+for i, c in ipairs(h.checks) do
+  if c[4] ~= 1 then
+    if refused[c[2]] then
+      answers[i] = {'skip'}  -- never goes upstream: nothing reserved, no trial taken
     else
-      local b = breaker(a[1], h.breaker_index, now, a[2], a[3], a[4])
-      table.insert(breakers, admit(b, a[5], a[6], a[7]))
+      local _, reply = CHECKS[c[1]](c[3], after_now)
+      answers[i] = reply
     end
   end
 end
--- the agents' budget windows of the checks appended, reserved in the same step (SPEC §9)
-local windows = {}
-for _, r in ipairs(h.windows) do
-  if rate_refused[r[3]] then
-    table.insert(windows, {0, {}})  -- never goes upstream: nothing reserved
-  else
-    table.insert(windows, window_reserve(r[1], r[2]))
-  end
-end
-return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, breakers, rated,
-  windows}
+local no = {}
+for at in pairs(refused) do table.insert(no, at) end
+return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live, epoch, answers, no}
 """
 
 # --- budgets over time (SPEC §9; proxy/state/windows.py) -----------------------------------------
@@ -441,8 +299,8 @@ return {first, redis.call('LRANGE', KEYS[1], h.since, -1), taken, term, was_live
 # alerted (the soft alert fired), r:<hold id> = "<usd> <tokens> <reserved at>" per call in flight.
 # A window Redis lost (restart, FLUSHALL) is put back from what the calling replica last saw of it
 # (`w.spent`, `w.tokens`, `w.alerted`) before anything else: the replica writes back what it knows,
-# as runs' logs are (SEED); until a reset, a replica that saw more raises it (`seeded`). `window_reserve(keys, h)` also runs inside APPEND, for the checks it admits.
-_WINDOW_FUNCS = r"""
+# as runs' logs are (SEED); until a reset, a replica that saw more raises it (`seeded`). `window_reserve(keys, h)` also runs inside APPEND (proxy/admission/budget_window/twin.py).
+WINDOW_FUNCS = r"""
 local function window_seed(k, w)
   if redis.call('EXISTS', k) == 0 then
     redis.call('HSET', k, 'spent', string.format('%.17g', w.spent), 'tokens', w.tokens,
@@ -506,7 +364,7 @@ end
 
 # KEYS: the agent's windows; ARGV 1 the header of `window_reserve` (the API's read: place false).
 WINDOW_RESERVE = (
-    _WINDOW_FUNCS
+    WINDOW_FUNCS
     + r"""
 return window_reserve(KEYS, cjson.decode(ARGV[1]))
 """
@@ -516,7 +374,7 @@ return window_reserve(KEYS, cjson.decode(ARGV[1]))
 # (-1: none), spent, tokens, alerted}]}. Returns per window {spent, tokens, 1 if this settle crossed
 # the soft alert first}.
 WINDOW_SETTLE = (
-    _WINDOW_FUNCS
+    WINDOW_FUNCS
     + r"""
 local h = cjson.decode(ARGV[1])
 local out = {}
@@ -558,4 +416,8 @@ end
 return 1
 """
 
-APPEND = _BREAKER + _RATE + _WINDOW_FUNCS + _APPEND
+
+def append_script(fragments: list[str]) -> str:
+    """The APPEND script: the prelude, each check's fragment (proxy/admission/, in the list's
+    order), then the log's own step, which asks them."""
+    return PRELUDE + "".join(fragments) + _APPEND

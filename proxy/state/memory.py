@@ -11,20 +11,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from proxy.guards.breaker import CircuitBreaker, Ticket, Transition
-from proxy.guards.config import CircuitBreakerConfig
-from proxy.guards.rate_limit import RateRefusal, SlidingWindows
 from proxy.state import keys
-from proxy.state.base import (
-    Append,
-    Appended,
-    BreakerAdmission,
-    BreakerView,
-    LogEntry,
-    PendingCall,
-    Resolved,
-    ResolveMode,
-)
+from proxy.state.base import Append, Appended, LogEntry, Op, PendingCall, Resolved, ResolveMode
 from proxy.state.keys import LOG_GRACE_MS, slot_ttl_ms
 from proxy.state.windows import MemoryWindows
 
@@ -75,11 +63,17 @@ class MemoryBackend:
     def __init__(self, clock: Clock = time.time) -> None:
         self.clock = clock
         self._keys = _Expiring(clock)
-        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
-        self._rates = SlidingWindows()  # the pure windows themselves (Redis: lua.py's `_RATE`)
+        self._stores: dict[str, dict[Any, Any]] = {}  # each check's twin's (proxy/admission/)
         self._config_rev = 0
         self._configs: dict[int, bytes] = {}
         self.windows = MemoryWindows()  # budgets over time (SPEC §9)
+
+    def store(self, name: str) -> dict[Any, Any]:
+        """What the check `name`'s twin keeps here (its `memory` rule reads and updates it)."""
+        found = self._stores.get(name)
+        if found is None:
+            found = self._stores[name] = {"windows": self.windows} if name == "budget_window" else {}
+        return found
 
     async def ping(self) -> None:
         return None
@@ -103,7 +97,7 @@ class MemoryBackend:
             step.epoch,
         )
         take, take_at, put, signatures = step.take, step.take_at, step.put, step.signatures
-        keep_alive, links, breakers = step.keep_alive, step.links, step.breakers
+        keep_alive, links = step.keep_alive, step.links
         now = self.clock()
         run_key = keys.run(agent, run_id)
         log: list[LogEntry] = self._keys.setdefault(keys.log(agent, run_id), list)
@@ -119,11 +113,14 @@ class MemoryBackend:
             self._keys.set(run_key, run)
         pending: dict[str, PendingCall] = self._keys.setdefault(keys.pending(agent, run_id), dict)
         sigs: dict[str, int] = self._keys.setdefault(keys.mcp_signatures(agent, run_id), dict)
-        # the agent's rate limits before anything is appended: a check they refuse is not appended
-        rated: list[RateRefusal | None] = [
-            self._rates.admit(r.agent, r.rules, now, r.slots) for _, r in step.rates
-        ]
-        refused = {at for (at, _), refusal in zip(step.rates, rated, strict=True) if refusal is not None}
+        # the gates before anything is appended: a check one refuses is not appended, nor asked further
+        answers: list[Any] = [None] * len(step.checks)
+        refused: set[int] = set()
+        for i, ask in enumerate(step.checks):
+            if ask.twin.gate and ask.at not in refused:
+                no, answers[i] = ask.twin.memory(self, ask.request, now)
+                if no:
+                    refused.add(ask.at)
         first = len(log) + 1
         rev = self._config_rev
         for sig in signatures:
@@ -163,16 +160,10 @@ class MemoryBackend:
             self._keys.set(k, target, slot_s)
         if links:
             run["lin"] = "1"
-        breaker_at = list(step.breaker_at) or [0] * len(breakers)
-        admitted = [
-            None if at in refused else await self.breaker_admit(b.agent, b.upstream, b.config, now=now)
-            for b, at in zip(breakers, breaker_at, strict=True)
-        ]
-        # (a check a rate limit refused is not reserved in its windows: it never goes upstream)
-        reserved = [
-            (0, []) if at in refused else await self.windows.reserve(w.keys, w.header)
-            for at, w in step.windows
-        ]
+        # the other checks (budget windows, the circuit): not asked for a check a gate refused
+        for i, ask in enumerate(step.checks):
+            if not ask.twin.gate and ask.at not in refused:
+                _, answers[i] = ask.twin.memory(self, ask.request, now)
         return Appended(
             list(log[since:]),
             first,
@@ -180,9 +171,8 @@ class MemoryBackend:
             run.get("term"),
             was_live,
             run["started"],
-            admitted,
-            rated,
-            reserved,
+            answers,
+            frozenset(refused),
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
@@ -341,48 +331,10 @@ class MemoryBackend:
             return [self._run_hash(a, r) is not None for a, r in agent_runs]
         return [self._keys.expire(keys.run(a, r), idle_s) for a, r in agent_runs]
 
-    # --- circuit breakers: the pure CircuitBreaker itself --------------------------------------
+    # --- the checks' own operations ------------------------------------------------------------
 
-    def _breaker(self, agent: str, upstream: str, config: CircuitBreakerConfig) -> CircuitBreaker:
-        breaker = self._breakers.get((agent, upstream))
-        if breaker is None:
-            breaker = self._breakers[(agent, upstream)] = CircuitBreaker(config, upstream)
-        breaker.configure(config)
-        return breaker
-
-    async def breaker_admit(
-        self, agent: str, upstream: str, config: CircuitBreakerConfig, *, now: float | None = None
-    ) -> BreakerAdmission:
-        breaker = self._breaker(agent, upstream, config)
-        decision, ticket = breaker.before_call(self.clock() if now is None else now)
-        return BreakerAdmission(
-            ticket, None if ticket is not None else decision, breaker.state, breaker.failures
-        )
-
-    async def breaker_report(
-        self,
-        agent: str,
-        upstream: str,
-        ticket: Ticket,
-        config: CircuitBreakerConfig,
-        *,
-        failed: bool,
-        now: float | None = None,
-    ) -> Transition | None:
-        breaker = self._breaker(agent, upstream, config)
-        at = self.clock() if now is None else now
-        return breaker.on_failure(ticket, at) if failed else breaker.on_success(ticket, at)
-
-    async def breaker_release(self, agent: str, upstream: str, ticket: Ticket) -> None:
-        breaker = self._breakers.get((agent, upstream))
-        if breaker is not None:
-            breaker.release(ticket)
-
-    async def breakers(self) -> list[BreakerView]:
-        return [
-            BreakerView(agent, upstream, b.state, b.failures)
-            for (agent, upstream), b in sorted(self._breakers.items())
-        ]
+    async def run(self, op: Op, request: Any) -> Any:
+        return op.memory(self, request, self.clock())
 
     # --- prevention configs --------------------------------------------------------------------
 

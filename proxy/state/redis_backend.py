@@ -15,40 +15,24 @@ from typing import Any
 
 import orjson
 import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from proxy.guards.breaker import State, Ticket, Transition, refusal
-from proxy.guards.config import CircuitBreakerConfig
-from proxy.guards.rate_limit import RateRefusal
 from proxy.state import keys, lua
 from proxy.state.base import (
     Append,
     Appended,
-    BreakerAdmission,
-    BreakerView,
     LogEntry,
+    Op,
     PendingCall,
-    RateRequest,
     Resolved,
     ResolveMode,
     StateUnavailable,
+    Twin,
 )
+from proxy.state.client import redis_client
 from proxy.state.keys import LOG_GRACE_MS, ms, slot_ttl_ms
 from proxy.state.redis_windows import RedisWindows
-from proxy.state.windows import parse_reserved
 
-# A reply or a connection slower than this marks Redis down (the failure policy applies until a probe
-# gets through). Generous enough that a busy machine is not taken for an outage: 0.5 s connects
-# failed under two CPU hogs when 50 calls opened connections at once.
-CONNECT_TIMEOUT_S = 2.0
-SOCKET_TIMEOUT_S = 2.0
-# Connections per replica: concurrent commands beyond this wait for one (no connection storm when
-# many calls arrive at once; a run's checks go in one round trip anyway).
-MAX_CONNECTIONS = 16
-BREAKER_TTL_MS = 7 * 86_400_000  # a breaker nobody called for a week is closed again
 OLD_CONFIG_TTL_MS = 7 * 86_400_000  # superseded config snapshots, for replicas still replaying them
 
 
@@ -62,53 +46,6 @@ def pending_json(call: PendingCall) -> str:
     ).decode()
 
 
-def admit_args(config: CircuitBreakerConfig) -> list[Any]:
-    return [int(config.enabled), repr(float(config.cooldown_seconds)), config.half_open_max_calls]
-
-
-def admission(upstream: str, reply: Sequence[Any], config: CircuitBreakerConfig) -> BreakerAdmission:
-    """A breaker script's admit answer as the pure breaker gives it (a ticket, or a refusal)."""
-    verdict, gen, trial, moved, failures, left, state = reply
-    if text(verdict) == "allow":
-        transition = None
-        if text(moved):
-            transition = Transition(
-                upstream, State(text(moved)), State.HALF_OPEN, int(failures), "cooldown elapsed"
-            )
-        return BreakerAdmission(Ticket(int(gen), trial=bool(int(trial)), transition=transition), None)
-    return BreakerAdmission(
-        None, refusal(upstream, State(text(state)), int(failures), float(text(left)), config)
-    )
-
-
-def rate_asks(rates: Sequence[tuple[int, RateRequest]]) -> list[Any]:
-    """The rate limits to admit checks through, as the append script's `rate_admit` takes them."""
-    return [
-        [
-            at,
-            r.member,
-            [
-                [
-                    keys.rate(r.agent, rule.key),
-                    rule.max_calls,
-                    repr(float(rule.per_s)),
-                    min(need, rule.max_calls),
-                ]
-                for rule, need in zip(r.rules, r.slots or (1,) * len(r.rules), strict=True)
-            ],
-        ]
-        for at, r in rates
-    ]
-
-
-def rate_answer(request: RateRequest, reply: Sequence[Any]) -> RateRefusal | None:
-    """`rate_admit`'s answer for one check: None admitted, else the refusal of its fullest rule."""
-    hit, wait, held = reply
-    if int(hit) == 0:
-        return None
-    return RateRefusal(request.rules[int(hit) - 1], int(held), float(text(wait)))
-
-
 def parse_entry(seq: int, raw: bytes | str) -> LogEntry:
     data = raw if isinstance(raw, bytes) else raw.encode()
     t, rev, body = data.split(b" ", 2)
@@ -118,34 +55,32 @@ def parse_entry(seq: int, raw: bytes | str) -> LogEntry:
 class RedisBackend:
     name = "redis"
 
-    def __init__(self, url: str, *, client: redis.Redis | None = None) -> None:
+    def __init__(self, url: str, *, client: redis.Redis | None = None, twins: Sequence[Twin] = ()) -> None:
+        """`twins`: the admission's checks' twins (proxy/admission/), whose fragments the APPEND
+        script is assembled from at start; a twin an append brings that was not given is added then."""
         self.url = url
-        if client is None:
-            pool = redis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=MAX_CONNECTIONS,
-                timeout=SOCKET_TIMEOUT_S,  # waiting for a free connection
-                socket_connect_timeout=CONNECT_TIMEOUT_S,
-                socket_timeout=SOCKET_TIMEOUT_S,
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-                retry_on_error=[RedisConnectionError],
-            )
-            client = redis.Redis(connection_pool=pool)
-            client.auto_close_connection_pool = True  # aclose() closes the pool too
-        self.client = client
+        self._owns_client = client is None  # a client given is its owner's to close (the engine's)
+        self.client = client if client is not None else redis_client(url)
         c = self.client
-        self._append = c.register_script(lua.APPEND)
+        self._twins: dict[str, Twin] = {}
+        self._append: Any = None
+        self._add_twins(twins)
+        self._ops: dict[str, Any] = {}
         self._resolve = c.register_script(lua.RESOLVE)
         self._terminate = c.register_script(lua.TERMINATE)
         self._seed = c.register_script(lua.SEED)
         self._dataset = c.register_script(lua.DATASET)
-        self._breaker_admit = c.register_script(lua.BREAKER_ADMIT)
-        self._breaker_report = c.register_script(lua.BREAKER_REPORT)
-        self._breaker_release = c.register_script(lua.BREAKER_RELEASE)
         self._publish_config = c.register_script(lua.PUBLISH_CONFIG)
         self._config_snapshot = c.register_script(lua.CONFIG_SNAPSHOT)
         self._chain = c.register_script(lua.CHAIN)
         self.windows = RedisWindows(c)  # budgets over time (SPEC §9)
+
+    def _add_twins(self, twins: Sequence[Twin]) -> None:
+        new = [t for t in twins if t.name not in self._twins]
+        if new or self._append is None:
+            self._twins.update((t.name, t) for t in new)
+            fragments = [t.lua for t in self._twins.values()]
+            self._append = self.client.register_script(lua.append_script(fragments))
 
     async def _call(self, script: Any, keys_: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -160,7 +95,8 @@ class RedisBackend:
             raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._owns_client:
+            await self.client.aclose()
 
     # --- a run's guard log ---------------------------------------------------------------------
 
@@ -174,9 +110,10 @@ class RedisBackend:
             step.epoch,
         )
         take, take_at, put, signatures = step.take, step.take_at, step.put, step.signatures
-        keep_alive, links, breakers = step.keep_alive, step.links, step.breakers
+        keep_alive, links, checks = step.keep_alive, step.links, step.checks
         links = links or {}
-        breaker_at = list(step.breaker_at) or [0] * len(breakers)
+        if any(c.twin.name not in self._twins for c in checks):
+            self._add_twins([c.twin for c in checks])
         header = {
             "since": since,
             "epoch": epoch,
@@ -190,20 +127,7 @@ class RedisBackend:
             "alive": len(keep_alive),
             "run": run_id,
             "links": list(links.values()),
-            "breakers": [
-                [
-                    keys.breaker(b.agent, b.upstream),
-                    b.agent,
-                    b.upstream,
-                    BREAKER_TTL_MS,
-                    *admit_args(b.config),
-                    at,
-                ]
-                for b, at in zip(breakers, breaker_at, strict=True)
-            ],
-            "breaker_index": keys.BREAKER_INDEX,
-            "rates": rate_asks(step.rates),
-            "windows": [[list(w.keys), dict(w.header), at] for at, w in step.windows],
+            "checks": [[c.twin.name, c.at, c.twin.args(c.request), int(c.twin.gate)] for c in checks],
         }
         script_keys = [
             keys.log(agent, run_id),
@@ -214,7 +138,7 @@ class RedisBackend:
             *keep_alive,
             *links.keys(),
         ]
-        first, raw, taken, term, was_live, started, admitted, rated, reserved = await self._call(
+        first, raw, taken, term, was_live, started, answers, refused = await self._call(
             self._append, script_keys, [orjson.dumps(header), *bodies]
         )
         return Appended(
@@ -224,12 +148,11 @@ class RedisBackend:
             terminated=text(term) or None,
             was_live=bool(was_live),
             epoch=text(started),
-            breakers=[
-                None if text(r[0]) == "skip" else admission(b.upstream, r, b.config)
-                for b, r in zip(breakers, admitted, strict=False)
+            answers=[
+                None if r and r[0] in (b"skip", "skip") else c.twin.parse(c.request, r)
+                for c, r in zip(checks, answers, strict=False)  # (none when the log was lost)
             ],
-            rates=[rate_answer(request, r) for (_, request), r in zip(step.rates, rated, strict=False)],
-            windows=[parse_reserved(r) for r in reserved],
+            refused=frozenset(int(at) for at in refused),
         )
 
     async def read(self, agent: str, run_id: str, *, since: int) -> list[LogEntry]:
@@ -351,65 +274,13 @@ class RedisBackend:
         except (RedisError, OSError) as e:
             raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
 
-    # --- circuit breakers ----------------------------------------------------------------------
+    # --- the checks' own operations ------------------------------------------------------------
 
-    def _breaker_args(self, agent: str, upstream: str, now: float | None) -> tuple[list[str], list[Any]]:
-        script_keys = [keys.breaker(agent, upstream), keys.BREAKER_INDEX]
-        return script_keys, ["" if now is None else repr(now), agent, upstream, BREAKER_TTL_MS]
-
-    async def breaker_admit(
-        self, agent: str, upstream: str, config: CircuitBreakerConfig, *, now: float | None = None
-    ) -> BreakerAdmission:
-        script_keys, args = self._breaker_args(agent, upstream, now)
-        args += admit_args(config)
-        reply = await self._call(self._breaker_admit, script_keys, args)
-        return admission(upstream, reply, config)
-
-    async def breaker_report(
-        self,
-        agent: str,
-        upstream: str,
-        ticket: Ticket,
-        config: CircuitBreakerConfig,
-        *,
-        failed: bool,
-        now: float | None = None,
-    ) -> Transition | None:
-        script_keys, args = self._breaker_args(agent, upstream, now)
-        args += [
-            int(config.enabled),
-            config.open_after_failures,
-            ticket.generation,
-            int(ticket.trial),
-            int(failed),
-        ]
-        moved = await self._call(self._breaker_report, script_keys, args)
-        if not moved:
-            return None
-        old, new, failures, reason = moved
-        return Transition(upstream, State(text(old)), State(text(new)), int(failures), text(reason))
-
-    async def breaker_release(self, agent: str, upstream: str, ticket: Ticket) -> None:
-        if not ticket.trial:
-            return  # only a half-open trial slot has anything to give back
-        script_keys, args = self._breaker_args(agent, upstream, None)
-        await self._call(self._breaker_release, script_keys, [*args, ticket.generation])
-
-    async def breakers(self) -> list[BreakerView]:
-        try:
-            members = sorted(await self.client.smembers(keys.BREAKER_INDEX))
-            if not members:
-                return []
-            async with self.client.pipeline(transaction=False) as pipe:
-                for k in members:
-                    pipe.hmget(k, "a", "u", "s", "f")
-                rows = await pipe.execute()
-            gone = [k for k, row in zip(members, rows, strict=True) if row[0] is None]
-            if gone:
-                await self.client.srem(keys.BREAKER_INDEX, *gone)
-        except (RedisError, OSError) as e:
-            raise StateUnavailable(f"redis: {type(e).__name__}: {e}") from e
-        return [BreakerView(text(a), text(u), State(text(s)), int(f)) for a, u, s, f in rows if a is not None]
+    async def run(self, op: Op, request: Any) -> Any:
+        script = self._ops.get(op.name)
+        if script is None:
+            script = self._ops[op.name] = self.client.register_script(op.lua)
+        return op.parse(request, await self._call(script, op.keys(request), op.args(request)))
 
     # --- prevention configs --------------------------------------------------------------------
 

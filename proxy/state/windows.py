@@ -82,6 +82,10 @@ class MemoryWindows:
         return window
 
     async def reserve(self, keys: Sequence[str], header: Mapping[str, Any]) -> Reserved:
+        return self.reserve_now(keys, header)
+
+    def reserve_now(self, keys: Sequence[str], header: Mapping[str, Any]) -> Reserved:
+        """`reserve` in one step (also the budget window twin's rule inside `MemoryBackend.append`)."""
         refused, rows = 0, []
         now, stale = float(header["now"]), float(header["stale"])
         for i, (key, w) in enumerate(zip(keys, header["w"], strict=True), start=1):

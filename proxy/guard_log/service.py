@@ -16,7 +16,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from proxy.admission import TWINS
 from proxy.episodes import NO_CONVERSATION, Episode
+from proxy.guard_log import entries
+from proxy.guard_log.channel import SharedGuards
+from proxy.guard_log.configs import SharedConfigs
+from proxy.guard_log.replica import Applied
 from proxy.guard_store import GuardConfigStore
 from proxy.guards.breaker import BreakerRegistry
 from proxy.guards.config import GuardConfig
@@ -24,12 +29,9 @@ from proxy.guards.decision import Decision
 from proxy.metrics import Metrics
 from proxy.sessions import Session, SessionManager
 from proxy.settings import Settings
-from proxy.state import entries, keys
+from proxy.state import keys
 from proxy.state.base import ResolveMode, StateBackend, StateUnavailable
-from proxy.state.configs import SharedConfigs
 from proxy.state.link import StateLink
-from proxy.state.replica import Applied
-from proxy.state.shared import SharedGuards
 
 log = logging.getLogger("tripwire.state")
 
@@ -38,10 +40,13 @@ MAX_HISTORY_DIGESTS = 256  # prefixes of a conversation looked up when resolving
 MAX_CHAIN_LINKS = 2048  # Responses links fetched in one round trip (older ones: judged without)
 
 
-def backend_for(url: str) -> StateBackend:
+def backend_for(url: str, client: Any = None) -> StateBackend:
+    """Redis at `url`, through `client` when given (the process's one client, proxy/state/client.py)."""
     from proxy.state.redis_backend import RedisBackend  # redis-py is loaded only when asked for
 
-    return RedisBackend(url)
+    return RedisBackend(
+        url, client=client, twins=TWINS
+    )  # the APPEND script assembled from the checks' fragments
 
 
 class SharedState:
@@ -53,9 +58,10 @@ class SharedState:
         *,
         backend: StateBackend | None = None,
         probe_interval_s: float | None = None,
+        client: Any = None,
     ) -> None:
         assert backend is not None or settings.state.url, "shared state needs state.url or a backend"
-        backend = backend or backend_for(str(settings.state.url))
+        backend = backend or backend_for(str(settings.state.url), client)
         self.link = StateLink(backend, settings.state.on_unavailable)
         if probe_interval_s is not None:
             self.link.probe_interval_s = probe_interval_s

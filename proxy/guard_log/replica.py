@@ -19,13 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from proxy.constants import GUARD_KILL_SWITCH
+from proxy.guard_log import entries
 from proxy.guards.budget import Reservation
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.loop.replies import Echo
 from proxy.guards.session import SessionGuards, Verdict
 from proxy.guards.signatures import Fingerprinted, RecordedError
-from proxy.state import entries
 from proxy.state.base import LogEntry
 
 ConfigFor = Callable[[int], GuardConfig]  # shared config revision -> this run's agent's config

@@ -25,23 +25,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from proxy.admission.check import Stores
+from proxy.guard_log.configs import SharedConfigs
+from proxy.guard_log.replica import Applied, SessionReplica
 from proxy.guards.config import GuardConfig
-from proxy.guards.rate_limit import RateRefusal, SlidingWindows
-from proxy.state.base import (
-    Append,
-    Appended,
-    BreakerAdmission,
-    BreakerRequest,
-    LogEntry,
-    PendingCall,
-    RateRequest,
-    StateUnavailable,
-)
-from proxy.state.configs import SharedConfigs
+from proxy.state.base import Append, Appended, CheckAsk, LogEntry, PendingCall, StateUnavailable, Twin
 from proxy.state.link import StateLink
-from proxy.state.replica import Applied, SessionReplica
-from proxy.state.windows import Reserved, WindowRequest
 
 log = logging.getLogger("tripwire.state")
 
@@ -56,17 +47,19 @@ SETTLE_WAIT_S = 30.0
 @dataclass
 class Admission:
     """A check's outcome: its verdict (or the decision that had ended the session), the pending
-    function-calling tool calls it took (their TOOL_CALL events are this replica's to write)."""
+    function-calling tool calls it took (their TOOL_CALL events are this replica's to write), and
+    what the admission's checks asked with it answered (proxy/admission/)."""
 
-    applied: Applied | None  # None: refused by a rate limit, never appended
+    applied: Applied | None  # None: refused by a gate, never appended
     taken: list[tuple[str, bytes]] = field(default_factory=list)
     shared: bool = True  # False: decided from this replica's memory (backend down, fail_open)
-    breaker: BreakerAdmission | None = None  # the circuit's answer, when one was asked (and shared)
-    windows: Reserved | None = None  # the budget windows' answer, when asked (and shared)
-    rate_limited: RateRefusal | None = None  # over a rate limit of the agent: not appended
+    # each check's twin's answer, by twin name (shared; a gate's also when decided from memory)
+    answers: dict[str, Any] = field(default_factory=dict)
+    refused_by: str | None = None  # the gate that refused the check (its answer in `answers`)
 
 
-Outcome = tuple[Applied | None, BreakerAdmission | None, RateRefusal | None]
+# (applied, answers by twin name, the refusing gate's name, decided by the backend)
+Outcome = tuple[Applied | None, dict[str, Any], str | None, bool]
 
 
 @dataclass
@@ -75,10 +68,8 @@ class _Item:
     waiter: asyncio.Future[Outcome] | None = None
     take: tuple[str, ...] = ()
     event_ids: Mapping[str, str] | None = None
-    breaker: BreakerRequest | None = None
-    rates: RateRequest | None = None
-    windows: WindowRequest | None = None  # budget windows to reserve the check in (SPEC §9)
-    reserved: Reserved | None = None  # what they answered, set before the waiter is
+    # the admission's checks asked with this check (proxy/admission/): (twin, request), in list order
+    checks: tuple[tuple[Twin, Any], ...] = ()
     on_applied: Callable[[Applied], None] | None = None  # a queued entry's outcome (soft alert, cycle)
     done: asyncio.Future[None] | None = None  # a settle: appended (or kept, backend down)
 
@@ -130,29 +121,21 @@ class RunChannel:
         event_ids: Mapping[str, str] | None = None,
         keep_alive: Sequence[str] = (),
         links: Mapping[str, str] | None = None,
-        breaker: BreakerRequest | None = None,
-        rates: RateRequest | None = None,
-        windows: WindowRequest | None = None,
+        checks: Sequence[tuple[Twin, Any]] = (),
     ) -> Admission:
         """Append a check and return its verdict (one round trip, shared with concurrent checks);
-        `breaker`: the circuit the call goes through, `rates`: the agent's rate limits, both
-        admitted in the same round trip (a rate limit first: a check it refuses is not appended);
-        `windows`: the agent's budget windows, the call reserved in them in the same round trip."""
+        `checks`: what the admission's checks ask of their twins (proxy/admission/), in list order,
+        answered in the same round trip (a gate first: a check it refuses is not appended)."""
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._extras.keep_alive.update(keep_alive)
         self._extras.links.update(links or {})
-        item = _Item(check, waiter, tuple(take), event_ids, breaker, rates, windows)
+        item = _Item(check, waiter, tuple(take), event_ids, tuple(checks))
         self._queue.append(item)
         self._kick()
-        applied, admitted, refused = await waiter
+        applied, answers, refused_by, shared = await waiter
         taken = [(i, self._taken.pop(i)) for i in take if i in self._taken]
         return Admission(
-            applied,
-            taken,
-            shared=not self.dirty,
-            breaker=admitted,
-            rate_limited=refused,
-            windows=item.reserved,
+            applied, taken, shared=shared and not self.dirty, answers=answers, refused_by=refused_by
         )
 
     def queue(
@@ -259,9 +242,8 @@ class RunChannel:
             return
         take = batch[-1].take if batch and batch[-1].take else ()
         at = {id(item): n for n, item in enumerate(batch, start=len(backlog) + 1)}  # position in bodies
-        asking = [i for i in batch if i.breaker is not None and i.waiter is not None]
-        rating = [i for i in batch if i.rates is not None and i.waiter is not None]
-        reserving = [i for i in batch if i.windows is not None and i.waiter is not None]
+        asking = [i for i in batch if i.checks and i.waiter is not None]
+        checks = [CheckAsk(twin, at[id(i)], request) for i in asking for twin, request in i.checks]
         appended: Appended = await owner.link.call(
             lambda: owner.backend.append(
                 Append(
@@ -277,10 +259,7 @@ class RunChannel:
                     signatures=extras.signatures,
                     keep_alive=sorted(extras.keep_alive),
                     links=extras.links,
-                    breakers=[i.breaker for i in asking if i.breaker is not None],
-                    breaker_at=[at[id(i)] for i in asking],
-                    rates=[(at[id(i)], i.rates) for i in rating if i.rates is not None],
-                    windows=[(at[id(i)], i.windows) for i in reserving if i.windows is not None],
+                    checks=checks,
                 )
             )
         )
@@ -311,13 +290,19 @@ class RunChannel:
             self.dirty = False
         self._taken.update(appended.taken)
         self.terminated = appended.terminated
-        # checks a rate limit refused were not appended: answered now, and given no seq
-        refused: dict[int, RateRefusal] = {}
-        for item, refusal in zip(rating, appended.rates, strict=False):
-            if refusal is not None:
-                refused[id(item)] = refusal
-                if item.waiter is not None and not item.waiter.done():
-                    item.waiter.set_result((None, None, refusal))
+        # each check's answers, by twin name; checks a gate refused were not appended: answered
+        # now (by the last gate asked, the one that refused), and given no seq
+        answers: dict[int, dict[str, Any]] = {id(i): {} for i in asking}
+        refused: dict[int, str] = {}
+        for ask, answer in zip(checks, appended.answers, strict=True):
+            item = batch[ask.at - len(backlog) - 1]
+            if answer is not None:
+                answers[id(item)][ask.twin.name] = answer
+                if ask.twin.gate and ask.at in appended.refused:
+                    refused[id(item)] = ask.twin.name
+        for item in asking:
+            if id(item) in refused and item.waiter is not None and not item.waiter.done():
+                item.waiter.set_result((None, answers[id(item)], refused[id(item)], True))
         # the seq of each body of the batch: after the backlog, and after the taken TOOL_CALLs
         own: dict[int, _Item] = {}
         seq = appended.first_own + len(backlog)
@@ -328,24 +313,21 @@ class RunChannel:
                 seq += len(appended.taken)
             own[seq] = item
             seq += 1
-        admitted = dict(zip((id(i) for i in asking), appended.breakers, strict=False))
-        for item, reserved in zip(reserving, appended.windows, strict=False):
-            item.reserved = reserved
         for entry in entries:
             mine = own.get(entry.seq)
             applied = self.replica.apply(entry, mine.event_ids if mine is not None else None)
             if applied is not None:
                 self.history.append(entry)
             if mine is not None and applied is not None:
-                self._deliver(mine, applied, admitted.get(id(mine)))
+                self._deliver(mine, applied, answers.get(id(mine), {}), shared=True)
         self.shared_seq = self.replica.applied
         for item in batch:
             _settled(item)  # (each one the log has by now, applied or not)
 
     @staticmethod
-    def _deliver(item: _Item, applied: Applied, admitted: BreakerAdmission | None) -> None:
+    def _deliver(item: _Item, applied: Applied, answers: dict[str, Any], *, shared: bool) -> None:
         if item.waiter is not None and not item.waiter.done():
-            item.waiter.set_result((applied, admitted, None))
+            item.waiter.set_result((applied, answers, None, shared))
         if item.on_applied is not None:
             try:
                 item.on_applied(applied)
@@ -378,22 +360,25 @@ class RunChannel:
         )
         now = time.time()
         for item in batch:
-            if item.rates is not None and item.waiter is not None:
-                # the agent's rate limits from this replica's memory meanwhile (SPEC §8 fail_open)
-                rates = item.rates
-                refusal = self.owner.local_rates.admit(
-                    rates.agent, rates.rules, time.monotonic(), rates.slots
-                )
-                if refusal is not None:
-                    if not item.waiter.done():
-                        item.waiter.set_result((None, None, refusal))
-                    continue
+            # the gates (concurrent calls, rate limits) from this replica's memory meanwhile (SPEC
+            # §8 fail_open); the other checks fall back on their own (the circuit, budget windows)
+            gated: dict[str, Any] = {}
+            refused_by = None
+            for twin, request in item.checks if item.waiter is not None else ():
+                if twin.gate and refused_by is None:
+                    no, gated[twin.name] = twin.memory(self.owner.local, request, time.monotonic())
+                    refused_by = twin.name if no else None
+            if refused_by is not None:
+                assert item.waiter is not None
+                if not item.waiter.done():
+                    item.waiter.set_result((None, gated, refused_by, False))
+                continue
             entry = LogEntry(self.replica.applied + 1, now, revision, item.body)
             applied = self.replica.apply(entry, item.event_ids)
             self.backlog.append(item.body)
             self.dirty = True
             if applied is not None:
-                self._deliver(item, applied, None)  # the circuit: this replica's own meanwhile
+                self._deliver(item, applied, gated, shared=False)  # the circuit: this replica's own
             _settled(item)
 
 
@@ -420,7 +405,7 @@ class SharedGuards:
         self.idle_s = idle_s
         self.tasks: set[asyncio.Task[None]] = set()
         self._channels: dict[str, RunChannel] = {}
-        self.local_rates = SlidingWindows()  # rate limits while the backend is down (fail_open)
+        self.local = Stores()  # the gates' memory while the backend is down (fail_open)
         link.listeners.append(self._on_link)
 
     def _on_link(self, up: bool) -> None:

@@ -1,5 +1,6 @@
 """Which rate limits a call counts against (SPEC §9), read from the exchange for either backend;
-the windows themselves are proxy/guards/rate_limit.py's (local) or the admission script's (shared).
+the windows themselves are proxy/guards/rate_limit.py's (local, and `MemoryBackend`) or the
+admission script's Lua fragment (shared, twin.py).
 
 An MCP `tools/call` is one call of its `SERVER__TOOL`. An LLM request is one `llm` call, and it
 brings the results of the function-calling tools the model asked for in its previous answer: each
