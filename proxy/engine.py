@@ -236,7 +236,7 @@ class Engine:
 
     def sweep(self, now: float) -> None:
         self.policy.end_idle(now)
-        self.metrics.set_live_sessions(len(self.sessions.live()))
+        self.metrics.set_live_sessions(self.sessions.live_count())
         health = self.recorder.health()
         self.metrics.set_store(
             health.get("queue_depth", 0),

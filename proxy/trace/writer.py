@@ -530,6 +530,12 @@ class TraceWriter:
         elif run.status != STATUS_RUNNING and run.disk.ended:
             self._retire(run)
 
+    def waiting_count(self) -> int:
+        """Runs with a deferred metadata rewrite or a retry due later (health)."""
+        return sum(
+            1 for _, rid in self._waiting if (run := self.registry.get(rid)) is not None and run.wait_due
+        )
+
     def _wait(self, run: Run, due: float) -> None:
         if run.wait_due is None or due < run.wait_due:
             run.wait_due = due
