@@ -104,7 +104,7 @@ def write_job(job: Job) -> JobResult:
     res = JobResult(job.run_id, dir_made=not job.make_dir, size=job.size, torn=job.torn)
     if job.make_dir:
         try:
-            job.dir.mkdir(parents=True, exist_ok=True)
+            storage.make_run_dir(job.dir)
             res.dir_made = True
         except Exception as e:  # any failure is reported, never raised
             res.fail(f"mkdir {job.dir}", e)
@@ -116,14 +116,14 @@ def write_job(job: Job) -> JobResult:
         return res
     if job.tripwire is not None:
         try:
-            storage.write_json_atomic(job.dir / TRIPWIRE_JSON, job.tripwire, fsync=job.fsync)
+            storage.write_json_atomic(f"{job.dir}/{TRIPWIRE_JSON}", job.tripwire, fsync=job.fsync)
             res.tripwire_ok = True
         except Exception as e:
             res.tripwire_ok = False
             res.fail(f"write {job.dir / TRIPWIRE_JSON}", e)
     if job.run_json is not None and not (job.tripwire_first and not res.tripwire_ok):
         try:
-            storage.write_json_atomic(job.dir / RUN_JSON, job.run_json, fsync=job.fsync)
+            storage.write_json_atomic(f"{job.dir}/{RUN_JSON}", job.run_json, fsync=job.fsync)
             res.run_json_ok = True
         except Exception as e:
             res.run_json_ok = False
