@@ -136,6 +136,44 @@ def run_paths(data_dir: Path, run_id: str) -> dict[str, str]:
 # --- writers ---------------------------------------------------------------------------------------
 
 
+def _find_syncfs() -> Any:
+    """libc's syncfs(2) (Linux), else None."""
+    try:
+        import ctypes
+
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (ImportError, OSError, AttributeError):
+        return None
+    syncfs.argtypes = [ctypes.c_int]
+    syncfs.restype = ctypes.c_int
+    return syncfs
+
+
+_SYNCFS = _find_syncfs()
+
+
+def can_sync_filesystem() -> bool:
+    return _SYNCFS is not None
+
+
+def sync_filesystem(path: str | Path) -> None:
+    """syncfs(2): everything written to the filesystem holding `path` is on disk when it returns,
+    in one call (a group commit: many runs' files flushed by one device flush instead of an fsync
+    of each file and directory, ~5 ms each on a virtual disk). OSError on failure, or where the
+    call is missing (`can_sync_filesystem`)."""
+    if _SYNCFS is None:
+        raise OSError(errno.ENOSYS, "syncfs is not available")
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _SYNCFS(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: Path) -> None:
     """fsync a directory so a rename inside it survives power loss (best effort: not on every OS)."""
     try:
