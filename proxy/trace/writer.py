@@ -44,6 +44,7 @@ _LOG_EVERY_S = 10.0  # write-error log rate limit
 _SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # space comes back: keep the lines, retry
 _YIELD_EVERY = 512  # runs written per slice of a pass before other tasks get the loop
 _META_PER_PASS = 32  # run.json / tripwire.json rewrites per pass at most (the rest wait for the next)
+_ENDING_PER_PASS = 256  # and of runs ending (written in the thread, one group flush): a pass stays short
 # A pass waits this long after the first event that woke it, so it runs while the loop waits on an
 # upstream rather than in front of the next request, and the events of a few calls share it (as
 # Kafka's linger.ms): a pass has a fixed cost (the file's open, append and close, the owner lock's
@@ -578,6 +579,9 @@ class TraceWriter:
                     self.dirty[rid] = None
             threaded: list[Job] = []
             budget = _META_PER_PASS  # rewrites are slow (a rename each): a pass stays short, lines first
+            # ended runs' last writes go to the thread and one group flush (write_jobs): their
+            # rewrites do not hold up the loop, so they have a budget of their own, larger
+            ending_budget = _ENDING_PER_PASS if self.fsync == "run_end" else 0
             try:
                 runs = self.registry.runs
                 for i, rid in enumerate(list(self.dirty)):
@@ -588,9 +592,13 @@ class TraceWriter:
                     if not force and self._lines_only(run, now, final):
                         self._settle(run, final)
                     else:
-                        job = self._job(run, now, force, meta_ok=force or budget > 0)
+                        ending = ending_budget > 0 and run.status != STATUS_RUNNING
+                        job = self._job(run, now, force, meta_ok=force or budget > 0 or ending)
                         if job is not None and job.run_json is not None:
-                            budget -= 1
+                            if ending and job.fsync:
+                                ending_budget -= 1
+                            else:
+                                budget -= 1
                         if job is None:
                             self._settle(run, final)
                         elif job.fsync:
