@@ -78,9 +78,11 @@ class Lineage:
 
     announced: str | None = None  # the episode id its client announced, if any
     source: str | None = None
-    histories: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # whole-history digests
-    responses: OrderedDict[str, None] = field(default_factory=OrderedDict)  # Responses ids it produced
-    answers: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # keys of answers it gave
+    # plain dicts kept in order, oldest first (an OrderedDict costs twice the memory, and a
+    # stateless service holds one Lineage per call for the idle timeout)
+    histories: dict[bytes, None] = field(default_factory=dict)  # whole-history digests
+    responses: dict[str, None] = field(default_factory=dict)  # Responses ids it produced
+    answers: dict[bytes, None] = field(default_factory=dict)  # keys of answers it gave
     # its newest answer, until a request carrying it comes: among runs that gave the same answer to
     # the same conversation (an evaluation batch), a continuation goes to one still waiting for it
     waiting: bytes | None = None
@@ -300,11 +302,12 @@ class SessionManager:
         digest = episode.history[-1]
         if own and next(reversed(own)) == digest and self._by_history.get((session.agent, digest)) is session:
             return  # the same history again (a resent request): already the newest it remembers
-        own[digest] = None
-        own.move_to_end(digest)
+        own.pop(digest, None)
+        own[digest] = None  # (the newest last)
         self._by_history[(session.agent, digest)] = session
         while len(own) > MAX_HISTORIES_PER_RUN:
-            old, _ = own.popitem(last=False)
+            old = next(iter(own))
+            del own[old]
             if self._by_history.get((session.agent, old)) is session:
                 del self._by_history[(session.agent, old)]
 
@@ -314,11 +317,12 @@ class SessionManager:
         if session.explicit or self._by_run.get(session.run_id) is not session:
             return  # explicit sessions are named on every call; a forgotten one continues nothing
         own = session.lineage.responses
-        own[response_id] = None
-        own.move_to_end(response_id)
+        own.pop(response_id, None)
+        own[response_id] = None  # (the newest last)
         self._by_response[response_id] = session
         while len(own) > MAX_RESPONSES_PER_RUN:
-            old, _ = own.popitem(last=False)
+            old = next(iter(own))
+            del own[old]
             if self._by_response.get(old) is session:
                 del self._by_response[old]
 
@@ -333,7 +337,8 @@ class SessionManager:
             self._by_answer.setdefault((session.agent, key), {})[session.run_id] = session
         self._set_waiting(session, key)
         while len(lineage.answers) > MAX_HISTORIES_PER_RUN:
-            old, _ = lineage.answers.popitem(last=False)
+            old = next(iter(lineage.answers))
+            del lineage.answers[old]
             self._drop_answer(session, old)
 
     def _set_waiting(self, session: Session, key: bytes | None) -> None:
