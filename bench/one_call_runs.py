@@ -6,7 +6,8 @@
 `tripwire serve` (defaults, a fresh data dir under `--data-root`, /dev/shm by default so that the
 disk's own cost of creating 300,000 files is not what is measured) takes `--runs` unnamed calls,
 each a different conversation's first request: one run each (SPEC §3), all live until the idle
-timeout. Then:
+timeout (`--workload identical`: every call the same bytes, so every run gives the same answer
+to the same words, as an evaluation batch). Then:
 - RSS once every call is answered and the writer has settled (and per run, over the RSS before);
 - the expiry: the process's CPU from the first run's idle deadline until every run has ended and
   its RUN_END, run.json and tripwire.json are written, less what the idle process uses over as
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import procs, runs
+from bench import bodies, procs, runs
 from bench.client import Connection, request_bytes
 
 
@@ -60,14 +61,17 @@ async def settle(admin: int, *, ended: bool = False, limit_s: float = 3600) -> N
     raise RuntimeError("the trace did not settle")
 
 
-async def send(port: int, n: int, conns: int, tag: str) -> float:
+async def send(port: int, n: int, conns: int, tag: str, identical: bool = False) -> float:
     counter = iter(range(n))
+    same = request_bytes(port, runs.PATH, bodies.encoded(bodies.SMALL))
 
     async def worker() -> None:
         conn = Connection(port)
         try:
             for i in counter:
-                a = await conn.send(request_bytes(port, runs.PATH, runs.distinct_body(tag, i)))
+                a = await conn.send(
+                    same if identical else request_bytes(port, runs.PATH, runs.distinct_body(tag, i))
+                )
                 if a.status != 200:
                     raise RuntimeError(f"call {i} answered {a.status}")
         finally:
@@ -104,7 +108,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(1.0)
         rss0 = procs.rss_kb(tw.pid)
         t_start = time.monotonic()
-        wall = await send(tw.port, args.runs, args.conns, "run")
+        wall = await send(tw.port, args.runs, args.conns, "run", identical=args.workload == "identical")
         out["send_s"] = round(wall, 1)
         out["calls_per_s"] = round(args.runs / wall)
         await settle(tw.admin_port)
@@ -154,6 +158,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", type=int, default=100_000)
     ap.add_argument("--idle-timeout", type=float, default=300.0)
     ap.add_argument("--conns", type=int, default=16)
+    ap.add_argument(
+        "--workload",
+        choices=("distinct", "identical"),
+        default="distinct",
+        help="every call a different first request, or every call the same bytes (an evaluation batch)",
+    )
     ap.add_argument("--quiet-s", type=float, default=5.0, help="seconds of the idle process measured")
     ap.add_argument("--data-root", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     ap.add_argument("--base", type=Path, help="run another checkout's code instead")

@@ -52,3 +52,11 @@ def test_one_call_runs_reports_memory_and_expiry_and_every_run_complete(tmp_path
     assert r["all_live"] and r["rss_mb"] > 0 and math.isfinite(r["kb_per_run"])
     assert r["expiry_cpu_raw_s"] >= 0 and r["sweep_cpu_s"] is not None
     assert r["files"] == {"complete": 60 + 50, "partial": 0}  # (50 warm-up calls)
+
+
+def test_the_session_managers_own_cost_is_measured() -> None:
+    proc = run_bench("bench.lineage", "--runs", "300")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["distinct", "identical"]
+    assert all("'runs': 300" in line and "expiry_us_per_run" in line for line in lines)
