@@ -47,9 +47,10 @@ async def live_sessions(admin: int) -> int:
 
 
 async def trace_settled(admin: int, *, ended: bool = False) -> bool:
-    """Nothing queued or waiting to be written; `ended`: and no run held in memory (all written)."""
+    """Every event queued is written (live runs' run.json rewrites may wait their turn, up to a
+    second per 100 runs held); `ended`: and no run is held in memory (every run ended, written)."""
     trace = json.loads(await get(admin, "/healthz")).get("trace_store") or {}
-    busy = ("queue_depth", "pending_runs", "waiting_runs", *(("held_runs",) if ended else ()))
+    busy = ("queue_depth", "pending_runs", *(("held_runs",) if ended else ()))
     return not any(trace.get(key) for key in busy)
 
 
