@@ -169,14 +169,16 @@ def write_jobs(jobs: list[Job], *, group_sync: bool = False) -> list[JobResult]:
     file and directory (five a run, ~5 ms each on a virtual disk) made their ends minutes behind.
     A failed flush is reported for every job of the group (the lines stay written, as after a
     failed fsync of a file the kernel already has)."""
-    if not (group_sync and len(jobs) > 1 and storage.can_sync_filesystem()):
+    synced = sum(1 for job in jobs if job.fsync)
+    if not (group_sync and synced > 1 and storage.can_sync_filesystem()):
         return [write_job(job) for job in jobs]
     results = [write_job(job, fsync=False) for job in jobs]
     try:
         storage.sync_filesystem(jobs[0].dir.parent)
     except OSError as e:
-        for res in results:
-            res.fail(f"syncfs {jobs[0].dir.parent}", e)
+        for job, res in zip(jobs, results, strict=True):
+            if job.fsync:
+                res.fail(f"syncfs {job.dir.parent}", e)
     return results
 
 
