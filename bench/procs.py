@@ -46,6 +46,7 @@ class Target:
     port: int
     proc: asyncio.subprocess.Process | None = None
     note: str = ""
+    admin_port: int | None = None  # Tripwire's admin listener (/healthz, /metrics)
     tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
@@ -64,11 +65,13 @@ class Target:
             self.tmp.cleanup()
 
 
-async def _spawn(name: str, port: int, *argv: str, env: dict[str, str] | None = None, **kw: object) -> Target:
+async def _spawn(
+    name: str, port: int, *argv: str, env: dict[str, str] | None = None, cwd: Path = ROOT, **kw: object
+) -> Target:
     log = open(Path(tempfile.gettempdir()) / f"tripwire-bench-{name}-{port}.log", "wb")  # noqa: ASYNC230
     proc = await asyncio.create_subprocess_exec(
         *argv,
-        cwd=str(ROOT),
+        cwd=str(cwd),
         stdout=log,
         stderr=log,
         stdin=asyncio.subprocess.DEVNULL,
@@ -122,10 +125,19 @@ async def floor(up: int) -> Target:
     )
 
 
-async def tripwire(name: str, up: int, *, lean: bool = False, extra: tuple[str, ...] = ()) -> Target:
-    """`tripwire serve` with a fresh data dir (defaults: guards on, trace, metrics, fsync run_end)."""
+async def tripwire(
+    name: str,
+    up: int,
+    *,
+    lean: bool = False,
+    extra: tuple[str, ...] = (),
+    root: Path | None = None,
+    data_root: str | None = None,
+) -> Target:
+    """`tripwire serve` with a fresh data dir (defaults: guards on, trace, metrics, fsync run_end).
+    `root`: another checkout's code (its directory as cwd and PYTHONPATH), to compare side by side."""
     port, admin = free_port(), free_port()
-    tmp = tempfile.TemporaryDirectory(prefix="tripwire-bench-")
+    tmp = tempfile.TemporaryDirectory(prefix="tripwire-bench-", dir=data_root)
     module = "bench.lean" if lean else "proxy"
     target = await _spawn(
         name,
@@ -146,9 +158,11 @@ async def tripwire(name: str, up: int, *, lean: bool = False, extra: tuple[str, 
         "WARNING",
         *extra,
         # no HOME config: the defaults, whatever the machine's ~/.tripwire/config.yaml says
-        env={"HOME": tmp.name},
+        env={"HOME": tmp.name, **({"PYTHONPATH": str(root)} if root else {})},
+        cwd=root or ROOT,
         tmp=tmp,
     )
+    target.admin_port = admin
     return target
 
 

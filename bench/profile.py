@@ -19,7 +19,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from bench import bodies, procs
+from bench import bodies, procs, runs
 from bench.run import WRK_SCRIPT
 
 _LINE = re.compile(r" \(([^()]*?):\d+\)$")
@@ -32,7 +32,7 @@ def frame_name(frame: str) -> str:
 
 
 def _short(path: str) -> str:
-    for marker in ("site-packages/", "lib/python3.11/", "/wt-perf/", "/main/"):
+    for marker in ("site-packages/", "lib/python3.11/", "/wt-perf/", "/main/", "/wt/runs/"):
         if marker in path:
             return path.split(marker, 1)[1]
     return path
@@ -64,6 +64,13 @@ async def main() -> int:
         "--history", type=int, default=0, help="function-calling steps in the body (0: small prompt)"
     )
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--data-root", help="where the data dir goes (e.g. /dev/shm: without the disk's cost)")
+    ap.add_argument(
+        "--workload",
+        choices=("named", "distinct", "identical"),
+        default="named",
+        help="one named session, or unnamed single calls each its own run (bench/runs.py)",
+    )
     ap.add_argument(
         "--nonblocking", action="store_true", help="sample without pausing the process (truncated stacks)"
     )
@@ -72,12 +79,14 @@ async def main() -> int:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     body = bodies.encoded(bodies.history(args.history) if args.history else bodies.SMALL)
     up = await procs.upstream()
-    tw = await procs.tripwire("tripwire", up.port)
+    tw = await procs.tripwire("tripwire", up.port, data_root=args.data_root)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             (Path(tmp) / "body.json").write_bytes(body)
             script = Path(tmp) / "post.lua"
             script.write_text(WRK_SCRIPT.format(body=Path(tmp) / "body.json"))
+            if args.workload != "named" and not args.history:
+                script = runs.wrk_script(Path(tmp), args.workload, "profile")
             url = f"http://127.0.0.1:{tw.port}/v1/chat/completions"
             warm = await asyncio.create_subprocess_exec(
                 "wrk", "-t1", "-c8", "-d2s", "-s", str(script), url, stdout=asyncio.subprocess.DEVNULL

@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from bench import bodies, gateway, permissions, procs, writer
+from bench import bodies, gateway, permissions, procs, runs, writer
 from bench.client import Answer, Connection, concurrent, request_bytes, sequential
 
 PATH = "/v1/chat/completions"
@@ -52,6 +52,7 @@ PHASES = (
     "writer",
     "permissions",
     "aggregate",
+    "runs",
 )
 # the aggregate phase: three MCP servers whose tools/list takes this long each (ms)
 AGGREGATE_DELAYS_MS = (1.0, 3.0, 5.0)
@@ -620,6 +621,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "rate_calls_per_s": 400,
                 "sessions": 300,
             }
+        if "runs" in only and not args.quick and shutil.which("wrk"):
+            step(f"runs: a named session vs unnamed single calls (a run each), {args.conns} connections")
+            result["runs"] = await runs.throughput(
+                ["floor", "tripwire"],
+                up.port,
+                None,
+                args.tp_rounds,
+                max(1, round(args.tp_seconds)),
+                args.conns,
+                tmp,
+            )
         if "permissions" in only:
             step(f"tool permissions, {args.conns} connections")
             result["permissions"] = await permissions.measure(
@@ -729,6 +741,11 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"{cost:+.1f} us",
             cost <= 20,
         )
+    rr = r.get("runs", {}).get("tripwire")
+    if rr:  # issue 33: a run must be cheap
+        for workload, share in (("distinct", 0.75), ("identical", 0.5)):
+            x = rr[workload]["of_floor"]
+            add(f"c=32 {workload} unnamed single calls >= {share:.0%} of the floor's", f"{x:.0%}", x >= share)
     a = r.get("aggregate")
     if a:
         add(
@@ -811,6 +828,13 @@ def print_table(r: dict[str, Any]) -> None:
             f"lists taking {a['list_delays_ms']} ms): p50 {a['aggregate_p50_ms']:.3f} ms vs the slowest alone "
             f"{a['slowest_p50_ms']:.3f} ms: added p50 {a['added_p50_ms']:.3f}, p99 {a['added_p99_ms']:.3f} ms"
         )
+    if r.get("runs"):
+        print("\nruns (c=32): req/s, share of the floor's, CPU us per call")
+        for column, x in r["runs"].items():
+            cells = "  ".join(
+                f"{w} {x[w]['rps']} ({x[w]['of_floor']:.0%}, {x[w]['cpu_us_per_call']:.0f})" for w in x
+            )
+            print(f"  {column:<10}{cells}")
     print("\ntargets:")
     for t in r["targets"]:
         mark = {True: "met ", False: "MISS", None: "n/a "}[t["met"]]

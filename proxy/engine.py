@@ -87,6 +87,7 @@ class Engine:
         self.socket_slots = SocketSlots(settings.websocket_max_per_agent)  # open sockets per agent
         self._idle_drained = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
+        self.sweep_cpu_s = 0.0  # the loop thread's CPU spent ending idle runs (/healthz "sessions")
         # where calls go: the configured upstreams, plus stdio MCP children and intercepted hosts
         self.upstreams = UpstreamRegistry(settings)
         self.alerts = Alerts(settings.alert_webhook, self.forwarder)
@@ -253,8 +254,10 @@ class Engine:
         return deleted
 
     def sweep(self, now: float) -> None:
+        cpu = time.thread_time()
         self.policy.end_idle(now)
-        self.metrics.set_live_sessions(len(self.sessions.live()))
+        self.sweep_cpu_s += time.thread_time() - cpu
+        self.metrics.set_live_sessions(self.sessions.live_count())
         health = self.recorder.health()
         self.metrics.set_store(
             health.get("queue_depth", 0),
@@ -284,6 +287,7 @@ class Engine:
     def health(self) -> dict[str, Any]:
         store = self.recorder.health()
         out = {"status": "ok", "draining": self.draining, "trace_store": store}
+        out["sessions"] = {"live": self.sessions.live_count(), "sweep_cpu_s": round(self.sweep_cpu_s, 3)}
         state = self.guards.health()
         if state is not None:
             out["state"] = state  # shared guard state: never fails readiness (SPEC §6, §8)

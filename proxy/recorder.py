@@ -159,6 +159,8 @@ class TraceRecorder:
         self.sinks: list[EventSink] = list(sinks)
         self.sink_errors = 0
         self._configs: dict[bytes, dict[str, Any]] = {}  # guard configs shared by open runs
+        self._clean_configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # by the dict's id
+        self._argv_redacted: tuple[tuple[str, ...], list[str]] | None = None
 
     def add_sink(self, sink: EventSink) -> None:
         """Hand every event recorded from now on to `sink` too (see the module docstring)."""
@@ -263,9 +265,15 @@ class TraceRecorder:
             "guard_config": {},
             "record_content": self.record_content,
         }
-        clean_extra = sanitize(extra or {}, self.max_field_bytes)
-        if isinstance(clean_extra.get("guard_config"), dict):
-            clean_extra["guard_config"] = self._shared(clean_extra["guard_config"])
+        config = extra.get("guard_config") if extra else None
+        if extra and isinstance(config, dict):
+            # the config in force is the same dict run after run (SessionPolicy keeps its dump):
+            # cleaned once, not walked again for every run a stateless service's calls open
+            rest = {k: v for k, v in extra.items() if k != "guard_config"}
+            clean_extra = sanitize(rest, self.max_field_bytes)
+            clean_extra["guard_config"] = self._clean_config(config)
+        else:
+            clean_extra = sanitize(extra or {}, self.max_field_bytes)
         if "guard_config" in clean_extra:
             run.fields.update(clean_extra)  # tripwire.json fields, guard_config among them
         else:
@@ -278,7 +286,7 @@ class TraceRecorder:
             "python_version": platform.python_version(),
             "platform": _platform(),
             "cwd": os.getcwd(),
-            "argv": redact_argv(sys.argv if argv is None else argv),
+            "argv": self._argv(sys.argv if argv is None else argv),
             "agent_name": agent_name,
             "session_id": session_id,
             **sanitize(start_fields or {}, self.max_field_bytes),
@@ -430,7 +438,9 @@ class TraceRecorder:
         run.ended = now
         run.fields["end_reason"] = reason
         payload = {"status": status, "summary": summary(run, now), "reason": reason}
-        event_id = self._append(run, EventType.RUN_END, "run_end", payload, ts=now)
+        # numbers and Tripwire's own words (a status, an end reason): as `sanitize` leaves them, so
+        # not walked again (an expiry ends many runs in one sweep)
+        event_id = self._append(run, EventType.RUN_END, "run_end", payload, ts=now, sanitized=_plain(reason))
         run.status = status  # after _append: the event itself is accepted while the run is open
         self._writer.touch(run, run_json=True, tripwire=True)
         return event_id
@@ -460,6 +470,8 @@ class TraceRecorder:
             "queue_depth": w.pending_events,
             "queue_bytes": w.pending_bytes,
             "pending_runs": len(w.dirty),
+            "waiting_runs": w.waiting_count(),  # runs whose metadata rewrite or retry waits its turn
+            "held_runs": len(self._registry.runs),  # open, or ended with writes still to do
             "failing_runs": len(w.failing),
             "open_runs": self._registry.open_count(),
             "write_errors": w.write_errors,
@@ -561,6 +573,24 @@ class TraceRecorder:
                 if self.sink_errors == 1 or self.sink_errors % 1000 == 0:
                     logger.exception("event sink %s failed (%d failures so far)", sink.name, self.sink_errors)
 
+    def _clean_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """`_shared(sanitize(config))`, kept per config dict (by identity, the dict held alive)."""
+        found = self._clean_configs.get(id(config))
+        if found is not None and found[0] is config:
+            return found[1]
+        clean = self._shared(sanitize(config, self.max_field_bytes))
+        if len(self._clean_configs) >= _SHARED_CONFIGS:
+            self._clean_configs.clear()
+        self._clean_configs[id(config)] = (config, clean)
+        return clean
+
+    def _argv(self, argv: Iterable[str]) -> list[str]:
+        """`redact_argv`, once per argv (the proxy's own, the same for every run)."""
+        key = tuple(argv)
+        if self._argv_redacted is None or self._argv_redacted[0] != key:
+            self._argv_redacted = (key, redact_argv(key))
+        return list(self._argv_redacted[1])
+
     def _shared(self, value: dict[str, Any]) -> dict[str, Any]:
         """One copy of an equal guard config for every open run (read-only, kept for tripwire.json):
         runs under the same config share it instead of holding ~2 KB each."""
@@ -581,6 +611,11 @@ class TraceRecorder:
             logger.warning("ts %r is not a wall-clock epoch time: using the clock", ts)
             return self.clock()
         return float(ts)
+
+
+def _plain(text: str) -> bool:
+    """A short word of Tripwire's own (`idle_timeout`, `guard:loop`): nothing `sanitize` would change."""
+    return len(text) <= 64 and text.isascii() and text.replace("_", "").replace(":", "").isalnum()
 
 
 @cache

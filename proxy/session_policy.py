@@ -56,6 +56,7 @@ class SessionPolicy:
         self.argv = argv
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
         self._resuming: set[str] = set()  # runs a resume is under way for
+        self._dumps: dict[int, tuple[Any, dict[str, Any]]] = {}  # id -> (config, its dump): `_dumped`
 
     # --- open --------------------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ class SessionPolicy:
         if created:
             config, is_override = self.guard_store.effective(agent)
             fields: dict[str, Any] = {
-                "guard_config": config.recorded(),
+                "guard_config": self._dumped(config),
                 "guard_config_source": "agent" if is_override else "project",
             }
             if session.lineage.announced is not None:
@@ -116,8 +117,21 @@ class SessionPolicy:
                 extra=fields,
                 ts=session.started_wall,
             )
-            self.metrics.set_live_sessions(len(self.sessions.live()))
+            self.metrics.set_live_sessions(self.sessions.live_count())
         return session
+
+    def _dumped(self, config: Any) -> dict[str, Any]:
+        """The config's JSON dump for a new run's tripwire.json, kept while the config is in force
+        (one object per agent until the next write, `GuardConfigStore.effective`): a stateless
+        service opens a run per call, and the dump was most of what opening one cost. Read-only."""
+        kept = self._dumps.get(id(config))
+        if kept is not None and kept[0] is config:
+            return kept[1]
+        dumped: dict[str, Any] = config.recorded()
+        if len(self._dumps) >= 256:  # (agents' overrides, admin API changes: a few at a time)
+            self._dumps.clear()
+        self._dumps[id(config)] = (config, dumped)
+        return dumped
 
     # --- events ------------------------------------------------------------------------------
 
@@ -193,6 +207,7 @@ class SessionPolicy:
         # a terminated session whose end waited for its calls in flight ends as it was terminated
         status, reason = self._pending_end.pop(session.run_id, (status, reason))
         session.ended = True
+        self.sessions.note_ended(session)
         self.recorder.end_run(session.run_id, status=status, reason=reason)
         self.guards.ended(session)
 
@@ -340,7 +355,7 @@ class SessionPolicy:
         )
         if values:
             self.record_raise(session, values, by=by)
-        self.metrics.set_live_sessions(len(self.sessions.live()))
+        self.metrics.set_live_sessions(self.sessions.live_count())
         await self.recorder.update_run_fields(old.run_id, resumed_as=session.run_id)
         return session
 

@@ -21,6 +21,8 @@ restart that clock); a new episode of the agent is served in a new run meanwhile
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -78,9 +80,11 @@ class Lineage:
 
     announced: str | None = None  # the episode id its client announced, if any
     source: str | None = None
-    histories: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # whole-history digests
-    responses: OrderedDict[str, None] = field(default_factory=OrderedDict)  # Responses ids it produced
-    answers: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # keys of answers it gave
+    # plain dicts kept in order, oldest first (an OrderedDict costs twice the memory, and a
+    # stateless service holds one Lineage per call for the idle timeout)
+    histories: dict[bytes, None] = field(default_factory=dict)  # whole-history digests
+    responses: dict[str, None] = field(default_factory=dict)  # Responses ids it produced
+    answers: dict[bytes, None] = field(default_factory=dict)  # keys of answers it gave
     # its newest answer, until a request carrying it comes: among runs that gave the same answer to
     # the same conversation (an evaluation batch), a continuation goes to one still waiting for it
     waiting: bytes | None = None
@@ -138,8 +142,17 @@ class SessionManager:
         self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
         self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
         self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
-        # (agent, answer key) -> the runs that gave that answer, oldest first
-        self._by_answer: dict[tuple[str, bytes], list[Session]] = {}
+        # (agent, answer key) -> the runs that gave that answer, by run id, oldest first; and those
+        # of them still waiting for their conversation to go on (`Lineage.waiting`), in the same order
+        self._by_answer: dict[tuple[str, bytes], dict[str, Session]] = {}
+        self._waiting: dict[tuple[str, bytes], dict[str, Session]] = {}
+        # the idle sweep's queue, a heap of (last seen when queued, tie-break, session): a session
+        # is queued again (at its last_seen) when the sweep finds it was used since, so a sweep reads
+        # only the sessions last seen an idle timeout ago or more, not every one (`idle_sessions`)
+        self._idle_queue: list[tuple[float, int, Session]] = []
+        self._queued = itertools.count()
+        self._in_flight: dict[str, Session] = {}  # out of the queue: idle but for a call in flight
+        self._ended: set[str] = set()  # run ids of sessions still tracked whose run has ended
 
     # --- finding the run of a call -----------------------------------------------------------
 
@@ -179,7 +192,10 @@ class SessionManager:
         runs = self._by_answer.get((agent, key))
         if not runs:
             return None
-        return next((s for s in runs if s.lineage.waiting == key), runs[-1])
+        waiting = self._waiting.get((agent, key))
+        if waiting:
+            return next(iter(waiting.values()))
+        return next(reversed(runs.values()))
 
     def _latest(self, agent: str) -> Session | None:
         """The agent's most recently used automatic session."""
@@ -256,6 +272,7 @@ class SessionManager:
             last_seen=now,
         )
         self._by_run[session.run_id] = session
+        heapq.heappush(self._idle_queue, (now, next(self._queued), session))
         if session.explicit:
             self._explicit[key] = session
         else:
@@ -280,18 +297,19 @@ class SessionManager:
             recent[run_id] = session
             recent.move_to_end(run_id)
         if episode.answer is not None and session.lineage.waiting == episode.answer:
-            session.lineage.waiting = None  # its conversation went on
+            self._set_waiting(session, None)  # its conversation went on
         if not episode.history:
             return
         own = session.lineage.histories
         digest = episode.history[-1]
         if own and next(reversed(own)) == digest and self._by_history.get((session.agent, digest)) is session:
             return  # the same history again (a resent request): already the newest it remembers
-        own[digest] = None
-        own.move_to_end(digest)
+        own.pop(digest, None)
+        own[digest] = None  # (the newest last)
         self._by_history[(session.agent, digest)] = session
         while len(own) > MAX_HISTORIES_PER_RUN:
-            old, _ = own.popitem(last=False)
+            old = next(iter(own))
+            del own[old]
             if self._by_history.get((session.agent, old)) is session:
                 del self._by_history[(session.agent, old)]
 
@@ -301,11 +319,12 @@ class SessionManager:
         if session.explicit or self._by_run.get(session.run_id) is not session:
             return  # explicit sessions are named on every call; a forgotten one continues nothing
         own = session.lineage.responses
-        own[response_id] = None
-        own.move_to_end(response_id)
+        own.pop(response_id, None)
+        own[response_id] = None  # (the newest last)
         self._by_response[response_id] = session
         while len(own) > MAX_RESPONSES_PER_RUN:
-            old, _ = own.popitem(last=False)
+            old = next(iter(own))
+            del own[old]
             if self._by_response.get(old) is session:
                 del self._by_response[old]
 
@@ -315,22 +334,50 @@ class SessionManager:
         if session.explicit or self._by_run.get(session.run_id) is not session:
             return
         lineage = session.lineage
-        lineage.waiting = key
-        if key in lineage.answers:
-            return
-        lineage.answers[key] = None
-        self._by_answer.setdefault((session.agent, key), []).append(session)
+        if key not in lineage.answers:
+            lineage.answers[key] = None
+            self._by_answer.setdefault((session.agent, key), {})[session.run_id] = session
+        self._set_waiting(session, key)
         while len(lineage.answers) > MAX_HISTORIES_PER_RUN:
-            old, _ = lineage.answers.popitem(last=False)
+            old = next(iter(lineage.answers))
+            del lineage.answers[old]
             self._drop_answer(session, old)
+
+    def _set_waiting(self, session: Session, key: bytes | None) -> None:
+        """The answer a session waits on its conversation to go on from (None: none), kept in the
+        `_waiting` index beside `_by_answer` so `_answered` needs no scan of the runs."""
+        lineage = session.lineage
+        old = lineage.waiting
+        if old == key:
+            return
+        lineage.waiting = key
+        agent, run_id = session.agent, session.run_id
+        if old is not None:
+            self._unwait(agent, old, run_id)
+        if key is None or self._by_run.get(run_id) is not session:
+            return
+        runs = self._by_answer.get((agent, key))
+        if runs is None or run_id not in runs:
+            return
+        waiting = self._waiting.setdefault((agent, key), {})
+        waiting[run_id] = session
+        if len(waiting) > 1 and next(reversed(runs)) != run_id:
+            # (rare) an older run waits on this answer again: keep the runs' order, oldest first
+            self._waiting[(agent, key)] = {rid: s for rid, s in runs.items() if rid in waiting}
+
+    def _unwait(self, agent: str, key: bytes, run_id: str) -> None:
+        waiting = self._waiting.get((agent, key))
+        if waiting is not None and waiting.pop(run_id, None) is not None and not waiting:
+            del self._waiting[(agent, key)]
 
     def _drop_answer(self, session: Session, key: bytes) -> None:
         runs = self._by_answer.get((session.agent, key))
-        if runs is None:
+        if runs is None or runs.get(session.run_id) is not session:
             return
-        runs[:] = [s for s in runs if s is not session]  # (by identity: sessions compare by value)
+        del runs[session.run_id]
         if not runs:
             del self._by_answer[(session.agent, key)]
+        self._unwait(session.agent, key, session.run_id)
 
     # --- ending ------------------------------------------------------------------------------
 
@@ -368,10 +415,29 @@ class SessionManager:
         return (None if current.ended else current), UNMATCHED
 
     def idle_sessions(self, now: float) -> list[Session]:
-        """Sessions past their idle timeout with nothing in flight: the engine ends their runs."""
+        """Sessions past their idle timeout with nothing in flight: the engine ends their runs.
+
+        Reads only the sessions queued an idle timeout ago or more (oldest first): a session's
+        last_seen is never before it was queued, so the rest cannot be idle yet. One used since
+        it was queued goes back in the queue at its last_seen; one forgotten meanwhile leaves it.
+        So a sweep costs what it ends (and the sessions it re-queues, each at most once per idle
+        timeout), not every session tracked."""
         out = []
-        for s in list(self._by_run.values()):
-            if s.inflight == 0 and now - s.last_seen >= self.idle_timeout_s:
+        queue = self._idle_queue
+        timeout = self.idle_timeout_s
+        by_run = self._by_run
+        due = list(self._in_flight.values())  # idle but for a call in flight: looked at every sweep
+        self._in_flight.clear()
+        while queue and now - queue[0][0] >= timeout:
+            due.append(heapq.heappop(queue)[2])
+        for s in due:
+            if by_run.get(s.run_id) is not s:
+                continue  # forgotten already (expired on a call, resumed, ...)
+            if now - s.last_seen < timeout:
+                heapq.heappush(queue, (s.last_seen, next(self._queued), s))  # used since it was queued
+            elif s.inflight:
+                self._in_flight[s.run_id] = s  # a long call keeps it alive
+            else:
                 self._forget(s)
                 if not s.ended:
                     out.append(s)
@@ -395,6 +461,7 @@ class SessionManager:
             old, run_id=run_id, started_wall=wall, last_seen=now, terminated=False, ended=False, inflight=0
         )
         self._by_run[run_id] = new
+        heapq.heappush(self._idle_queue, (now, next(self._queued), new))
         agent = new.agent
         if new.explicit:
             self._explicit[new.key] = new
@@ -408,7 +475,10 @@ class SessionManager:
         for response_id in lineage.responses:
             self._by_response[response_id] = new
         for key in lineage.answers:
-            self._by_answer.setdefault((agent, key), []).append(new)
+            self._by_answer.setdefault((agent, key), {})[run_id] = new
+        waiting, lineage.waiting = lineage.waiting, None
+        if waiting is not None:
+            self._set_waiting(new, waiting)
         return new
 
     def drop_refusal(self, session: Session | None, agent: str, explicit_id: str | None) -> None:
@@ -424,6 +494,15 @@ class SessionManager:
 
     def live(self) -> list[Session]:
         return [s for s in self._by_run.values() if not s.ended]
+
+    def live_count(self) -> int:
+        """len(live()) without building the list (the live-sessions metric, per new run)."""
+        return len(self._by_run) - len(self._ended)
+
+    def note_ended(self, session: Session) -> None:
+        """The session's run has ended (the policy sets `ended`): no longer counted live."""
+        if self._by_run.get(session.run_id) is session:
+            self._ended.add(session.run_id)
 
     def known(self) -> list[Session]:
         """Every session this manager still matches calls to: live ones, and ended ones that
@@ -454,6 +533,7 @@ class SessionManager:
         if self._by_run.get(session.run_id) is not session:
             return
         del self._by_run[session.run_id]
+        self._ended.discard(session.run_id)
         if session.explicit:
             if self._explicit.get(session.key) is session:
                 del self._explicit[session.key]

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
 import shutil
 import stat
-import tempfile
 from collections import deque
 from collections.abc import Collection
 from datetime import UTC, datetime
@@ -136,6 +136,44 @@ def run_paths(data_dir: Path, run_id: str) -> dict[str, str]:
 # --- writers ---------------------------------------------------------------------------------------
 
 
+def _find_syncfs() -> Any:
+    """libc's syncfs(2) (Linux), else None."""
+    try:
+        import ctypes
+
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (ImportError, OSError, AttributeError):
+        return None
+    syncfs.argtypes = [ctypes.c_int]
+    syncfs.restype = ctypes.c_int
+    return syncfs
+
+
+_SYNCFS = _find_syncfs()
+
+
+def can_sync_filesystem() -> bool:
+    return _SYNCFS is not None
+
+
+def sync_filesystem(path: str | Path) -> None:
+    """syncfs(2): everything written to the filesystem holding `path` is on disk when it returns,
+    in one call (a group commit: many runs' files flushed by one device flush instead of an fsync
+    of each file and directory, ~5 ms each on a virtual disk). OSError on failure, or where the
+    call is missing (`can_sync_filesystem`)."""
+    if _SYNCFS is None:
+        raise OSError(errno.ENOSYS, "syncfs is not available")
+    import ctypes
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _SYNCFS(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: Path) -> None:
     """fsync a directory so a rename inside it survives power loss (best effort: not on every OS)."""
     try:
@@ -150,25 +188,54 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], *, fsync: bool = False) -> None:
+def make_run_dir(path: Path) -> None:
+    """A run's directory (and `runs/` the first time): one mkdir, the parents only when missing."""
+    try:
+        os.mkdir(path)
+    except FileNotFoundError:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+
+
+_TEMP_SEQ = itertools.count()  # write_json_atomic's temp names: unique in this process, no random draw
+
+
+def write_json_atomic(path: str | Path, data: dict[str, Any], *, fsync: bool = False) -> None:
     """Write JSON so readers see the old file or the new one, never half of one.
 
-    Temp file in the same directory (same filesystem), flush, optional fsync, then `os.replace`.
+    Temp file in the same directory (same filesystem), optional fsync, then `os.replace`. The JSON
+    is encoded before any file is made (a value that cannot be encoded leaves nothing behind); the
+    temp file is `NAME.<pid>-<n>.tmp`, private (0600, as mkstemp makes it) and made with O_EXCL, with
+    plain os calls: a stateless service writes two of these per run, and mkstemp's random names and
+    a buffered file object were most of their cost on the loop.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    encoded = orjson.dumps(data, option=orjson.OPT_INDENT_2)
+    target = os.fspath(path)
+    while True:
+        tmp = f"{target}.{os.getpid()}-{next(_TEMP_SEQ)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:  # left by an earlier process with this pid: take another name
+            continue
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-            f.flush()
+        try:
+            view = memoryview(encoded)
+            while view:
+                view = view[os.write(fd, view) :]
             if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        _fsync_dir(Path(os.path.dirname(target)))
 
 
 def append_lines(path: str | Path, lines: list[bytes], *, fsync: bool = False) -> None:

@@ -554,6 +554,34 @@ async def test_fsync_policy(
     await rec.close()
 
 
+async def test_runs_ending_together_are_written_by_a_few_group_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: an idle sweep ends many one-call runs at once. Their last writes go to the
+    writer's thread with one syncfs per pass for all of them, up to 256 runs a pass (not the 32
+    run.json rewrites a pass does on the loop): 200 runs end in one or two passes, not seven."""
+    flushes: list[Any] = []
+    monkeypatch.setattr(storage, "can_sync_filesystem", lambda: True)
+    monkeypatch.setattr(storage, "sync_filesystem", flushes.append)
+    rec = TraceRecorder(tmp_path, fsync="run_end")
+    await rec.start()
+    ids = [_start(rec) for _ in range(200)]
+    for run_id in ids:
+        rec.record(run_id, "LLM_CALL", "m", _llm_payload())
+    await rec.flush()
+    for run_id in ids:
+        rec.end_run(run_id, status="ok", reason="idle_timeout")
+    for _ in range(600):  # the writer's own passes (no flush: it would lift every budget)
+        if rec.health()["held_runs"] == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert rec.health()["held_runs"] == 0
+    assert 1 <= len(flushes) <= 2
+    for run_id in ids:
+        assert orjson.loads((tmp_path / "runs" / run_id / RUN_JSON).read_bytes())["status"] == "ok"
+    await rec.close()
+
+
 def test_bad_fsync_policy(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         TraceRecorder(tmp_path, fsync="sometimes")  # type: ignore[arg-type]

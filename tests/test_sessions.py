@@ -316,3 +316,102 @@ def test_take_live_goes_on_exactly_where_lookup_would_go_on_with_the_same_sessio
         assert both(nothing, explicit, 1000) == (False, False)  # idle: lookup starts a new run
         assert both(terminated, explicit, 10)[0] is False
         assert both(ended, explicit, 10)[0] is False
+
+
+# --- what a run costs (issue 33): indexes, not scans ------------------------------------------
+
+
+class _CountingSession(Session):
+    """A session that counts reads of what the idle sweep judges it by."""
+
+    reads = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("last_seen", "inflight"):
+            _CountingSession.reads += 1
+        return super().__getattribute__(name)
+
+
+def test_a_sweep_reads_only_the_sessions_whose_idle_timeout_can_have_passed() -> None:
+    """One-call runs pile up for a whole idle timeout (a stateless service): a sweep looks at the
+    sessions last seen a timeout ago, not at every session tracked (which made expiry O(N) per
+    sweep)."""
+    m = mgr()
+    made = [m.lookup("a", None, now=float(i), wall=0, episode=chat(f"task {i}"))[0] for i in range(1000)]
+    for s in made:
+        s.__class__ = _CountingSession
+    _CountingSession.reads = 0
+    assert m.idle_sessions(now=250.0) == []
+    assert _CountingSession.reads == 0  # nothing can be due before t=300
+    ended = m.idle_sessions(now=310.0)  # those last seen at 0..10
+    assert ended == made[:11]
+    assert _CountingSession.reads <= 3 * len(ended)
+    assert len(m.known()) == 1000 - 11
+
+
+def test_the_sweep_follows_last_seen_however_it_was_updated() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task A"))
+    b, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task B"))
+    c, _ = m.lookup("a", None, now=0, wall=0, episode=chat("task C"))
+    a.last_seen = 100  # as the session stage's finish sets it
+    c.inflight = 1
+    assert m.idle_sessions(now=350) == [b]
+    assert m.idle_sessions(now=399) == []
+    assert m.idle_sessions(now=400) == [a]
+    c.inflight = 0  # its long call ended: the next sweep ends it
+    assert m.idle_sessions(now=401) == [c]
+
+
+def test_the_oldest_run_waiting_for_an_answer_is_found_among_many_that_gave_it() -> None:
+    """An evaluation batch of 500 identical first requests: the continuations go to the runs in
+    the order they were answered, with no scan of the runs whose conversation went on already."""
+    m = mgr()
+    batch = []
+    for _ in range(500):
+        s, created = m.lookup("a", None, now=0, wall=0, episode=chat("solve"))
+        assert created
+        answered(m, s, "solve", "same")
+        batch.append(s)
+    for i in range(500):
+        went_on, created = m.lookup("a", None, now=1, wall=0, episode=chat("solve", "same", f"go on {i}"))
+        assert went_on is batch[i] and not created
+    # none waits any more: the newest that gave the answer
+    assert m.lookup("a", None, now=2, wall=0, episode=chat("solve", "same", "again"))[0] is batch[-1]
+    # an older run that gives the same answer again waits again, ahead of the newer ones
+    answered(m, batch[3], "solve", "same")
+    answered(m, batch[1], "solve", "same")
+    assert m.lookup("a", None, now=3, wall=0, episode=chat("solve", "same", "next"))[0] is batch[1]
+    assert m.lookup("a", None, now=4, wall=0, episode=chat("solve", "same", "next"))[0] is batch[3]
+    # expiry forgets each run's place in the index
+    m.idle_sessions(now=10_000)
+    assert not m._by_answer and not m._waiting
+
+
+def test_a_resumed_session_keeps_waiting_for_its_answer() -> None:
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("solve"))
+    answered(m, a, "solve", "same")
+    b, _ = m.lookup("a", None, now=1, wall=0, episode=chat("solve"))
+    answered(m, b, "solve", "same")
+    m.terminate(a, now=2)
+    a.ended = True
+    resumed = m.resume(a, "00000000-0000-4000-8000-000000000001", now=3, wall=0)
+    # (it answered before the resume: in the index again behind b, which still waits too)
+    assert m.lookup("a", None, now=4, wall=0, episode=chat("solve", "same", "go on"))[0] is b
+    assert m.lookup("a", None, now=5, wall=0, episode=chat("solve", "same", "go on"))[0] is resumed
+
+
+def test_the_live_count_is_that_of_live() -> None:
+    m = mgr()
+    sessions = [m.lookup("a", None, now=0, wall=0, episode=chat(f"t{i}"))[0] for i in range(5)]
+    x, _ = m.lookup("a", "x", now=0, wall=0)
+    assert m.live_count() == len(m.live()) == 6
+    m.terminate(sessions[0], now=1)
+    sessions[0].ended = True
+    m.note_ended(sessions[0])  # as SessionPolicy.end does
+    assert m.live_count() == len(m.live()) == 5
+    m.idle_sessions(now=200)
+    assert m.live_count() == len(m.live()) == 5
+    m.idle_sessions(now=400)  # every one idle; the terminated one quiet for a timeout too
+    assert m.live_count() == len(m.live()) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -120,6 +121,33 @@ def test_write_json_atomic_failure_keeps_old_file(tmp_path: Path) -> None:
         storage.write_json_atomic(path, {"a": object()})
     assert orjson.loads(path.read_bytes()) == {"a": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+
+
+def test_write_json_atomic_temp_is_private_and_a_stale_one_is_stepped_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temp file is made with plain os calls (no mkstemp): private as mkstemp made it, and a
+    temp an earlier process with the same pid left behind is neither reused nor removed."""
+    path = tmp_path / "run.json"
+    counter = iter(range(100))
+    monkeypatch.setattr(storage, "_TEMP_SEQ", counter)
+    stale = tmp_path / f"run.json.{os.getpid()}-0.tmp"
+    stale.write_bytes(b"stale")
+    storage.write_json_atomic(path, {"a": 1}, fsync=True)
+    assert orjson.loads(path.read_bytes()) == {"a": 1}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stale.read_bytes() == b"stale"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", stale.name]
+
+
+def test_make_run_dir_makes_runs_the_first_time(tmp_path: Path) -> None:
+    run = tmp_path / "data" / "runs" / str(uuid.uuid4())
+    storage.make_run_dir(run)
+    storage.make_run_dir(run)  # again: already there
+    assert run.is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError):
+        storage.make_run_dir(tmp_path / "file")
 
 
 def test_append_lines(tmp_path: Path) -> None:

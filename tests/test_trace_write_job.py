@@ -5,13 +5,17 @@ writer's passes, queue and health: tests/test_trace_writer.py.)"""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from proxy import storage
 from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
-from proxy.trace.writer import Job, write_job
+from proxy.trace.writer import Job, write_job, write_jobs
 
 
 def job(run_dir: Path, lines: list[bytes], **fields: Any) -> Job:
@@ -72,3 +76,65 @@ def test_run_json_waits_for_tripwire_json_when_it_owns_the_run(tmp_path: Path) -
     res = write_job(job(run_dir, [], make_dir=False))
     assert res.lines_ok is None and res.tripwire_ok is False and res.run_json_ok is None
     assert not (run_dir / RUN_JSON).exists()
+
+
+# --- a group commit: the jobs of a pass that fsync, flushed by one syncfs (issue 33) -----------------
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, *, fail: bool = False) -> dict[str, int]:
+    calls = {"fsync": 0, "syncfs": 0}
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls["fsync"] += 1
+        real_fsync(fd)
+
+    def sync_filesystem(path: Any) -> None:
+        calls["syncfs"] += 1
+        if fail:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(storage, "sync_filesystem", sync_filesystem)
+    monkeypatch.setattr(storage, "can_sync_filesystem", lambda: True)
+    return calls
+
+
+def test_several_runs_ending_together_are_flushed_by_one_syncfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle sweep ends many one-call runs at once: five fsyncs a run (events.jsonl, run.json,
+    tripwire.json and the directory twice), ~5 ms each on a virtual disk, put their ends minutes
+    behind; one syncfs flushes them all."""
+    calls = _counting(monkeypatch)
+    jobs = [job(tmp_path / "runs" / f"run-{i}", [b'{"n":1}\n'], fsync=True) for i in range(5)]
+    results = write_jobs(jobs, group_sync=True)
+    assert calls == {"fsync": 0, "syncfs": 1}
+    assert all(r.lines_ok and r.tripwire_ok and r.run_json_ok and not r.errors for r in results)
+    assert all((j.dir / RUN_JSON).exists() and (j.dir / EVENTS_JSONL).read_bytes() for j in jobs)
+
+
+def test_one_job_or_no_group_commit_fsyncs_each_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch)
+    write_jobs([job(tmp_path / "runs" / "one", [b'{"n":1}\n'], fsync=True)], group_sync=True)
+    assert calls["syncfs"] == 0 and calls["fsync"] >= 3
+    calls["fsync"] = 0
+    jobs = [job(tmp_path / "runs" / f"run-{i}", [b'{"n":1}\n'], fsync=True) for i in range(2)]
+    write_jobs(jobs)  # the "always" policy: an fsync per file, as documented
+    assert calls["syncfs"] == 0 and calls["fsync"] >= 6
+
+
+def test_a_failed_group_flush_is_reported_for_every_run_of_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _counting(monkeypatch, fail=True)
+    jobs = [job(tmp_path / "runs" / f"run-{i}", [b'{"n":1}\n'], fsync=True) for i in range(3)]
+    results = write_jobs(jobs, group_sync=True)
+    assert all(r.errors and "syncfs" in r.errors[0] for r in results)
+    assert all(r.lines_ok for r in results)  # written (the kernel has them), not known durable
+
+
+def test_sync_filesystem_flushes_a_real_directory(tmp_path: Path) -> None:
+    if not storage.can_sync_filesystem():
+        pytest.skip("no syncfs here")
+    storage.sync_filesystem(tmp_path)  # returns (raises on failure)
