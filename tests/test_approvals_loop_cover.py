@@ -7,12 +7,12 @@ from __future__ import annotations
 from proxy.approvals.book import APPROVED, DENIED, Decided
 from proxy.approvals.service import covers_until
 from proxy.constants import GUARD_TOOL_ASK
+from proxy.guard_log import entries
+from proxy.guard_log.replica import SessionReplica
 from proxy.guards.config import GuardConfig
 from proxy.guards.decision import Action, Decision
 from proxy.guards.session import SessionGuards
-from proxy.state import entries
 from proxy.state.base import LogEntry
-from proxy.state.replica import SessionReplica
 
 CONFIG = GuardConfig.model_validate(
     {
