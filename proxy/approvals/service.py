@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from proxy.alerts import Alerts
@@ -66,6 +67,36 @@ class Approvals:
             del self.held_runs[run_id]
             return True
         return delta > 0 and self.held_runs[run_id] == 1
+
+    async def hold(
+        self,
+        ex: Exchange,
+        approval: Approval,
+        requested: Callable[[], None],
+        awaiting: Callable[[bool], None],
+    ) -> tuple[Decided, HeldStream | None]:
+        """Open `approval` and hold its call until a person decides, `ask_timeout_s` passes or the
+        client hangs up; a streamed call's head and keep-alives go out meanwhile. `requested` writes
+        the run's `approval_requested`; `awaiting(on)` tags the run while its first call is held."""
+        await self.book.open(approval)
+        requested()
+        if self.holding(approval.run_id, 1):
+            awaiting(True)
+        self.notify(approval)
+        stream = held_stream_for(ex)
+        gone = self.watch.add(ex, stream)
+        try:
+            if stream is not None:
+                try:
+                    await stream.start()
+                except (ConnectionResetError, RuntimeError, OSError):
+                    gone.set_result(None)
+            decided = await self.book.wait(approval.id, approval.timeout_s, gone)
+        finally:
+            self.watch.remove(ex)
+            if self.holding(approval.run_id, -1):
+                awaiting(False)
+        return decided, stream
 
     def notify(self, approval: Approval) -> None:
         """The webhook: the pending approval with its id and where to decide it."""

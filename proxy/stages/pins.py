@@ -168,24 +168,15 @@ class PinStage(BaseStage):
             requested_at=time.time(),
             timeout_s=float(config.ask_timeout_s),
         )
-        await approvals.book.open(approval)
-        self.write_state(session, "approval_requested", {"approval": approval.to_json()})
-        if approvals.holding(session.run_id, 1):
-            self.services.recorder.add_tags(session.run_id, TAG_AWAITING_APPROVAL)
-        approvals.notify(approval)
-        stream = approvals.held_stream_for(ex)
-        gone = approvals.watch.add(ex, stream)
-        try:
-            if stream is not None:
-                try:
-                    await stream.start()
-                except (ConnectionResetError, RuntimeError, OSError):
-                    gone.set_result(None)
-            decided = await approvals.book.wait(approval.id, approval.timeout_s, gone)
-        finally:
-            approvals.watch.remove(ex)
-            if approvals.holding(session.run_id, -1):
-                self.services.recorder.remove_tags(session.run_id, TAG_AWAITING_APPROVAL)
+        recorder = self.services.recorder
+        decided, stream = await approvals.hold(
+            ex,
+            approval,
+            lambda: self.write_state(session, "approval_requested", {"approval": approval.to_json()}),
+            lambda on: (recorder.add_tags if on else recorder.remove_tags)(
+                session.run_id, TAG_AWAITING_APPROVAL
+            ),
+        )
         await self.carry_out(ex, session, decision, approval, decided, stream, change, server, tool)
 
     async def carry_out(
