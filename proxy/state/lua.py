@@ -183,9 +183,8 @@ return {rev, redis.call('GET', ARGV[1] .. rev) or ''}
 # per check its twin's reply ({'skip'}: its check was refused by an earlier gate, never asked), the
 # positions a gate refused}.
 
-# Shared by the fragments: the time (Redis TIME unless a test passes one), and the table of checks
-# each fragment adds its function to (`CHECKS.<name> = function(args, now) return refused, reply end`).
-PRELUDE = r"""
+# The time in a script: Redis TIME unless a test passes one (also the checks' own scripts).
+CLOCK = r"""
 local function clock(given)
   local now = tonumber(given)
   if not now then
@@ -194,8 +193,10 @@ local function clock(given)
   end
   return now
 end
-local CHECKS = {}
 """
+# Shared by the fragments: the clock, and the table of checks each fragment adds its function to
+# (`CHECKS.<name> = function(args, now) return refused, reply end`).
+PRELUDE = CLOCK + "local CHECKS = {}\n"
 
 _APPEND = r"""
 local h = cjson.decode(ARGV[1])

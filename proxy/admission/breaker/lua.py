@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from proxy.state.lua import CLOCK
+
 # Circuit breaker of one agent x upstream (proxy/guards/breaker.py's CircuitBreaker; state in a hash:
 # s state, f consecutive failures, o opened at, ta trials admitted, g generation; a agent, u upstream).
 # `breaker(k, index, now, agent, upstream, ttl)` loads it; `admit(b, enabled, cooldown, half_max)`
@@ -41,16 +43,6 @@ local function admit(b, enabled, cooldown, half_max)
     return {'allow', b.g, 1, moved, b.f, '0', b.s}
   end
   return {'refuse', b.g, 0, '', b.f, tostring(left()), b.s}
-end
-"""
-CLOCK = r"""
-local function clock(given)
-  local now = tonumber(given)
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return now
 end
 """
 
