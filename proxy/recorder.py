@@ -48,7 +48,6 @@ import os
 import platform
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
@@ -56,7 +55,7 @@ from typing import Any
 
 import orjson
 
-from proxy import runlock, storage
+from proxy import ids, runlock, storage
 from proxy.constants import (
     DEFAULT_MAX_FIELD_BYTES,
     REASON_SHUTDOWN,
@@ -250,7 +249,7 @@ class TraceRecorder:
         `start_fields`: more RUN_START payload fields (a resumed run's `resumed_from`).
         """
         if run_id is None:
-            run_id = str(uuid.uuid4())
+            run_id = ids.uuid4_text()
         if not storage.is_valid_run_id(run_id):
             raise ValueError("invalid run_id")
         path = storage.runs_base(self.data_dir) / run_id  # no resolve(): no disk access on the loop
@@ -324,7 +323,7 @@ class TraceRecorder:
         run = self._registry.runs.get(run_id)
         if run is None or run.status != STATUS_RUNNING:
             logger.warning("dropping %s for run %s: run is not open", event_type, run_id)
-            return str(uuid.uuid4())
+            return ids.uuid4_text()
         if payload and not self.record_content:
             payload = strip_content(event_type, payload)
             if event_type == EventType.LOOP_WARNING:

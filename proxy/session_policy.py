@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from proxy import storage
+from proxy import ids, storage
 from proxy.alerts import Alerts
 from proxy.constants import GUARD_KILL_SWITCH, TAG_LOOP_DETECTED, TAG_SHADOW_FIRED, TAG_TERMINATED, EventType
 from proxy.episodes import Episode
@@ -328,7 +327,7 @@ class SessionPolicy:
             guards.resumed()
         old.conversation.configs_recorded.clear()  # the new run records its config again
         old.conversation.guard_history = []  # and its first call's whole history (replay)
-        new_run_id = str(uuid.uuid4())
+        new_run_id = ids.uuid4_text()
         # the episode goes on: the new run keeps the old one's name (what the run is about)
         name = await asyncio.to_thread(storage.run_name_of, self.recorder.data_dir, old.run_id)
         await self.guards.resumed(old, new_run_id)  # shared: every replica finds the new run

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy import ids
 from proxy.episodes import NO_CONVERSATION, Episode
 
 SessionKey = tuple[str, str | None]  # (agent, explicit session id or None for automatic)
@@ -264,9 +264,9 @@ class SessionManager:
             self._forget(current)
         session = Session(
             agent=agent,
-            session_id=explicit_id or f"auto-{uuid.uuid4().hex[:12]}",
+            session_id=explicit_id or f"auto-{ids.hex12()}",
             explicit=explicit_id is not None,
-            run_id=run_id or str(uuid.uuid4()),
+            run_id=run_id or ids.uuid4_text(),
             started_wall=wall,
             started_mono=now,
             last_seen=now,

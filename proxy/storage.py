@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import stat
-from collections import deque
 from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,38 +51,6 @@ def iso_ms(epoch_seconds: float) -> str:
     if last[0] != second:
         last = _last_second = (second, f"{datetime.fromtimestamp(second, UTC):%Y-%m-%dT%H:%M:%S}")
     return last[1] + _MILLIS[milli]
-
-
-# --- ids --------------------------------------------------------------------------------------------
-
-_ID_BATCH = 128  # ids made from one os.urandom call
-_ids: deque[str] = deque()  # made, not yet handed out (popleft is atomic: threads never share one)
-os.register_at_fork(after_in_child=_ids.clear)  # a child never hands out its parent's ids
-# a random byte with the bits uuid4 sets: byte 6's high nibble the version (4), byte 8's two high
-# bits the variant (RFC 4122: 10)
-_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))
-_VARIANT_RFC_4122 = bytes((b & 0x3F) | 0x80 for b in range(256))
-_UUID_GROUPS = re.compile("(.{8})(.{4})(.{4})(.{4})(.{12})")  # a UUID's 32 hex digits, 8-4-4-4-12
-
-
-def _id_batch() -> list[str]:
-    """_ID_BATCH ids, the bits set and the text cut in C (translate, hex, findall, join): a few
-    hundred nanoseconds an id less than slicing each one in Python."""
-    raw = bytearray(os.urandom(16 * _ID_BATCH))
-    raw[6::16] = raw[6::16].translate(_VERSION_4)
-    raw[8::16] = raw[8::16].translate(_VARIANT_RFC_4122)
-    return list(map("-".join, _UUID_GROUPS.findall(raw.hex())))
-
-
-def uuid4_text() -> str:
-    """`str(uuid.uuid4())`: a version-4 UUID of os.urandom's bits (the version and variant bits set
-    as uuid4 sets them), made in batches: one system call per 128 ids (an event id per event on the
-    request path)."""
-    while True:
-        try:
-            return _ids.popleft()
-        except IndexError:
-            _ids.extend(_id_batch())
 
 
 def parse_iso(s: Any) -> float | None:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from proxy import jsonparse
+from proxy import ids, jsonparse
 from proxy.sse import BoundedText
 
 # Characters per token for estimates (OpenAI's rule of thumb for English text; tokenizers are
@@ -513,7 +512,7 @@ def _is_attachment(text: str) -> bool:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
+    return prefix + ids.hex32()[:24]
 
 
 def sse_frame(data: Any, event: str | None = None) -> bytes:

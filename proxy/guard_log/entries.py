@@ -29,13 +29,13 @@ replica applied it (during an outage, fail_open) is still found.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from proxy import ids
 from proxy.guards.loop.history import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.loop.replies import Echo
 from proxy.guards.signatures import call_fingerprints, error_fingerprint
@@ -44,7 +44,7 @@ VERSION = 1  # of the entries written (see the module's docstring)
 
 
 def check_id() -> str:
-    return uuid.uuid4().hex
+    return ids.hex32()
 
 
 def tool_check(cid: str, tool: str, args: Any, server: str | None, estimate_usd: float) -> bytes:

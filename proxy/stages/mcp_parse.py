@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy import ids
 from proxy.classify.calls import MCPCall, classify_mcp
 from proxy.classify.duplicates import has_duplicate_keys
 from proxy.classify.policy import fail_closed
@@ -74,7 +74,7 @@ class MCPParseStage(BaseStage):
         elif mcp_session:
             session_key = f"s:{mcp_session}"
         else:
-            session_key = f"post:{uuid.uuid4().hex}"
+            session_key = f"post:{ids.hex32()}"
         msg = messages[0] if len(messages) == 1 and not batch else None
         call = tool_call(
             msg, route.upstream, legacy is not None, mcp_session, request.headers, aggregated=route.aggregated

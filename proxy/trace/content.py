@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy import storage
+from proxy import ids, storage
 from proxy.constants import SPEC_VERSION, EventType
 from proxy.redact import sanitize
 
@@ -105,7 +105,7 @@ def envelope(
         clean_meta = sanitize(meta, max_field_bytes) if meta else {}
     return {
         "spec_version": SPEC_VERSION,
-        "event_id": storage.uuid4_text(),
+        "event_id": ids.uuid4_text(),
         "run_id": run_id,
         "parent_id": parent_id,
         "event_type": str(event_type),
