@@ -159,7 +159,9 @@ class TraceRecorder:
         self.sink_errors = 0
         self._configs: dict[bytes, dict[str, Any]] = {}  # guard configs shared by open runs
         self._clean_configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # by the dict's id
-        self._argv_redacted: tuple[tuple[str, ...], list[str]] | None = None
+        # RUN_START's fields of this process, by (cwd, argv): as they are, and sanitised
+        self._process: tuple[tuple[str, tuple[str, ...]], dict[str, Any], dict[str, Any]] | None = None
+        self._runs_base = storage.runs_base(self.data_dir)
 
     def add_sink(self, sink: EventSink) -> None:
         """Hand every event recorded from now on to `sink` too (see the module docstring)."""
@@ -252,7 +254,7 @@ class TraceRecorder:
             run_id = ids.uuid4_text()
         if not storage.is_valid_run_id(run_id):
             raise ValueError("invalid run_id")
-        path = storage.runs_base(self.data_dir) / run_id  # no resolve(): no disk access on the loop
+        path = self._runs_base / run_id  # no resolve(): no disk access on the loop
         if self._registry.known(run_id):
             raise ValueError(f"run {run_id} already exists")
         now = self._ts(ts)
@@ -280,17 +282,28 @@ class TraceRecorder:
         if self.owner.held:
             run.fields["owner"] = self.owner.info()  # recovery elsewhere leaves the run alone while we live
         self._registry.add(run)
+        argv = sys.argv if argv is None else argv
+        if start_fields:  # (a resumed run) the whole payload walked, as any event's
+            payload = {
+                "run_name": run_name,
+                **self._process_fields(argv),
+                "agent_name": agent_name,
+                "session_id": session_id,
+                **sanitize(start_fields, self.max_field_bytes),
+            }
+            self._append(run, EventType.RUN_START, run_name or "run", payload, ts=now)
+            return run_id
+        # what sanitize makes of the payload, field by field (a top-level value is walked at depth
+        # 1): the process's fields are the same run after run, cleaned once (`_process_fields`)
+        m = self.max_field_bytes
         payload = {
-            "run_name": run_name,
-            "python_version": platform.python_version(),
-            "platform": _platform(),
-            "cwd": os.getcwd(),
-            "argv": self._argv(sys.argv if argv is None else argv),
-            "agent_name": agent_name,
-            "session_id": session_id,
-            **sanitize(start_fields or {}, self.max_field_bytes),
+            "run_name": sanitize(run_name, m, 1),
+            **self._process_fields(argv, clean=True),
+            "agent_name": sanitize(agent_name, m, 1),
+            "session_id": sanitize(session_id, m, 1),
         }
-        self._append(run, EventType.RUN_START, run_name or "run", payload, ts=now)
+        name = sanitize(str(run_name or "run"), m)
+        self._append(run, EventType.RUN_START, name, payload, ts=now, sanitized=True)
         return run_id
 
     def record(
@@ -583,12 +596,22 @@ class TraceRecorder:
         self._clean_configs[id(config)] = (config, clean)
         return clean
 
-    def _argv(self, argv: Iterable[str]) -> list[str]:
-        """`redact_argv`, once per argv (the proxy's own, the same for every run)."""
-        key = tuple(argv)
-        if self._argv_redacted is None or self._argv_redacted[0] != key:
-            self._argv_redacted = (key, redact_argv(key))
-        return list(self._argv_redacted[1])
+    def _process_fields(self, argv: Iterable[str], *, clean: bool = False) -> dict[str, Any]:
+        """RUN_START's fields of the process: python_version, platform, cwd and argv (redacted);
+        `clean`: as sanitize makes them in the payload. Worked out once per cwd and argv (the
+        proxy's own, the same for every run); a copy each time (the event holds its own)."""
+        key = (os.getcwd(), tuple(argv))
+        kept = self._process
+        if kept is None or kept[0] != key:
+            raw = {
+                "python_version": platform.python_version(),
+                "platform": _platform(),
+                "cwd": key[0],
+                "argv": redact_argv(key[1]),
+            }
+            kept = self._process = (key, raw, sanitize(raw, self.max_field_bytes))
+        fields = kept[2] if clean else kept[1]
+        return {**fields, "argv": list(fields["argv"])}
 
     def _shared(self, value: dict[str, Any]) -> dict[str, Any]:
         """One copy of an equal guard config for every open run (read-only, kept for tripwire.json):
