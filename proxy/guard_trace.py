@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.config_dumps import ConfigDumps
 from proxy.guards.decision import Action, Decision
 from proxy.guards.loop.history import HistoryCall, HistoryResults, call_tuple, results_map
 from proxy.guards.session import SessionGuards
@@ -55,6 +56,8 @@ class GuardTrace:
     rank: int | None = None
     settled_at: float | None = None
     settle: dict[str, Any] = field(default_factory=dict)
+    # where `fields["config"]`, a config's dump (`begin`), has its sanitised form made once
+    dumps: ConfigDumps | None = None
 
     def payload(
         self, max_field_bytes: int | None = None, into: dict[str, Any] | None = None
@@ -80,7 +83,7 @@ class GuardTrace:
             m = max_field_bytes
             # (under a cap this short sanitize could cut even a clean trace's one str, its kind)
             clean = self.clean and m >= CLEAN_FROM_BYTES
-            guard_input = self.fields if clean else clean_fields(self.fields, m)
+            guard_input = self.fields if clean else clean_fields(self.fields, m, self.dumps)
             if settled:
                 guard_input["rank"] = self.rank
                 guard_input["t_end"] = round(self.settled_at - self.started_at, T_DIGITS)  # type: ignore[operator]
@@ -110,10 +113,13 @@ def sanitized_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, 
     return clean_fields(dict(fields), max_field_bytes)
 
 
-def clean_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]:
+def clean_fields(
+    fields: dict[str, Any], max_field_bytes: int, dumps: ConfigDumps | None = None
+) -> dict[str, Any]:
     """sanitized_fields in place: each value that sanitize would change is replaced by what it
     makes; a value it would only copy (a number, a short name, an empty list, a numbers-only
-    history delta) stays, the same object. Returns `fields`."""
+    history delta) stays, the same object. Returns `fields`. `dumps`: where the config recorded
+    (`begin`) was dumped, which keeps what sanitize makes of it."""
     plain = PLAIN
     for key, value in fields.items():  # (only values are replaced: the dict keeps its size)
         t = type(value)
@@ -123,6 +129,8 @@ def clean_fields(fields: dict[str, Any], max_field_bytes: int) -> dict[str, Any]
             clean = sanitize_text(value, max_field_bytes)
             if clean is not value:
                 fields[key] = clean
+        elif dumps is not None and key == "config":
+            fields[key] = dumps.sanitized(value, max_field_bytes, 2)  # (sanitize's, made once)
         elif not (t is dict and key == "hist" and _numbers_only_hist(value)):
             fields[key] = sanitize(value, max_field_bytes, 2)
     return fields
@@ -173,8 +181,10 @@ def begin(
     settled_before: int,
     config_rev: int,
     config_recorded: set[int],
+    dumps: ConfigDumps | None = None,
 ) -> dict[str, Any]:
-    """The fields every judged call records (before the guards judge it)."""
+    """The fields every judged call records (before the guards judge it). `dumps`: where the
+    config's dump is made once (a run's first call records it: every run, for a stateless service)."""
     fields: dict[str, Any] = {
         "t": round(now - started_at, T_DIGITS),
         "ev": events_before,
@@ -185,7 +195,8 @@ def begin(
     if config_rev not in config_recorded:
         # the config in force, the first time a call runs under it: replay follows every change
         config_recorded.add(config_rev)
-        fields["config"] = guards.config.recorded()
+        config = guards.config
+        fields["config"] = config.recorded() if dumps is None else dumps.recorded(config)
     return fields
 
 

@@ -53,9 +53,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from proxy import ids, runlock, storage
+from proxy.config_dumps import ConfigDumps
 from proxy.constants import (
     DEFAULT_MAX_FIELD_BYTES,
     REASON_SHUTDOWN,
@@ -112,7 +111,6 @@ _RECORDABLE = _EVENT_TYPES - {
     EventType.RUN_START.value,
     EventType.RUN_END.value,
 }  # record()'s; not the bookends
-_SHARED_CONFIGS = 256  # distinct guard configs kept shared (agents' overrides, admin API changes)
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
 
@@ -157,8 +155,9 @@ class TraceRecorder:
         self._watch: asyncio.Task[None] | None = None
         self.sinks: list[EventSink] = list(sinks)
         self.sink_errors = 0
-        self._configs: dict[bytes, dict[str, Any]] = {}  # guard configs shared by open runs
-        self._clean_configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}  # by the dict's id
+        # the guard configs runs record (tripwire.json, a run's first judged call): dumped and
+        # sanitised once per config, shared by the runs
+        self.config_dumps = ConfigDumps()
         # RUN_START's fields of this process, by (cwd, argv): as they are, and sanitised
         self._process: tuple[tuple[str, tuple[str, ...]], dict[str, Any], dict[str, Any]] | None = None
         self._runs_base = storage.runs_base(self.data_dir)
@@ -268,11 +267,11 @@ class TraceRecorder:
         }
         config = extra.get("guard_config") if extra else None
         if extra and isinstance(config, dict):
-            # the config in force is the same dict run after run (SessionPolicy keeps its dump):
+            # the config in force is the same dict run after run (`config_dumps.recorded`):
             # cleaned once, not walked again for every run a stateless service's calls open
             rest = {k: v for k, v in extra.items() if k != "guard_config"}
             clean_extra = sanitize(rest, self.max_field_bytes)
-            clean_extra["guard_config"] = self._clean_config(config)
+            clean_extra["guard_config"] = self.config_dumps.sanitized(config, self.max_field_bytes)
         else:
             clean_extra = sanitize(extra or {}, self.max_field_bytes)
         if "guard_config" in clean_extra:
@@ -585,17 +584,6 @@ class TraceRecorder:
                 if self.sink_errors == 1 or self.sink_errors % 1000 == 0:
                     logger.exception("event sink %s failed (%d failures so far)", sink.name, self.sink_errors)
 
-    def _clean_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """`_shared(sanitize(config))`, kept per config dict (by identity, the dict held alive)."""
-        found = self._clean_configs.get(id(config))
-        if found is not None and found[0] is config:
-            return found[1]
-        clean = self._shared(sanitize(config, self.max_field_bytes))
-        if len(self._clean_configs) >= _SHARED_CONFIGS:
-            self._clean_configs.clear()
-        self._clean_configs[id(config)] = (config, clean)
-        return clean
-
     def _process_fields(self, argv: Iterable[str], *, clean: bool = False) -> dict[str, Any]:
         """RUN_START's fields of the process: python_version, platform, cwd and argv (redacted);
         `clean`: as sanitize makes them in the payload. Worked out once per cwd and argv (the
@@ -612,17 +600,6 @@ class TraceRecorder:
             kept = self._process = (key, raw, sanitize(raw, self.max_field_bytes))
         fields = kept[2] if clean else kept[1]
         return {**fields, "argv": list(fields["argv"])}
-
-    def _shared(self, value: dict[str, Any]) -> dict[str, Any]:
-        """One copy of an equal guard config for every open run (read-only, kept for tripwire.json):
-        runs under the same config share it instead of holding ~2 KB each."""
-        key = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-        found = self._configs.get(key)
-        if found is None:
-            if len(self._configs) >= _SHARED_CONFIGS:
-                self._configs.clear()
-            found = self._configs[key] = value
-        return found
 
     def _ts(self, ts: float | None) -> float:
         """The event time: the caller's wall-clock epoch seconds, else the clock."""

@@ -55,7 +55,6 @@ class SessionPolicy:
         self.argv = argv
         self._pending_end: dict[str, tuple[str, str]] = {}  # run_id -> (status, reason) of a terminated run
         self._resuming: set[str] = set()  # runs a resume is under way for
-        self._dumps: dict[int, tuple[Any, dict[str, Any]]] = {}  # id -> (config, its dump): `_dumped`
 
     # --- open --------------------------------------------------------------------------------
 
@@ -101,7 +100,9 @@ class SessionPolicy:
         if created:
             config, is_override = self.guard_store.effective(agent)
             fields: dict[str, Any] = {
-                "guard_config": self._dumped(config),
+                # (the same dict run after run, till the config changes: a stateless service opens
+                # a run per call, and the dump was most of what opening one cost)
+                "guard_config": self.recorder.config_dumps.recorded(config),
                 "guard_config_source": "agent" if is_override else "project",
             }
             if session.lineage.announced is not None:
@@ -118,19 +119,6 @@ class SessionPolicy:
             )
             self.metrics.set_live_sessions(self.sessions.live_count())
         return session
-
-    def _dumped(self, config: Any) -> dict[str, Any]:
-        """The config's JSON dump for a new run's tripwire.json, kept while the config is in force
-        (one object per agent until the next write, `GuardConfigStore.effective`): a stateless
-        service opens a run per call, and the dump was most of what opening one cost. Read-only."""
-        kept = self._dumps.get(id(config))
-        if kept is not None and kept[0] is config:
-            return kept[1]
-        dumped: dict[str, Any] = config.recorded()
-        if len(self._dumps) >= 256:  # (agents' overrides, admin API changes: a few at a time)
-            self._dumps.clear()
-        self._dumps[id(config)] = (config, dumped)
-        return dumped
 
     # --- events ------------------------------------------------------------------------------
 
@@ -346,7 +334,7 @@ class SessionPolicy:
             session_id=session.session_id,
             argv=self.argv,
             extra={
-                "guard_config": config.recorded(),
+                "guard_config": self.recorder.config_dumps.recorded(config),
                 "guard_config_source": "agent" if is_override else "project",
                 "resumed_from": old.run_id,
             },

@@ -273,6 +273,7 @@ class GuardStage(BaseStage):
             settled_before=seen[1],
             config_rev=guards.config_rev,
             config_recorded=session.conversation.configs_recorded,
+            dumps=self.services.recorder.config_dumps,
         )
         decisions = verdict.decisions
         fields["decisions"] = guard_trace.decision_list(decisions) if decisions else []
@@ -280,7 +281,15 @@ class GuardStage(BaseStage):
         # begin's values are numbers: with nothing decided, no config recorded and a plain call's
         # inputs, the fields are already as sanitize makes them (the record path takes them as they are)
         clean = not decisions and not tool and "config" not in fields and guard_trace.own_numbers(inputs)
-        return guard_trace.GuardTrace(verdict.call_seq, fields, guards, session.started_mono, clean, tool)
+        return guard_trace.GuardTrace(
+            verdict.call_seq,
+            fields,
+            guards,
+            session.started_mono,
+            clean,
+            tool,
+            dumps=self.services.recorder.config_dumps,
+        )
 
     def write_findings(self, ex: Exchange, verdict: Verdict) -> None:
         session = ex.session
