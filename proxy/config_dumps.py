@@ -4,8 +4,8 @@ A run's tripwire.json keeps the config in force (`guard_config`), and the first 
 a config revision keeps it again in its `guard_input.config` (replay follows every change). A
 stateless service opens a run per call, so both were made per call: a pydantic dump and a
 sanitising walk of it. The config in force is one object until the next write
-(`GuardConfigStore.effective`), so its dump and the dump's sanitised forms are made once per
-config object and handed out read-only: every run under an equal config holds the same dicts
+(`GuardConfigStore.effective`) and frozen (pydantic, `frozen=True`: its dump never changes),
+so its dump and the dump's sanitised forms are made once per config object and handed out read-only: every run under an equal config holds the same dicts
 (configs that dump alike share one dump, so open runs do not hold ~2 KB each).
 """
 
