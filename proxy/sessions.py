@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +36,7 @@ MAX_HISTORIES_PER_RUN = 256
 MAX_RESPONSES_PER_RUN = 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingToolCall:
     """A function-calling tool call the model asked for, waiting for its result in a later request."""
 
@@ -49,7 +48,7 @@ class PendingToolCall:
     nested: list[Any] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Conversation:
     """What the proxy remembers of a session's LLM traffic between calls."""
 
@@ -74,7 +73,7 @@ class Conversation:
     configs_recorded: set[int] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(slots=True)
 class Lineage:
     """What an automatic run remembers to recognise the requests that continue it (bounded)."""
 
@@ -94,7 +93,7 @@ class Lineage:
         return self.announced is None and not self.histories and not self.responses and not self.answers
 
 
-@dataclass
+@dataclass(slots=True)
 class Session:
     agent: str
     session_id: str
@@ -137,14 +136,18 @@ class SessionManager:
         self._explicit: dict[SessionKey, Session] = {}
         self._terminated_explicit: dict[SessionKey, float] = {}  # key -> refuse until (monotonic)
         self._by_run: dict[str, Session] = {}  # every session still tracked, by run id
-        # automatic sessions: per agent, most recently used last; and the lineage indexes
-        self._recent: dict[str, OrderedDict[str, Session]] = {}
+        # automatic sessions: per agent, most recently used last (plain dicts: an OrderedDict's entry
+        # costs twice as much, and a stateless service's every call is a session); and the lineage
+        # indexes
+        self._recent: dict[str, dict[str, Session]] = {}
         self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
         self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
         self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
-        # (agent, answer key) -> the runs that gave that answer, by run id, oldest first; and those
-        # of them still waiting for their conversation to go on (`Lineage.waiting`), in the same order
-        self._by_answer: dict[tuple[str, bytes], dict[str, Session]] = {}
+        # (agent, answer key) -> the run that gave that answer; once several did (the same answer to
+        # the same words: an evaluation batch), those runs by run id, oldest first, and in
+        # `_waiting` those of them still waiting for their conversation to go on (`Lineage.waiting`),
+        # in the same order. (One run, the usual case, is no dict: issue 33, ~400 bytes a run.)
+        self._by_answer: dict[tuple[str, bytes], Session | dict[str, Session]] = {}
         self._waiting: dict[tuple[str, bytes], dict[str, Session]] = {}
         # the idle sweep's queue, a heap of (last seen when queued, tie-break, session): a session
         # is queued again (at its last_seen) when the sweep finds it was used since, so a sweep reads
@@ -190,8 +193,8 @@ class SessionManager:
         """The run that gave this answer; of several (the same answer to the same words), the
         oldest still waiting for its conversation to go on, else the newest."""
         runs = self._by_answer.get((agent, key))
-        if not runs:
-            return None
+        if runs is None or not isinstance(runs, dict):
+            return runs  # (one run gave it: that one)
         waiting = self._waiting.get((agent, key))
         if waiting:
             return next(iter(waiting.values()))
@@ -290,12 +293,12 @@ class SessionManager:
             return
         recent = self._recent.get(session.agent)
         if recent is None:
-            recent = self._recent[session.agent] = OrderedDict()
+            recent = self._recent[session.agent] = {}
         run_id = session.run_id
         # most calls come from the agent's most recent session, with the history it last saw
         if not (recent and next(reversed(recent)) == run_id and recent[run_id] is session):
-            recent[run_id] = session
-            recent.move_to_end(run_id)
+            recent.pop(run_id, None)
+            recent[run_id] = session  # (the most recent last)
         if episode.answer is not None and session.lineage.waiting == episode.answer:
             self._set_waiting(session, None)  # its conversation went on
         if not episode.history:
@@ -336,12 +339,28 @@ class SessionManager:
         lineage = session.lineage
         if key not in lineage.answers:
             lineage.answers[key] = None
-            self._by_answer.setdefault((session.agent, key), {})[session.run_id] = session
+            self._add_answer(session, key)
         self._set_waiting(session, key)
         while len(lineage.answers) > MAX_HISTORIES_PER_RUN:
             old = next(iter(lineage.answers))
             del lineage.answers[old]
             self._drop_answer(session, old)
+
+    def _add_answer(self, session: Session, key: bytes) -> None:
+        """`session` gave this answer: the newest of the runs that did."""
+        index = (session.agent, key)
+        runs = self._by_answer.get(index)
+        if runs is None or runs is session:
+            self._by_answer[index] = session
+        elif isinstance(runs, dict):
+            runs[session.run_id] = session
+        elif runs.run_id == session.run_id:  # (the same run again under another object)
+            self._by_answer[index] = session
+        else:
+            # a second run gave it: the runs by id, oldest first, and the first's wait indexed
+            self._by_answer[index] = {runs.run_id: runs, session.run_id: session}
+            if runs.lineage.waiting == key:
+                self._waiting[index] = {runs.run_id: runs}
 
     def _set_waiting(self, session: Session, key: bytes | None) -> None:
         """The answer a session waits on its conversation to go on from (None: none), kept in the
@@ -357,8 +376,8 @@ class SessionManager:
         if key is None or self._by_run.get(run_id) is not session:
             return
         runs = self._by_answer.get((agent, key))
-        if runs is None or run_id not in runs:
-            return
+        if not isinstance(runs, dict) or run_id not in runs:
+            return  # (one run gave it, or none: nothing to keep in order)
         waiting = self._waiting.setdefault((agent, key), {})
         waiting[run_id] = session
         if len(waiting) > 1 and next(reversed(runs)) != run_id:
@@ -371,12 +390,16 @@ class SessionManager:
             del self._waiting[(agent, key)]
 
     def _drop_answer(self, session: Session, key: bytes) -> None:
-        runs = self._by_answer.get((session.agent, key))
-        if runs is None or runs.get(session.run_id) is not session:
+        index = (session.agent, key)
+        runs = self._by_answer.get(index)
+        if runs is session:
+            del self._by_answer[index]
+            return
+        if not isinstance(runs, dict) or runs.get(session.run_id) is not session:
             return
         del runs[session.run_id]
         if not runs:
-            del self._by_answer[(session.agent, key)]
+            del self._by_answer[index]
         self._unwait(session.agent, key, session.run_id)
 
     # --- ending ------------------------------------------------------------------------------
@@ -466,7 +489,7 @@ class SessionManager:
         if new.explicit:
             self._explicit[new.key] = new
             return new
-        self._recent.setdefault(agent, OrderedDict())[run_id] = new
+        self._recent.setdefault(agent, {})[run_id] = new
         lineage = new.lineage
         if lineage.announced is not None:
             self._by_episode[(agent, lineage.announced)] = new
@@ -475,7 +498,7 @@ class SessionManager:
         for response_id in lineage.responses:
             self._by_response[response_id] = new
         for key in lineage.answers:
-            self._by_answer.setdefault((agent, key), {})[run_id] = new
+            self._add_answer(new, key)
         waiting, lineage.waiting = lineage.waiting, None
         if waiting is not None:
             self._set_waiting(new, waiting)
