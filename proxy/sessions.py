@@ -24,7 +24,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from proxy.episodes import NO_CONVERSATION, Episode
@@ -50,20 +52,16 @@ class PendingToolCall:
 
 @dataclass(slots=True)
 class Conversation:
-    """What the proxy remembers of a session's LLM traffic between calls."""
+    """What the proxy remembers of a session's LLM traffic between calls.
+
+    Its tool-call dicts are made when first asked for (a stateless service's call is a run of its
+    own, whose conversation has no tool call: issue 33); `has_pending_tool_calls` and
+    `tool_event_ids_so_far` read without making them."""
 
     # the previous LLM call's messages: how many, and a digest of them, so the next call records
     # only what is new when it continues that conversation, and all of it when it does not
     prompt_messages_seen: int = 0
     prompt_digest: str | None = None
-    pending_tool_calls: dict[str, PendingToolCall] = field(default_factory=dict)
-    # MCP tool calls recorded in this session, by signature, so the same call seen again as a
-    # function-calling result in the LLM history is recorded once (SPEC §4.1 TOOL_CALL).
-    mcp_signatures: dict[str, int] = field(default_factory=dict)
-    # Responses API: tool calls per response id, since `previous_response_id` chains carry no history
-    response_tool_calls: dict[str, list[Any]] = field(default_factory=dict)
-    # function-calling tool_call_id -> its TOOL_CALL event id (a LOOP_WARNING's evidence)
-    tool_event_ids: dict[str, str] = field(default_factory=dict)
     # replay (proxy.guard_trace): the previous request's history as step ids, and the config
     # revisions already written into the trace
     guard_history: list[tuple[str, ...]] = field(default_factory=list)
@@ -71,6 +69,51 @@ class Conversation:
     # request that goes on from it compares and judges only its new steps
     guard_state: Any = None
     configs_recorded: set[int] = field(default_factory=set)
+    _pending_tool_calls: dict[str, PendingToolCall] | None = field(default=None, init=False, repr=False)
+    _mcp_signatures: dict[str, int] | None = field(default=None, init=False, repr=False)
+    _response_tool_calls: dict[str, list[Any]] | None = field(default=None, init=False, repr=False)
+    _tool_event_ids: dict[str, str] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pending_tool_calls(self) -> dict[str, PendingToolCall]:
+        """Function-calling tool calls the model asked for, waiting for their results, by id."""
+        if self._pending_tool_calls is None:
+            self._pending_tool_calls = {}
+        return self._pending_tool_calls
+
+    @property
+    def has_pending_tool_calls(self) -> bool:
+        return bool(self._pending_tool_calls)
+
+    @property
+    def mcp_signatures(self) -> dict[str, int]:
+        """MCP tool calls recorded in this session, by signature, so the same call seen again as a
+        function-calling result in the LLM history is recorded once (SPEC §4.1 TOOL_CALL)."""
+        if self._mcp_signatures is None:
+            self._mcp_signatures = {}
+        return self._mcp_signatures
+
+    @property
+    def response_tool_calls(self) -> dict[str, list[Any]]:
+        """Responses API: tool calls per response id (`previous_response_id` chains carry no history)."""
+        if self._response_tool_calls is None:
+            self._response_tool_calls = {}
+        return self._response_tool_calls
+
+    @property
+    def tool_event_ids(self) -> dict[str, str]:
+        """Function-calling tool_call_id -> its TOOL_CALL event id (a LOOP_WARNING's evidence)."""
+        if self._tool_event_ids is None:
+            self._tool_event_ids = {}
+        return self._tool_event_ids
+
+    @property
+    def tool_event_ids_so_far(self) -> Mapping[str, str]:
+        """`tool_event_ids` to read (an empty mapping while there is none)."""
+        return self._tool_event_ids if self._tool_event_ids is not None else _NO_IDS
+
+
+_NO_IDS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(slots=True)
