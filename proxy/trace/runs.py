@@ -6,6 +6,8 @@ tripwire.json and RUN_END summary say. Only the event-loop thread touches it; no
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,6 +21,7 @@ ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent
 _RUN_START: str = EventType.RUN_START.value
 BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
 _LLM_CALL: str = EventType.LLM_CALL.value
+NO_TAGS: frozenset[str] = frozenset()  # a run's tags until it has one
 
 
 class Line(NamedTuple):
@@ -85,7 +88,7 @@ class Run:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    tags: set[str] = field(default_factory=set)
+    tags: AbstractSet[str] = NO_TAGS  # health tags (a set of its own once the first is added)
     fields: dict[str, Any] = field(default_factory=dict)  # tripwire.json fields set by the caller
     pending: list[Line] = field(default_factory=list)  # queued, not yet on disk, in order
     end_event: dict[str, Any] | None = None  # RUN_END, encoded when written (summary = what is on disk)
@@ -100,6 +103,18 @@ class Run:
     failing: bool = False  # its last write failed: retried at retry_at, or on flush
     retry_at: float = 0.0
     wait_due: float | None = None  # its entry in the writer's waiting heap
+
+    def add_tags(self, tags: Iterable[str]) -> None:
+        if self.tags is NO_TAGS:
+            self.tags = set(tags)  # (most runs carry none: no empty set each, issue 33)
+        else:
+            assert isinstance(self.tags, set)
+            self.tags.update(tags)
+
+    def remove_tags(self, tags: Iterable[str]) -> None:
+        if self.tags is not NO_TAGS:
+            assert isinstance(self.tags, set)
+            self.tags.difference_update(tags)
 
     @property
     def is_open(self) -> bool:
@@ -165,15 +180,18 @@ def summary_order(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary(run: Run, now: float) -> dict[str, Any]:
-    """RUN_END's summary shape, counting every event accepted."""
-    return summary_order(
-        {
-            **run.counts,
-            "duration_ms": max(0, int((now - run.started) * 1000)),
-            "cost_usd": round(run.cost_usd, 10),
-            "total_tokens": run.total_tokens,
-        }
-    )
+    """RUN_END's summary shape, counting every event accepted (`summary_order`'s keys and order,
+    built in one go: an expiry ends thousands of runs in one sweep)."""
+    counts = run.counts
+    return {
+        "llm_calls": counts.get("llm_calls", 0),
+        "tool_calls": counts.get("tool_calls", 0),
+        "errors": counts.get("errors", 0),
+        "duration_ms": max(0, int((now - run.started) * 1000)),
+        "loop_warnings": counts.get("loop_warnings", 0),
+        "cost_usd": round(run.cost_usd, 10),
+        "total_tokens": run.total_tokens,
+    }
 
 
 def run_json(run: Run, disk: Disk | None = None) -> dict[str, Any]:
