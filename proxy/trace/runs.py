@@ -37,9 +37,15 @@ class Line(NamedTuple):
 
 @dataclass(slots=True)
 class Disk:
-    """What a run's files hold: run.json is written from this, never from what is only queued."""
+    """What a run's files hold: run.json is written from this, never from what is only queued.
 
-    counts: dict[str, int] = field(default_factory=default_counts)
+    Its four counts are fields, not a dict (`counts` makes one): a run holds a Disk for as long as
+    it is live, and a stateless service's every call is a run (issue 33)."""
+
+    llm_calls: int = 0
+    tool_calls: int = 0
+    errors: int = 0
+    loop_warnings: int = 0
     last_ts: float = 0.0
     last_event_ts: str | None = None
     started: bool = False  # RUN_START is in events.jsonl
@@ -51,11 +57,11 @@ class Disk:
 
     def add_lines(self, lines: list[Line]) -> None:
         """`add` of each line, in order (a writer pass adds a few dozen at a time)."""
-        counts = self.counts
         last_ts, last_iso = self.last_ts, self.last_event_ts
         for line in lines:
-            if line.key:
-                counts[line.key] += 1
+            key = line.key
+            if key:
+                setattr(self, key, getattr(self, key) + 1)  # (a COUNT_FOR_EVENT value: a field)
             if line.ts >= last_ts or last_iso is None:
                 last_ts, last_iso = line.ts, line.ts_iso
             if line.event_type in BOOKENDS:
@@ -67,7 +73,27 @@ class Disk:
 
     def copy(self) -> Disk:
         """A copy to add a job's lines to (dataclasses.replace, without its per-call introspection)."""
-        return Disk(dict(self.counts), self.last_ts, self.last_event_ts, self.started, self.ended, self.size)
+        return Disk(
+            self.llm_calls,
+            self.tool_calls,
+            self.errors,
+            self.loop_warnings,
+            self.last_ts,
+            self.last_event_ts,
+            self.started,
+            self.ended,
+            self.size,
+        )
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """run.json's counts object, in its order (`constants.default_counts`)."""
+        return {
+            "llm_calls": self.llm_calls,
+            "tool_calls": self.tool_calls,
+            "errors": self.errors,
+            "loop_warnings": self.loop_warnings,
+        }
 
 
 @dataclass(slots=True)
@@ -209,7 +235,7 @@ def run_json(run: Run, disk: Disk | None = None) -> dict[str, Any]:
         if ended and run.ended is not None
         else None,
         "status": run.status if ended else STATUS_RUNNING,
-        "counts": dict(disk.counts),
+        "counts": disk.counts,
         "last_event_ts": disk.last_event_ts,
     }
 

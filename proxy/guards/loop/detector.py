@@ -82,7 +82,7 @@ class LoopDetector:
         self._turn: Turn | None = None
         self._turn_number = 0
         self._turn_started: float | None = None
-        self._patterns: list[Pattern] = []  # the turn's (none until it is built)
+        self._patterns: Sequence[Pattern] = ()  # the turn's (none until it is built)
         self._last_mcp_at: float | None = None
         self._llm_seen = False
         # function-calling bookkeeping
@@ -319,7 +319,7 @@ class LoopDetector:
             t.number += 1
             t.started_at = now
         else:  # built at its first call
-            self._turn, self._patterns = None, []
+            self._turn, self._patterns = None, ()
             self._turn_number, self._turn_started = t.number + 1, now
 
     def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> Attempt:
