@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from proxy.episodes import NO_CONVERSATION, Episode
+from proxy.recent_keys import RecentKeys
 
 SessionKey = tuple[str, str | None]  # (agent, explicit session id or None for automatic)
 
@@ -122,11 +123,11 @@ class Lineage:
 
     announced: str | None = None  # the episode id its client announced, if any
     source: str | None = None
-    # plain dicts kept in order, oldest first (an OrderedDict costs twice the memory, and a
-    # stateless service holds one Lineage per call for the idle timeout)
-    histories: dict[bytes, None] = field(default_factory=dict)  # whole-history digests
-    responses: dict[str, None] = field(default_factory=dict)  # Responses ids it produced
-    answers: dict[bytes, None] = field(default_factory=dict)  # keys of answers it gave
+    # kept in order, oldest first, a dict only once there are two (a stateless service holds one
+    # Lineage per call for the idle timeout, with one history and one answer: proxy/recent_keys.py)
+    histories: RecentKeys[bytes] = field(default_factory=RecentKeys)  # whole-history digests
+    responses: RecentKeys[str] = field(default_factory=RecentKeys)  # Responses ids it produced
+    answers: RecentKeys[bytes] = field(default_factory=RecentKeys)  # keys of answers it gave
     # its newest answer, until a request carrying it comes: among runs that gave the same answer to
     # the same conversation (an evaluation batch), a continuation goes to one still waiting for it
     waiting: bytes | None = None
@@ -348,14 +349,12 @@ class SessionManager:
             return
         own = session.lineage.histories
         digest = episode.history[-1]
-        if own and next(reversed(own)) == digest and self._by_history.get((session.agent, digest)) is session:
+        if own.newest() == digest and self._by_history.get((session.agent, digest)) is session:
             return  # the same history again (a resent request): already the newest it remembers
-        own.pop(digest, None)
-        own[digest] = None  # (the newest last)
+        own.add(digest)  # (the newest last)
         self._by_history[(session.agent, digest)] = session
         while len(own) > MAX_HISTORIES_PER_RUN:
-            old = next(iter(own))
-            del own[old]
+            old = own.pop_oldest()
             if self._by_history.get((session.agent, old)) is session:
                 del self._by_history[(session.agent, old)]
 
@@ -365,12 +364,10 @@ class SessionManager:
         if session.explicit or self._by_run.get(session.run_id) is not session:
             return  # explicit sessions are named on every call; a forgotten one continues nothing
         own = session.lineage.responses
-        own.pop(response_id, None)
-        own[response_id] = None  # (the newest last)
+        own.add(response_id)  # (the newest last)
         self._by_response[response_id] = session
         while len(own) > MAX_RESPONSES_PER_RUN:
-            old = next(iter(own))
-            del own[old]
+            old = own.pop_oldest()
             if self._by_response.get(old) is session:
                 del self._by_response[old]
 
@@ -381,12 +378,11 @@ class SessionManager:
             return
         lineage = session.lineage
         if key not in lineage.answers:
-            lineage.answers[key] = None
+            lineage.answers.add(key)
             self._add_answer(session, key)
         self._set_waiting(session, key)
         while len(lineage.answers) > MAX_HISTORIES_PER_RUN:
-            old = next(iter(lineage.answers))
-            del lineage.answers[old]
+            old = lineage.answers.pop_oldest()
             self._drop_answer(session, old)
 
     def _add_answer(self, session: Session, key: bytes) -> None:
