@@ -4,18 +4,20 @@ An automatic run remembers the digests of the histories it saw, the answers it g
 Responses ids it produced (`proxy.sessions.Lineage`), newest last and bounded. A stateless
 service's call is a run of its own that sees one history and gives one answer, and is held for the
 idle timeout: a one-key dict costs ~220 bytes, so one key is kept alone and a dict made for two.
-Iterating, `reversed`, `len`, `in` and truthiness work as on the dict it stands for.
+Iterating, `reversed`, `len`, `in` and truthiness work as on the dict it stands for; it is a
+`MutableSet` (`clear`, `discard`, set comparisons), so it also stands for a small set that is
+usually of one member (a conversation's recorded config revisions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterator, MutableSet
+from typing import TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
-class RecentKeys(Generic[K]):
+class RecentKeys(MutableSet[K]):
     __slots__ = ("_one", "_many")
 
     def __init__(self) -> None:
@@ -34,6 +36,9 @@ class RecentKeys(Generic[K]):
             self._one = key
         else:
             self._many, self._one = {one: None, key: None}, None
+
+    def clear(self) -> None:
+        self._one = self._many = None
 
     def discard(self, key: K) -> None:
         if self._many is not None:

@@ -69,7 +69,7 @@ class Conversation:
     # the dialect's reading of that request (dialects.base.ParseState), when it has one: the next
     # request that goes on from it compares and judges only its new steps
     guard_state: Any = None
-    configs_recorded: set[int] = field(default_factory=set)
+    configs_recorded: RecentKeys[int] = field(default_factory=RecentKeys)  # (one, as a rule)
     _pending_tool_calls: dict[str, PendingToolCall] | None = field(default=None, init=False, repr=False)
     _mcp_signatures: dict[str, int] | None = field(default=None, init=False, repr=False)
     _response_tool_calls: dict[str, list[Any]] | None = field(default=None, init=False, repr=False)

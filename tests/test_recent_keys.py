@@ -44,3 +44,14 @@ def test_one_key_is_kept_without_a_dict() -> None:
     assert keys._many is None and list(keys) == [b"a"]
     keys.add(b"b")
     assert keys._many == {b"a": None, b"b": None}
+
+
+def test_it_is_a_small_set_too() -> None:
+    revisions: RecentKeys[int] = RecentKeys()
+    assert 0 not in revisions
+    revisions.add(0)
+    assert 0 in revisions and revisions == {0}
+    revisions.add(1)
+    assert revisions == {0, 1}
+    revisions.clear()
+    assert not revisions and 0 not in revisions and list(revisions) == []
