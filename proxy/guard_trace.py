@@ -23,7 +23,7 @@ the results of the added calls. Agents resend their whole history; the trace gro
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableSet, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +180,7 @@ def begin(
     events_before: int,
     settled_before: int,
     config_rev: int,
-    config_recorded: set[int],
+    config_recorded: MutableSet[int],
     dumps: ConfigDumps | None = None,
 ) -> dict[str, Any]:
     """The fields every judged call records (before the guards judge it). `dumps`: where the

@@ -78,6 +78,8 @@ def usage_dict(usage: Usage | None) -> dict[str, int]:
 def remember_tool_calls(session: Session, result: LLMResult, llm_event_id: str, wall: float) -> None:
     """The calls the agent will run wait for their results; a hosted one (nothing comes back for it)
     is not remembered: record_hosted_calls writes it at once."""
+    if not result.tool_calls:
+        return  # (most answers: no dict of pending calls made for them)
     pending = session.conversation.pending_tool_calls
     for tc in result.tool_calls:
         if tc.hosted:

@@ -369,7 +369,7 @@ class TraceRecorder:
         run = self._registry.get(run_id)
         if run is None or set(tags) <= run.tags:
             return
-        run.tags.update(tags)
+        run.add_tags(tags)
         self._writer.touch(run, tripwire=True)
 
     def remove_tags(self, run_id: str, *tags: str) -> None:
@@ -377,7 +377,7 @@ class TraceRecorder:
         run = self._registry.get(run_id)
         if run is None or not (set(tags) & run.tags):
             return
-        run.tags.difference_update(tags)
+        run.remove_tags(tags)
         self._writer.touch(run, tripwire=True)
 
     def update_tripwire(self, run_id: str, **fields: Any) -> None:

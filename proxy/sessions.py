@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from proxy import ids
 from proxy.episodes import NO_CONVERSATION, Episode
+from proxy.recent_keys import RecentKeys
 
 SessionKey = tuple[str, str | None]  # (agent, explicit session id or None for automatic)
 
@@ -37,7 +39,7 @@ MAX_HISTORIES_PER_RUN = 256
 MAX_RESPONSES_PER_RUN = 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingToolCall:
     """A function-calling tool call the model asked for, waiting for its result in a later request."""
 
@@ -49,42 +51,83 @@ class PendingToolCall:
     nested: list[Any] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Conversation:
-    """What the proxy remembers of a session's LLM traffic between calls."""
+    """What the proxy remembers of a session's LLM traffic between calls.
+
+    Its tool-call dicts are made when first asked for (a stateless service's call is a run of its
+    own, whose conversation has no tool call: issue 33); `has_pending_tool_calls` and
+    `tool_event_ids_so_far` read without making them."""
 
     # the previous LLM call's messages: how many, and a digest of them, so the next call records
     # only what is new when it continues that conversation, and all of it when it does not
     prompt_messages_seen: int = 0
     prompt_digest: str | None = None
-    pending_tool_calls: dict[str, PendingToolCall] = field(default_factory=dict)
-    # MCP tool calls recorded in this session, by signature, so the same call seen again as a
-    # function-calling result in the LLM history is recorded once (SPEC §4.1 TOOL_CALL).
-    mcp_signatures: dict[str, int] = field(default_factory=dict)
-    # Responses API: tool calls per response id, since `previous_response_id` chains carry no history
-    response_tool_calls: dict[str, list[Any]] = field(default_factory=dict)
-    # function-calling tool_call_id -> its TOOL_CALL event id (a LOOP_WARNING's evidence)
-    tool_event_ids: dict[str, str] = field(default_factory=dict)
     # replay (proxy.guard_trace): the previous request's history as step ids, and the config
     # revisions already written into the trace
     guard_history: list[tuple[str, ...]] = field(default_factory=list)
     # the dialect's reading of that request (dialects.base.ParseState), when it has one: the next
     # request that goes on from it compares and judges only its new steps
     guard_state: Any = None
-    configs_recorded: set[int] = field(default_factory=set)
+    configs_recorded: RecentKeys[int] = field(default_factory=RecentKeys)  # (one, as a rule)
+    _pending_tool_calls: dict[str, PendingToolCall] | None = field(default=None, init=False, repr=False)
+    _mcp_signatures: dict[str, int] | None = field(default=None, init=False, repr=False)
+    _response_tool_calls: dict[str, list[Any]] | None = field(default=None, init=False, repr=False)
+    _tool_event_ids: dict[str, str] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pending_tool_calls(self) -> dict[str, PendingToolCall]:
+        """Function-calling tool calls the model asked for, waiting for their results, by id."""
+        if self._pending_tool_calls is None:
+            self._pending_tool_calls = {}
+        return self._pending_tool_calls
+
+    @property
+    def has_pending_tool_calls(self) -> bool:
+        return bool(self._pending_tool_calls)
+
+    @property
+    def mcp_signatures(self) -> dict[str, int]:
+        """MCP tool calls recorded in this session, by signature, so the same call seen again as a
+        function-calling result in the LLM history is recorded once (SPEC §4.1 TOOL_CALL)."""
+        if self._mcp_signatures is None:
+            self._mcp_signatures = {}
+        return self._mcp_signatures
+
+    @property
+    def response_tool_calls(self) -> dict[str, list[Any]]:
+        """Responses API: tool calls per response id (`previous_response_id` chains carry no history)."""
+        if self._response_tool_calls is None:
+            self._response_tool_calls = {}
+        return self._response_tool_calls
+
+    @property
+    def tool_event_ids(self) -> dict[str, str]:
+        """Function-calling tool_call_id -> its TOOL_CALL event id (a LOOP_WARNING's evidence)."""
+        if self._tool_event_ids is None:
+            self._tool_event_ids = {}
+        return self._tool_event_ids
+
+    @property
+    def tool_event_ids_so_far(self) -> Mapping[str, str]:
+        """`tool_event_ids` to read (an empty mapping while there is none)."""
+        return self._tool_event_ids if self._tool_event_ids is not None else _NO_IDS
 
 
-@dataclass
+_NO_IDS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(slots=True)
 class Lineage:
     """What an automatic run remembers to recognise the requests that continue it (bounded)."""
 
     announced: str | None = None  # the episode id its client announced, if any
     source: str | None = None
-    # plain dicts kept in order, oldest first (an OrderedDict costs twice the memory, and a
-    # stateless service holds one Lineage per call for the idle timeout)
-    histories: dict[bytes, None] = field(default_factory=dict)  # whole-history digests
-    responses: dict[str, None] = field(default_factory=dict)  # Responses ids it produced
-    answers: dict[bytes, None] = field(default_factory=dict)  # keys of answers it gave
+    # kept in order, oldest first, a dict only once there are two (a stateless service holds one
+    # Lineage per call for the idle timeout, with one history and one answer: proxy/recent_keys.py)
+    histories: RecentKeys[bytes] = field(default_factory=RecentKeys)  # whole-history digests
+    responses: RecentKeys[str] = field(default_factory=RecentKeys)  # Responses ids it produced
+    answers: RecentKeys[bytes] = field(default_factory=RecentKeys)  # keys of answers it gave
     # its newest answer, until a request carrying it comes: among runs that gave the same answer to
     # the same conversation (an evaluation batch), a continuation goes to one still waiting for it
     waiting: bytes | None = None
@@ -94,7 +137,7 @@ class Lineage:
         return self.announced is None and not self.histories and not self.responses and not self.answers
 
 
-@dataclass
+@dataclass(slots=True)
 class Session:
     agent: str
     session_id: str
@@ -137,14 +180,18 @@ class SessionManager:
         self._explicit: dict[SessionKey, Session] = {}
         self._terminated_explicit: dict[SessionKey, float] = {}  # key -> refuse until (monotonic)
         self._by_run: dict[str, Session] = {}  # every session still tracked, by run id
-        # automatic sessions: per agent, most recently used last; and the lineage indexes
-        self._recent: dict[str, OrderedDict[str, Session]] = {}
+        # automatic sessions: per agent, most recently used last (plain dicts: an OrderedDict's entry
+        # costs twice as much, and a stateless service's every call is a session); and the lineage
+        # indexes
+        self._recent: dict[str, dict[str, Session]] = {}
         self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
         self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
         self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
-        # (agent, answer key) -> the runs that gave that answer, by run id, oldest first; and those
-        # of them still waiting for their conversation to go on (`Lineage.waiting`), in the same order
-        self._by_answer: dict[tuple[str, bytes], dict[str, Session]] = {}
+        # (agent, answer key) -> the run that gave that answer; once several did (the same answer to
+        # the same words: an evaluation batch), those runs by run id, oldest first, and in
+        # `_waiting` those of them still waiting for their conversation to go on (`Lineage.waiting`),
+        # in the same order. (One run, the usual case, is no dict: issue 33, ~400 bytes a run.)
+        self._by_answer: dict[tuple[str, bytes], Session | dict[str, Session]] = {}
         self._waiting: dict[tuple[str, bytes], dict[str, Session]] = {}
         # the idle sweep's queue, a heap of (last seen when queued, tie-break, session): a session
         # is queued again (at its last_seen) when the sweep finds it was used since, so a sweep reads
@@ -190,8 +237,8 @@ class SessionManager:
         """The run that gave this answer; of several (the same answer to the same words), the
         oldest still waiting for its conversation to go on, else the newest."""
         runs = self._by_answer.get((agent, key))
-        if not runs:
-            return None
+        if runs is None or not isinstance(runs, dict):
+            return runs  # (one run gave it: that one)
         waiting = self._waiting.get((agent, key))
         if waiting:
             return next(iter(waiting.values()))
@@ -290,26 +337,24 @@ class SessionManager:
             return
         recent = self._recent.get(session.agent)
         if recent is None:
-            recent = self._recent[session.agent] = OrderedDict()
+            recent = self._recent[session.agent] = {}
         run_id = session.run_id
         # most calls come from the agent's most recent session, with the history it last saw
         if not (recent and next(reversed(recent)) == run_id and recent[run_id] is session):
-            recent[run_id] = session
-            recent.move_to_end(run_id)
+            recent.pop(run_id, None)
+            recent[run_id] = session  # (the most recent last)
         if episode.answer is not None and session.lineage.waiting == episode.answer:
             self._set_waiting(session, None)  # its conversation went on
         if not episode.history:
             return
         own = session.lineage.histories
         digest = episode.history[-1]
-        if own and next(reversed(own)) == digest and self._by_history.get((session.agent, digest)) is session:
+        if own.newest() == digest and self._by_history.get((session.agent, digest)) is session:
             return  # the same history again (a resent request): already the newest it remembers
-        own.pop(digest, None)
-        own[digest] = None  # (the newest last)
+        own.add(digest)  # (the newest last)
         self._by_history[(session.agent, digest)] = session
         while len(own) > MAX_HISTORIES_PER_RUN:
-            old = next(iter(own))
-            del own[old]
+            old = own.pop_oldest()
             if self._by_history.get((session.agent, old)) is session:
                 del self._by_history[(session.agent, old)]
 
@@ -319,12 +364,10 @@ class SessionManager:
         if session.explicit or self._by_run.get(session.run_id) is not session:
             return  # explicit sessions are named on every call; a forgotten one continues nothing
         own = session.lineage.responses
-        own.pop(response_id, None)
-        own[response_id] = None  # (the newest last)
+        own.add(response_id)  # (the newest last)
         self._by_response[response_id] = session
         while len(own) > MAX_RESPONSES_PER_RUN:
-            old = next(iter(own))
-            del own[old]
+            old = own.pop_oldest()
             if self._by_response.get(old) is session:
                 del self._by_response[old]
 
@@ -335,13 +378,28 @@ class SessionManager:
             return
         lineage = session.lineage
         if key not in lineage.answers:
-            lineage.answers[key] = None
-            self._by_answer.setdefault((session.agent, key), {})[session.run_id] = session
+            lineage.answers.add(key)
+            self._add_answer(session, key)
         self._set_waiting(session, key)
         while len(lineage.answers) > MAX_HISTORIES_PER_RUN:
-            old = next(iter(lineage.answers))
-            del lineage.answers[old]
+            old = lineage.answers.pop_oldest()
             self._drop_answer(session, old)
+
+    def _add_answer(self, session: Session, key: bytes) -> None:
+        """`session` gave this answer: the newest of the runs that did."""
+        index = (session.agent, key)
+        runs = self._by_answer.get(index)
+        if runs is None or runs is session:
+            self._by_answer[index] = session
+        elif isinstance(runs, dict):
+            runs[session.run_id] = session
+        elif runs.run_id == session.run_id:  # (the same run again under another object)
+            self._by_answer[index] = session
+        else:
+            # a second run gave it: the runs by id, oldest first, and the first's wait indexed
+            self._by_answer[index] = {runs.run_id: runs, session.run_id: session}
+            if runs.lineage.waiting == key:
+                self._waiting[index] = {runs.run_id: runs}
 
     def _set_waiting(self, session: Session, key: bytes | None) -> None:
         """The answer a session waits on its conversation to go on from (None: none), kept in the
@@ -357,8 +415,8 @@ class SessionManager:
         if key is None or self._by_run.get(run_id) is not session:
             return
         runs = self._by_answer.get((agent, key))
-        if runs is None or run_id not in runs:
-            return
+        if not isinstance(runs, dict) or run_id not in runs:
+            return  # (one run gave it, or none: nothing to keep in order)
         waiting = self._waiting.setdefault((agent, key), {})
         waiting[run_id] = session
         if len(waiting) > 1 and next(reversed(runs)) != run_id:
@@ -371,12 +429,16 @@ class SessionManager:
             del self._waiting[(agent, key)]
 
     def _drop_answer(self, session: Session, key: bytes) -> None:
-        runs = self._by_answer.get((session.agent, key))
-        if runs is None or runs.get(session.run_id) is not session:
+        index = (session.agent, key)
+        runs = self._by_answer.get(index)
+        if runs is session:
+            del self._by_answer[index]
+            return
+        if not isinstance(runs, dict) or runs.get(session.run_id) is not session:
             return
         del runs[session.run_id]
         if not runs:
-            del self._by_answer[(session.agent, key)]
+            del self._by_answer[index]
         self._unwait(session.agent, key, session.run_id)
 
     # --- ending ------------------------------------------------------------------------------
@@ -466,7 +528,7 @@ class SessionManager:
         if new.explicit:
             self._explicit[new.key] = new
             return new
-        self._recent.setdefault(agent, OrderedDict())[run_id] = new
+        self._recent.setdefault(agent, {})[run_id] = new
         lineage = new.lineage
         if lineage.announced is not None:
             self._by_episode[(agent, lineage.announced)] = new
@@ -475,7 +537,7 @@ class SessionManager:
         for response_id in lineage.responses:
             self._by_response[response_id] = new
         for key in lineage.answers:
-            self._by_answer.setdefault((agent, key), {})[run_id] = new
+            self._add_answer(new, key)
         waiting, lineage.waiting = lineage.waiting, None
         if waiting is not None:
             self._set_waiting(new, waiting)

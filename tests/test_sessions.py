@@ -324,6 +324,7 @@ def test_take_live_goes_on_exactly_where_lookup_would_go_on_with_the_same_sessio
 class _CountingSession(Session):
     """A session that counts reads of what the idle sweep judges it by."""
 
+    __slots__ = ()  # Session's layout (slots), so that a session's __class__ can become this one
     reads = 0
 
     def __getattribute__(self, name: str) -> Any:
@@ -384,6 +385,25 @@ def test_the_oldest_run_waiting_for_an_answer_is_found_among_many_that_gave_it()
     assert m.lookup("a", None, now=3, wall=0, episode=chat("solve", "same", "next"))[0] is batch[1]
     assert m.lookup("a", None, now=4, wall=0, episode=chat("solve", "same", "next"))[0] is batch[3]
     # expiry forgets each run's place in the index
+    m.idle_sessions(now=10_000)
+    assert not m._by_answer and not m._waiting
+
+
+def test_the_first_run_keeps_its_place_when_a_second_gives_the_same_answer() -> None:
+    """An answer one run gave is indexed by that run alone, and by the runs in order once another
+    gives it too: the first still waiting is found first, one whose conversation went on is not."""
+    m = mgr()
+    a, _ = m.lookup("a", None, now=0, wall=0, episode=chat("solve"))
+    answered(m, a, "solve", "same")
+    assert m._by_answer[("a", next(iter(a.lineage.answers)))] is a  # one run: no dict of runs
+    b, _ = m.lookup("a", None, now=1, wall=0, episode=chat("solve"))
+    answered(m, b, "solve", "same")
+    assert m.lookup("a", None, now=2, wall=0, episode=chat("solve", "same", "go on"))[0] is a
+    assert m.lookup("a", None, now=3, wall=0, episode=chat("solve", "same", "go on"))[0] is b
+    # a's and b's conversations went on before c gave the answer: c is the one waiting
+    c, _ = m.lookup("a", None, now=4, wall=0, episode=chat("solve"))
+    answered(m, c, "solve", "same")
+    assert m.lookup("a", None, now=5, wall=0, episode=chat("solve", "same", "next"))[0] is c
     m.idle_sessions(now=10_000)
     assert not m._by_answer and not m._waiting
 

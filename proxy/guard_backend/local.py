@@ -146,7 +146,7 @@ class LocalGuardBackend:
             estimate_usd=judged.estimate,
             estimate_tokens=judged.tokens,
             now=now,
-            event_ids=conversation.tool_event_ids,
+            event_ids=conversation.tool_event_ids_so_far,
             reading=conversation.guard_state,
             read_from=getattr(call, "continues", None),
             echo=judged.echo,

@@ -13,7 +13,6 @@ Pure: no I/O, no asyncio, the monotonic clock passed in as `now`.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -56,8 +55,30 @@ class Reservation:
     tokens: int
 
 
+_NONE_HELD: dict[int, Reservation] = {}  # (read only)
+
+
 class SessionBudget:
     """Spend, tokens, counts and elapsed time of one session, held against its config."""
+
+    __slots__ = (
+        "budget",
+        "limits",
+        "max_steps",
+        "started_at",
+        "cost_usd",
+        "tokens",
+        "llm_calls",
+        "tool_calls",
+        "events",
+        "soft_alerted",
+        "_inflight",
+        "_inflight_tokens",
+        "_inflight_llm",
+        "_inflight_tool",
+        "_last_id",
+        "_limited",
+    )
 
     def __init__(
         self,
@@ -76,14 +97,16 @@ class SessionBudget:
         self.tool_calls = 0
         self.events = 0
         self.soft_alerted = False
-        self._inflight: dict[int, Reservation] = {}
+        # the reservations of the calls in flight, by id (None when there is none: a session waiting
+        # out its idle timeout keeps no emptied dict, issue 33)
+        self._inflight: dict[int, Reservation] | None = None
         # what the calls in flight hold, kept as they come and go (a busy session has dozens in
         # flight: summing them per call was the budget's main cost); USD is summed when a cost
         # budget asks, in the order it always was, so the float is the same to the last bit
         self._inflight_tokens = 0
         self._inflight_llm = 0
         self._inflight_tool = 0
-        self._ids = itertools.count(1)
+        self._last_id = 0  # the last reservation's id (1, 2, ...)
         self._limited = _any_limit(budget, limits, max_steps)
 
     def configure(self, budget: BudgetConfig, limits: LimitsConfig, max_steps: int | None) -> None:
@@ -110,10 +133,14 @@ class SessionBudget:
         refusal = self.refusal(kind, now)
         if refusal is not None and not reserve_anyway and refusal.action is not Action.ASK:
             return refusal, None
+        self._last_id += 1
         res = Reservation(
-            next(self._ids), kind, estimate_usd if estimate_usd > 0.0 else 0.0, max(0, estimate_tokens)
+            self._last_id, kind, estimate_usd if estimate_usd > 0.0 else 0.0, max(0, estimate_tokens)
         )
-        self._inflight[res.id] = res
+        inflight = self._inflight
+        if inflight is None:
+            inflight = self._inflight = {}
+        inflight[res.id] = res
         self._hold(res, 1)
         return refusal or ALLOW, res
 
@@ -136,7 +163,7 @@ class SessionBudget:
 
     def _inflight_usd(self) -> float:
         usd = 0.0
-        for r in self._inflight.values():
+        for r in (self._inflight or _NONE_HELD).values():
             usd += r.usd
         return float(usd)
 
@@ -237,9 +264,8 @@ class SessionBudget:
         self, reservation: Reservation | None, cost_usd: float, tokens: int, now: float
     ) -> list[Decision]:
         """The call was answered: replace its estimate by the real cost; the soft alert fires once."""
-        held = self._inflight.pop(reservation.id, None) if reservation is not None else None
+        held = self._take(reservation)
         if held is not None:
-            self._hold(held, -1)
             if held.kind == "llm":
                 self.llm_calls += 1
             else:
@@ -263,9 +289,19 @@ class SessionBudget:
 
     def release(self, reservation: Reservation | None) -> None:
         """The call never reached the upstream (refused later, or failed to connect): not counted."""
-        held = self._inflight.pop(reservation.id, None) if reservation is not None else None
+        self._take(reservation)
+
+    def _take(self, reservation: Reservation | None) -> Reservation | None:
+        """The reservation out of the calls in flight (None: not held, or already taken)."""
+        inflight = self._inflight
+        if reservation is None or inflight is None:
+            return None
+        held = inflight.pop(reservation.id, None)
         if held is not None:
             self._hold(held, -1)
+            if not inflight:
+                self._inflight = None
+        return held
 
     def count_history_tool_calls(self, n: int) -> None:
         """Function-calling tool calls first seen in an LLM request's history (not via MCP)."""

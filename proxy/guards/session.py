@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from proxy.constants import GUARD_TOOL_ASK, GUARD_TOOL_DENIED, EventType
@@ -31,6 +32,7 @@ from proxy.guards.raises import raised_sections
 # events AgentDbg's cycle detector looks at (Tripwire's own STATE_UPDATEs are guard state, not
 # agent behaviour, and LOOP_WARNING / ERROR are the detector's own output)
 CYCLE_EVENTS = frozenset({EventType.LLM_CALL, EventType.TOOL_CALL})
+_NOTHING_RAISED: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -73,24 +75,60 @@ class Verdict:
 class SessionGuards:
     """The loop detector and budget of one session, under the config in force."""
 
+    # slots, and the containers made at their first use: a stateless service's call is a run (and
+    # a SessionGuards) of its own, held for the idle timeout (issue 33)
+    __slots__ = (
+        "config",
+        "loop",
+        "budget",
+        "_decision_counts",
+        "terminated_by",
+        "calls_seen",
+        "calls_settled",
+        "events_seen",
+        "config_rev",
+        "_shadow_reported",
+        "_raised",
+        "loop_approved_until",
+    )
+
     def __init__(self, config: GuardConfig, started_at: float) -> None:
         self.config = config
         self.loop = LoopDetector(config.loop_detection)
         self.budget = SessionBudget(config.budget, config.limits, config.loop_detection.max_steps, started_at)
-        self.decision_counts: Counter[str] = Counter()
+        self._decision_counts: Counter[str] | None = None
         self.terminated_by: Decision | None = None
         # what a replay needs to put the calls back in the order the guards saw them (SPEC §5.7)
         self.calls_seen = 0  # calls judged so far: the next one's call_seq is this + 1
         self.calls_settled = 0  # answers settled so far
         self.events_seen = 0  # events observed so far
         self.config_rev = 0  # changes of the config in force
-        self.shadow_reported: set[str] = set()  # shadow mode: guards whose ERROR was written
+        self._shadow_reported: set[str] | None = None  # shadow mode: guards whose ERROR was written
         # limits a person raised for the rest of the session (proxy/guards/raises.py), kept over
         # config changes
-        self.raised: dict[str, float] = {}
+        self._raised: dict[str, float] | None = None
         # the last call_seq a loop a person approved covers (SPEC §5.5a): up to it a loop pattern's
         # ASK is let through as a WARN, whichever pattern asks (the approved one or another)
         self.loop_approved_until = 0
+
+    @property
+    def decision_counts(self) -> Counter[str]:
+        """Decisions so far, by `guard:action`."""
+        if self._decision_counts is None:
+            self._decision_counts = Counter()
+        return self._decision_counts
+
+    @property
+    def shadow_reported(self) -> set[str]:
+        """Shadow mode: the guards whose ERROR was written."""
+        if self._shadow_reported is None:
+            self._shadow_reported = set()
+        return self._shadow_reported
+
+    @property
+    def raised(self) -> Mapping[str, float]:
+        """Limits a person raised for the rest of the session (read only: `raise_limits`)."""
+        return self._raised or _NOTHING_RAISED
 
     def approve_loop(self, until: int) -> None:
         """A person approved a held loop call: the loop's asks go through up to call `until`."""
@@ -110,8 +148,11 @@ class SessionGuards:
     def raise_limits(self, raised: Mapping[str, float]) -> None:
         """Raise budgets or limits for the rest of the session (validated by the caller:
         `proxy.guards.raises.validate_raise`); effective on the next call."""
+        own = self._raised
+        if own is None:
+            own = self._raised = {}
         for key, value in raised.items():
-            self.raised[key] = max(value, self.raised.get(key, value))
+            own[key] = max(value, own.get(key, value))
         self._configure_budget()
 
     def resumed(self) -> None:
@@ -139,8 +180,8 @@ class SessionGuards:
 
     def _configure_budget(self) -> None:
         config = self.config
-        if self.raised:
-            self.budget.configure(*raised_sections(config, self.raised))
+        if self._raised:
+            self.budget.configure(*raised_sections(config, self._raised))
         else:
             self.budget.configure(config.budget, config.limits, config.loop_detection.max_steps)
 
@@ -303,7 +344,7 @@ class SessionGuards:
             "turn": loop["turn"],
             "turn_tool_counts": loop["turn_tool_counts"],
             "tool_counts": loop["tool_counts"],
-            "decisions": dict(self.decision_counts),
+            "decisions": dict(self._decision_counts or {}),
             "loop": loop,
             "budget": self.budget.stats(now),
             "terminated_by": None if t is None else {"guard": t.guard, "kind": t.kind, "message": t.message},

@@ -33,7 +33,7 @@ class ToolResultsStage(BaseStage):
         # a result completes a call an earlier answer asked for: with none pending, nothing to do
         if (
             session is not None
-            and session.conversation.pending_tool_calls
+            and session.conversation.has_pending_tool_calls
             and isinstance(ex.protocol, LLMProtocol)
         ):
             record_tool_results(ex, self.services)

@@ -6,6 +6,8 @@ tripwire.json and RUN_END summary say. Only the event-loop thread touches it; no
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,6 +21,7 @@ ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent
 _RUN_START: str = EventType.RUN_START.value
 BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
 _LLM_CALL: str = EventType.LLM_CALL.value
+NO_TAGS: frozenset[str] = frozenset()  # a run's tags until it has one
 
 
 class Line(NamedTuple):
@@ -34,9 +37,15 @@ class Line(NamedTuple):
 
 @dataclass(slots=True)
 class Disk:
-    """What a run's files hold: run.json is written from this, never from what is only queued."""
+    """What a run's files hold: run.json is written from this, never from what is only queued.
 
-    counts: dict[str, int] = field(default_factory=default_counts)
+    Its four counts are fields, not a dict (`counts` makes one): a run holds a Disk for as long as
+    it is live, and a stateless service's every call is a run (issue 33)."""
+
+    llm_calls: int = 0
+    tool_calls: int = 0
+    errors: int = 0
+    loop_warnings: int = 0
     last_ts: float = 0.0
     last_event_ts: str | None = None
     started: bool = False  # RUN_START is in events.jsonl
@@ -48,11 +57,11 @@ class Disk:
 
     def add_lines(self, lines: list[Line]) -> None:
         """`add` of each line, in order (a writer pass adds a few dozen at a time)."""
-        counts = self.counts
         last_ts, last_iso = self.last_ts, self.last_event_ts
         for line in lines:
-            if line.key:
-                counts[line.key] += 1
+            key = line.key
+            if key:
+                setattr(self, key, getattr(self, key) + 1)  # (a COUNT_FOR_EVENT value: a field)
             if line.ts >= last_ts or last_iso is None:
                 last_ts, last_iso = line.ts, line.ts_iso
             if line.event_type in BOOKENDS:
@@ -64,7 +73,27 @@ class Disk:
 
     def copy(self) -> Disk:
         """A copy to add a job's lines to (dataclasses.replace, without its per-call introspection)."""
-        return Disk(dict(self.counts), self.last_ts, self.last_event_ts, self.started, self.ended, self.size)
+        return Disk(
+            self.llm_calls,
+            self.tool_calls,
+            self.errors,
+            self.loop_warnings,
+            self.last_ts,
+            self.last_event_ts,
+            self.started,
+            self.ended,
+            self.size,
+        )
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """run.json's counts object, in its order (`constants.default_counts`)."""
+        return {
+            "llm_calls": self.llm_calls,
+            "tool_calls": self.tool_calls,
+            "errors": self.errors,
+            "loop_warnings": self.loop_warnings,
+        }
 
 
 @dataclass(slots=True)
@@ -85,7 +114,7 @@ class Run:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    tags: set[str] = field(default_factory=set)
+    tags: AbstractSet[str] = NO_TAGS  # health tags (a set of its own once the first is added)
     fields: dict[str, Any] = field(default_factory=dict)  # tripwire.json fields set by the caller
     pending: list[Line] = field(default_factory=list)  # queued, not yet on disk, in order
     end_event: dict[str, Any] | None = None  # RUN_END, encoded when written (summary = what is on disk)
@@ -100,6 +129,18 @@ class Run:
     failing: bool = False  # its last write failed: retried at retry_at, or on flush
     retry_at: float = 0.0
     wait_due: float | None = None  # its entry in the writer's waiting heap
+
+    def add_tags(self, tags: Iterable[str]) -> None:
+        if self.tags is NO_TAGS:
+            self.tags = set(tags)  # (most runs carry none: no empty set each, issue 33)
+        else:
+            assert isinstance(self.tags, set)
+            self.tags.update(tags)
+
+    def remove_tags(self, tags: Iterable[str]) -> None:
+        if self.tags is not NO_TAGS:
+            assert isinstance(self.tags, set)
+            self.tags.difference_update(tags)
 
     @property
     def is_open(self) -> bool:
@@ -165,15 +206,18 @@ def summary_order(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary(run: Run, now: float) -> dict[str, Any]:
-    """RUN_END's summary shape, counting every event accepted."""
-    return summary_order(
-        {
-            **run.counts,
-            "duration_ms": max(0, int((now - run.started) * 1000)),
-            "cost_usd": round(run.cost_usd, 10),
-            "total_tokens": run.total_tokens,
-        }
-    )
+    """RUN_END's summary shape, counting every event accepted (`summary_order`'s keys and order,
+    built in one go: an expiry ends thousands of runs in one sweep)."""
+    counts = run.counts
+    return {
+        "llm_calls": counts.get("llm_calls", 0),
+        "tool_calls": counts.get("tool_calls", 0),
+        "errors": counts.get("errors", 0),
+        "duration_ms": max(0, int((now - run.started) * 1000)),
+        "loop_warnings": counts.get("loop_warnings", 0),
+        "cost_usd": round(run.cost_usd, 10),
+        "total_tokens": run.total_tokens,
+    }
 
 
 def run_json(run: Run, disk: Disk | None = None) -> dict[str, Any]:
@@ -191,7 +235,7 @@ def run_json(run: Run, disk: Disk | None = None) -> dict[str, Any]:
         if ended and run.ended is not None
         else None,
         "status": run.status if ended else STATUS_RUNNING,
-        "counts": dict(disk.counts),
+        "counts": disk.counts,
         "last_event_ts": disk.last_event_ts,
     }
 

@@ -18,9 +18,11 @@ class AgentDbgCycle:
 
     KINDS = {"cycle": "the run keeps repeating the same sequence of calls"}
 
+    __slots__ = ("_window", "_reported")
+
     def __init__(self, config: LoopDetectionConfig) -> None:
         self._window: deque[tuple[str, str]] = deque(maxlen=max(2, config.window))
-        self._reported: set[str] = set()
+        self._reported: set[str] | None = None  # (made at the first finding)
 
     def configure(self, config: LoopDetectionConfig) -> None:
         if self._window.maxlen != max(2, config.window):
@@ -54,11 +56,14 @@ class AgentDbgCycle:
             evidence = tuple(e for _, e in items[-m * reps :])
             terminate = cfg.stop_on_loop and reps >= cfg.stop_on_loop_min_repetitions
             key = f"{pattern}|{'stop' if terminate else k}"
-            if key in self._reported:
+            reported = self._reported
+            if reported is None:
+                reported = self._reported = set()
+            if key in reported:
                 # one LOOP_WARNING per distinct pattern per run; a stop already ended the session
                 # (calls still in flight extend the same cycle: not another ERROR each)
                 return None
-            self._reported.add(key)
+            reported.add(key)
             return Firing(
                 "cycle",
                 key,

@@ -50,31 +50,82 @@ LOOP_KINDS: dict[str, str] = {
 class LoopDetector:
     """All loop patterns of one session."""
 
+    # slots, and every container made when first needed: a stateless service's call is a run of
+    # its own, whose guards judge one call without a tool call and then wait out the idle timeout
+    # (issue 33: ~4 KB a run of empty turns, patterns, sets and Counters)
+    __slots__ = (
+        "config",
+        "_reported",
+        "_turn",
+        "_turn_number",
+        "_turn_started",
+        "_patterns",
+        "_last_mcp_at",
+        "_llm_seen",
+        "_history",
+        "_by_id",
+        "_answers",
+        "_event_ids",
+        "new_history_calls",
+        "new_call_names",
+        "_cycle",
+        "_writes",
+        "_tool_totals",
+        "_decision_counts",
+    )
+
     def __init__(self, config: LoopDetectionConfig) -> None:
         self.config = config
-        self._reported: set[Any] = set()  # finding keys that already wrote their LOOP_WARNING
-        self._turn = Turn(0, None)
-        self._patterns = [make() for make in ATTEMPT_PATTERNS]  # the turn's: one of each
+        self._reported: set[Any] | None = None  # finding keys that already wrote their LOOP_WARNING
+        # the turn: None while nothing happened in it (no call, no answer), numbered and started by
+        # the two fields after it; built with the turn's patterns (one of each) at its first call
+        self._turn: Turn | None = None
+        self._turn_number = 0
+        self._turn_started: float | None = None
+        self._patterns: Sequence[Pattern] = ()  # the turn's (none until it is built)
         self._last_mcp_at: float | None = None
         self._llm_seen = False
         # function-calling bookkeeping
         self._history = HistoryReader()
-        self._by_id: dict[str, Attempt] = {}
-        self._answers: dict[tuple[str, ...], list[Decision]] = {}  # last request's decisions
+        self._by_id: dict[str, Attempt] | None = None
+        self._answers: tuple[tuple[str, ...], list[Decision]] | None = None  # last request's decisions
         self._event_ids: Mapping[str, str] | None = None  # tool_call_id -> TOOL_CALL event id
         self.new_history_calls = 0  # counted by the last check_llm_history (not seen as MCP)
-        self.new_call_names: list[str] = []  # the names of those calls (tool permissions)
-        self._cycle = AgentDbgCycle(config)
-        self._writes: dict[str, bool] = {}  # tool -> mutating (classify_tool, under the config in force)
+        self.new_call_names: Sequence[str] = ()  # the names of those calls (tool permissions)
+        self._cycle: AgentDbgCycle | None = None  # (made at the first event it looks at)
+        self._writes: dict[str, bool] | None = None  # tool -> mutating (classify_tool, config in force)
         # stats
-        self.tool_totals: Counter[str] = Counter()
-        self.decision_counts: Counter[str] = Counter()
+        self._tool_totals: Counter[str] | None = None
+        self._decision_counts: Counter[str] | None = None
+
+    @property
+    def tool_totals(self) -> Counter[str]:
+        """Every tool call seen, by tool."""
+        if self._tool_totals is None:
+            self._tool_totals = Counter()
+        return self._tool_totals
+
+    @property
+    def decision_counts(self) -> Counter[str]:
+        """Decisions so far, by `kind or guard:action`."""
+        if self._decision_counts is None:
+            self._decision_counts = Counter()
+        return self._decision_counts
+
+    def _current(self) -> Turn:
+        """The turn, built (with its patterns) when something first happens in it."""
+        t = self._turn
+        if t is None:
+            t = self._turn = Turn(self._turn_number, self._turn_started)
+            self._patterns = [make() for make in ATTEMPT_PATTERNS]
+        return t
 
     def configure(self, config: LoopDetectionConfig) -> None:
         """A config change (admin API) applies from the next call; counts are kept."""
         self.config = config
-        self._writes.clear()
-        self._cycle.configure(config)
+        self._writes = None
+        if self._cycle is not None:
+            self._cycle.configure(config)
 
     # -- MCP tool calls --------------------------------------------------------------------------
 
@@ -103,11 +154,12 @@ class LoopDetector:
                 self._new_turn(now)
         self._last_mcp_at = now
         attempt = self._attempt(tool, sig, ident, evidence)
-        self._turn.pending.setdefault(sig, []).append(attempt)
+        t = self._current()
+        t.pending.setdefault(sig, []).append(attempt)
         decisions = self._judge(attempt) + self._turn_time(now)
         decisions = self._finish(decisions)
         if enforced and any(d.action >= Action.BLOCK for d in decisions):
-            self._turn.refused(attempt)
+            t.refused(attempt)
         return decisions
 
     def record_tool_result(
@@ -123,8 +175,8 @@ class LoopDetector:
         """After an MCP call answered: whether it made progress, for the patterns that follow."""
         self._last_mcp_at = now  # the pause that ends an MCP-only turn runs from the last activity
         t = self._turn
-        waiting = t.pending.get(call_sig(tool, args))
-        if not waiting:
+        waiting = None if t is None else t.pending.get(call_sig(tool, args))
+        if not waiting or t is None:
             return  # detection off when it was made, or a turn began since: nothing to measure against
         attempt = waiting.pop(0)
         if not waiting:
@@ -180,17 +232,20 @@ class LoopDetector:
             # turn without calls (renumbered), and no turn time spent in it yet
             self._new_turn(now)
             return said
-        t = self._turn
+        t = self._current()
         if (
             not read.inside
             or t.started_at is None
             or (not read.continued and t.ids.intersection(read.earlier_ids))
         ):
             self._new_turn(now)
-            t = self._turn
+            t = self._current()
 
         decisions: list[Decision] = []
         tool_results = results_map(tool_results)
+        by_id = self._by_id
+        if by_id is None:
+            by_id = self._by_id = {}
         for step in read.turn_steps:
             made: list[tuple[Attempt, tuple[str, str | None] | None]] = []
             for call in step:
@@ -198,7 +253,7 @@ class LoopDetector:
                 if call.claimed:  # already counted as the MCP call it was
                     continue
                 attempt = self._attempt(call.name, call.sig, call.ident, self._evidence_id(call.call_id))
-                self._by_id[call.call_id] = attempt
+                by_id[call.call_id] = attempt
                 decisions += self._judge(attempt)
                 result = tool_results.get(call.call_id)
                 if result is not None:
@@ -212,14 +267,15 @@ class LoopDetector:
 
         # the request's shape: the same history sent again gets the same answer
         last_ids = (str(turn_start), str(len(steps)), *(call_tuple(c)[0] for c in steps[-1]))
-        if read.new_calls == 0 and last_ids in self._answers:
-            decisions = [replace(d, new_finding=False) for d in self._answers[last_ids]]
+        answers = self._answers
+        if read.new_calls == 0 and answers is not None and answers[0] == last_ids:
+            decisions = [replace(d, new_finding=False) for d in answers[1]]
         else:
-            firing = identical_step.judge(steps, turn_start, self.config, self._by_id, self._evidence_id)
+            firing = identical_step.judge(steps, turn_start, self.config, by_id, self._evidence_id)
             if firing is not None:
                 decisions.append(self._decision(firing))
             decisions = self._finish(decisions)
-            self._answers = {last_ids: decisions}
+            self._answers = (last_ids, decisions)
         turn_time = self._turn_time(now)
         self._tally(turn_time)
         return self._dedupe(decisions + turn_time + said)
@@ -239,9 +295,13 @@ class LoopDetector:
 
     def observe_event(self, event_type: str, name: str, event_id: str) -> Decision | None:
         """After an event is recorded: AgentDbg's cycle over `window` event signatures (opt-in)."""
-        if not self.config.enabled:
-            return None
-        firing = self._cycle.observe(event_type, name, event_id, self.config)
+        config = self.config
+        if not config.enabled or not config.agentdbg_cycle:
+            return None  # (the cycle looks at nothing then)
+        cycle = self._cycle
+        if cycle is None:
+            cycle = self._cycle = AgentDbgCycle(config)
+        firing = cycle.observe(event_type, name, event_id, config)
         if firing is None:
             return None
         decision = firing.decision()
@@ -252,18 +312,24 @@ class LoopDetector:
 
     def _new_turn(self, now: float) -> None:
         t = self._turn
-        if t.pristine:  # nothing happened in it: the next turn is the same empty one, renumbered
+        if t is None:  # nothing happened in it (not even built): the next one, renumbered
+            self._turn_number += 1
+            self._turn_started = now
+        elif t.pristine:  # nothing happened in it: the next turn is the same empty one, renumbered
             t.number += 1
             t.started_at = now
-            return
-        self._turn = Turn(t.number + 1, now)
-        self._patterns = [make() for make in ATTEMPT_PATTERNS]
+        else:  # built at its first call
+            self._turn, self._patterns = None, ()
+            self._turn_number, self._turn_started = t.number + 1, now
 
     def _attempt(self, tool: str, sig: str, ident: str, evidence: str | None) -> Attempt:
-        t = self._turn
-        writes = self._writes.get(tool)
+        t = self._current()
+        writes_of = self._writes
+        if writes_of is None:
+            writes_of = self._writes = {}
+        writes = writes_of.get(tool)
         if writes is None:
-            writes = self._writes[tool] = classify_tool(tool, self.config) == "mutating"
+            writes = writes_of[tool] = classify_tool(tool, self.config) == "mutating"
         attempt = t.attempt(tool, sig, ident, evidence, writes=writes)
         for pattern in self._patterns:
             pattern.attempted(attempt, t)
@@ -272,7 +338,7 @@ class LoopDetector:
 
     def _judge(self, attempt: Attempt) -> list[Decision]:
         """The patterns that fire on this attempt, before it is forwarded."""
-        t, config = self._turn, self.config
+        t, config = self._current(), self.config
         return [
             self._decision(f)
             for pattern in self._patterns
@@ -281,7 +347,7 @@ class LoopDetector:
 
     def _answered(self, attempt: Attempt, fingerprint: str, error: str | None) -> None:
         """An answer came back: the turn records it, then the patterns hear it."""
-        t = self._turn
+        t = self._current()
         t.apply(attempt, fingerprint, error)
         for pattern in self._patterns:
             pattern.answered(attempt, fingerprint, error, t)
@@ -293,7 +359,7 @@ class LoopDetector:
     def _turn_time(self, now: float) -> list[Decision]:
         """Loop Guard's max_time_per_turn, for turns the conversation history shows."""
         limit = self.config.max_time_per_turn
-        started = self._turn.started_at
+        started = self._turn_started if self._turn is None else self._turn.started_at
         if limit is None or not self._llm_seen or started is None:
             return []
         elapsed = now - started
@@ -312,8 +378,11 @@ class LoopDetector:
 
     def _decision(self, firing: Firing) -> Decision:
         """A firing as a decision, a new finding the first time its key fires."""
-        new = firing.key not in self._reported
-        self._reported.add(firing.key)
+        reported = self._reported
+        if reported is None:
+            reported = self._reported = set()
+        new = firing.key not in reported
+        reported.add(firing.key)
         return firing.decision(new)
 
     def _finish(self, decisions: list[Decision]) -> list[Decision]:
@@ -343,14 +412,16 @@ class LoopDetector:
     def stats(self, now: float | None = None) -> dict[str, Any]:
         """Loop Guard's get_stats(): per-tool counts, the current turn, decisions so far."""
         t = self._turn
+        totals: Mapping[str, int] = self._tool_totals or {}
         out: dict[str, Any] = {
-            "turn": t.number,
-            "turn_tool_counts": dict(t.calls),
-            "turn_no_progress_counts": dict(t.no_progress),
-            "tool_counts": dict(self.tool_totals),
-            "decisions": dict(self.decision_counts),
-            "tool_calls_seen": sum(self.tool_totals.values()),
+            "turn": self._turn_number if t is None else t.number,
+            "turn_tool_counts": {} if t is None else dict(t.calls),
+            "turn_no_progress_counts": {} if t is None else dict(t.no_progress),
+            "tool_counts": dict(totals),
+            "decisions": dict(self._decision_counts or {}),
+            "tool_calls_seen": sum(totals.values()),
         }
-        if now is not None and t.started_at is not None:
-            out["turn_elapsed_s"] = round(now - t.started_at, 3)
+        started = self._turn_started if t is None else t.started_at
+        if now is not None and started is not None:
+            out["turn_elapsed_s"] = round(now - started, 3)
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.guards.signatures import call_keys, content_text, result_fingerprint
@@ -116,23 +116,29 @@ class Reading:
     new_calls: int  # calls seen for the first time (MCP-claimed ones included)
     new_history_calls: int  # of those, the tool calls the budget has not counted yet
     # the names of the new calls not counted as MCP calls (tool permissions judge them)
-    new_names: list[str] = field(default_factory=list)
+    new_names: Sequence[str] = ()
 
 
 class HistoryReader:
     """Reads each request's history on from the last: the calls not seen before, once each."""
 
+    __slots__ = ("_seen_ids", "_mcp_unclaimed", "_history_seen", "_last")
+
     def __init__(self) -> None:
-        self._seen_ids: set[str] = set()
-        self._mcp_unclaimed: Counter[str] = Counter()
+        # (each made at its first use: a one-call run's first request reads no tool call)
+        self._seen_ids: set[str] | None = None
+        self._mcp_unclaimed: Counter[str] | None = None
         self._history_seen = False  # a request's history was read before (later unseen ids are new)
         self._last: _Read | None = None  # the history read last, when its caller named it
 
     def mcp_call(self, sig: str) -> None:
         """An MCP call was counted: the history that shows it later does not count it again."""
-        if len(self._mcp_unclaimed) > MAX_MCP_UNCLAIMED:
-            self._mcp_unclaimed.clear()
-        self._mcp_unclaimed[sig] += 1
+        unclaimed = self._mcp_unclaimed
+        if unclaimed is None:
+            unclaimed = self._mcp_unclaimed = Counter()
+        elif len(unclaimed) > MAX_MCP_UNCLAIMED:
+            unclaimed.clear()
+        unclaimed[sig] += 1
 
     def read(
         self,
@@ -149,7 +155,7 @@ class HistoryReader:
         if not steps:
             self._last = _Read(reading, 0, 0, False, judged)
             self._history_seen = True
-            return Reading(False, False, [], [], 0, 0)
+            return Reading(False, False, [], [], 0, 0, ())
         # when this history goes on from the one read last with the same turn, every call of its
         # first steps is one already seen, and nothing about the turn changes but what the new
         # steps bring: those steps alone are read
@@ -174,17 +180,21 @@ class HistoryReader:
         turn_steps: list[list[NewCall]] = []
         new_calls = new_history_calls = 0
         new_names: list[str] = []
+        seen_ids = self._seen_ids
+        if seen_ids is None:
+            seen_ids = self._seen_ids = set()
+        unclaimed = self._mcp_unclaimed
         for k, step in enumerate(new_steps, start):
             in_turn = k >= turn_start
             fresh: list[NewCall] = []
             for call_id, name, args in step:
-                if call_id in self._seen_ids:
+                if call_id in seen_ids:
                     continue  # read in an earlier request: histories repeat every call
-                self._seen_ids.add(call_id)
+                seen_ids.add(call_id)
                 sig, ident = call_keys(name, args)
-                claimed = self._mcp_unclaimed[sig] > 0
-                if claimed:
-                    self._mcp_unclaimed[sig] -= 1
+                claimed = unclaimed is not None and unclaimed[sig] > 0
+                if claimed and unclaimed is not None:
+                    unclaimed[sig] -= 1
                 new_calls += 1
                 # a call of an earlier turn Tripwire never saw, in a history it has seen, came after
                 # it joined (its result sent along with the next user message): a tool call of the

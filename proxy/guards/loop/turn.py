@@ -19,7 +19,7 @@ MAX_TURN_KEYS = 8192  # identities / results remembered per turn (forgetting onl
 MAX_VARIANTS = 8  # results of one template kept per tool, each compared with a new result of it
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Attempt:
     """One tool call of the turn: what was known when it was made, and (once back) its staleness."""
 
@@ -43,6 +43,25 @@ class Attempt:
 
 class Turn:
     """Everything progress is measured against: it starts from nothing at each user turn."""
+
+    __slots__ = (
+        "number",
+        "started_at",
+        "attempts",
+        "count",
+        "serial",
+        "last_answer",
+        "results",
+        "last_news",
+        "no_progress",
+        "calls",
+        "pending",
+        "ids",
+        "counted",
+        "values_seen",
+        "fresh",
+        "tool_quiet_at",
+    )
 
     def __init__(self, number: int, started_at: float | None) -> None:
         self.number = number
