@@ -87,28 +87,32 @@ async def measure(root: Path | None, runs: int, data_root: str | None, conns: in
     out = tempfile.mktemp(prefix="tripwire-snap-", dir=data_root)
     port, admin = procs.free_port(), procs.free_port()
     tmp = tempfile.TemporaryDirectory(prefix="tripwire-bench-", dir=data_root)
-    tw = await procs._spawn(
-        "run-memory",
-        port,
-        sys.executable,
-        str(SCRIPT),
-        "serve",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--admin-listen",
-        f"127.0.0.1:{admin}",
-        "--upstream",
-        f"http://127.0.0.1:{up.port}",
-        "--data-dir",
-        tmp.name,
-        "--log-level",
-        "WARNING",
-        "--session-idle-timeout",
-        "3600",
-        env={"HOME": tmp.name, "PYTHONPATH": str(checkout), "TRIPWIRE_TRACE_OUT": out},
-        cwd=checkout,
-        tmp=tmp,
-    )
+    try:
+        tw = await procs._spawn(
+            "run-memory",
+            port,
+            sys.executable,
+            str(SCRIPT),
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--admin-listen",
+            f"127.0.0.1:{admin}",
+            "--upstream",
+            f"http://127.0.0.1:{up.port}",
+            "--data-dir",
+            tmp.name,
+            "--log-level",
+            "WARNING",
+            "--session-idle-timeout",
+            "3600",
+            env={"HOME": tmp.name, "PYTHONPATH": str(checkout), "TRIPWIRE_TRACE_OUT": out},
+            cwd=checkout,
+            tmp=tmp,
+        )
+    except BaseException:
+        await up.stop()  # (the server never came up: the upstream goes too)
+        raise
     tw.admin_port = admin
     try:
         await send(port, 200, 4, "warm")
