@@ -215,7 +215,7 @@ class TraceWriter:
         else:
             key = COUNT_FOR_EVENT.get(event_type)
             if key:
-                run.counts[key] += 1
+                setattr(run, key, getattr(run, key) + 1)  # (a COUNT_FOR_EVENT value: a Run field)
             if event_type == _RUN_END:
                 run.end_event = event  # encoded when written: its summary counts the events on disk
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
