@@ -21,6 +21,7 @@ _RUN_START: str = EventType.RUN_START.value
 BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
 _LLM_CALL: str = EventType.LLM_CALL.value
 NO_TAGS: frozenset[str] = frozenset()  # a run's tags until it has one
+NO_LINES: tuple[()] = ()  # a run's pending lines while none is queued
 
 
 class Line(NamedTuple):
@@ -122,7 +123,8 @@ class Run:
     total_tokens: int = 0
     tags: AbstractSet[str] = NO_TAGS  # health tags (a set of its own once the first is added)
     fields: dict[str, Any] = field(default_factory=dict)  # tripwire.json fields set by the caller
-    pending: list[Line] = field(default_factory=list)  # queued, not yet on disk, in order
+    # queued, not yet on disk, in order; NO_LINES (shared) while none is: no empty list a run
+    pending: list[Line] | tuple[()] = NO_LINES
     end_event: dict[str, Any] | None = None  # RUN_END, encoded when written (summary = what is on disk)
     disk: Disk = field(default_factory=Disk)
     run_json_dirty: bool = True
