@@ -79,12 +79,16 @@ def measure(n: int) -> dict[str, float]:
     out["session + lineage + manager's indexes"] = per_run(n, open_run)
     sessions = list(m.known())
     out["session guards (first call)"] = per_run(n, lambda i: guards_of(config, sessions[i], i * 0.001))
-    base = Path("/tmp/tripwire-data/runs")
+    base = str(Path("/tmp/tripwire-data/runs"))
+    new = "base" in Run.__dataclass_fields__  # (an older checkout's Run takes its dir as a Path)
     fields = {"agent_name": "bench", "guard_config": {}}
 
     def run(i: int) -> Run:
         rid = str(uuid.UUID(int=i))
-        r = Run(run_id=rid, dir=base / rid, run_name=None, started=i * 0.001)  # type: ignore[arg-type]
+        if new:
+            r = Run(run_id=rid, base=base, run_name=None, started=i * 0.001)
+        else:
+            r = Run(run_id=rid, dir=Path(base) / rid, run_name=None, started=i * 0.001)  # type: ignore[call-arg]
         r.fields = dict(fields)
         return r
 

@@ -213,7 +213,7 @@ def mcp_inputs(tool: str, args: Any, server: str | None, estimate_usd: float) ->
 
 
 def llm_inputs(
-    previous: list[tuple[str, ...]],
+    previous: Sequence[tuple[str, ...]],
     steps: Sequence[Sequence[HistoryCall]],
     turn_start: int,
     results: HistoryResults,
@@ -221,7 +221,7 @@ def llm_inputs(
     estimate_tokens: int,
     *,
     known: int = 0,
-) -> tuple[dict[str, Any], list[tuple[str, ...]]]:
+) -> tuple[dict[str, Any], Sequence[tuple[str, ...]]]:
     """The request's history as a delta from the previous request's; returns (inputs, its step ids).
 
     Only the ids of the steps are taken for the whole history (it usually starts with the previous
@@ -232,11 +232,15 @@ def llm_inputs(
     keep = len(previous)
     if not steps and not keep:  # no assistant step now or before (plain chat calls): nothing to compare
         hist = {"keep": 0, "add": [], "turn_start": turn_start, "results": {}}
-        return {"kind": "llm", "hist": hist, "est": estimate_usd, "tok": estimate_tokens}, []
+        # its step ids: none, as before (`previous`, empty: the conversation's shared empty tuple
+        # as a rule, no empty list a run, issue 33)
+        return {"kind": "llm", "hist": hist, "est": estimate_usd, "tok": estimate_tokens}, previous
     if known and known == keep and known <= len(steps):
-        ids = previous + [tuple([_call_id(c) for c in step]) for step in steps[known:]]
+        ids = list(previous)
+        ids += [tuple([_call_id(c) for c in step]) for step in steps[known:]]
     else:
         ids = [tuple([_call_id(c) for c in step]) for step in steps]
+        # (`previous` is a list, or empty: keep is then 0 whatever the comparison says)
         if keep > len(ids) or ids[:keep] != previous:
             keep = 0
             while keep < min(len(previous), len(ids)) and previous[keep] == ids[keep]:

@@ -160,7 +160,8 @@ class TraceRecorder:
         self.config_dumps = ConfigDumps()
         # RUN_START's fields of this process, by (cwd, argv): as they are, and sanitised
         self._process: tuple[tuple[str, tuple[str, ...]], dict[str, Any], dict[str, Any]] | None = None
-        self._runs_base = storage.runs_base(self.data_dir)
+        # `<data_dir>/runs`, one str every run's `dir` is made from (no Path per run, issue 33)
+        self._runs_base = str(storage.runs_base(self.data_dir))
 
     def add_sink(self, sink: EventSink) -> None:
         """Hand every event recorded from now on to `sink` too (see the module docstring)."""
@@ -253,11 +254,10 @@ class TraceRecorder:
             run_id = ids.uuid4_text()
         if not storage.is_valid_run_id(run_id):
             raise ValueError("invalid run_id")
-        path = self._runs_base / run_id  # no resolve(): no disk access on the loop
         if self._registry.known(run_id):
             raise ValueError(f"run {run_id} already exists")
         now = self._ts(ts)
-        run = Run(run_id=run_id, dir=path, run_name=run_name, started=now)
+        run = Run(run_id=run_id, base=self._runs_base, run_name=run_name, started=now)  # no resolve()
         run.fields = {
             "agent_name": agent_name,
             "session_id": session_id,

@@ -77,6 +77,7 @@ class OwnerLock:
         self.started_at = time.time()
         self._fd: int | None = None
         self._format: bytes | None = None
+        self._info: dict[str, Any] | None = None
 
     @property
     def path(self) -> Path:
@@ -87,8 +88,17 @@ class OwnerLock:
         return self._fd is not None
 
     def info(self) -> dict[str, Any]:
-        """What each run's tripwire.json records as its owner."""
-        return {"id": self.id, "pid": self.pid, "host": self.host}
+        """What each run's tripwire.json records as its owner: the same dict every time, not to be
+        changed (every live run's fields hold it; a dict each was ~64 bytes a run, issue 33)."""
+        info = self._info
+        if (
+            info is None
+            or info["id"] is not self.id
+            or info["pid"] != self.pid
+            or info["host"] is not self.host
+        ):
+            info = self._info = {"id": self.id, "pid": self.pid, "host": self.host}
+        return info
 
     def acquire(self) -> bool:
         """Create and lock the lock file; False (logged) when the data dir does not allow it."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -65,7 +65,7 @@ class Conversation:
     prompt_digest: str | None = None
     # replay (proxy.guard_trace): the previous request's history as step ids, and the config
     # revisions already written into the trace
-    guard_history: list[tuple[str, ...]] = field(default_factory=list)
+    guard_history: Sequence[tuple[str, ...]] = ()  # (a list once a request has steps)
     # the dialect's reading of that request (dialects.base.ParseState), when it has one: the next
     # request that goes on from it compares and judges only its new steps
     guard_state: Any = None

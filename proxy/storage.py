@@ -155,14 +155,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def make_run_dir(path: Path) -> None:
+def make_run_dir(path: str | Path) -> None:
     """A run's directory (and `runs/` the first time): one mkdir, the parents only when missing."""
     try:
         os.mkdir(path)
     except FileNotFoundError:
-        path.mkdir(parents=True, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
     except FileExistsError:
-        if not path.is_dir():
+        if not os.path.isdir(path):
             raise
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from proxy.sse import BoundedText
 CHARS_PER_TOKEN = 4
 # Per-message overhead the chat formats add (role markers, separators).
 TOKENS_PER_MESSAGE = 4
+NO_ITEMS: tuple[()] = ()  # a ParseState's steps or tool results when the request has none
 
 
 @dataclass
@@ -67,8 +68,10 @@ class ParseState:
     items (`steps` and `tool_results` of a continuing request start with these, the same objects)."""
 
     messages: int
-    steps: list[list[ToolCall]]
-    tool_results: list[ToolResult]
+    # the request's own lists; a shared empty tuple when there is none (NO_ITEMS: a plain first
+    # call's reading is kept with its run, issue 33)
+    steps: Sequence[list[ToolCall]]
+    tool_results: Sequence[ToolResult]
     turn_start: int
     turn_said: str | None = None  # `Turns.said` of the turn in force
     # tool_call_id -> its last result / the position of its first result (readers differ on

@@ -19,6 +19,7 @@ import orjson
 from proxy.constants import TRUNCATED_MARKER
 from proxy.dialects.base import (
     CODEX_REASON_HEADER,
+    NO_ITEMS,
     OP_CHAT,
     PROVIDER_OPENAI,
     BodySniffer,
@@ -105,7 +106,7 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     if prior is not None and prior.messages <= len(messages):
-        steps, results = prior.steps[:], prior.tool_results[:]
+        steps, results = list(prior.steps), list(prior.tool_results)
         turns = Turns(prior.turn_start, prior.turn_said)
         new = messages[prior.messages :]
     else:
@@ -146,7 +147,7 @@ def parse_request_from(body: dict, prior: ParseState | None) -> LLMRequest:
         turn_said=turns.said,
         turns_opened=turns.opened,
         client_asked_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        parsed=ParseState(len(messages), steps, results, turns.start, turns.said),
+        parsed=ParseState(len(messages), steps or NO_ITEMS, results or NO_ITEMS, turns.start, turns.said),
         continues=prior,
     )
 

@@ -6,8 +6,8 @@ file I/O and no run state: they run on the event loop or in the writer's own thr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from proxy import storage
@@ -20,7 +20,7 @@ class Job:
     """What one run's writes are in one pass (built on the loop thread, written on it or in a thread)."""
 
     run_id: str
-    dir: Path
+    dir: str  # the run's folder (`Run.dir`)
     make_dir: bool
     lines: list[Line]
     data: list[bytes]  # the lines encoded
@@ -78,14 +78,14 @@ def write_job(job: Job, *, fsync: bool | None = None) -> JobResult:
             res.tripwire_ok = True
         except Exception as e:
             res.tripwire_ok = False
-            res.fail(f"write {job.dir / TRIPWIRE_JSON}", e)
+            res.fail(f"write {job.dir}/{TRIPWIRE_JSON}", e)
     if job.run_json is not None and not (job.tripwire_first and not res.tripwire_ok):
         try:
             storage.write_json_atomic(f"{job.dir}/{RUN_JSON}", job.run_json, fsync=sync)
             res.run_json_ok = True
         except Exception as e:
             res.run_json_ok = False
-            res.fail(f"write {job.dir / RUN_JSON}", e)
+            res.fail(f"write {job.dir}/{RUN_JSON}", e)
     return res
 
 
@@ -128,9 +128,9 @@ def write_jobs(jobs: list[Job], *, group_sync: bool = False) -> list[JobResult]:
         return [write_job(job) for job in jobs]
     results = [write_job(job, fsync=False) for job in jobs]
     try:
-        storage.sync_filesystem(jobs[0].dir.parent)
+        storage.sync_filesystem(os.path.dirname(jobs[0].dir))
     except OSError as e:
         for job, res in zip(jobs, results, strict=True):
             if job.fsync:
-                res.fail(f"syncfs {job.dir.parent}", e)
+                res.fail(f"syncfs {os.path.dirname(job.dir)}", e)
     return results

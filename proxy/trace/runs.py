@@ -9,11 +9,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from proxy import storage
-from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType, default_counts
+from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType
 from proxy.trace.content import encode
 
 ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent end_run
@@ -22,6 +21,7 @@ _RUN_START: str = EventType.RUN_START.value
 BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
 _LLM_CALL: str = EventType.LLM_CALL.value
 NO_TAGS: frozenset[str] = frozenset()  # a run's tags until it has one
+NO_LINES: tuple[()] = ()  # a run's pending lines while none is queued
 
 
 class Line(NamedTuple):
@@ -99,13 +99,20 @@ class Disk:
 @dataclass(slots=True)
 class Run:
     """One open run, in memory. Only the event-loop thread touches it. (Slots: a stateless
-    service keeps one per call for the idle timeout; without them each held a ~1 KB __dict__.)"""
+    service keeps one per call for the idle timeout; without them each held a ~1 KB __dict__.)
+
+    Its folder is `dir`, made from the runs folder every run shares and its id when asked (a Path
+    or a str of its own was ~300 bytes a run, issue 33); its four counts, every event accepted,
+    are fields (`counts` makes the dict)."""
 
     run_id: str
-    dir: Path
+    base: str  # the runs folder, `<data_dir>/runs` (one str for all the recorder's runs)
     run_name: str | None
     started: float
-    counts: dict[str, int] = field(default_factory=default_counts)  # every event accepted
+    llm_calls: int = 0
+    tool_calls: int = 0
+    errors: int = 0
+    loop_warnings: int = 0
     last_event_ts: str | None = None
     last_ts: float = 0.0
     status: str = STATUS_RUNNING
@@ -116,7 +123,8 @@ class Run:
     total_tokens: int = 0
     tags: AbstractSet[str] = NO_TAGS  # health tags (a set of its own once the first is added)
     fields: dict[str, Any] = field(default_factory=dict)  # tripwire.json fields set by the caller
-    pending: list[Line] = field(default_factory=list)  # queued, not yet on disk, in order
+    # queued, not yet on disk, in order; NO_LINES (shared) while none is: no empty list a run
+    pending: list[Line] | tuple[()] = NO_LINES
     end_event: dict[str, Any] | None = None  # RUN_END, encoded when written (summary = what is on disk)
     disk: Disk = field(default_factory=Disk)
     run_json_dirty: bool = True
@@ -129,6 +137,21 @@ class Run:
     failing: bool = False  # its last write failed: retried at retry_at, or on flush
     retry_at: float = 0.0
     wait_due: float | None = None  # its entry in the writer's waiting heap
+
+    @property
+    def dir(self) -> str:
+        """`<data_dir>/runs/<run_id>`, as str(Path) spells it."""
+        return f"{self.base}/{self.run_id}"
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """run.json's counts object, in its order (`constants.default_counts`): every event accepted."""
+        return {
+            "llm_calls": self.llm_calls,
+            "tool_calls": self.tool_calls,
+            "errors": self.errors,
+            "loop_warnings": self.loop_warnings,
+        }
 
     def add_tags(self, tags: Iterable[str]) -> None:
         if self.tags is NO_TAGS:
@@ -208,13 +231,12 @@ def summary_order(s: dict[str, Any]) -> dict[str, Any]:
 def summary(run: Run, now: float) -> dict[str, Any]:
     """RUN_END's summary shape, counting every event accepted (`summary_order`'s keys and order,
     built in one go: an expiry ends thousands of runs in one sweep)."""
-    counts = run.counts
     return {
-        "llm_calls": counts.get("llm_calls", 0),
-        "tool_calls": counts.get("tool_calls", 0),
-        "errors": counts.get("errors", 0),
+        "llm_calls": run.llm_calls,
+        "tool_calls": run.tool_calls,
+        "errors": run.errors,
         "duration_ms": max(0, int((now - run.started) * 1000)),
-        "loop_warnings": counts.get("loop_warnings", 0),
+        "loop_warnings": run.loop_warnings,
         "cost_usd": round(run.cost_usd, 10),
         "total_tokens": run.total_tokens,
     }

@@ -21,7 +21,7 @@ import functools
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, cast
 
@@ -29,7 +29,7 @@ from proxy import runlock
 from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, STATUS_RUNNING, EventType
 from proxy.trace.content import encode
 from proxy.trace.jobs import Job, JobResult, append_events, write_job, write_jobs
-from proxy.trace.runs import BOOKENDS, Line, Run, RunRegistry, encode_end, run_json, tripwire_json
+from proxy.trace.runs import BOOKENDS, NO_LINES, Line, Run, RunRegistry, encode_end, run_json, tripwire_json
 
 __all__ = ["Job", "JobResult", "TraceWriter", "write_job", "write_jobs"]
 
@@ -215,14 +215,17 @@ class TraceWriter:
         else:
             key = COUNT_FOR_EVENT.get(event_type)
             if key:
-                run.counts[key] += 1
+                setattr(run, key, getattr(run, key) + 1)  # (a COUNT_FOR_EVENT value: a Run field)
             if event_type == _RUN_END:
                 run.end_event = event  # encoded when written: its summary counts the events on disk
                 line = Line(None, event_type, key, now, event["ts"], _END_SIZE)
             else:
                 data = encode(event)
                 line = _new_line(Line, (data, event_type, key, now, event["ts"], len(data)))
-            run.pending.append(line)
+            if isinstance(run.pending, list):
+                run.pending.append(line)
+            else:
+                run.pending = [line]
             if not self.pending_events:
                 self.progress_at = time.monotonic()  # a stall counts from when events wait
             self.pending_events += 1
@@ -235,14 +238,14 @@ class TraceWriter:
         self.seq += 1
         self._wake.set()
 
-    def unqueue(self, lines: list[Line]) -> None:
+    def unqueue(self, lines: Sequence[Line]) -> None:
         self.pending_events -= len(lines)
         self.pending_bytes -= sum(line.size for line in lines)
 
     def forget(self, run: Run) -> None:
         """Drop a run's pending writes without writing them (the run has left the registry)."""
         self.unqueue(run.pending)
-        run.pending = []
+        run.pending = NO_LINES
         self.dirty.pop(run.run_id, None)
         self.failing.discard(run.run_id)
 
@@ -255,7 +258,8 @@ class TraceWriter:
         """
         if run.failing and now < run.retry_at and not force:
             return None
-        lines, run.pending = run.pending, []
+        lines = run.pending if isinstance(run.pending, list) else []
+        run.pending = NO_LINES
         disk = run.disk
         after = disk.copy()
         encoded = [line.data for line in lines]
@@ -319,7 +323,8 @@ class TraceWriter:
             or self._closing
         ):
             return False
-        lines, run.pending = run.pending, []
+        lines = run.pending  # (not empty: a list)
+        run.pending = NO_LINES
         data = cast("list[bytes]", [line.data for line in lines])  # no RUN_END among them: all encoded
         size = sum(map(len, data))
         res = JobResult(run.run_id, dir_made=True, size=run.disk.size, torn=False)
@@ -384,7 +389,8 @@ class TraceWriter:
             if dropped:
                 self.unqueue([line for line in job.lines if line not in keep])
                 self.dropped_events += dropped
-            run.pending[:0] = keep
+            if keep:
+                run.pending = [*keep, *run.pending]
             run.run_json_dirty |= job.run_json is not None
             run.tripwire_dirty |= job.tripwire is not None
         if res.tripwire_ok:
@@ -416,7 +422,7 @@ class TraceWriter:
             if run.pending:
                 self.unqueue(run.pending)
                 self.dropped_events += len(run.pending)
-                run.pending = []
+                run.pending = NO_LINES
             if run.status != STATUS_RUNNING:
                 self._retire(run)
             return
