@@ -35,6 +35,17 @@ class Line(NamedTuple):
     size: int
 
 
+def counts_of(c: Disk | Run) -> dict[str, int]:
+    """run.json's counts object, in its order (`constants.default_counts`), from an object that keeps
+    the four counts as fields (a run's accepted events, or its lines on disk)."""
+    return {
+        "llm_calls": c.llm_calls,
+        "tool_calls": c.tool_calls,
+        "errors": c.errors,
+        "loop_warnings": c.loop_warnings,
+    }
+
+
 @dataclass(slots=True)
 class Disk:
     """What a run's files hold: run.json is written from this, never from what is only queued.
@@ -87,13 +98,8 @@ class Disk:
 
     @property
     def counts(self) -> dict[str, int]:
-        """run.json's counts object, in its order (`constants.default_counts`)."""
-        return {
-            "llm_calls": self.llm_calls,
-            "tool_calls": self.tool_calls,
-            "errors": self.errors,
-            "loop_warnings": self.loop_warnings,
-        }
+        """run.json's counts object of the lines on disk."""
+        return counts_of(self)
 
 
 @dataclass(slots=True)
@@ -145,13 +151,8 @@ class Run:
 
     @property
     def counts(self) -> dict[str, int]:
-        """run.json's counts object, in its order (`constants.default_counts`): every event accepted."""
-        return {
-            "llm_calls": self.llm_calls,
-            "tool_calls": self.tool_calls,
-            "errors": self.errors,
-            "loop_warnings": self.loop_warnings,
-        }
+        """run.json's counts object of every event accepted."""
+        return counts_of(self)
 
     def add_tags(self, tags: Iterable[str]) -> None:
         if self.tags is NO_TAGS:
