@@ -1,7 +1,7 @@
 """`RecentKeys`: keys in the order they were last added, oldest first, and cheap while there is one.
 
 An automatic run remembers the digests of the histories it saw, the answers it gave and the
-Responses ids it produced (`proxy.sessions.Lineage`), newest last and bounded. A stateless
+Responses ids it produced (`proxy.session_state.Lineage`), newest last and bounded. A stateless
 service's call is a run of its own that sees one history and gives one answer, and is held for the
 idle timeout: a one-key dict costs ~220 bytes, so one key is kept alone and a dict made for two.
 Iterating, `reversed`, `len`, `in` and truthiness work as on the dict it stands for; it is a
