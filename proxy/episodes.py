@@ -201,14 +201,23 @@ def announced(headers: Mapping[str, str], body: dict[str, Any] | None) -> tuple[
 
 
 def _normalised(message: Any) -> Any:
-    """A message as lineage compares it: without Anthropic `cache_control` markers, which clients
-    move to the newest blocks on every request (the earlier messages are otherwise unchanged)."""
+    """A message as lineage and the prompt delta compare it: without Anthropic `cache_control`
+    markers, which clients move to the newest blocks on every request (the earlier messages are
+    otherwise unchanged), and a content of one text block as its text, which is what such a block
+    becomes when its marker moves on (Claude Code 2.1.332 sends a mid-conversation system message as
+    `[{"type": "text", "text": T, "cache_control": ...}]`, then as `T`; both APIs read them alike)."""
     if not isinstance(message, dict):
         return message
     content = message.get("content")
-    if "cache_control" not in message and not (
-        isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content)
-    ):
+    if isinstance(content, list):
+        if len(content) == 1 and _plain_text_block(content[0]):
+            out = {k: v for k, v in message.items() if k != "cache_control"}
+            out["content"] = content[0]["text"]
+            return out
+        marked = any(isinstance(b, dict) and "cache_control" in b for b in content)
+    else:
+        marked = False
+    if "cache_control" not in message and not marked:
         return message
     out = {k: v for k, v in message.items() if k != "cache_control"}
     if isinstance(content, list):
@@ -217,6 +226,19 @@ def _normalised(message: Any) -> Any:
             for b in content
         ]
     return out
+
+
+_TEXT_BLOCK_KEYS = frozenset({"type", "text", "cache_control"})
+
+
+def _plain_text_block(block: Any) -> bool:
+    """A text block that says nothing but its text (no citations or other fields)."""
+    return (
+        isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+        and _TEXT_BLOCK_KEYS.issuperset(block)
+    )
 
 
 RECENT = RecentConversations()  # process-wide and bounded (proxy/history.py)
@@ -236,8 +258,8 @@ def message_tokens(message: Any) -> int:
 
 def digest_chains(messages: list[Any]) -> Walked:
     """The digest of every prefix of a conversation, from the empty one to the whole: as sent
-    (`.sent`, the prompt delta) and without `cache_control` markers (`.lineage`), in one pass;
-    the chains are one list until a message carries a marker (never outside Anthropic's API)."""
+    (`.sent`) and as `_normalised` reads them (`.lineage`: lineage and the prompt delta), in one
+    pass; the chains are one list until a message reads differently (a marker, one text block)."""
     return Walked(messages, _normalised, message_tokens)
 
 

@@ -45,14 +45,15 @@ def new_prompt_messages(conversation: Conversation, call: LLMRequest, full: bool
     """The messages new since the session's previous LLM call, and the digest of this call's.
 
     New means after the previous call's messages, when this call's history starts with exactly
-    them (compared by content, not by count); otherwise (the first call, another conversation,
-    an edited history) all of them. Storing only the new part keeps a long conversation's trace
-    linear, not quadratic.
+    them (compared by content, not by count, as lineage compares them: an Anthropic client moves its
+    `cache_control` markers on every request, which is no edit); otherwise (the first call, another
+    conversation, an edited history) all of them. Storing only the new part keeps a long
+    conversation's trace linear, not quadratic.
     """
     seen = conversation.prompt_messages_seen
     messages = call.messages
     # the digests of every prefix, which the session lookup already took (episodes.call_digests)
-    digests = call_digests(call).sent
+    digests = call_digests(call).lineage
     digest = digests[-1].hex()
     continues = 0 < seen < len(digests) and digests[seen].hex() == conversation.prompt_digest
     # a Responses API chain (previous_response_id) carries only its new input items

@@ -141,6 +141,20 @@ def test_lineage_ignores_moving_cache_control_markers() -> None:
     assert history_digests(later)[1] == history_digests(first)[-1]
 
 
+def test_lineage_reads_one_plain_text_block_as_its_text() -> None:
+    """Claude Code 2.1.332 sends a system message as one marked text block, then, the marker moved on,
+    as its text (tests/fixtures/claude_code_2_1_332.json): the same message. A block that says more
+    than its text (citations), or two blocks, is not a plain string."""
+    block = {"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}
+    as_block = [{"role": "system", "content": [block]}, {"role": "user", "content": "hi"}]
+    as_text = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    assert history_digests(as_block) == history_digests(as_text)
+    cited = [{"role": "system", "content": [{"type": "text", "text": "sys", "citations": []}]}]
+    two = [{"role": "system", "content": [{"type": "text", "text": "s"}, {"type": "text", "text": "ys"}]}]
+    for other in (cited, two):
+        assert history_digests(other)[0] != history_digests(as_text)[0]
+
+
 # --- end to end: helpers ---------------------------------------------------------------------
 
 
@@ -561,7 +575,7 @@ def test_both_digest_chains_come_from_one_pass() -> None:
         "role": "user",
         "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}],
     }
-    unmarked = {"role": "user", "content": [{"type": "text", "text": "c"}]}
+    unmarked = {"role": "user", "content": "c"}  # unmarked, one plain text block reads as its text
     messages = [*plain, marked, {"role": "assistant", "content": "d"}]
     chains = digest_chains(messages)
     assert chains.sent == chain(messages)
