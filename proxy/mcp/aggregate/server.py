@@ -19,27 +19,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
-import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy import __version__, jsonparse
+from proxy import jsonparse
 from proxy.guards.config import GuardConfig
-from proxy.guards.permissions import permission
 from proxy.mcp import jsonrpc
 from proxy.mcp.aggregate import revisions as rev
 from proxy.mcp.aggregate import trace_context
+from proxy.mcp.aggregate.client_session import (
+    LISTEN_FLAGS,
+    STREAM_QUEUE,
+    SUBSCRIPTION_META,
+    ClientSession,
+    RpcError,
+    as_dict,
+    put_bounded,
+)
 from proxy.mcp.aggregate.inprocess import CLIENT_REQUEST
-from proxy.mcp.aggregate.names import decode_cursor, encode_cursor, owner, prefixed
-from proxy.mcp.aggregate.resources import Ambiguous, ResourceOwners
+from proxy.mcp.aggregate.methods import (
+    CAPABILITIES,
+    HANDSHAKE_VERSIONS,
+    LIST_CHANGED,
+    METHOD_NOT_FOUND,
+    MODERN_VERSION,
+    SERVER_INFO,
+    Methods,
+)
 from proxy.mcp.aggregate.upstream import (
     REOPENED,
     JsonObject,
@@ -53,99 +65,18 @@ from proxy.routing import Route
 
 log = logging.getLogger("tripwire.mcp.aggregate")
 
-HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-MODERN_VERSION = "2026-07-28"
 VERSION_META = "io.modelcontextprotocol/protocolVersion"
-SERVER_INFO = {"name": "tripwire", "version": __version__}
-CAPABILITIES: JsonObject = {
-    "tools": {"listChanged": True},
-    "prompts": {"listChanged": True},
-    "resources": {"listChanged": True, "subscribe": True},
-    "completions": {},
-    "logging": {},
-}
-LIST_CHANGED = (
-    "notifications/tools/list_changed",
-    "notifications/prompts/list_changed",
-    "notifications/resources/list_changed",
-)
-# 2026-07-28 `subscriptions/listen`: the filter's flag of each notification the aggregate relays
-LISTEN_FLAGS = {
-    "notifications/tools/list_changed": "toolsListChanged",
-    "notifications/prompts/list_changed": "promptsListChanged",
-    "notifications/resources/list_changed": "resourcesListChanged",
-}
-SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 # 2026-07-28 results that carry ttlMs and cacheScope
 CACHEABLE = frozenset(
     ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read")
 )
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-RESOURCE_NOT_FOUND = -32002
-PROBE_INTERVAL_S = 1.0  # how often a server that dropped out is asked again for its tools
 KEEPALIVE_S = 15.0  # a comment on an idle GET stream, which also notices a client that left
 MAX_INPUT_ROUNDS = 8  # a server asking a handshake client again and again: answered this often at most
 ASK_TIMEOUT_S = 600.0  # how long a server's question (sampling, elicitation) waits for the client
 MAX_SESSIONS = 1000  # client sessions kept; the least recently used one closes past it
 SESSION_IDLE_S = 3600.0  # a client session without a request or an open stream this long is closed
-STREAM_QUEUE = 256  # notifications waiting for a client's GET stream; older ones drop past it
 
 TransportFor = Callable[[Route, Mapping[str, str]], Transport]
-
-
-class RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.data = code, message, data
-
-
-@dataclass
-class ClientSession:
-    """One client's session with the aggregate: Tripwire's own, whatever its servers' are."""
-
-    key: str
-    route: Route
-    upstreams: UpstreamSessions
-    modern: bool = False
-    legacy: bool = False
-    stream: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
-    down: dict[str, str] = field(default_factory=dict)  # server -> why it dropped out
-    resources: ResourceOwners = field(default_factory=ResourceOwners)  # URI -> the server that owns it
-    probe: asyncio.Task[None] | None = None
-    closed: bool = False
-    used: float = field(default_factory=time.monotonic)  # its last request
-    # the client's requests being answered (id -> task), for its notifications/cancelled
-    running: dict[str, asyncio.Task[bytes]] = field(default_factory=dict)
-    # questions a server asked this (handshake) client through the aggregate: request id -> its answer
-    asked: dict[str, asyncio.Future[JsonObject]] = field(default_factory=dict)
-    streams: int = 0  # its open GET / listen streams (a session with one open is in use)
-    stream_request: Any = None  # legacy HTTP+SSE: the session's stream, whose closing is a hang-up
-    # 2026-07-28 clients' `subscriptions/listen` streams: (their request id, what they asked for, queue)
-    listeners: list[tuple[Any, frozenset[str], asyncio.Queue[bytes]]] = field(default_factory=list)
-
-    def send(self, method: str, params: JsonObject | None = None) -> None:
-        """A notification for the client's GET stream (handshake era, legacy SSE) or its listen
-        streams (2026-07-28: only what each asked for, stamped with its subscription id)."""
-        msg: JsonObject = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            msg["params"] = params
-        self.push(orjson.dumps(msg))
-        for listen_id, wanted, queue in self.listeners:
-            if LISTEN_FLAGS.get(method) in wanted:
-                meta = {**_dict(_dict(params).get("_meta")), SUBSCRIPTION_META: listen_id}
-                _put(queue, orjson.dumps({**msg, "params": {**_dict(params), "_meta": meta}}))
-
-    def push(self, message: bytes) -> None:
-        _put(self.stream, message)
-
-
-def _put(queue: asyncio.Queue[bytes], message: bytes) -> None:
-    """Queued for a stream; past its bound the oldest is dropped (a client that does not read)."""
-    if queue.full():
-        with contextlib.suppress(asyncio.QueueEmpty):
-            queue.get_nowait()
-    queue.put_nowait(message)
 
 
 class Aggregate:
@@ -157,45 +88,16 @@ class Aggregate:
         transport_for: TransportFor,
         server_list_timeouts: Mapping[str, float] | None = None,
     ) -> None:
-        self.guard_config = guard_config  # the agent's effective guard config (its tool permissions)
+        self.methods = Methods(guard_config, servers, list_timeout_s, server_list_timeouts)
         self.servers = servers
-        # signs Tripwire's list cursors (proxy/mcp/aggregate/names.py); a client's MCP session on
-        # `/mcp` lives in this process, and so do the cursors it is given
-        self.cursor_key = secrets.token_bytes(32)
-        self.list_timeout_s = list_timeout_s
-        self.server_list_timeouts = dict(server_list_timeouts or {})  # servers with their own
         self.transport_for = transport_for
         self.sessions: dict[str, ClientSession] = {}  # in least-recently-used order
-        self.server_health: dict[str, JsonObject] = {}
 
     # --- health --------------------------------------------------------------------------------
 
     def health(self) -> JsonObject:
         """For /healthz: the servers that last failed to list, and why (never fails readiness)."""
-        return {"servers": list(self.servers), "down": dict(self.server_health)}
-
-    def _dropped(self, s: ClientSession, server: str, why: str) -> None:
-        if server not in s.down:
-            log.warning("aggregate /mcp: MCP server %r dropped out of tools/list: %s", server, why)
-        s.down[server] = why
-        self.server_health[server] = {"error": why, "since": time.time()}
-        if s.probe is None or s.probe.done():
-            s.probe = asyncio.create_task(  # (a fresh context: not the request's traceparent, forever)
-                self._probe(s), name=f"tripwire-aggregate-probe-{s.key}", context=contextvars.Context()
-            )
-
-    def _back(self, s: ClientSession, server: str) -> None:
-        if s.down.pop(server, None) is not None:
-            log.warning("aggregate /mcp: MCP server %r is back in tools/list", server)
-            for method in LIST_CHANGED:
-                s.send(method)
-        self.server_health.pop(server, None)
-
-    async def _probe(self, s: ClientSession) -> None:
-        """Ask the servers that dropped out for their tools until they answer (list-changed then)."""
-        while s.down and not s.closed:
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            await asyncio.gather(*(self._list_one(s, srv, "tools/list", None) for srv in list(s.down)))
+        return {"servers": list(self.servers), "down": dict(self.methods.server_health)}
 
     # --- sessions ------------------------------------------------------------------------------
 
@@ -251,11 +153,7 @@ class Aggregate:
     def _relay(self, s: ClientSession, server: str, method: str, params: JsonObject | None) -> None:
         """A server's notification: list changes and resource updates go to the client as they are."""
         if method == REOPENED:  # back after a loss, or restarted: what it listed may have changed
-            if s.down.pop(server, None) is not None:
-                log.warning("aggregate /mcp: MCP server %r is back in tools/list", server)
-            self.server_health.pop(server, None)
-            for changed in LIST_CHANGED:
-                s.send(changed)
+            self.methods.reopened(s, server)
             return
         if method in LIST_CHANGED or method in ("notifications/resources/updated", "notifications/message"):
             s.send(method, params)
@@ -333,7 +231,7 @@ class Aggregate:
         return await self._respond(request, s, msg)
 
     def _initialize(self, request: web.Request, route: Route, msg: JsonObject) -> web.Response:
-        params = _dict(msg.get("params"))
+        params = as_dict(msg.get("params"))
         asked = params.get("protocolVersion")
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
         client = (params.get("clientInfo"), params.get("capabilities"))
@@ -380,7 +278,7 @@ class Aggregate:
     async def _listen(self, request: web.Request, s: ClientSession, msg: JsonObject) -> web.StreamResponse:
         """2026-07-28 `subscriptions/listen`: an SSE stream of the list changes the client asked for,
         acknowledged first, kept until the client closes it."""
-        asked = _dict(_dict(msg.get("params")).get("notifications"))
+        asked = as_dict(as_dict(msg.get("params")).get("notifications"))
         honored = {flag: True for flag in LISTEN_FLAGS.values() if asked.get(flag)}
         queue: asyncio.Queue[bytes] = asyncio.Queue(STREAM_QUEUE)
         listener = (msg.get("id"), frozenset(honored), queue)
@@ -389,7 +287,7 @@ class Aggregate:
             "method": "notifications/subscriptions/acknowledged",
             "params": {"notifications": honored, "_meta": {SUBSCRIPTION_META: msg.get("id")}},
         }
-        _put(queue, orjson.dumps(ack))
+        put_bounded(queue, orjson.dumps(ack))
         s.listeners.append(listener)
         try:
             return await self._stream(request, s, None, queue)
@@ -458,7 +356,7 @@ class Aggregate:
                 _answered(s, m)
             elif kind == "request":
                 if m.get("method") == "initialize":
-                    params = _dict(m.get("params"))
+                    params = as_dict(m.get("params"))
                     asked = params.get("protocolVersion")
                     version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
                     for name, value in (
@@ -482,7 +380,7 @@ class Aggregate:
         """`notifications/cancelled` cancels the request it names (its upstream request is cancelled
         as the server's revision says); initialized and roots changes are Tripwire's own business."""
         if msg.get("method") == "notifications/cancelled":
-            task = s.running.get(jsonrpc.id_key(_dict(msg.get("params")).get("requestId")))
+            task = s.running.get(jsonrpc.id_key(as_dict(msg.get("params")).get("requestId")))
             if task is not None:
                 task.cancel()
 
@@ -494,19 +392,20 @@ class Aggregate:
         """The response message to one client request."""
         msg_id = msg.get("id")
         method = msg.get("method")
-        params = _dict(msg.get("params"))
+        params = as_dict(msg.get("params"))
         try:
-            handler = self.METHODS.get(method) if isinstance(method, str) else None
+            methods = self.methods
+            handler = methods.HANDLERS.get(method) if isinstance(method, str) else None
             if handler is None:
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
-            result = await handler(self, s, params, _progress_relay(msg, progress))
+            result = await handler(methods, s, params, _progress_relay(msg, progress))
             for _ in range(MAX_INPUT_ROUNDS):
                 if s.modern or result.get("resultType") != "input_required":
                     break  # a 2026-07-28 client answers input_required itself
                 # a handshake client: the server's questions as requests on this answer's stream
                 answers = await self._ask_client(s, result, progress)
                 retry = rev.retry_params(params, answers, result.get("requestState"))
-                result = await handler(self, s, retry, _progress_relay(msg, progress))
+                result = await handler(methods, s, retry, _progress_relay(msg, progress))
         except RpcError as e:
             return jsonrpc.render_error(msg_id, e.code, e.message, e.data)
         except UpstreamError as e:
@@ -552,212 +451,6 @@ class Aggregate:
                 s.asked.pop(jsonrpc.id_key(request_id), None)
         return answers
 
-    async def _discover(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        return {
-            "supportedVersions": [*HANDSHAKE_VERSIONS, MODERN_VERSION],
-            "capabilities": CAPABILITIES,
-            "resultType": "complete",
-            "ttlMs": 0,
-            "cacheScope": "private",
-            "_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO},
-        }
-
-    async def _ping(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        return {}
-
-    async def _list_one(
-        self, s: ClientSession, server: str, method: str, cursor: str | None
-    ) -> JsonObject | None:
-        """One server's page of a list, or None when it failed or took longer than `list_timeout_s`."""
-        limit = self.server_list_timeouts.get(server, self.list_timeout_s)
-        try:
-            result = await asyncio.wait_for(
-                s.upstreams.get(server).request(
-                    method, {"cursor": cursor} if cursor else None, timeout=limit
-                ),
-                limit,
-            )
-        except UpstreamError as e:
-            if e.code == METHOD_NOT_FOUND:  # the server has none of these: not a failure
-                return None
-            why = f"{method} failed: {e.message}"
-        except (ServerUnavailable, TransportStatus) as e:
-            why = str(e)
-        except TimeoutError:
-            why = f"{method} took longer than list_timeout_s ({limit:g}s)"
-        except Exception as e:  # one server's surprise must not fail the others' list
-            log.exception("aggregate /mcp: %s of %r failed", method, server)
-            why = f"{method} failed: {e!r}"
-        else:
-            if method == "tools/list":
-                self._back(s, server)
-            return result
-        if method == "tools/list":
-            self._dropped(s, server, why)
-        else:
-            log.warning("aggregate /mcp: %r left out of %s: %s", server, method, why)
-        return None
-
-    async def _merged(
-        self, s: ClientSession, method: str, key: str, params: JsonObject
-    ) -> tuple[list[tuple[str, JsonObject]], str | None]:
-        """Every server's page of a list, concurrently; each item with its server, and the next cursor."""
-        cursor = params.get("cursor")
-        if cursor is None:
-            cursors: dict[str, str | None] = dict.fromkeys(self.servers)
-        else:
-            decoded = decode_cursor(cursor, method, self.servers, key=self.cursor_key)
-            if decoded is None:
-                raise RpcError(INVALID_PARAMS, f"Invalid cursor for {method}")
-            cursors = dict(decoded)
-        pages = await asyncio.gather(*(self._list_one(s, srv, method, c) for srv, c in cursors.items()))
-        items: list[tuple[str, JsonObject]] = []
-        more: dict[str, str] = {}
-        for server, page in zip(cursors, pages, strict=True):
-            if page is None:
-                continue
-            items.extend((server, item) for item in page.get(key) or () if isinstance(item, dict))
-            nxt = page.get("nextCursor")
-            if isinstance(nxt, str) and nxt:
-                more[server] = nxt
-        return items, encode_cursor(method, more, key=self.cursor_key) if more else None
-
-    async def _tools_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        items, nxt = await self._merged(s, "tools/list", "tools", params)
-        tools_config = self.guard_config(s.route.agent).tools
-        tools = []
-        for server, tool in items:
-            name = prefixed(server, str(tool.get("name") or ""))
-            if name is None:
-                log.warning(
-                    "aggregate /mcp: tool %r of %r left out: its name is too long", tool.get("name"), server
-                )
-                continue
-            if permission(tools_config, name) == "deny":
-                continue
-            tools.append({**tool, "name": name})
-        return _page({"tools": tools}, nxt)
-
-    async def _tools_call(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        server, tool = self._owned(params.get("name"), "tool")
-        return await s.upstreams.get(server).request(
-            "tools/call", {**params, "name": tool}, on_progress=progress
-        )
-
-    def _owned(self, name: Any, what: str) -> tuple[str, str]:
-        found = owner(name) if isinstance(name, str) else None
-        if found is None or found[0] not in self.servers:
-            # what an MCP server answers for a name it does not know (spec: "Unknown tool")
-            raise RpcError(INVALID_PARAMS, f"Unknown {what}: {name}")
-        return found
-
-    async def _prompts_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        items, nxt = await self._merged(s, "prompts/list", "prompts", params)
-        prompts = []
-        for server, prompt in items:
-            name = prefixed(server, str(prompt.get("name") or ""))
-            if name is not None:
-                prompts.append({**prompt, "name": name})
-        return _page({"prompts": prompts}, nxt)
-
-    async def _prompts_get(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        server, prompt = self._owned(params.get("name"), "prompt")
-        return await s.upstreams.get(server).request("prompts/get", {**params, "name": prompt})
-
-    async def _resources_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        items, nxt = await self._merged(s, "resources/list", "resources", params)
-        for server, resource in items:
-            s.resources.resource(str(resource.get("uri")), server)
-        return _page({"resources": [r for _, r in items]}, nxt)
-
-    async def _templates_list(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        items, nxt = await self._merged(s, "resources/templates/list", "resourceTemplates", params)
-        kept = []
-        for server, template in items:
-            if s.resources.template(str(template.get("uriTemplate")), server):
-                kept.append(template)
-            else:
-                log.warning(
-                    "aggregate /mcp: template %r of %r left out: it names no scheme, it would own any URI",
-                    template.get("uriTemplate"),
-                    server,
-                )
-        return _page({"resourceTemplates": kept}, nxt)
-
-    async def _resource_owner(self, s: ClientSession, uri: Any) -> str:
-        if not isinstance(uri, str):
-            raise RpcError(INVALID_PARAMS, "uri is required")
-        listed_now = not s.resources.listed
-        if listed_now:  # every server's listing first: a template never beats a listed URI
-            await self._list_resources(s)
-        found = s.resources.owner(uri)
-        if found is None and not listed_now:  # not listed yet in this session: list, then look again
-            await self._list_resources(s)
-            found = s.resources.owner(uri)
-        if isinstance(found, Ambiguous):
-            servers = ", ".join(found.servers)
-            raise RpcError(
-                INVALID_PARAMS,
-                f"Resource {uri} is claimed by several servers ({servers}): refused",
-                {"uri": uri},
-            )
-        if found is None:
-            raise RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
-        return found
-
-    async def _list_resources(self, s: ClientSession) -> None:
-        s.resources.listed = True
-        await self._resources_list(s, {}, None)
-        await self._templates_list(s, {}, None)
-
-    async def _by_uri(self, method: str, s: ClientSession, params: JsonObject) -> JsonObject:
-        server = await self._resource_owner(s, params.get("uri"))
-        return await s.upstreams.get(server).request(method, params)
-
-    async def _resources_read(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        return await self._by_uri("resources/read", s, params)
-
-    async def _subscribe(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        return await self._by_uri("resources/subscribe", s, params)
-
-    async def _unsubscribe(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        return await self._by_uri("resources/unsubscribe", s, params)
-
-    async def _complete(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        ref = _dict(params.get("ref"))
-        if ref.get("type") == "ref/prompt":
-            server, prompt = self._owned(ref.get("name"), "prompt")
-            params = {**params, "ref": {**ref, "name": prompt}}
-        else:
-            server = await self._resource_owner(s, ref.get("uri"))
-        return await s.upstreams.get(server).request("completion/complete", params)
-
-    async def _set_level(self, s: ClientSession, params: JsonObject, progress: Any) -> JsonObject:
-        await asyncio.gather(
-            *(
-                s.upstreams.get(srv).request("logging/setLevel", params, timeout=self.list_timeout_s)
-                for srv in self.servers
-            ),
-            return_exceptions=True,
-        )
-        return {}
-
-    METHODS: dict[str, Callable[[Aggregate, ClientSession, JsonObject, Any], Awaitable[JsonObject]]] = {
-        "server/discover": _discover,
-        "ping": _ping,
-        "tools/list": _tools_list,
-        "tools/call": _tools_call,
-        "prompts/list": _prompts_list,
-        "prompts/get": _prompts_get,
-        "resources/list": _resources_list,
-        "resources/templates/list": _templates_list,
-        "resources/read": _resources_read,
-        "resources/subscribe": _subscribe,
-        "resources/unsubscribe": _unsubscribe,
-        "completion/complete": _complete,
-        "logging/setLevel": _set_level,
-    }
-
 
 INVALID_PARAMS_SESSION = -32001  # the SDKs' "Session not found" with HTTP 404
 UNSUPPORTED_VERSION = -32022  # 2026-07-28's UnsupportedProtocolVersionError, naming what is supported
@@ -772,18 +465,8 @@ def _answered(s: ClientSession, msg: JsonObject) -> None:
 
 def _meta_client(msg: JsonObject) -> tuple[Any, Any]:
     """A 2026-07-28 request's (clientInfo, clientCapabilities) from its `_meta` envelope."""
-    meta = _dict(_dict(msg.get("params")).get("_meta"))
+    meta = as_dict(as_dict(msg.get("params")).get("_meta"))
     return meta.get(rev.CLIENT_INFO_META), meta.get(rev.CLIENT_CAPABILITIES_META)
-
-
-def _dict(value: Any) -> JsonObject:
-    return value if isinstance(value, dict) else {}
-
-
-def _page(result: JsonObject, nxt: str | None) -> JsonObject:
-    if nxt is not None:
-        result["nextCursor"] = nxt
-    return result
 
 
 def _progress_token(msg: JsonObject) -> Any:
@@ -828,7 +511,7 @@ async def _close(s: ClientSession) -> None:
         s.probe.cancel()
     s.push(b"")  # wakes its GET stream, which then ends
     for _, _, queue in s.listeners:
-        _put(queue, b"")
+        put_bounded(queue, b"")
     with contextlib.suppress(Exception):
         await s.upstreams.close()
 
