@@ -5,6 +5,7 @@ route and through the aggregate endpoint `/mcp` alike (SPEC §3)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -37,3 +38,42 @@ async def test_an_ask_pattern_holds_the_tool_call(
         assert result.structured_content == {"result": 3}
     else:
         assert result.is_error is True and "no sums today" in result.content[0].text
+
+
+async def test_the_aggregate_keeps_a_held_call_alive_with_sse_comments(
+    start_tripwire: StartTripwire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call held for a person through `/mcp` (any transport: the server's pipeline holds it in
+    process) starts its answer as SSE and sends `: keep-alive` comments until the decision, as a
+    server's own route does (docs/approvals.md), so a client's read timeout does not end it; the
+    result then comes as the stream's one message."""
+    import aiohttp
+
+    from proxy.mcp.aggregate import server as aggregate_server
+
+    monkeypatch.setattr(aggregate_server, "KEEPALIVE_S", 0.05)
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "demo__add", "arguments": {"a": 1, "b": 2}},
+    }
+    headers = {"MCP-Protocol-Version": "2026-07-28", "Accept": "application/json, text/event-stream"}
+    with serve("streamable-http") as upstream:
+        tw = await start_tripwire(
+            mcp={"demo": {"url": upstream}}, guards={"tools": {"ask": ["demo__add"]}}, admin_token="hunter2"
+        )
+        async with aiohttp.ClientSession() as http:
+            # the answer's head comes before the decision (bounded: without it this would wait forever)
+            posting = http.post(f"{tw.url}/agents/bot/sessions/s1/mcp", json=body, headers=headers)
+            resp = await asyncio.wait_for(posting, 30)
+            assert resp.status == 200 and resp.content_type == "text/event-stream"
+            assert await resp.content.readline() == b": keep-alive\n"  # before anyone decided
+            (approval,) = await until(lambda: approvals(tw), "the aggregated call held")
+            status, _ = await decide(tw, approval["id"], {"decision": "approve"})
+            assert status == 200
+            rest = (await resp.content.read()).decode()
+            resp.release()
+    data = [line.removeprefix("data: ") for line in rest.splitlines() if line.startswith("data: ")]
+    (answer,) = [json.loads(d) for d in data]
+    assert answer["id"] == 7 and answer["result"]["structuredContent"] == {"result": 3}

@@ -70,7 +70,7 @@ VERSION_META = "io.modelcontextprotocol/protocolVersion"
 CACHEABLE = frozenset(
     ("tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read")
 )
-KEEPALIVE_S = 15.0  # a comment on an idle GET stream, which also notices a client that left
+KEEPALIVE_S = 15.0  # a comment on an idle stream or a slow answer, which also notices a client that left
 MAX_INPUT_ROUNDS = 8  # a server asking a handshake client again and again: answered this often at most
 ASK_TIMEOUT_S = 600.0  # how long a server's question (sampling, elicitation) waits for the client
 MAX_SESSIONS = 1000  # client sessions kept; the least recently used one closes past it
@@ -241,25 +241,32 @@ class Aggregate:
 
     async def _respond(self, request: web.Request, s: ClientSession, msg: JsonObject) -> web.StreamResponse:
         """One request's answer: JSON, unless something must go to the client before it (progress,
-        a server's question): then an SSE stream, those first, the answer last."""
+        a server's question) or it is long in coming (a call held for approval, a slow tool): then
+        an SSE stream, those first (or a `: keep-alive` comment every KEEPALIVE_S, which keeps the
+        client's read timeout and any proxy between from closing it), the answer last."""
         headers = {"Mcp-Session-Id": s.key} if not s.modern else {}
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         sse = "text/event-stream" in request.headers.get("Accept", "")
         task = self._running(s, msg, out.put_nowait if sse else None)
         task.add_done_callback(lambda t: out.put_nowait(None))
-        first = await out.get()
-        if first is None:
+        response: web.StreamResponse | None = None
+        while True:
+            try:
+                event = await (asyncio.wait_for(out.get(), KEEPALIVE_S) if sse else out.get())
+            except TimeoutError:  # (a queue's get gives up its place, never an item, on a timeout)
+                if response is None:
+                    response = await _sse_answer(request, headers)
+                await response.write(b": keep-alive\n\n")
+                continue
+            if event is None:
+                break
+            if response is None:
+                response = await _sse_answer(request, headers)
+            await response.write(jsonrpc.sse_message(event))
+        if response is None:
             if task.cancelled():  # the client cancelled it: no answer (MCP "Cancellation")
                 return web.Response(status=202, headers=headers)
             return _json(task.result(), headers=headers)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
-        )
-        await response.prepare(request)
-        event: bytes | None = first
-        while event is not None:
-            await response.write(jsonrpc.sse_message(event))
-            event = await out.get()
         if not task.cancelled():
             await response.write(jsonrpc.sse_message(task.result()))
         await response.write_eof()
@@ -499,6 +506,14 @@ def _meta_version(msg: JsonObject) -> Any:
 def _client_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """What the client's request carries for its servers: its credentials, as a direct route forwards them."""
     return {k: v for k in ("Authorization",) if (v := headers.get(k))}
+
+
+async def _sse_answer(request: web.Request, headers: Mapping[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+    )
+    await response.prepare(request)
+    return response
 
 
 def _json(body: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
