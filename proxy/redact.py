@@ -235,7 +235,8 @@ PLAIN = _PLAIN  # what sanitize keeps as it is: callers skip the call for these
 
 _SHORT = 512  # strings up to this long are remembered sanitised (at most _SHORT_KEPT of them)
 _SHORT_KEPT = 4096
-# and longer ones up to _MEDIUM chars, fewer of them (at most ~2 MB even if each were UCS-4): the
+# and longer ones up to _MEDIUM chars, fewer of them (at most ~2 MB of keys even if each were UCS-4;
+# a clean string's answer is the same object, a changed one's as much again): the
 # instructions a stateless service sends first in every call, each call a run whose first prompt
 # is recorded whole (issue 33), so the same system prompt is sanitised call after call
 _MEDIUM = 8192
