@@ -168,26 +168,39 @@ def _as_is(value: Any, max_field_bytes: int, depth: int = 0) -> Any:
 # endpoint, the stop reason, the agent and the session id), as sanitize makes them: remembered by
 # value, so a session's calls clean them once instead of a sanitize call each per event. Bounded:
 # at _NAMES_KEPT sets it starts over; a set with a long value (or not a str) is cleaned every
-# time, not kept.
+# time, not kept. The names but the last (the session id) are remembered apart too (`_SHARED`): a
+# stateless service's every call is a new session (issue 33), whose other names are those of the
+# calls before it, so a new session cleans its own id only.
 _NAMES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_SHARED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _NAMES_KEPT = 1024
 _NAME_CHARS = 256
 
 
+def _keep(memo: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...], found: tuple[Any, ...]) -> None:
+    """Remember `found` for `key` (`max_field_bytes`, the names), unless a name is not a short str or None
+    (1, 1.0 and True are equal keys whose cleaned values differ)."""
+    if all(v is None or (type(v) is str and len(v) <= _NAME_CHARS) for v in key[1:]):
+        if len(memo) >= _NAMES_KEPT:
+            memo.clear()
+        memo[key] = found
+
+
 def clean_names(names: tuple[Any, ...], max_field_bytes: int) -> tuple[Any, ...]:
-    """`sanitize(name, max_field_bytes, 1)` of each of `names` (see _NAMES)."""
+    """`sanitize(name, max_field_bytes, 1)` of each of `names`, the session id last (see _NAMES)."""
     key = (max_field_bytes, *names)
     try:
         found = _NAMES.get(key)
     except TypeError:  # not a name (an unhashable value): cleaned as anything else
         return tuple([sanitize(v, max_field_bytes, 1) for v in names])
     if found is None:
-        found = tuple([sanitize(v, max_field_bytes, 1) for v in names])
-        # (only strs and None: 1, 1.0 and True are equal keys whose cleaned values differ)
-        if all(v is None or (type(v) is str and len(v) <= _NAME_CHARS) for v in names):
-            if len(_NAMES) >= _NAMES_KEPT:
-                _NAMES.clear()
-            _NAMES[key] = found
+        shared_key = key[:-1]
+        shared = _SHARED.get(shared_key)
+        if shared is None:
+            shared = tuple([sanitize(v, max_field_bytes, 1) for v in names[:-1]])
+            _keep(_SHARED, shared_key, shared)
+        found = (*shared, sanitize(names[-1], max_field_bytes, 1))
+        _keep(_NAMES, key, found)
     return found
 
 

@@ -295,13 +295,15 @@ class TraceRecorder:
         # what sanitize makes of the payload, field by field (a top-level value is walked at depth
         # 1): the process's fields are the same run after run, cleaned once (`_process_fields`)
         m = self.max_field_bytes
+        clean_name = sanitize(run_name, m, 1)
         payload = {
-            "run_name": sanitize(run_name, m, 1),
+            "run_name": clean_name,
             **self._process_fields(argv, clean=True),
             "agent_name": sanitize(agent_name, m, 1),
             "session_id": sanitize(session_id, m, 1),
         }
-        name = sanitize(str(run_name or "run"), m)
+        # the event's name, `sanitize(str(run_name or "run"), m)`: the payload's for a name given
+        name = clean_name if run_name and type(run_name) is str else sanitize(str(run_name or "run"), m)
         self._append(run, EventType.RUN_START, name, payload, ts=now, sanitized=True)
         return run_id
 

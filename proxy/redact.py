@@ -116,8 +116,11 @@ _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s@?#]+)@")
 _QUERY_PARAM = re.compile(r"([?&;])([A-Za-z0-9_.\-]+)=([^&#\s\"'<>]*)")
 # Inline `"name": "value"` (JSON serialised inside a string: tool results, function arguments).
 _JSON_PAIR = re.compile(r'"([A-Za-z0-9_.\-]{1,64})"(\s*:\s*)"((?:[^"\\]|\\.)*)"')
-# Command-line flags inside a string: `--api-key X`, `--token=X` (stdio MCP commands, argv).
-_FLAG_PAIR = re.compile(r"(?<![\w\-])(--?)([A-Za-z][A-Za-z0-9_\-]*)(=|\s+)([^\s\"']+)")
+# Command-line flags inside a string: `--api-key X`, `--token=X` (stdio MCP commands, argv). The
+# pattern starts with its dash, the lookbehind after it (not before a dash preceded by a word char
+# or a dash, as `(?<![\w\-])--?` says): a leading literal lets the regex engine skip to each dash
+# instead of trying the lookbehind at every position (a hyphenated prompt's scrub, ~2x faster).
+_FLAG_PAIR = re.compile(r"(-(?<![\w\-]-)-?)([A-Za-z][A-Za-z0-9_\-]*)(=|\s+)([^\s\"']+)")
 # Environment assignments: OPENAI_API_KEY=sk-...
 _ENV_PAIR = re.compile(r"(?<![\w\-$])([A-Za-z_][A-Za-z0-9_]*)=([^\s&\"']+)")
 
@@ -145,28 +148,29 @@ _ENV_SUB = _named_value(1, 2)
 def scrub_text(s: str) -> str:
     """Replace secret-looking values inside free text (prompts, results, argv, URLs) by the marker.
 
-    Cheap substring checks guard each regex: this runs on every string of every event.
+    Cheap substring checks guard each regex: this runs on every string of every event. A
+    one-character check (memchr) goes first where it is implied by a longer one: searching a prompt
+    for "sk-" costs ~30 times as much as for "-" (a 700-character prompt: ~1 us against 0.03).
     """
     if len(s) < 8:
         return s
-    # every key _PROVIDER_KEY matches starts with one of these: ids and names with an underscore
-    # (`call_000005`, `tool_calls`) need no regex
+    # every key _PROVIDER_KEY matches starts with one of these (`sk-` and `xox?-` hold a dash):
+    # ids and names with an underscore (`call_000005`, `tool_calls`) need no regex
     if (
-        "sk-" in s
-        or "AIza" in s
-        or "xox" in s
-        or "AKIA" in s
+        ("-" in s and ("sk-" in s or "xox" in s))
+        or ("z" in s and "AIza" in s)
+        or ("K" in s and "AKIA" in s)
         or ("_" in s and ("hf_" in s or "gsk_" in s or "gh" in s))
     ):
         s = _PROVIDER_KEY.sub(REDACTED_MARKER, s)
-    lower = s.lower()
-    if "bearer" in lower:
+    # only a `b` or a `B` lowercases to a `b`
+    if ("b" in s or "B" in s) and "bearer" in s.lower():
         s = _BEARER.sub(lambda m: m.group(1) + REDACTED_MARKER, s)
     if "asic" in s:
         s = _BASIC.sub(
             lambda m: m.group(1) + REDACTED_MARKER if _ENCODED.search(m.group(2)) else m.group(0), s
         )
-    if "://" in s and "@" in s:
+    if "@" in s and "://" in s:
         s = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED_MARKER + "@", s)
     if "=" in s:
         if "?" in s or "&" in s:
@@ -231,23 +235,37 @@ PLAIN = _PLAIN  # what sanitize keeps as it is: callers skip the call for these
 
 _SHORT = 512  # strings up to this long are remembered sanitised (at most _SHORT_KEPT of them)
 _SHORT_KEPT = 4096
+# and longer ones up to _MEDIUM chars, fewer of them (at most ~2 MB of keys even if each were UCS-4;
+# a clean string's answer is the same object, a changed one's as much again): the
+# instructions a stateless service sends first in every call, each call a run whose first prompt
+# is recorded whole (issue 33), so the same system prompt is sanitised call after call
+_MEDIUM = 8192
+_MEDIUM_KEPT = 64
 
 
 def _str(s: str, max_field_bytes: int) -> str:
     """`_sanitize_str`, with the answer for a short ASCII string (roles, statuses) given at once:
     nothing to scrub below 8 chars, nothing to replace or cut. Ids, names, models and tool
     arguments repeat from event to event (a tool call's id and arguments are in the answer's
-    LLM_CALL, then in its TOOL_CALL): strings up to `_SHORT` chars are remembered sanitised."""
+    LLM_CALL, then in its TOOL_CALL): strings up to `_SHORT` chars are remembered sanitised, and
+    a few up to `_MEDIUM` (a system prompt resent in every call)."""
     n = len(s)
     if n < 8 and s.isascii() and (max_field_bytes <= 0 or n * 4 <= max_field_bytes):
         return s
     if n <= _SHORT:
         return _sanitize_short(s, max_field_bytes)
+    if n <= _MEDIUM:
+        return _sanitize_medium(s, max_field_bytes)
     return _sanitize_str(s, max_field_bytes)
 
 
 @lru_cache(maxsize=_SHORT_KEPT)
 def _sanitize_short(s: str, max_field_bytes: int) -> str:
+    return _sanitize_str(s, max_field_bytes)
+
+
+@lru_cache(maxsize=_MEDIUM_KEPT)
+def _sanitize_medium(s: str, max_field_bytes: int) -> str:
     return _sanitize_str(s, max_field_bytes)
 
 

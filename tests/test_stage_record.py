@@ -232,6 +232,29 @@ def test_clean_names_is_bounded() -> None:
     llm.clean_names(("m", "m", "default", "openai_chat", "stop", "bot", "y" * (llm._NAME_CHARS + 1)), 1024)
     assert not [key for key in llm._NAMES if "y" * (llm._NAME_CHARS + 1) in key]
     llm._NAMES.clear()
+    llm._SHARED.clear()
+    for i in range(llm._NAMES_KEPT + 10):
+        llm.clean_names((f"m{i}", "m", "default", "openai_chat", "stop", "bot", "s"), 1024)
+    assert 0 < len(llm._SHARED) <= llm._NAMES_KEPT
+    llm._NAMES.clear()
+    llm._SHARED.clear()
+
+
+def test_a_new_sessions_names_are_its_own_id_cleaned_and_the_names_it_shares() -> None:
+    """Issue 33: a session's names but its id are remembered apart, for the next new session; its
+    id is still what sanitize makes of it (a secret in it, a long one, a lone surrogate)."""
+    from proxy import llm_trace as llm
+    from proxy.redact import sanitize
+
+    secret = "sk-proj-" + "Z9y8X7w6V5" * 3
+    shared = ("gpt-4o-mini", "gpt-4o-mini", "default", "openai_chat", "stop", "bot")
+    for max_field_bytes in (16, 20000):
+        for session_id in ("auto-0123456789ab", f"s {secret}", "x" * 5000, "a\ud83d", "auto-0123456789ab"):
+            got = llm.clean_names((*shared, session_id), max_field_bytes)
+            assert got == tuple(sanitize(v, max_field_bytes, 1) for v in (*shared, session_id))
+        assert (max_field_bytes, *shared) in llm._SHARED
+    llm._NAMES.clear()
+    llm._SHARED.clear()
 
 
 async def test_the_llm_call_event_is_named_after_its_model_sanitised(engine: Engine) -> None:
