@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from dataclasses import replace
 
 from proxy import ids
@@ -75,9 +76,13 @@ class SessionManager:
         # in the same order. (One run, the usual case, is no dict: issue 33, ~400 bytes a run.)
         self._by_answer: dict[tuple[str, bytes], Session | dict[str, Session]] = {}
         self._waiting: dict[tuple[str, bytes], dict[str, Session]] = {}
-        # the idle sweep's queue, a heap of (last seen when queued, tie-break, session): a session
-        # is queued again (at its last_seen) when the sweep finds it was used since, so a sweep reads
-        # only the sessions last seen an idle timeout ago or more, not every one (`idle_sessions`)
+        # the idle sweep's queues, so a sweep reads only the sessions last seen an idle timeout ago or
+        # more, not every one (`idle_sessions`): new sessions in the order they started (each queued
+        # at its `started_mono`: a deque's slot, where a heap entry and its tie-break were ~100
+        # bytes a run, issue 33), and a heap of (last seen when queued, tie-break, session) for
+        # those queued again (at their last_seen) when the sweep finds they were used since, resumed
+        # ones, and the rare new one whose clock reads earlier than the newest queued
+        self._new_queue: deque[Session] = deque()
         self._idle_queue: list[tuple[float, int, Session]] = []
         self._queued = itertools.count()
         self._in_flight: dict[str, Session] = {}  # out of the queue: idle but for a call in flight
@@ -201,7 +206,11 @@ class SessionManager:
             last_seen=now,
         )
         self._by_run[session.run_id] = session
-        heapq.heappush(self._idle_queue, (now, next(self._queued), session))
+        new_queue = self._new_queue
+        if not new_queue or new_queue[-1].started_mono <= now:
+            new_queue.append(session)  # (queued at its started_mono, which is `now`)
+        else:
+            heapq.heappush(self._idle_queue, (now, next(self._queued), session))
         if session.explicit:
             self._explicit[key] = session
         else:
@@ -368,12 +377,20 @@ class SessionManager:
         timeout), not every session tracked."""
         out = []
         queue = self._idle_queue
+        new_queue = self._new_queue
         timeout = self.idle_timeout_s
         by_run = self._by_run
         due = list(self._in_flight.values())  # idle but for a call in flight: looked at every sweep
         self._in_flight.clear()
+        # both queues oldest first, merged in queue time (a new session first on a tie)
+        while new_queue and now - new_queue[0].started_mono >= timeout:
+            head = new_queue[0].started_mono
+            while queue and queue[0][0] < head:
+                due.append(heapq.heappop(queue)[2])
+            due.append(new_queue.popleft())
         while queue and now - queue[0][0] >= timeout:
             due.append(heapq.heappop(queue)[2])
+        forget = self._forget
         for s in due:
             if by_run.get(s.run_id) is not s:
                 continue  # forgotten already (expired on a call, resumed, ...)
@@ -382,7 +399,7 @@ class SessionManager:
             elif s.inflight:
                 self._in_flight[s.run_id] = s  # a long call keeps it alive
             else:
-                self._forget(s)
+                forget(s)
                 if not s.ended:
                     out.append(s)
         for key, until in list(self._terminated_explicit.items()):
@@ -474,30 +491,34 @@ class SessionManager:
         )
 
     def _forget(self, session: Session) -> None:
-        if self._by_run.get(session.run_id) is not session:
+        run_id = session.run_id
+        by_run = self._by_run
+        if by_run.get(run_id) is not session:
             return
-        del self._by_run[session.run_id]
-        self._ended.discard(session.run_id)
+        del by_run[run_id]
+        if self._ended:
+            self._ended.discard(run_id)
+        agent = session.agent
         if session.explicit:
             if self._explicit.get(session.key) is session:
                 del self._explicit[session.key]
             return
-        recent = self._recent.get(session.agent)
+        recent = self._recent.get(agent)
         if recent is not None:
-            recent.pop(session.run_id, None)
+            recent.pop(run_id, None)
             if not recent:
-                del self._recent[session.agent]
+                del self._recent[agent]
         lineage = session.lineage
-        if (
-            lineage.announced is not None
-            and self._by_episode.get((session.agent, lineage.announced)) is session
-        ):
-            del self._by_episode[(session.agent, lineage.announced)]
+        if lineage.announced is not None and self._by_episode.get((agent, lineage.announced)) is session:
+            del self._by_episode[(agent, lineage.announced)]
+        by_history = self._by_history
         for digest in lineage.histories:
-            if self._by_history.get((session.agent, digest)) is session:
-                del self._by_history[(session.agent, digest)]
-        for response_id in lineage.responses:
-            if self._by_response.get(response_id) is session:
-                del self._by_response[response_id]
+            if by_history.get((agent, digest)) is session:
+                del by_history[(agent, digest)]
+        if lineage.responses:
+            by_response = self._by_response
+            for response_id in lineage.responses:
+                if by_response.get(response_id) is session:
+                    del by_response[response_id]
         for key in lineage.answers:
             self._drop_answer(session, key)
