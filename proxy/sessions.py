@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from proxy import ids
 from proxy.episodes import NO_CONVERSATION, Episode
+from proxy.per_agent import PerAgent
 from proxy.session_state import (  # (re-exported: the session's state, proxy/session_state.py)
     MAX_HISTORIES_PER_RUN,
     MAX_RESPONSES_PER_RUN,
@@ -68,13 +69,14 @@ class SessionManager:
         # indexes
         self._recent: dict[str, dict[str, Session]] = {}
         self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
-        self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
+        # (agent, whole-history digest), one dict per agent (no tuple a key: proxy/per_agent.py)
+        self._by_history: PerAgent[bytes, Session] = PerAgent()
         self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
         # (agent, answer key) -> the run that gave that answer; once several did (the same answer to
         # the same words: an evaluation batch), those runs by run id, oldest first, and in
         # `_waiting` those of them still waiting for their conversation to go on (`Lineage.waiting`),
         # in the same order. (One run, the usual case, is no dict: issue 33, ~400 bytes a run.)
-        self._by_answer: dict[tuple[str, bytes], Session | dict[str, Session]] = {}
+        self._by_answer: PerAgent[bytes, Session | dict[str, Session]] = PerAgent()
         self._waiting: dict[tuple[str, bytes], dict[str, Session]] = {}
         # the idle sweep's queues, so a sweep reads only the sessions last seen an idle timeout ago or
         # more, not every one (`idle_sessions`): new sessions in the order they started (each queued
@@ -109,7 +111,7 @@ class SessionManager:
                 # the answer as the client sent it back differs from what the run recorded (an
                 # edited message): the longest prefix a run has seen that holds that answer
                 for digest in reversed(episode.history[episode.answer_at :]):
-                    found = self._by_history.get((agent, digest))
+                    found = self._by_history.get(agent, digest)
                     if found is not None:
                         return found
             # a new conversation; the agent's latest run may have had only calls with no
@@ -123,7 +125,7 @@ class SessionManager:
     def _answered(self, agent: str, key: bytes) -> Session | None:
         """The run that gave this answer; of several (the same answer to the same words), the
         oldest still waiting for its conversation to go on, else the newest."""
-        runs = self._by_answer.get((agent, key))
+        runs = self._by_answer.get(agent, key)
         if runs is None or not isinstance(runs, dict):
             return runs  # (one run gave it: that one)
         waiting = self._waiting.get((agent, key))
@@ -240,14 +242,14 @@ class SessionManager:
             return
         own = session.lineage.histories
         digest = episode.history[-1]
-        if own.newest() == digest and self._by_history.get((session.agent, digest)) is session:
+        if own.newest() == digest and self._by_history.get(session.agent, digest) is session:
             return  # the same history again (a resent request): already the newest it remembers
         own.add(digest)  # (the newest last)
-        self._by_history[(session.agent, digest)] = session
+        self._by_history.set(session.agent, digest, session)
         while len(own) > MAX_HISTORIES_PER_RUN:
             old = own.pop_oldest()
-            if self._by_history.get((session.agent, old)) is session:
-                del self._by_history[(session.agent, old)]
+            if self._by_history.get(session.agent, old) is session:
+                self._by_history.pop(session.agent, old)
 
     def note_response(self, session: Session, response_id: str) -> None:
         """A Responses id this automatic session produced (a real answer or a blocked one): a
@@ -278,19 +280,19 @@ class SessionManager:
 
     def _add_answer(self, session: Session, key: bytes) -> None:
         """`session` gave this answer: the newest of the runs that did."""
-        index = (session.agent, key)
-        runs = self._by_answer.get(index)
+        agent = session.agent
+        runs = self._by_answer.get(agent, key)
         if runs is None or runs is session:
-            self._by_answer[index] = session
+            self._by_answer.set(agent, key, session)
         elif isinstance(runs, dict):
             runs[session.run_id] = session
         elif runs.run_id == session.run_id:  # (the same run again under another object)
-            self._by_answer[index] = session
+            self._by_answer.set(agent, key, session)
         else:
             # a second run gave it: the runs by id, oldest first, and the first's wait indexed
-            self._by_answer[index] = {runs.run_id: runs, session.run_id: session}
+            self._by_answer.set(agent, key, {runs.run_id: runs, session.run_id: session})
             if runs.lineage.waiting == key:
-                self._waiting[index] = {runs.run_id: runs}
+                self._waiting[(agent, key)] = {runs.run_id: runs}
 
     def _set_waiting(self, session: Session, key: bytes | None) -> None:
         """The answer a session waits on its conversation to go on from (None: none), kept in the
@@ -305,7 +307,7 @@ class SessionManager:
             self._unwait(agent, old, run_id)
         if key is None or self._by_run.get(run_id) is not session:
             return
-        runs = self._by_answer.get((agent, key))
+        runs = self._by_answer.get(agent, key)
         if not isinstance(runs, dict) or run_id not in runs:
             return  # (one run gave it, or none: nothing to keep in order)
         waiting = self._waiting.setdefault((agent, key), {})
@@ -320,17 +322,17 @@ class SessionManager:
             del self._waiting[(agent, key)]
 
     def _drop_answer(self, session: Session, key: bytes) -> None:
-        index = (session.agent, key)
-        runs = self._by_answer.get(index)
+        agent = session.agent
+        runs = self._by_answer.get(agent, key)
         if runs is session:
-            del self._by_answer[index]
+            self._by_answer.pop(agent, key)
             return
         if not isinstance(runs, dict) or runs.get(session.run_id) is not session:
             return
         del runs[session.run_id]
         if not runs:
-            del self._by_answer[index]
-        self._unwait(session.agent, key, session.run_id)
+            self._by_answer.pop(agent, key)
+        self._unwait(agent, key, session.run_id)
 
     # --- ending ------------------------------------------------------------------------------
 
@@ -432,7 +434,7 @@ class SessionManager:
         if lineage.announced is not None:
             self._by_episode[(agent, lineage.announced)] = new
         for digest in lineage.histories:
-            self._by_history[(agent, digest)] = new
+            self._by_history.set(agent, digest, new)
         for response_id in lineage.responses:
             self._by_response[response_id] = new
         for key in lineage.answers:
@@ -511,10 +513,13 @@ class SessionManager:
         lineage = session.lineage
         if lineage.announced is not None and self._by_episode.get((agent, lineage.announced)) is session:
             del self._by_episode[(agent, lineage.announced)]
-        by_history = self._by_history
-        for digest in lineage.histories:
-            if by_history.get((agent, digest)) is session:
-                del by_history[(agent, digest)]
+        by_history = self._by_history.of(agent)
+        if by_history is not None:
+            for digest in lineage.histories:
+                if by_history.get(digest) is session:
+                    del by_history[digest]
+            if not by_history:
+                self._by_history.drop_empty(agent)
         if lineage.responses:
             by_response = self._by_response
             for response_id in lineage.responses:
