@@ -435,8 +435,9 @@ class SessionManager:
             self._by_episode[(agent, lineage.announced)] = new
         for digest in lineage.histories:
             self._by_history.set(agent, digest, new)
-        for response_id in lineage.responses:
-            self._by_response[response_id] = new
+        if lineage.has_responses:
+            for response_id in lineage.responses:
+                self._by_response[response_id] = new
         for key in lineage.answers:
             self._add_answer(new, key)
         waiting, lineage.waiting = lineage.waiting, None
@@ -520,7 +521,7 @@ class SessionManager:
                     del by_history[digest]
             if not by_history:
                 self._by_history.drop_empty(agent)
-        if lineage.responses:
+        if lineage.has_responses:
             by_response = self._by_response
             for response_id in lineage.responses:
                 if by_response.get(response_id) is session:
