@@ -466,7 +466,7 @@ class TraceRecorder:
             if len(_PLAIN_REASONS) < 256:
                 _PLAIN_REASONS[reason] = plain
         event_id = self._append(run, _RUN_END, "run_end", payload, ts=now, sanitized=plain)
-        run.status = status  # after _append: the event itself is accepted while the run is open
+        self._registry.close(run, status)  # after _append: the event itself is accepted while the run is open
         return event_id
 
     def end_open_runs(self, *, status: str, reason: str) -> list[str]:
