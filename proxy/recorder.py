@@ -76,7 +76,7 @@ from proxy.trace.content import (
     tool_names_only,
 )
 from proxy.trace.recovery import RECOVER_INTERVAL_S
-from proxy.trace.runs import Run, RunRegistry, run_json, summary
+from proxy.trace.runs import Run, RunRegistry, end_event, run_json, summary
 from proxy.trace.sinks import EventSink
 from proxy.trace.writer import (
     FSYNC_POLICIES,
@@ -465,7 +465,15 @@ class TraceRecorder:
             plain = _plain(reason)
             if len(_PLAIN_REASONS) < 256:
                 _PLAIN_REASONS[reason] = plain
-        event_id = self._append(run, _RUN_END, "run_end", payload, ts=now, sanitized=plain)
+        if plain:  # (as a rule) the event made in one go: `_append` without its general path
+            event = end_event(run, payload, now)
+            event_id = event["event_id"]
+            run.note_event(_RUN_END, payload, now, event["ts"])
+            self._writer.enqueue(run, event, now)
+            if self.sinks:
+                self._to_sinks(run, event, now)
+        else:
+            event_id = self._append(run, _RUN_END, "run_end", payload, ts=now)
         self._registry.close(run, status)  # after _append: the event itself is accepted while the run is open
         return event_id
 
