@@ -474,7 +474,8 @@ class TraceRecorder:
                 self._to_sinks(run, event, now)
         else:
             event_id = self._append(run, _RUN_END, "run_end", payload, ts=now)
-        self._registry.close(run, status)  # after queueing: the event itself is accepted while the run is open
+        # closed after RUN_END is queued: the event itself is accepted while the run is open
+        self._registry.close(run, status)
         return event_id
 
     def end_open_runs(self, *, status: str, reason: str) -> list[str]:
