@@ -76,7 +76,7 @@ from proxy.trace.content import (
     tool_names_only,
 )
 from proxy.trace.recovery import RECOVER_INTERVAL_S
-from proxy.trace.runs import Run, RunRegistry, run_json, summary
+from proxy.trace.runs import Run, RunRegistry, end_event, run_json, summary
 from proxy.trace.sinks import EventSink
 from proxy.trace.writer import (
     FSYNC_POLICIES,
@@ -111,6 +111,11 @@ _RECORDABLE = _EVENT_TYPES - {
     EventType.RUN_START.value,
     EventType.RUN_END.value,
 }  # record()'s; not the bookends
+_END_STATUSES = frozenset({STATUS_OK, STATUS_ERROR})
+_RUN_END: str = EventType.RUN_END.value  # (a plain str: the event's type, as envelope makes it)
+# end reasons seen, and whether each is a plain word (`_plain`): a few (idle_timeout, shutdown, a
+# guard's name), bounded in case a caller passes free text
+_PLAIN_REASONS: dict[str, bool] = {}
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
 
@@ -442,20 +447,37 @@ class TraceRecorder:
         as run.json's), so they differ from the calls seen only when some events could not be written.
         Idempotent: ending a run that is not open does nothing and returns None.
         """
-        if status not in (STATUS_OK, STATUS_ERROR):
+        if status not in _END_STATUSES:
             raise ValueError(f"status must be 'ok' or 'error', not {status!r}")
-        run = self._registry.get(run_id)
+        run = self._registry.runs.get(run_id)
         if run is None or run.status != STATUS_RUNNING:
             return None
         now = max(self._ts(ts), run.started)
         run.ended = now
         run.fields["end_reason"] = reason
         payload = {"status": status, "summary": summary(run, now), "reason": reason}
+        # run.json and tripwire.json to rewrite: the writer's enqueue marks the run dirty (and run.json
+        # with it), so tripwire.json is marked here instead of a `touch` of its own (an expiry ends
+        # many runs in one sweep: ~2 us a run)
+        run.tripwire_dirty = True
         # numbers and Tripwire's own words (a status, an end reason): as `sanitize` leaves them, so
-        # not walked again (an expiry ends many runs in one sweep)
-        event_id = self._append(run, EventType.RUN_END, "run_end", payload, ts=now, sanitized=_plain(reason))
-        run.status = status  # after _append: the event itself is accepted while the run is open
-        self._writer.touch(run, run_json=True, tripwire=True)
+        # not walked again
+        plain = _PLAIN_REASONS.get(reason)
+        if plain is None:
+            plain = _plain(reason)
+            if len(_PLAIN_REASONS) < 256:
+                _PLAIN_REASONS[reason] = plain
+        if plain:  # (as a rule) the event made in one go: `_append` without its general path
+            event = end_event(run, payload, now)
+            event_id = event["event_id"]
+            run.note_event(_RUN_END, payload, now, event["ts"])
+            self._writer.enqueue(run, event, now)
+            if self.sinks:
+                self._to_sinks(run, event, now)
+        else:
+            event_id = self._append(run, _RUN_END, "run_end", payload, ts=now)
+        # closed after RUN_END is queued: the event itself is accepted while the run is open
+        self._registry.close(run, status)
         return event_id
 
     def end_open_runs(self, *, status: str, reason: str) -> list[str]:

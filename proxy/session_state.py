@@ -107,15 +107,29 @@ class Lineage:
     # kept in order, oldest first, a dict only once there are two (a stateless service holds one
     # Lineage per call for the idle timeout, with one history and one answer: proxy/recent_keys.py)
     histories: RecentKeys[bytes] = field(default_factory=RecentKeys)  # whole-history digests
-    responses: RecentKeys[str] = field(default_factory=RecentKeys)  # Responses ids it produced
     answers: RecentKeys[bytes] = field(default_factory=RecentKeys)  # keys of answers it gave
     # its newest answer, until a request carrying it comes: among runs that gave the same answer to
     # the same conversation (an evaluation batch), a continuation goes to one still waiting for it
     waiting: bytes | None = None
+    # the Responses ids it produced (`responses`), made when first asked for: a chat call's run
+    # produces none (issue 33: 48 bytes a one-call run)
+    _responses: RecentKeys[str] | None = field(default=None, repr=False)
+
+    @property
+    def responses(self) -> RecentKeys[str]:
+        """The Responses ids it produced, oldest first."""
+        if self._responses is None:
+            self._responses = RecentKeys()
+        return self._responses
+
+    @property
+    def has_responses(self) -> bool:
+        """Whether it produced a Responses id (without making `responses`)."""
+        return bool(self._responses)
 
     def is_empty(self) -> bool:
         """No conversation seen yet (only calls with none, e.g. MCP tool calls)."""
-        return self.announced is None and not self.histories and not self.responses and not self.answers
+        return self.announced is None and not self.histories and not self.has_responses and not self.answers
 
 
 @dataclass(slots=True)

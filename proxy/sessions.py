@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from dataclasses import replace
 
 from proxy import ids
 from proxy.episodes import NO_CONVERSATION, Episode
+from proxy.per_agent import PerAgent
 from proxy.session_state import (  # (re-exported: the session's state, proxy/session_state.py)
     MAX_HISTORIES_PER_RUN,
     MAX_RESPONSES_PER_RUN,
@@ -67,17 +69,22 @@ class SessionManager:
         # indexes
         self._recent: dict[str, dict[str, Session]] = {}
         self._by_episode: dict[tuple[str, str], Session] = {}  # (agent, announced id)
-        self._by_history: dict[tuple[str, bytes], Session] = {}  # (agent, whole-history digest)
+        # (agent, whole-history digest), one dict per agent (no tuple a key: proxy/per_agent.py)
+        self._by_history: PerAgent[bytes, Session] = PerAgent()
         self._by_response: dict[str, Session] = {}  # Responses id -> the run that produced it
         # (agent, answer key) -> the run that gave that answer; once several did (the same answer to
         # the same words: an evaluation batch), those runs by run id, oldest first, and in
         # `_waiting` those of them still waiting for their conversation to go on (`Lineage.waiting`),
         # in the same order. (One run, the usual case, is no dict: issue 33, ~400 bytes a run.)
-        self._by_answer: dict[tuple[str, bytes], Session | dict[str, Session]] = {}
+        self._by_answer: PerAgent[bytes, Session | dict[str, Session]] = PerAgent()
         self._waiting: dict[tuple[str, bytes], dict[str, Session]] = {}
-        # the idle sweep's queue, a heap of (last seen when queued, tie-break, session): a session
-        # is queued again (at its last_seen) when the sweep finds it was used since, so a sweep reads
-        # only the sessions last seen an idle timeout ago or more, not every one (`idle_sessions`)
+        # the idle sweep's queues, so a sweep reads only the sessions last seen an idle timeout ago or
+        # more, not every one (`idle_sessions`): new sessions in the order they started (each queued
+        # at its `started_mono`: a deque's slot, where a heap entry and its tie-break were ~100
+        # bytes a run, issue 33), and a heap of (last seen when queued, tie-break, session) for
+        # those queued again (at their last_seen) when the sweep finds they were used since, resumed
+        # ones, and the rare new one whose clock reads earlier than the newest queued
+        self._new_queue: deque[Session] = deque()
         self._idle_queue: list[tuple[float, int, Session]] = []
         self._queued = itertools.count()
         self._in_flight: dict[str, Session] = {}  # out of the queue: idle but for a call in flight
@@ -104,7 +111,7 @@ class SessionManager:
                 # the answer as the client sent it back differs from what the run recorded (an
                 # edited message): the longest prefix a run has seen that holds that answer
                 for digest in reversed(episode.history[episode.answer_at :]):
-                    found = self._by_history.get((agent, digest))
+                    found = self._by_history.get(agent, digest)
                     if found is not None:
                         return found
             # a new conversation; the agent's latest run may have had only calls with no
@@ -118,7 +125,7 @@ class SessionManager:
     def _answered(self, agent: str, key: bytes) -> Session | None:
         """The run that gave this answer; of several (the same answer to the same words), the
         oldest still waiting for its conversation to go on, else the newest."""
-        runs = self._by_answer.get((agent, key))
+        runs = self._by_answer.get(agent, key)
         if runs is None or not isinstance(runs, dict):
             return runs  # (one run gave it: that one)
         waiting = self._waiting.get((agent, key))
@@ -201,7 +208,11 @@ class SessionManager:
             last_seen=now,
         )
         self._by_run[session.run_id] = session
-        heapq.heappush(self._idle_queue, (now, next(self._queued), session))
+        new_queue = self._new_queue
+        if not new_queue or new_queue[-1].started_mono <= now:
+            new_queue.append(session)  # (queued at its started_mono, which is `now`)
+        else:
+            heapq.heappush(self._idle_queue, (now, next(self._queued), session))
         if session.explicit:
             self._explicit[key] = session
         else:
@@ -231,14 +242,14 @@ class SessionManager:
             return
         own = session.lineage.histories
         digest = episode.history[-1]
-        if own.newest() == digest and self._by_history.get((session.agent, digest)) is session:
+        if own.newest() == digest and self._by_history.get(session.agent, digest) is session:
             return  # the same history again (a resent request): already the newest it remembers
         own.add(digest)  # (the newest last)
-        self._by_history[(session.agent, digest)] = session
+        self._by_history.set(session.agent, digest, session)
         while len(own) > MAX_HISTORIES_PER_RUN:
             old = own.pop_oldest()
-            if self._by_history.get((session.agent, old)) is session:
-                del self._by_history[(session.agent, old)]
+            if self._by_history.get(session.agent, old) is session:
+                self._by_history.pop(session.agent, old)
 
     def note_response(self, session: Session, response_id: str) -> None:
         """A Responses id this automatic session produced (a real answer or a blocked one): a
@@ -269,19 +280,19 @@ class SessionManager:
 
     def _add_answer(self, session: Session, key: bytes) -> None:
         """`session` gave this answer: the newest of the runs that did."""
-        index = (session.agent, key)
-        runs = self._by_answer.get(index)
+        agent = session.agent
+        runs = self._by_answer.get(agent, key)
         if runs is None or runs is session:
-            self._by_answer[index] = session
+            self._by_answer.set(agent, key, session)
         elif isinstance(runs, dict):
             runs[session.run_id] = session
         elif runs.run_id == session.run_id:  # (the same run again under another object)
-            self._by_answer[index] = session
+            self._by_answer.set(agent, key, session)
         else:
             # a second run gave it: the runs by id, oldest first, and the first's wait indexed
-            self._by_answer[index] = {runs.run_id: runs, session.run_id: session}
+            self._by_answer.set(agent, key, {runs.run_id: runs, session.run_id: session})
             if runs.lineage.waiting == key:
-                self._waiting[index] = {runs.run_id: runs}
+                self._waiting[(agent, key)] = {runs.run_id: runs}
 
     def _set_waiting(self, session: Session, key: bytes | None) -> None:
         """The answer a session waits on its conversation to go on from (None: none), kept in the
@@ -296,7 +307,7 @@ class SessionManager:
             self._unwait(agent, old, run_id)
         if key is None or self._by_run.get(run_id) is not session:
             return
-        runs = self._by_answer.get((agent, key))
+        runs = self._by_answer.get(agent, key)
         if not isinstance(runs, dict) or run_id not in runs:
             return  # (one run gave it, or none: nothing to keep in order)
         waiting = self._waiting.setdefault((agent, key), {})
@@ -311,17 +322,17 @@ class SessionManager:
             del self._waiting[(agent, key)]
 
     def _drop_answer(self, session: Session, key: bytes) -> None:
-        index = (session.agent, key)
-        runs = self._by_answer.get(index)
+        agent = session.agent
+        runs = self._by_answer.get(agent, key)
         if runs is session:
-            del self._by_answer[index]
+            self._by_answer.pop(agent, key)
             return
         if not isinstance(runs, dict) or runs.get(session.run_id) is not session:
             return
         del runs[session.run_id]
         if not runs:
-            del self._by_answer[index]
-        self._unwait(session.agent, key, session.run_id)
+            self._by_answer.pop(agent, key)
+        self._unwait(agent, key, session.run_id)
 
     # --- ending ------------------------------------------------------------------------------
 
@@ -368,12 +379,20 @@ class SessionManager:
         timeout), not every session tracked."""
         out = []
         queue = self._idle_queue
+        new_queue = self._new_queue
         timeout = self.idle_timeout_s
         by_run = self._by_run
         due = list(self._in_flight.values())  # idle but for a call in flight: looked at every sweep
         self._in_flight.clear()
+        # both queues oldest first, merged in queue time (a new session first on a tie)
+        while new_queue and now - new_queue[0].started_mono >= timeout:
+            head = new_queue[0].started_mono
+            while queue and queue[0][0] < head:
+                due.append(heapq.heappop(queue)[2])
+            due.append(new_queue.popleft())
         while queue and now - queue[0][0] >= timeout:
             due.append(heapq.heappop(queue)[2])
+        forget = self._forget
         for s in due:
             if by_run.get(s.run_id) is not s:
                 continue  # forgotten already (expired on a call, resumed, ...)
@@ -382,7 +401,7 @@ class SessionManager:
             elif s.inflight:
                 self._in_flight[s.run_id] = s  # a long call keeps it alive
             else:
-                self._forget(s)
+                forget(s)
                 if not s.ended:
                     out.append(s)
         for key, until in list(self._terminated_explicit.items()):
@@ -415,9 +434,10 @@ class SessionManager:
         if lineage.announced is not None:
             self._by_episode[(agent, lineage.announced)] = new
         for digest in lineage.histories:
-            self._by_history[(agent, digest)] = new
-        for response_id in lineage.responses:
-            self._by_response[response_id] = new
+            self._by_history.set(agent, digest, new)
+        if lineage.has_responses:
+            for response_id in lineage.responses:
+                self._by_response[response_id] = new
         for key in lineage.answers:
             self._add_answer(new, key)
         waiting, lineage.waiting = lineage.waiting, None
@@ -474,30 +494,37 @@ class SessionManager:
         )
 
     def _forget(self, session: Session) -> None:
-        if self._by_run.get(session.run_id) is not session:
+        run_id = session.run_id
+        by_run = self._by_run
+        if by_run.get(run_id) is not session:
             return
-        del self._by_run[session.run_id]
-        self._ended.discard(session.run_id)
+        del by_run[run_id]
+        if self._ended:
+            self._ended.discard(run_id)
+        agent = session.agent
         if session.explicit:
             if self._explicit.get(session.key) is session:
                 del self._explicit[session.key]
             return
-        recent = self._recent.get(session.agent)
+        recent = self._recent.get(agent)
         if recent is not None:
-            recent.pop(session.run_id, None)
+            recent.pop(run_id, None)
             if not recent:
-                del self._recent[session.agent]
+                del self._recent[agent]
         lineage = session.lineage
-        if (
-            lineage.announced is not None
-            and self._by_episode.get((session.agent, lineage.announced)) is session
-        ):
-            del self._by_episode[(session.agent, lineage.announced)]
-        for digest in lineage.histories:
-            if self._by_history.get((session.agent, digest)) is session:
-                del self._by_history[(session.agent, digest)]
-        for response_id in lineage.responses:
-            if self._by_response.get(response_id) is session:
-                del self._by_response[response_id]
+        if lineage.announced is not None and self._by_episode.get((agent, lineage.announced)) is session:
+            del self._by_episode[(agent, lineage.announced)]
+        by_history = self._by_history.of(agent)
+        if by_history is not None:
+            for digest in lineage.histories:
+                if by_history.get(digest) is session:
+                    del by_history[digest]
+            if not by_history:
+                self._by_history.drop_empty(agent)
+        if lineage.has_responses:
+            by_response = self._by_response
+            for response_id in lineage.responses:
+                if by_response.get(response_id) is session:
+                    del by_response[response_id]
         for key in lineage.answers:
             self._drop_answer(session, key)

@@ -11,7 +11,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from proxy import storage
+from proxy import ids, storage
 from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType
 from proxy.trace.content import encode
 
@@ -19,6 +19,7 @@ ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent
 # the event types as plain strs (an enum member's class lookup costs more than the comparison)
 _RUN_START: str = EventType.RUN_START.value
 BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
+_RUN_END: str = EventType.RUN_END.value
 _LLM_CALL: str = EventType.LLM_CALL.value
 NO_TAGS: frozenset[str] = frozenset()  # a run's tags until it has one
 NO_LINES: tuple[()] = ()  # a run's pending lines while none is queued
@@ -190,6 +191,9 @@ class RunRegistry:
     def __init__(self) -> None:
         self.runs: dict[str, Run] = {}
         self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # the runs held that `close` ended (their last writes still to do): `open_count` without a
+        # pass over every run, which /healthz and the idle sweep ask for (issue 33: 100,000 runs held)
+        self._closed: set[str] = set()
 
     def get(self, run_id: str) -> Run | None:
         return self.runs.get(run_id)
@@ -201,13 +205,21 @@ class RunRegistry:
         self.runs[run.run_id] = run
 
     def pop(self, run_id: str) -> Run | None:
+        self._closed.discard(run_id)
         return self.runs.pop(run_id, None)
+
+    def close(self, run: Run, status: str) -> None:
+        """The run ended with `status`: no longer open (held until its last writes are done)."""
+        run.status = status
+        if self.runs.get(run.run_id) is run:
+            self._closed.add(run.run_id)
 
     def open_ids(self) -> list[str]:
         return [rid for rid, run in self.runs.items() if run.status == STATUS_RUNNING]
 
     def open_count(self) -> int:
-        return sum(1 for r in self.runs.values() if r.status == STATUS_RUNNING)
+        """The runs held that are open: every one but those `close` ended."""
+        return len(self.runs) - len(self._closed)
 
     def summary(self, run_id: str, now: float) -> dict[str, Any]:
         run = self.runs.get(run_id)
@@ -217,7 +229,7 @@ class RunRegistry:
 
     def retire(self, run: Run) -> None:
         """An ended run leaves memory; its summary is kept for a while."""
-        self.runs.pop(run.run_id, None)
+        self.pop(run.run_id)
         self.ended[run.run_id] = summary(run, run.ended if run.ended is not None else run.last_ts)
         while len(self.ended) > ENDED_MEMORY:
             self.ended.popitem(last=False)
@@ -273,6 +285,24 @@ def tripwire_json(run: Run) -> dict[str, Any]:
             "total": run.total_tokens,
         },
         "health_tags": sorted(run.tags),
+    }
+
+
+def end_event(run: Run, payload: dict[str, Any], ts: float) -> dict[str, Any]:
+    """RUN_END's event with a payload as `sanitize` leaves it (a status, the summary's numbers, a
+    plain end reason): what `content.envelope(..., sanitized=True)` makes of it, the same keys in
+    the same order, without its general path (an expiry ends thousands of runs in one sweep)."""
+    return {
+        "spec_version": SPEC_VERSION,
+        "event_id": ids.uuid4_text(),
+        "run_id": run.run_id,
+        "parent_id": None,
+        "event_type": _RUN_END,
+        "ts": storage.iso_ms(ts),
+        "duration_ms": None,
+        "name": "run_end",
+        "payload": payload,
+        "meta": {},
     }
 
 
