@@ -78,7 +78,11 @@ async def measure(root: str, runs: int, batches: list[int]) -> dict[str, tuple[f
         cpu, wall = time.process_time(), time.perf_counter()
         for job in jobs:
             write_job(job)
-        out["loop"] = ((time.process_time() - cpu) / runs * 1e6, 0.0, (time.perf_counter() - wall) / runs * 1e6)
+        out["loop"] = (
+            (time.process_time() - cpu) / runs * 1e6,
+            0.0,
+            (time.perf_counter() - wall) / runs * 1e6,
+        )
         for n in batches:
             d = f"{base}/process-{n}"
             os.makedirs(d)

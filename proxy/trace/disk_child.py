@@ -5,9 +5,11 @@ reads writer passes from stdin and writes each with `write_jobs`, in order, answ
 `JobResult`s on stdout. It imports only this module, `proxy.trace.jobs`, `proxy.storage` and
 `proxy.constants`: what a pass's disk side needs.
 
-Frames both ways: a 4-byte little-endian length, a codec byte (marshal, or pickle for a value
-marshal refuses), the body. A pass is `(group_sync, [job, ...])`, a job the tuple of its disk
-fields (`job_wire`); the answer a list of result tuples (`result_wire`), in the jobs' order.
+Frames both ways: a 4-byte little-endian length, then the body in `marshal` (builtins only, the
+fastest there is; both ends run the same interpreter). A pass is `(group_sync, [job, ...])`, a job
+the tuple of its disk fields (`job_wire`); the answer a list of result tuples (`result_wire`), in
+the jobs' order. run.json and tripwire.json go as the dicts the loop would encode: the child
+encodes them as `storage.write_json_atomic` does on the loop, so the bytes are the same.
 
 It exits at EOF on stdin, once everything it received is written, and not before: SIGINT and
 SIGTERM are ignored (a Ctrl-C or a stop sent to the process group reaches the parent, which closes
@@ -21,17 +23,16 @@ from __future__ import annotations
 
 import marshal
 import os
-import pickle
 import signal
 import struct
 import sys
 from typing import Any, cast
 
+import orjson
+
 from proxy.trace.jobs import Job, JobResult, write_jobs
 
-HEADER = struct.Struct("<IB")  # body length, codec
-MARSHAL = 0
-PICKLE = 1
+HEADER = struct.Struct("<I")  # the body's length
 
 
 def job_wire(job: Job) -> tuple[Any, ...]:
@@ -82,17 +83,32 @@ def result_of(run_id: str, w: tuple[Any, ...]) -> JobResult:
 
 
 def frame(value: Any) -> bytes:
-    """A value as one frame: marshal (fast, builtins only), pickle when marshal refuses it (a str
-    subclass in a run's fields, say)."""
+    """A value as one frame."""
+    body = marshal.dumps(value)
+    return HEADER.pack(len(body)) + body
+
+
+def pass_frame(group_sync: bool, jobs: list[Job]) -> bytes:
+    """A writer pass as one frame. A run's JSON holding what marshal refuses (a str subclass, an
+    enum, a datetime: orjson encodes them) goes as orjson's reading of orjson's encoding of it, which
+    orjson encodes to the same bytes; what orjson cannot encode raises TypeError here (the caller
+    writes that pass on the loop, where the write fails and is reported as it always was)."""
+    wires = [job_wire(job) for job in jobs]
     try:
-        body, codec = marshal.dumps(value), MARSHAL
+        return frame((group_sync, wires))
     except ValueError:
-        body, codec = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), PICKLE
-    return HEADER.pack(len(body), codec) + body
+        for i, w in enumerate(wires):
+            run_json, tripwire = w[6], w[7]
+            wires[i] = (*w[:6], _plain(run_json), _plain(tripwire), *w[8:])
+        return frame((group_sync, wires))
 
 
-def unframe(codec: int, body: bytes) -> Any:
-    return marshal.loads(body) if codec == MARSHAL else pickle.loads(body)  # noqa: S301 (our own parent)
+def _plain(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if d is None else orjson.loads(orjson.dumps(d))
+
+
+def unframe(body: bytes) -> Any:
+    return marshal.loads(body)
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:
@@ -121,11 +137,11 @@ def serve(fd_in: int, fd_out: int) -> int:
         head = _read_exactly(fd_in, HEADER.size)
         if head is None:
             return passes
-        size, codec = HEADER.unpack(head)
+        (size,) = HEADER.unpack(head)
         body = _read_exactly(fd_in, size)
         if body is None:
             return passes
-        group_sync, wires = unframe(codec, body)
+        group_sync, wires = unframe(body)
         results = write_jobs([job_of(w) for w in wires], group_sync=group_sync)
         passes += 1
         if answering:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from proxy.trace.disk_child import HEADER, frame, job_wire, result_of, unframe
+from proxy.trace.disk_child import HEADER, pass_frame, result_of, unframe
 from proxy.trace.jobs import Job, JobResult
 
 # the child's entry: its package root first on sys.path, so it runs the same code as the parent
@@ -53,7 +53,7 @@ class _Answers(asyncio.Protocol):
         waiter, buf = self.waiter, self.buf
         if waiter is None or waiter.done() or len(buf) < HEADER.size:
             return
-        size, codec = HEADER.unpack_from(buf)
+        (size,) = HEADER.unpack_from(buf)
         end = HEADER.size + size
         if len(buf) < end:
             return
@@ -61,7 +61,7 @@ class _Answers(asyncio.Protocol):
         del buf[:end]
         self.waiter = None
         try:
-            waiter.set_result(unframe(codec, body))
+            waiter.set_result(unframe(body))
         except Exception as e:  # a garbled answer: the child is not to be trusted any more
             waiter.set_exception(DiskProcessGone(f"unreadable answer: {e!r}"))
 
@@ -99,11 +99,17 @@ class DiskProcess:
         self._answers: _Answers | None = None
         self._sink: _Sink | None = None
         self._stdin: asyncio.WriteTransport | None = None
-        self.passes = 0
+        self.sent = 0  # passes handed to the pipe
+        self.passes = 0  # ... and answered
 
     @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
+
+    @property
+    def unsent_bytes(self) -> int:
+        """What the pipe has not taken yet of the passes sent (a kill -9 now would lose it)."""
+        return 0 if self._stdin is None else self._stdin.get_write_buffer_size()
 
     @property
     def alive(self) -> bool:
@@ -146,13 +152,16 @@ class DiskProcess:
         """The pass's jobs written by the child (write_jobs), their results in order.
 
         DiskProcessGone when the child died before answering: some of the jobs may be written, some
-        not (the caller retries them all; each append knows its size before, so none is doubled)."""
+        not (the caller retries them all; each append knows its size before, so none is doubled).
+        TypeError, with nothing sent, for a run's JSON that cannot be encoded."""
         answers, stdin = self._answers, self._stdin
         if not self.alive or answers is None or stdin is None:
             raise DiskProcessGone("not running")
+        data = pass_frame(group_sync, jobs)
         waiter: asyncio.Future[list[tuple[object, ...]]] = asyncio.get_running_loop().create_future()
         answers.waiter = waiter  # type: ignore[assignment]
-        stdin.write(frame((group_sync, [job_wire(job) for job in jobs])))
+        stdin.write(data)
+        self.sent += 1
         wires = await waiter
         self.passes += 1
         if len(wires) != len(jobs):

@@ -85,6 +85,8 @@ class OffLoop:
                 for job in jobs:
                     job.torn = job.torn or bool(job.data)  # cut back to the size before, then append
                 await self._drop_process()
+            except TypeError as e:  # a run's JSON orjson cannot encode: this pass on the loop's side
+                logger.debug("a pass not sent to the disk process: %r", e)
         elif process is not None:
             self.process_failures += 1
             self.note_error(
