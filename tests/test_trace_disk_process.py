@@ -374,3 +374,31 @@ def exited(pid: str) -> bool:
             return any(line.startswith("State:") and "Z" in line for line in f)
     except OSError:
         return True
+
+
+async def test_a_stuck_child_is_reported_as_a_stalled_writer_and_catches_up(tmp_path: Path) -> None:
+    """A disk that hangs (here: the child stopped) is seen as with the loop's writer: events wait,
+    /healthz's trace_store says stalled; then everything is written, in order."""
+    rec = TraceRecorder(tmp_path, trace_writer="process", stall_after_s=0.2)
+    await rec.start()
+    try:
+        rid = rec.start_run(run_name="r", agent_name="a", session_id="s")
+        await rec.flush()
+        pid = rec.health()["writer_process"]
+        assert isinstance(pid, int)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            second = rec.start_run(run_name="r2", agent_name="a", session_id="s2")  # the child's work
+            rec.record(rid, "LLM_CALL", "m", {"n": 1})
+            await wait_for(lambda: rec.health()["writer_stalled"], "the writer to report itself stalled")
+            assert rec.health()["ok"] is False and rec.health()["queue_depth"] > 0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await rec.flush()
+        assert rec.health()["writer_stalled"] is False and rec.health()["writer_process"] == pid
+        assert rec.write_errors == 0
+    finally:
+        await rec.close()
+    for run, types in ((rid, ["RUN_START", "LLM_CALL", "RUN_END"]), (second, ["RUN_START", "RUN_END"])):
+        events = (tmp_path / "runs" / run / EVENTS_JSONL).read_bytes().splitlines()
+        assert [orjson.loads(x)["event_type"] for x in events] == types
