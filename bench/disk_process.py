@@ -1,12 +1,13 @@
 """The trace writer's disk process alone (issue 33, "Third round"): the event loop's CPU per new run
 written in the child (`trace_writer: process`) against written on the loop (`loop`), by batch size.
 
-    .venv/bin/python -m bench.disk_process [--dir /tmp] [--runs 2000] [--batches 1,4,16,64]
+    .venv/bin/python -m bench.disk_process [--dir /tmp] [--runs 2000] [--batches 1,4,16,64] [--kind append]
 
 Each job is a new run's first pass as a stateless service makes it: its folder, three event lines
 (~3 KB), tripwire.json with the default guard config and run.json. `loop` is `write_job` of each,
 as the writer does on the loop; `process-N` sends N jobs a pass to a `DiskProcess` and awaits the
-answer. Printed: this process's CPU per run (process_time: the loop's cost), the child's CPU per run
+answer. `--kind append`: each job is a live run's next line only (what the writer keeps on the loop,
+`_lines_only`), to see whether sending those too would pay. Printed: this process's CPU per run (process_time: the loop's cost), the child's CPU per run
 (/proc), and the wall time per run.
 """
 
@@ -32,6 +33,28 @@ def child_cpu(pid: int | None) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def append_job(base: str) -> Job:
+    """A live run's next line: its folder and file exist, nothing else due."""
+    run_id = str(uuid.uuid4())
+    os.makedirs(f"{base}/{run_id}")
+    line = b'{"event_type":"LLM_CALL","payload":{"prompt":"' + b"p" * 600 + b'"}}\n'
+    return Job(
+        run_id=run_id,
+        dir=f"{base}/{run_id}",
+        make_dir=False,
+        lines=[],
+        data=[line],
+        data_size=len(line),
+        after=None,  # type: ignore[arg-type]
+        size=0,
+        torn=False,
+        run_json=None,
+        tripwire=None,
+        tripwire_first=False,
+        fsync=False,
+    )
 
 
 def make_job(base: str, guard_config: dict[str, Any]) -> Job:
@@ -68,13 +91,19 @@ def make_job(base: str, guard_config: dict[str, Any]) -> Job:
     )
 
 
-async def measure(root: str, runs: int, batches: list[int]) -> dict[str, tuple[float, float, float]]:
+async def measure(
+    root: str, runs: int, batches: list[int], kind: str = "new"
+) -> dict[str, tuple[float, float, float]]:
     guard_config = Settings().guards.model_dump(mode="json")
+
+    def make(d: str) -> Job:
+        return append_job(d) if kind == "append" else make_job(d, guard_config)
+
     out: dict[str, tuple[float, float, float]] = {}
     base = tempfile.mkdtemp(prefix="tripwire-disk-process-", dir=root)
     try:
-        jobs = [make_job(f"{base}/loop", guard_config) for _ in range(runs)]
         os.makedirs(f"{base}/loop")
+        jobs = [make(f"{base}/loop") for _ in range(runs)]
         cpu, wall = time.process_time(), time.perf_counter()
         for job in jobs:
             write_job(job)
@@ -86,7 +115,7 @@ async def measure(root: str, runs: int, batches: list[int]) -> dict[str, tuple[f
         for n in batches:
             d = f"{base}/process-{n}"
             os.makedirs(d)
-            jobs = [make_job(d, guard_config) for _ in range(runs)]
+            jobs = [make(d) for _ in range(runs)]
             p = DiskProcess()
             await p.start()
             await p.write([], group_sync=False)  # the child is up and has imported what it needs
@@ -107,9 +136,10 @@ def main() -> None:
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--kind", choices=["new", "append"], default="new")
     a = ap.parse_args()
-    res = asyncio.run(measure(a.dir, a.runs, [int(x) for x in a.batches.split(",")]))
-    print(f"{a.dir}, {a.runs} new runs: us per run   loop CPU   child CPU   wall")
+    res = asyncio.run(measure(a.dir, a.runs, [int(x) for x in a.batches.split(",")], a.kind))
+    print(f"{a.dir}, {a.runs} jobs ({a.kind}): us per job   loop CPU   child CPU   wall")
     for name, (loop_cpu, child, wall) in res.items():
         print(f"  {name:<12}{loop_cpu:>12.1f}{child:>12.1f}{wall:>8.1f}")
 
