@@ -30,6 +30,8 @@ from proxy.trace.disk_process import DiskProcess, DiskProcessGone
 from proxy.trace.jobs import Job, JobResult, write_job
 from proxy.trace.off_loop import OffLoop
 
+# pipes on the loop: asyncio's and uvloop's transports differ (serve runs uvloop)
+pytestmark = pytest.mark.both_loops
 ROOT = Path(__file__).resolve().parents[1]
 RUN_A = "00000000-0000-4000-8000-00000000000a"
 
