@@ -59,6 +59,8 @@ async def cell(t: procs.Target, tmp: Path, tag: str, seconds: int, conns: int) -
     depths: list[int] = []
     stalled: list[float] = []
     before = thread_cpu(t.pid)
+    kids = procs.children_cpu_seconds(t.pid)  # the trace writer's disk process (trace_writer: process)
+    passes = int((await healthz(http, port))["writer_passes"])
     done = asyncio.Event()
 
     async def poll() -> None:
@@ -80,6 +82,7 @@ async def cell(t: procs.Target, tmp: Path, tag: str, seconds: int, conns: int) -
         await asyncio.sleep(0.01)
     catch_up = time.monotonic() - ended
     after = thread_cpu(t.pid)
+    kids = procs.children_cpu_seconds(t.pid) - kids
     await http.close()
     calls = max(1.0, found["requests"])
     per = {name: (after[name] - before.get(name, 0.0)) / calls * 1e6 for name in after}
@@ -89,6 +92,8 @@ async def cell(t: procs.Target, tmp: Path, tag: str, seconds: int, conns: int) -
         "loop_cpu_us": loop_us,
         "threads_cpu_us": threads_us,
         "all_cpu_us": sum(per.values()),
+        "child_cpu_us": kids / calls * 1e6,
+        "calls_per_pass": calls / max(1, int(h["writer_passes"]) - passes),
         "depth_max": max(depths, default=0),
         "depth_p50": statistics.median(depths) if depths else 0,
         "stalled_max_s": max(stalled, default=0.0),

@@ -131,9 +131,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         idle_rate = (procs.cpu_seconds(tw.pid) - cpu0) / quiet if quiet else 0.0
         await asyncio.sleep(max(0.0, first_due - time.monotonic() - 0.5))
         cpu_start, t0 = procs.cpu_seconds(tw.pid), time.monotonic()
+        kids_start = procs.children_cpu_seconds(tw.pid)  # the trace writer's disk process
         await settle(tw.admin_port, ended=True)
         took = time.monotonic() - t0
         spent = procs.cpu_seconds(tw.pid) - cpu_start
+        out["expiry_child_cpu_s"] = round(procs.children_cpu_seconds(tw.pid) - kids_start, 2)
         out.update(
             idle_cpu_per_s=round(idle_rate, 4),
             expiry_wall_s=round(took, 1),

@@ -137,6 +137,11 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     )
     a("--fsync", choices=["never", "run_end", "always"], help="trace durability policy (default run_end)")
     a(
+        "--trace-writer",
+        choices=["process", "loop"],
+        help="write the trace's files in a child process (default) or on the event loop",
+    )
+    a(
         "--no-record-content",
         action="store_true",
         default=None,
@@ -178,6 +183,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "drain_grace": "drain_grace_s",
         "event_loop": "event_loop",
         "fsync": "fsync",
+        "trace_writer": "trace_writer",
     }
     for flag, field in simple.items():
         value = getattr(args, flag)

@@ -57,6 +57,7 @@ class Engine:
             max_field_bytes=settings.max_field_bytes,
             record_content=settings.record_content,
             fsync=settings.fsync,
+            trace_writer=settings.trace_writer,
             sinks=trace_sinks.from_settings(settings),  # e.g. OTLP export (SPEC §8)
         )
         self.pricing = Pricing(dict(settings.pricing_table))

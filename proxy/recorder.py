@@ -31,6 +31,10 @@ fsync policy (SPEC §4.1), `fsync=`:
 - "always": fsync every batch (group commit: one fsync per file per writer pass, not per event).
   Durable within milliseconds at the cost of disk latency under load.
 
+Where the files are written, `trace_writer=`: "loop" (the default here) on the event loop, fsyncs
+in the writer's thread; "process" in the writer's disk process, a child with its own GIL that makes
+the folders and files and rewrites the JSON (`tripwire serve`'s default; proxy/trace/off_loop.py).
+
 Event sinks: every event accepted is also handed, as written, to the recorder's sinks (e.g. the OTLP
 exporter, proxy/trace/otlp.py), in record(); a sink must return at once (queue, never block) and its
 failures are caught and counted here, so a sink can never fail or slow a call. Sinks are closed
@@ -84,8 +88,10 @@ from proxy.trace.writer import (
     META_REWRITES_PER_S,
     RETRY_S,
     STALL_AFTER_S,
+    TRACE_WRITER_MODES,
     FsyncPolicy,
     TraceWriter,
+    TraceWriterMode,
 )
 
 __all__ = [
@@ -136,9 +142,12 @@ class TraceRecorder:
         recover_interval_s: float | None = RECOVER_INTERVAL_S,
         sinks: Iterable[EventSink] = (),
         stall_after_s: float = STALL_AFTER_S,
+        trace_writer: TraceWriterMode = "loop",
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
+        if trace_writer not in TRACE_WRITER_MODES:
+            raise ValueError(f"trace_writer must be one of {TRACE_WRITER_MODES}, not {trace_writer!r}")
         self.data_dir = Path(data_dir).expanduser()
         self.max_field_bytes = max_field_bytes
         self.record_content = record_content
@@ -156,6 +165,7 @@ class TraceRecorder:
             max_pending_bytes=max_pending_bytes,
             meta_interval_s=meta_interval_s,
             stall_after_s=stall_after_s,
+            trace_writer=trace_writer,
         )
         self._watch: asyncio.Task[None] | None = None
         self.sinks: list[EventSink] = list(sinks)
@@ -520,6 +530,8 @@ class TraceRecorder:
             "writer_passes": w.passes,
             "written_seq": w.done_seq,
             "fsync": self.fsync,
+            "trace_writer": w.off_loop.mode,
+            "writer_process": w.off_loop.pid,  # the disk process's pid; None when writing on the loop
             "owner": self.owner.id if self.owner.held else None,
             **({"exporters": {sink.name: sink.health() for sink in self.sinks}} if self.sinks else {}),
         }

@@ -87,6 +87,12 @@ class OwnerLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    @property
+    def fd(self) -> int | None:
+        """The locked file's descriptor: the trace writer's disk process inherits it, so the lock is
+        held until the child has written everything, even after a kill -9 of this process."""
+        return self._fd
+
     def info(self) -> dict[str, Any]:
         """What each run's tripwire.json records as its owner: the same dict every time, not to be
         changed (every live run's fields hold it; a dict each was ~64 bytes a run, issue 33)."""

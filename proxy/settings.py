@@ -230,6 +230,9 @@ class Settings(BaseModel):
     record_content: bool = True
     record_full_prompts: bool = False
     fsync: Literal["never", "run_end", "always"] = "run_end"
+    # where the trace's files are written: a child process with its own GIL, or the event loop
+    # (docs/trace-format.md "Writing, flushing and fsync")
+    trace_writer: Literal["process", "loop"] = "process"
     retention: RetentionConfig = RetentionConfig()
 
     # gateway (SPEC §9): agent keys
@@ -349,6 +352,7 @@ ENV_FIELDS = (
     "record_content",
     "record_full_prompts",
     "fsync",
+    "trace_writer",
     "expose_guard_details",
     "alert_webhook",
     "upstream_retries",

@@ -1,18 +1,21 @@
 """A trace writer pass's disk side: one run's writes as a `Job` (built on the loop thread from the
 run's state) and `write_job` / `write_jobs`, which do them and report back in a `JobResult`. Plain
-file I/O and no run state: they run on the event loop or in the writer's own thread alike
-(proxy/trace/writer.py decides which), and never raise.
+file I/O and no run state: they run on the event loop, in the writer's own thread or in its disk
+process (proxy/trace/disk_process.py) alike (proxy/trace/writer.py decides which), and never raise.
+They read a job's disk fields only (`data`, not `lines`): the disk process gets no more.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy import storage
 from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
-from proxy.trace.runs import Disk, Line
+
+if TYPE_CHECKING:  # (the disk process imports this module: storage and constants only)
+    from proxy.trace.runs import Disk, Line
 
 
 @dataclass(slots=True)
@@ -66,11 +69,11 @@ def write_job(job: Job, *, fsync: bool | None = None) -> JobResult:
             res.dir_made = True
         except Exception as e:  # any failure is reported, never raised
             res.fail(f"mkdir {job.dir}", e)
-            if job.lines:
+            if job.data:
                 res.lines_ok = False
                 res.errno = getattr(e, "errno", None)
             return res
-    if job.lines and not append_events(res, f"{job.dir}/{EVENTS_JSONL}", job.data, job.data_size, sync):
+    if job.data and not append_events(res, f"{job.dir}/{EVENTS_JSONL}", job.data, job.data_size, sync):
         return res
     if job.tripwire is not None:
         try:

@@ -4,7 +4,8 @@ every run and appends each run's new lines with one `write()`, on the event loop
 write takes microseconds, where a worker thread under load waits milliseconds for the GIL on every
 system call: measured, with 300 busy sessions the thread fell seconds behind). Only writes that fsync
 go to a worker thread: the writer's own (never the loop's default executor, which request work may
-fill: the trace would stop behind it). A writer that has events queued and has not finished a pass
+fill: the trace would stop behind it). With `trace_writer="process"` every write but a live run's
+plain append goes to the writer's disk process instead, a child with its own GIL (proxy/trace/off_loop.py). A writer that has events queued and has not finished a pass
 for `stall_after_s` reports itself stalled (`health()`, /healthz, a metric). run.json and tripwire.json are rewritten atomically at most once per run per
 `meta_interval_s` while the run is live (at once when it starts and ends, and on `flush()`), so a
 burst of events costs one rewrite. Out of space (ENOSPC, EDQUOT) keeps a run's lines in memory, in
@@ -17,21 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, cast
 
 from proxy import runlock
 from proxy.constants import COUNT_FOR_EVENT, EVENTS_JSONL, STATUS_RUNNING, EventType
 from proxy.trace.content import encode
 from proxy.trace.jobs import Job, JobResult, append_events, write_job, write_jobs
+from proxy.trace.off_loop import TRACE_WRITER_MODES, OffLoop, TraceWriterMode
 from proxy.trace.runs import BOOKENDS, NO_LINES, Line, Run, RunRegistry, encode_end, run_json, tripwire_json
 
-__all__ = ["Job", "JobResult", "TraceWriter", "write_job", "write_jobs"]
+__all__ = [
+    "TRACE_WRITER_MODES",
+    "Job",
+    "JobResult",
+    "TraceWriter",
+    "TraceWriterMode",
+    "write_job",
+    "write_jobs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +89,7 @@ class TraceWriter:
         max_pending_bytes: int,
         meta_interval_s: float,
         stall_after_s: float = STALL_AFTER_S,
+        trace_writer: TraceWriterMode = "loop",
     ) -> None:
         self.registry = registry
         self.owner = owner
@@ -118,7 +127,8 @@ class TraceWriter:
         self._unlogged = 0
         self.stall_after_s = stall_after_s
         self.progress_at = time.monotonic()  # a pass ended, or the queue stopped being empty
-        self._threads: ThreadPoolExecutor | None = None  # the writer's own, for writes that fsync
+        # the disk process (trace_writer "process") and the writer's own thread, for writes that fsync
+        self.off_loop = OffLoop(trace_writer, self.note_error, lambda: owner.fd)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -155,20 +165,13 @@ class TraceWriter:
             self._timer_due = None
         await self.drain(force=True, final=True)
         self._closed = True
-        if self._threads is not None:
-            self._threads.shutdown(wait=False)
-            self._threads = None
+        await self.off_loop.close()  # the disk process has written everything when it returns
 
     def stalled_for(self) -> float:
         """Seconds the queued events have waited with no pass finished (0 when nothing is queued)."""
         if not self.pending_events:
             return 0.0
         return max(0.0, time.monotonic() - self.progress_at)
-
-    def _thread(self) -> ThreadPoolExecutor:
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tripwire-trace-writer")
-        return self._threads
 
     async def flush(self) -> None:
         """Return once everything queued so far is on disk, run.json and tripwire.json included
@@ -465,7 +468,8 @@ class TraceWriter:
                 if run is not None and run.wait_due == due:
                     run.wait_due = None
                     self.dirty[rid] = None
-            threaded: list[Job] = []
+            off_loop: list[Job] = []  # to the disk process (when up), else only those that fsync
+            process = self.off_loop.process_up
             budget = _META_PER_PASS  # rewrites are slow (a rename each): a pass stays short, lines first
             # ended runs' last writes go to the thread and one group flush (write_jobs): their
             # rewrites do not hold up the loop, so they have a budget of their own, larger
@@ -489,21 +493,18 @@ class TraceWriter:
                                 budget -= 1
                         if job is None:
                             self._settle(run, final)
-                        elif job.fsync:
+                        elif job.fsync or process:
                             self.dirty.pop(rid, None)
-                            threaded.append(job)
+                            off_loop.append(job)
                         else:
                             self._apply(job, write_job(job), now, final)
                             self._settle(run, final)
                     if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # a pass over thousands of runs lets requests through
-                if threaded:
-                    loop = asyncio.get_running_loop()
+                if off_loop:
                     group = self.fsync == "run_end"  # ("always": one fsync per file per pass, as documented)
-                    results = await loop.run_in_executor(
-                        self._thread(), functools.partial(write_jobs, threaded, group_sync=group)
-                    )
-                    for job, res in zip(threaded, results, strict=True):
+                    results = await self.off_loop.write(off_loop, group_sync=group)
+                    for job, res in zip(off_loop, results, strict=True):
                         self._apply(job, res, now, final)
                         run = self.registry.get(job.run_id)
                         if run is not None:
@@ -564,6 +565,7 @@ class TraceWriter:
             self._unlogged += 1
 
     async def _writer(self) -> None:
+        await self.off_loop.start()  # the disk process (trace_writer "process"); else nothing
         while not self._closing:
             await self._wake.wait()  # set by record(): the pass runs LINGER_S later,
             await self._linger()
