@@ -58,15 +58,18 @@ async def test_stdio_server_served_recorded_and_restarted(start_tripwire: StartT
     assert all(e["payload"]["server"] == "local" for e in calls)
 
 
-def children_of(pid: int) -> list[int]:
-    out = []
+def children_of(pid: int) -> dict[int, str]:
+    """The process's children: pid -> command line (its stdio servers, its trace writer's disk process)."""
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out[int(stat.parent.name)] = (
+                    (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
     return out
 
 
@@ -86,7 +89,8 @@ async def test_tripwire_serve_starts_and_stops_its_stdio_children(tmp_path: Path
     drain = asyncio.create_task(proc.stdout.read())  # the child's stderr shares this pipe: keep it flowing
     try:
         assert "/mcp/local" in banner
-        (child,) = children_of(proc.pid)
+        children = children_of(proc.pid)
+        (child,) = [pid for pid, command in children.items() if str(SERVER) in command]
         async with Client(f"{url}/mcp/local", mode="legacy", cache=None) as client:
             added = await client.call_tool("add", {"a": 3, "b": 4})
         assert added.structured_content == {"result": 7}
@@ -99,8 +103,9 @@ async def test_tripwire_serve_starts_and_stops_its_stdio_children(tmp_path: Path
         await asyncio.wait_for(proc.wait(), 30)
         await drain
     assert proc.returncode == 0
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)
+    for pid in children:  # the stdio server, and the trace writer's disk process alike
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 async def test_a_child_that_dies_at_once_after_a_restart_is_restarted_again(
