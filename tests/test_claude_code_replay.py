@@ -76,11 +76,10 @@ def test_2_1_332_sends_no_side_request_and_reshapes_its_system_message() -> None
     assert "cache_control" not in bodies[2]["messages"][3]["content"][0]
 
 
-@pytest.mark.parametrize("version", sorted(VERSIONS))
-async def test_one_run_with_its_tool_calls(
-    start_tripwire: StartTripwire, fake_upstream, version: str
-) -> None:
-    fixture = VERSIONS[version]
+async def replayed(
+    start_tripwire: StartTripwire, fake_upstream, fixture: dict[str, Any]
+) -> tuple[Running, str, list]:
+    """The fixture's requests through Tripwire, each answered 200; (tripwire, its one run, its events)."""
     fake, url = fake_upstream
     fake.replies = replies(fixture)
     fake.default = Reply(text="done.")
@@ -89,6 +88,15 @@ async def test_one_run_with_its_tool_calls(
     await tw.flush()
     (run_id,) = tw.run_ids()
     _, events = assert_run_valid(tw.data_dir, run_id)
+    return tw, run_id, events
+
+
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+async def test_one_run_with_its_tool_calls(
+    start_tripwire: StartTripwire, fake_upstream, version: str
+) -> None:
+    fixture = VERSIONS[version]
+    tw, run_id, events = await replayed(start_tripwire, fake_upstream, fixture)
     # every request is an LLM call (2.1.197's side request counts)
     assert tw.run_json(run_id)["counts"]["llm_calls"] == len(fixture["requests"])
     assert events[0]["name"] == "run echo, then the demo echo"
@@ -108,14 +116,7 @@ async def test_each_call_records_only_its_new_messages(
     start_tripwire: StartTripwire, fake_upstream, version: str
 ) -> None:
     fixture = VERSIONS[version]
-    fake, url = fake_upstream
-    fake.replies = replies(fixture)
-    fake.default = Reply(text="done.")
-    tw = await start_tripwire(llm={"anthropic": {"url": url}})
-    assert await replay(tw, fixture) == [200] * len(fixture["requests"])
-    await tw.flush()
-    (run_id,) = tw.run_ids()
-    _, events = assert_run_valid(tw.data_dir, run_id)
+    _, _, events = await replayed(start_tripwire, fake_upstream, fixture)
     llm = [e["payload"] for e in events if e["event_type"] == "LLM_CALL"]
     assert [len(p["prompt"]) for p in llm] == NEW_MESSAGES[version]
     # the system prompt plus the request's messages
