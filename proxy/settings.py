@@ -232,7 +232,7 @@ class Settings(BaseModel):
     fsync: Literal["never", "run_end", "always"] = "run_end"
     # where the trace's files are written: a child process with its own GIL, or the event loop
     # (docs/trace-format.md "Writing, flushing and fsync")
-    trace_writer: Literal["process", "loop"] = "process"
+    trace_writer: Literal["process", "loop"] = "loop"
     retention: RetentionConfig = RetentionConfig()
 
     # gateway (SPEC §9): agent keys

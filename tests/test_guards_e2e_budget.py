@@ -112,6 +112,7 @@ async def test_the_refusal_of_a_stopped_session_says_how_to_go_on_and_where_to_l
         return str(error["message"])
 
     explicit = await stop_then_refusal(client(tw, session="s1"))
+    await tw.flush()  # the run's folder is made by the writer, off the request path
     (run_id,) = tw.run_ids()
     assert explicit == (
         "[tripwire] refused: session 's1' of agent 'spender' was stopped and stays refused for 24 h. "
@@ -121,6 +122,7 @@ async def test_the_refusal_of_a_stopped_session_says_how_to_go_on_and_where_to_l
     )
     automatic = openai.AsyncOpenAI(base_url=tw.url + "/agents/auto/v1", api_key=AGENT_KEY, max_retries=0)
     text = await stop_then_refusal(automatic)
+    await tw.flush()
     (auto_run,) = set(tw.run_ids()) - {run_id}
     assert text == (
         "[tripwire] refused: this conversation's session was stopped and stays refused until it has sent "

@@ -109,8 +109,7 @@ async def test_full_disk_reported_in_healthz_and_metrics_while_traffic_goes_on(
 ) -> None:
     """SPEC §6: trace-store trouble is in /healthz's body and in a metric, readiness and calls go on."""
     _, url = fake_upstream
-    # the fault is patched into this process, which a disk process would not see: the loop writes
-    tw = await start_tripwire(upstream={"url": url}, trace_writer="loop")
+    tw = await start_tripwire(upstream={"url": url})
     llm = openai.AsyncOpenAI(base_url=tw.url + "/agents/a/v1", api_key=AGENT_KEY, max_retries=0)
     ask = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
 

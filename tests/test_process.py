@@ -341,3 +341,41 @@ def test_serving_takes_startup_out_of_the_collectors_way() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+async def test_serve_with_the_trace_writers_disk_process(tmp_path: Path, fake_upstream) -> None:
+    """`--trace-writer process`: /healthz names the child once it is up, calls' runs are written
+    through it (the same complete, valid run), and SIGTERM ends the child with Tripwire."""
+    _, url = fake_upstream
+    data = tmp_path / "data"
+    proc, base, banner = await start_serve(data, url, "--trace-writer", "process")
+    admin = banner.split("viewer: ", 1)[1].split()[0].rstrip("/")
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def store() -> dict:
+                async with http.get(admin + "/healthz") as r:
+                    return (await r.json())["trace_store"]
+
+            deadline = asyncio.get_running_loop().time() + 60
+            while (await store())["writer_process"] is None:  # started in the background
+                assert asyncio.get_running_loop().time() < deadline, "the disk process never came up"
+                await asyncio.sleep(0.05)
+            child = (await store())["writer_process"]
+            assert (await store())["trace_writer"] == "process"
+            c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=AGENT_KEY, max_retries=0)
+            for n in range(3):  # three unnamed first requests: three runs, made by the child
+                await c.chat.completions.create(
+                    model="gpt-4o-mini", messages=[{"role": "user", "content": f"q{n}"}]
+                )
+    finally:
+        out = await stop(proc)
+    assert proc.returncode == 0, out
+    runs = list((data / "runs").iterdir())
+    assert len(runs) == 3
+    for run_dir in runs:
+        run_json, events = assert_run_valid(data, run_dir.name)
+        assert [e["event_type"] for e in events] == ["RUN_START", "LLM_CALL", "RUN_END"]
+        assert run_json["status"] == "ok"
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)

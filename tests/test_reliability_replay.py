@@ -567,8 +567,7 @@ async def test_healthz_reports_a_writer_that_stopped_making_progress(
     start_tripwire: StartTripwire, fake_upstream: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, url = fake_upstream
-    # the fault is patched into this process, which a disk process would not see: the loop writes
-    tw = await start_tripwire(upstream={"url": url}, fsync="always", trace_writer="loop")
+    tw = await start_tripwire(upstream={"url": url}, fsync="always")
     tw.engine.recorder._writer.stall_after_s = 0.2
     status, body = await get(tw, "/healthz")
     assert json.loads(body)["trace_store"]["writer_stalled"] is False

@@ -342,8 +342,7 @@ async def test_full_disk_leaves_consistent_runs_and_loses_nothing_once_space_is_
     lines, and run.json said 13 LLM calls where 3 LLM_CALL events were on disk."""
     _, url = fake_upstream
     disk = Disk(monkeypatch)
-    # the fault is patched into this process, which a disk process would not see: the loop writes
-    tw = await start_tripwire(upstream={"url": url}, trace_writer="loop")
+    tw = await start_tripwire(upstream={"url": url})
     agent = Agent(tw.url)
     made = {"s0": 0, "s1": 0, "s2": 0, "s3": 0}
     async with aiohttp.ClientSession() as http:

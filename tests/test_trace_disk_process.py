@@ -222,6 +222,7 @@ async def test_a_child_killed_mid_pass_is_replaced_by_the_loop_nothing_lost_or_d
 async def test_a_recorder_whose_child_dies_goes_on_writing_on_the_loop(tmp_path: Path) -> None:
     rec = TraceRecorder(tmp_path, trace_writer="process")
     await rec.start()
+    await rec._writer.off_loop.started()  # (started in the background: passes on the loop until then)
     try:
         first = rec.start_run(run_name="r1", agent_name="a", session_id="s1")
         rec.record(first, "LLM_CALL", "m", {"n": 1})
@@ -248,6 +249,7 @@ async def test_a_recorder_whose_child_dies_goes_on_writing_on_the_loop(tmp_path:
 async def test_close_waits_for_the_child_and_leaves_no_process(tmp_path: Path) -> None:
     rec = TraceRecorder(tmp_path, trace_writer="process")
     await rec.start()
+    await rec._writer.off_loop.started()  # (started in the background: passes on the loop until then)
     rid = rec.start_run(run_name="r", agent_name="a", session_id="s")
     await rec.flush()
     pid = rec.health()["writer_process"]
@@ -264,6 +266,7 @@ async def test_a_child_that_cannot_start_leaves_the_writer_on_the_loop(
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
     rec = TraceRecorder(tmp_path, trace_writer="process")
     await rec.start()
+    await rec._writer.off_loop.started()  # (started in the background: passes on the loop until then)
     try:
         rid = rec.start_run(run_name="r", agent_name="a", session_id="s")
         await rec.flush()
@@ -292,6 +295,7 @@ PARENT = textwrap.dedent(
     async def main(data_dir):
         rec = TraceRecorder(Path(data_dir), trace_writer="process")
         await rec.start()
+        await rec._writer.off_loop.started()
         answered = rec.start_run(run_name="answered", agent_name="a", session_id="s0")
         rec.record(answered, "LLM_CALL", "m", {"n": 1})
         await rec.flush()  # on disk: the call was answered
@@ -383,6 +387,7 @@ async def test_a_stuck_child_is_reported_as_a_stalled_writer_and_catches_up(tmp_
     /healthz's trace_store says stalled; then everything is written, in order."""
     rec = TraceRecorder(tmp_path, trace_writer="process", stall_after_s=0.2)
     await rec.start()
+    await rec._writer.off_loop.started()
     try:
         rid = rec.start_run(run_name="r", agent_name="a", session_id="s")
         await rec.flush()

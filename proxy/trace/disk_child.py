@@ -129,10 +129,18 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+READY = "ready"  # the child's first frame: imported and reading (the parent writes on the loop until then)
+
+
 def serve(fd_in: int, fd_out: int) -> int:
-    """Write passes from fd_in until EOF; answer on fd_out while someone reads. Returns the passes."""
+    """Say READY, then write passes from fd_in until EOF; answer on fd_out while someone reads.
+    Returns the passes."""
     passes = 0
     answering = True
+    try:
+        _write_all(fd_out, frame(READY))
+    except OSError:
+        answering = False
     while True:
         head = _read_exactly(fd_in, HEADER.size)
         if head is None:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from proxy.trace.disk_child import HEADER, pass_frame, result_of, unframe
+from proxy.trace.disk_child import HEADER, READY, pass_frame, result_of, unframe
 from proxy.trace.jobs import Job, JobResult
 
 # the child's entry: its package root first on sys.path, so it runs the same code as the parent
@@ -30,6 +30,9 @@ from proxy.trace.jobs import Job, JobResult
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ENTRY = f"import sys; sys.path.insert(0, {_ROOT!r}); from proxy.trace.disk_child import main; main()"
 EXIT_WAIT_S = 5.0  # after EOF on its stdout, how long close() waits for the child to be reaped
+# how long start() waits for the child's READY (a fresh interpreter's imports: ~50 ms on a quiet
+# machine, seconds on a loaded one; the writer writes on the loop meanwhile)
+READY_WAIT_S = 60.0
 
 
 class DiskProcessGone(Exception):
@@ -43,33 +46,60 @@ class _Answers(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future[bytes] | None = None
         self.gone: BaseException | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.ready: asyncio.Future[None] = loop.create_future()  # the child's first frame came
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
         self._deliver()
 
     def _deliver(self) -> None:
-        waiter, buf = self.waiter, self.buf
-        if waiter is None or waiter.done() or len(buf) < HEADER.size:
+        buf = self.buf
+        if not self.ready.done():  # the first frame says the child is up
+            body = self._take(buf)
+            if body is None:
+                return
+            try:
+                said = unframe(body)
+            except Exception:
+                said = None
+            if said == READY:
+                self.ready.set_result(None)
+            else:
+                self.ready.set_exception(DiskProcessGone(f"not a ready frame: {said!r}"))
+        waiter = self.waiter
+        if waiter is None or waiter.done():
             return
-        (size,) = HEADER.unpack_from(buf)
-        end = HEADER.size + size
-        if len(buf) < end:
+        body = self._take(buf)
+        if body is None:
             return
-        body = bytes(buf[HEADER.size : end])
-        del buf[:end]
         self.waiter = None
         try:
             waiter.set_result(unframe(body))
         except Exception as e:  # a garbled answer: the child is not to be trusted any more
             waiter.set_exception(DiskProcessGone(f"unreadable answer: {e!r}"))
 
+    @staticmethod
+    def _take(buf: bytearray) -> bytes | None:
+        """The next whole frame's body, taken from the buffer; None while it is incomplete."""
+        if len(buf) < HEADER.size:
+            return None
+        (size,) = HEADER.unpack_from(buf)
+        end = HEADER.size + size
+        if len(buf) < end:
+            return None
+        body = bytes(buf[HEADER.size : end])
+        del buf[:end]
+        return body
+
     def eof_received(self) -> bool | None:
         return False  # (the transport closes: connection_lost follows)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = DiskProcessGone(f"its stdout closed ({exc!r})" if exc else "its stdout closed")
+        if not self.ready.done():
+            self.ready.set_exception(self.gone)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(self.gone)
         if not self.closed.done():
@@ -122,7 +152,8 @@ class DiskProcess:
         )
 
     async def start(self) -> None:
-        """Start the child and connect its pipes; OSError when it cannot be started."""
+        """Start the child, connect its pipes and wait for its READY; OSError when it cannot be
+        started, DiskProcessGone when it died or said nothing within READY_WAIT_S."""
         loop = asyncio.get_running_loop()
         self.proc = self._spawn()
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -133,6 +164,10 @@ class DiskProcess:
             sink = self._sink
             transport, _ = await loop.connect_write_pipe(lambda: sink, self.proc.stdin)
             self._stdin = transport
+            try:
+                await asyncio.wait_for(answers.ready, READY_WAIT_S)
+            except TimeoutError:
+                raise DiskProcessGone(f"no ready frame within {READY_WAIT_S:g} s") from None
         except BaseException:
             self.kill()
             await self.close()

@@ -15,6 +15,7 @@ rewrites. The error is counted (`note_error`) and the writer stays on the loop f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -44,6 +45,7 @@ class OffLoop:
         self.process: DiskProcess | None = None
         self._threads: ThreadPoolExecutor | None = None
         self.process_failures = 0
+        self._starting: asyncio.Task[None] | None = None
 
     @property
     def process_up(self) -> bool:
@@ -53,6 +55,20 @@ class OffLoop:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process_up and self.process is not None else None
+
+    def begin(self) -> None:
+        """Start the disk process in the background (`process` mode): passes are written on the loop
+        until it has said it is ready, so a slow start (a fresh interpreter on a loaded machine takes
+        seconds) holds no pass up."""
+        if self.mode == "process" and self.process is None and self._starting is None:
+            self._starting = asyncio.get_running_loop().create_task(
+                self.start(), name="tripwire-trace-disk-process-start"
+            )
+
+    async def started(self) -> None:
+        """Return once a start under way has ended, the process up or not (tests, benchmarks)."""
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
 
     async def start(self) -> None:
         """Start the disk process (`process` mode, idempotent); on failure the writer stays on the loop."""
@@ -113,7 +129,13 @@ class OffLoop:
         return self._threads
 
     async def close(self) -> None:
-        """The process gets EOF and exits once it has written everything; the thread is let go."""
+        """The process gets EOF and exits once it has written everything; the thread is let go. A
+        start still under way is called off (the child, sent nothing yet, is killed)."""
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
         process, self.process = self.process, None
         if process is not None:
             try:

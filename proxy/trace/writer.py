@@ -141,6 +141,7 @@ class TraceWriter:
         if not self.running:
             self._closing = self._closed = False
             self._task = asyncio.get_running_loop().create_task(self._writer(), name="tripwire-trace-writer")
+            self.off_loop.begin()  # the disk process (trace_writer "process"); passes on the loop meanwhile
 
     def begin_close(self) -> None:
         """Close mode: writes fsync under "run_end", and the task stops after its current pass."""
@@ -565,7 +566,6 @@ class TraceWriter:
             self._unlogged += 1
 
     async def _writer(self) -> None:
-        await self.off_loop.start()  # the disk process (trace_writer "process"); else nothing
         while not self._closing:
             await self._wake.wait()  # set by record(): the pass runs LINGER_S later,
             await self._linger()
