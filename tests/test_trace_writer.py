@@ -125,6 +125,28 @@ async def test_a_live_runs_run_json_waits_its_interval_unless_forced(tmp_path: P
     assert run_json(run)["counts"]["llm_calls"] == 1
 
 
+async def test_the_runs_waiting_are_counted_once_each_and_leave_the_count_when_done(tmp_path: Path) -> None:
+    """health's waiting_runs is a count kept as runs start and stop waiting (the sweep asks at every
+    tick): a run waiting again for an earlier moment is still one run, a forgotten or written one
+    leaves it."""
+    writer, registry = make_writer(tmp_path, meta_interval_s=3600.0)
+    runs = [open_run(writer, registry, tmp_path, f"run-{i}") for i in range(3)]
+    await writer.drain()  # the first rewrites at once
+    for run in runs:
+        record(writer, run, EventType.LLM_CALL, "call")
+    await writer.drain()  # lines appended, each run.json deferred: three runs wait
+    assert writer.waiting_count() == 3 and all(run.wait_due is not None for run in runs)
+    first = runs[0]
+    assert first.wait_due is not None
+    writer._wait(first, first.wait_due - 1.0)  # due sooner: a second heap entry, the same run
+    assert writer.waiting_count() == 3
+    registry.pop(first.run_id)
+    writer.forget(first)
+    assert writer.waiting_count() == 2
+    await writer.drain(force=True)  # (as flush() does): the others' rewrites done
+    assert writer.waiting_count() == 0 and all(run_json(run)["counts"]["llm_calls"] == 1 for run in runs[1:])
+
+
 async def test_a_full_queue_drops_events_but_keeps_run_start_and_run_end(tmp_path: Path) -> None:
     writer, registry = make_writer(tmp_path, max_pending_events=2)
     run = open_run(writer, registry, tmp_path)
