@@ -31,9 +31,9 @@ fsync policy (SPEC §4.1), `fsync=`:
 - "always": fsync every batch (group commit: one fsync per file per writer pass, not per event).
   Durable within milliseconds at the cost of disk latency under load.
 
-Where the files are written, `trace_writer=`: "loop" (the default here) on the event loop, fsyncs
-in the writer's thread; "process" in the writer's disk process, a child with its own GIL that makes
-the folders and files and rewrites the JSON (`tripwire serve`'s default; proxy/trace/off_loop.py).
+Where the files are written, `trace_writer=`: "loop" (the default) on the event loop, fsyncs in
+the writer's thread; "process" in the writer's disk process, a child with its own GIL that makes the
+folders and files and rewrites the JSON (for many new runs on a real disk; proxy/trace/off_loop.py).
 
 Event sinks: every event accepted is also handed, as written, to the recorder's sinks (e.g. the OTLP
 exporter, proxy/trace/otlp.py), in record(); a sink must return at once (queue, never block) and its
