@@ -139,7 +139,7 @@ def add_serve_flags(serve: argparse.ArgumentParser) -> None:
     a(
         "--trace-writer",
         choices=["process", "loop"],
-        help="write the trace's files in a child process (default) or on the event loop",
+        help="write the trace's files on the event loop (default) or in a child process",
     )
     a(
         "--no-record-content",

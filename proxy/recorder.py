@@ -80,7 +80,7 @@ from proxy.trace.content import (
     tool_names_only,
 )
 from proxy.trace.recovery import RECOVER_INTERVAL_S
-from proxy.trace.runs import Run, RunRegistry, end_event, run_json, summary
+from proxy.trace.runs import Run, RunRegistry, run_json, summary
 from proxy.trace.sinks import EventSink
 from proxy.trace.writer import (
     FSYNC_POLICIES,
@@ -119,9 +119,6 @@ _RECORDABLE = _EVENT_TYPES - {
 }  # record()'s; not the bookends
 _END_STATUSES = frozenset({STATUS_OK, STATUS_ERROR})
 _RUN_END: str = EventType.RUN_END.value  # (a plain str: the event's type, as envelope makes it)
-# end reasons seen, and whether each is a plain word (`_plain`): a few (idle_timeout, shutdown, a
-# guard's name), bounded in case a caller passes free text
-_PLAIN_REASONS: dict[str, bool] = {}
 _EPOCH_2000 = 946684800.0  # event times before this are not wall-clock times
 
 
@@ -471,21 +468,8 @@ class TraceRecorder:
         # many runs in one sweep: ~2 us a run)
         run.tripwire_dirty = True
         # numbers and Tripwire's own words (a status, an end reason): as `sanitize` leaves them, so
-        # not walked again
-        plain = _PLAIN_REASONS.get(reason)
-        if plain is None:
-            plain = _plain(reason)
-            if len(_PLAIN_REASONS) < 256:
-                _PLAIN_REASONS[reason] = plain
-        if plain:  # (as a rule) the event made in one go: `_append` without its general path
-            event = end_event(run, payload, now)
-            event_id = event["event_id"]
-            run.note_event(_RUN_END, payload, now, event["ts"])
-            self._writer.enqueue(run, event, now)
-            if self.sinks:
-                self._to_sinks(run, event, now)
-        else:
-            event_id = self._append(run, _RUN_END, "run_end", payload, ts=now)
+        # not walked again (an expiry ends many runs in one sweep)
+        event_id = self._append(run, _RUN_END, "run_end", payload, ts=now, sanitized=_plain(reason))
         # closed after RUN_END is queued: the event itself is accepted while the run is open
         self._registry.close(run, status)
         return event_id

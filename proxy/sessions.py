@@ -519,8 +519,7 @@ class SessionManager:
             for digest in lineage.histories:
                 if by_history.get(digest) is session:
                     del by_history[digest]
-            if not by_history:
-                self._by_history.drop_empty(agent)
+            self._by_history.drop_empty(agent)
         if lineage.has_responses:
             by_response = self._by_response
             for response_id in lineage.responses:

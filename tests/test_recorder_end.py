@@ -9,8 +9,6 @@ import orjson
 
 from proxy.constants import EVENTS_JSONL, RUN_JSON, TRIPWIRE_JSON
 from proxy.recorder import TraceRecorder
-from proxy.trace.content import envelope, is_uuid
-from proxy.trace.runs import Run, end_event, summary
 
 T0 = 1771187465.0
 
@@ -71,15 +69,3 @@ async def test_an_ended_runs_files_say_how_it_ended(tmp_path: Path) -> None:
         },
         "reason": "idle_timeout",
     }
-
-
-def test_run_end_is_made_as_the_envelope_makes_a_sanitized_event() -> None:
-    run = Run(run_id="0d8f8a47-52a4-4b8c-9d43-6b2a3c1e4f50", base="/tmp/runs", run_name="r", started=T0)
-    payload = {"status": "ok", "summary": summary(run, T0 + 1.2345), "reason": "idle_timeout"}
-    made = end_event(run, payload, T0 + 1.2345)
-    expected = envelope(
-        run.run_id, "RUN_END", "run_end", payload, max_field_bytes=16, ts=T0 + 1.2345, sanitized=True
-    )
-    assert list(made) == list(expected)
-    assert {**made, "event_id": None} == {**expected, "event_id": None}
-    assert is_uuid(made["event_id"]) and made["payload"] is payload

@@ -11,7 +11,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from proxy import ids, storage
+from proxy import storage
 from proxy.constants import SPEC_VERSION, STATUS_RUNNING, EventType
 from proxy.trace.content import encode
 
@@ -19,7 +19,6 @@ ENDED_MEMORY = 10_000  # summaries of ended runs kept for summary() / idempotent
 # the event types as plain strs (an enum member's class lookup costs more than the comparison)
 _RUN_START: str = EventType.RUN_START.value
 BOOKENDS = frozenset({_RUN_START, EventType.RUN_END.value})  # RUN_START and RUN_END
-_RUN_END: str = EventType.RUN_END.value
 _LLM_CALL: str = EventType.LLM_CALL.value
 NO_TAGS: frozenset[str] = frozenset()  # a run's tags until it has one
 NO_LINES: tuple[()] = ()  # a run's pending lines while none is queued
@@ -285,24 +284,6 @@ def tripwire_json(run: Run) -> dict[str, Any]:
             "total": run.total_tokens,
         },
         "health_tags": sorted(run.tags),
-    }
-
-
-def end_event(run: Run, payload: dict[str, Any], ts: float) -> dict[str, Any]:
-    """RUN_END's event with a payload as `sanitize` leaves it (a status, the summary's numbers, a
-    plain end reason): what `content.envelope(..., sanitized=True)` makes of it, the same keys in
-    the same order, without its general path (an expiry ends thousands of runs in one sweep)."""
-    return {
-        "spec_version": SPEC_VERSION,
-        "event_id": ids.uuid4_text(),
-        "run_id": run.run_id,
-        "parent_id": None,
-        "event_type": _RUN_END,
-        "ts": storage.iso_ms(ts),
-        "duration_ms": None,
-        "name": "run_end",
-        "payload": payload,
-        "meta": {},
     }
 
 

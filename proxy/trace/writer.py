@@ -5,8 +5,10 @@ write takes microseconds, where a worker thread under load waits milliseconds fo
 system call: measured, with 300 busy sessions the thread fell seconds behind). Only writes that fsync
 go to a worker thread: the writer's own (never the loop's default executor, which request work may
 fill: the trace would stop behind it). With `trace_writer="process"` every write but a live run's
-plain append goes to the writer's disk process instead, a child with its own GIL (proxy/trace/off_loop.py). A writer that has events queued and has not finished a pass
-for `stall_after_s` reports itself stalled (`health()`, /healthz, a metric). run.json and tripwire.json are rewritten atomically at most once per run per
+plain append goes to the writer's disk process instead, a child with its own GIL
+(proxy/trace/off_loop.py). A writer that has events queued and has not finished a pass for
+`stall_after_s` reports itself stalled (`health()`, /healthz, a metric). run.json and tripwire.json
+are rewritten atomically at most once per run per
 `meta_interval_s` while the run is live (at once when it starts and ends, and on `flush()`), so a
 burst of events costs one rewrite. Out of space (ENOSPC, EDQUOT) keeps a run's lines in memory, in
 order, and retries them every `RETRY_S` (and on flush); any other error drops the failed lines but
